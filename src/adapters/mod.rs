@@ -1,0 +1,5 @@
+//! Transports for real providers: SMTP through lettre, lettre's other transports, and SES.
+
+pub mod lettre;
+#[cfg(feature = "smtp")]
+pub mod smtp;

@@ -1,0 +1,378 @@
+//! The breaker's rules as a pure state machine: it takes the time and an event and returns
+//! the decision and the changes of state. No I/O, no locks, no async: the transport, the
+//! stores and the listeners sit around it.
+
+use std::fmt;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use super::policy::{Counter, Counting};
+
+/// Where a breaker stands.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum State {
+    /// Every send goes through; failures are counted.
+    Closed,
+    /// Sends are answered at once with `breaker.open`; nothing is sent.
+    Open,
+    /// One send at a time goes through as a probe; the others are refused.
+    HalfOpen,
+}
+
+impl State {
+    /// The state's name in snake case: `closed`, `open`, `half_open`.
+    ///
+    /// ```
+    /// assert_eq!(mail_breaker::State::HalfOpen.as_str(), "half_open");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Closed => "closed",
+            State::Open => "open",
+            State::HalfOpen => "half_open",
+        }
+    }
+}
+
+impl fmt::Display for State {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+/// The settings a [`Machine`] decides by; the builder makes them and checks them.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Rules {
+    /// How a closed breaker counts failures.
+    pub counting: Counting,
+    /// How long it stays open before it lets a probe through.
+    pub reset_timeout: Duration,
+    /// How long a probe may take before it counts as failed.
+    pub probe_timeout: Duration,
+    /// How many successful probes in a row close it.
+    pub half_open_successes: u32,
+}
+
+impl Default for Rules {
+    /// 5 failures in a row, 30 s reset and probe timeouts, 1 probe.
+    fn default() -> Self {
+        Rules {
+            counting: Counting::Consecutive { threshold: 5 },
+            reset_timeout: Duration::from_secs(30),
+            probe_timeout: Duration::from_secs(30),
+            half_open_successes: 1,
+        }
+    }
+}
+
+/// Leave to send one message, and the period it was given in.
+///
+/// Give it back with its result through [`Machine::record`], or through
+/// [`Machine::release`] when the send was abandoned.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Permit {
+    period: u64,
+    probe: Option<u64>,
+}
+
+impl Permit {
+    /// A permit given in `period`, as the probe numbered `probe` if it is one. For stores that
+    /// keep their state elsewhere and rebuild permits from it.
+    pub fn new(period: u64, probe: Option<u64>) -> Self {
+        Permit { period, probe }
+    }
+
+    /// The period of the breaker the permit was given in; a result from another period counts for nothing.
+    pub fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// The probe's number, if this permit is the half-open breaker's probe.
+    pub fn probe(&self) -> Option<u64> {
+        self.probe
+    }
+
+    /// Whether this permit is the half-open breaker's probe.
+    pub fn is_probe(&self) -> bool {
+        self.probe.is_some()
+    }
+}
+
+/// What the breaker says to one send.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Decision {
+    /// Send it, and report the result with this permit.
+    Send(Permit),
+    /// Do not send; try again after `retry_after`.
+    Refuse {
+        /// The time until the breaker may let a send through.
+        retry_after: Duration,
+    },
+}
+
+/// How a send went, as the breaker counts it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Outcome {
+    /// The provider worked (delivered, or refused this one message).
+    Success,
+    /// The provider failed.
+    Failure,
+}
+
+/// One change of state.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Transition {
+    /// The state before.
+    pub from: State,
+    /// The state after.
+    pub to: State,
+}
+
+/// The changes of state one event made, oldest first (at most two: a probe that expired
+/// reopens the breaker, and the same call may find the new reset timeout passed).
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub struct Transitions {
+    items: [Option<Transition>; 2],
+}
+
+impl Transitions {
+    /// No change.
+    pub const NONE: Transitions = Transitions {
+        items: [None, None],
+    };
+
+    /// Adds a change after the others. A third change in one event is a broken store.
+    pub fn push(&mut self, transition: Transition) {
+        if let Some(slot) = self.items.iter_mut().find(|slot| slot.is_none()) {
+            *slot = Some(transition);
+        } else {
+            debug_assert!(false, "more than two transitions in one event");
+        }
+    }
+
+    /// The changes, oldest first.
+    pub fn iter(&self) -> impl Iterator<Item = Transition> + '_ {
+        self.items.iter().flatten().copied()
+    }
+
+    /// Whether nothing changed.
+    pub fn is_empty(&self) -> bool {
+        self.items[0].is_none()
+    }
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Phase {
+    Closed,
+    Open {
+        until: Instant,
+    },
+    HalfOpen {
+        probe: Option<Probe>,
+        successes: u32,
+    },
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Probe {
+    number: u64,
+    deadline: Instant,
+}
+
+/// One breaker's state: the rules of DESIGN §3 as plain synchronous code.
+///
+/// Every method takes the time it acts at, so tests drive it without a clock and stores
+/// other than memory can replay it.
+///
+/// ```
+/// use std::time::Duration;
+/// use tokio::time::Instant;
+/// use mail_breaker::breaker::{Decision, Machine, Outcome, Rules};
+/// use mail_breaker::State;
+///
+/// let rules = Rules::default(); // 5 failures in a row, 30 s
+/// let start = Instant::now();
+/// let mut machine = Machine::new(&rules, start);
+/// for _ in 0..5 {
+///     let (Decision::Send(permit), _) = machine.acquire(&rules, start) else { unreachable!() };
+///     machine.record(&rules, start, permit, Outcome::Failure);
+/// }
+/// assert_eq!(machine.state(), State::Open);
+/// let (decision, _) = machine.acquire(&rules, start + Duration::from_secs(10));
+/// assert_eq!(decision, Decision::Refuse { retry_after: Duration::from_secs(20) });
+/// ```
+#[derive(Debug, Clone)]
+pub struct Machine {
+    phase: Phase,
+    counter: Counter,
+    period: u64,
+    probes_given: u64,
+}
+
+impl Machine {
+    /// A closed breaker whose time starts at `now`.
+    pub fn new(rules: &Rules, now: Instant) -> Self {
+        Machine {
+            phase: Phase::Closed,
+            counter: Counter::new(&rules.counting, now),
+            period: 0,
+            probes_given: 0,
+        }
+    }
+
+    /// The state, as of the last event.
+    pub fn state(&self) -> State {
+        match self.phase {
+            Phase::Closed => State::Closed,
+            Phase::Open { .. } => State::Open,
+            Phase::HalfOpen { .. } => State::HalfOpen,
+        }
+    }
+
+    /// The current period: it moves on at every change of state.
+    pub fn period(&self) -> u64 {
+        self.period
+    }
+
+    /// Whether a probe is out and has not answered.
+    pub fn has_probe_in_flight(&self) -> bool {
+        matches!(self.phase, Phase::HalfOpen { probe: Some(_), .. })
+    }
+
+    /// Decides whether a send may go at `now`.
+    pub fn acquire(&mut self, rules: &Rules, now: Instant) -> (Decision, Transitions) {
+        let mut transitions = self.expire(rules, now);
+        if let Phase::Open { until } = self.phase {
+            if now >= until {
+                self.enter(
+                    Phase::HalfOpen {
+                        probe: None,
+                        successes: 0,
+                    },
+                    now,
+                    rules,
+                    &mut transitions,
+                );
+            }
+        }
+        let decision = match &mut self.phase {
+            Phase::Closed => Decision::Send(Permit::new(self.period, None)),
+            Phase::Open { until } => Decision::Refuse {
+                retry_after: until.saturating_duration_since(now),
+            },
+            Phase::HalfOpen {
+                probe: Some(probe), ..
+            } => Decision::Refuse {
+                retry_after: probe.deadline.saturating_duration_since(now),
+            },
+            Phase::HalfOpen {
+                probe: probe @ None,
+                ..
+            } => {
+                self.probes_given += 1;
+                *probe = Some(Probe {
+                    number: self.probes_given,
+                    deadline: now + rules.probe_timeout,
+                });
+                Decision::Send(Permit::new(self.period, Some(self.probes_given)))
+            }
+        };
+        (decision, transitions)
+    }
+
+    /// Counts the result of a send made with `permit`, at `now`.
+    pub fn record(
+        &mut self,
+        rules: &Rules,
+        now: Instant,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> Transitions {
+        let mut transitions = self.expire(rules, now);
+        if permit.period != self.period {
+            return transitions; // sent in an earlier period: it decides nothing
+        }
+        let failed = outcome == Outcome::Failure;
+        match &mut self.phase {
+            Phase::Closed if permit.probe.is_none() => {
+                if self.counter.record(&rules.counting, now, failed) {
+                    self.enter(
+                        Phase::Open {
+                            until: now + rules.reset_timeout,
+                        },
+                        now,
+                        rules,
+                        &mut transitions,
+                    );
+                }
+            }
+            Phase::HalfOpen { probe, successes } if is_current_probe(probe, permit) => {
+                if failed {
+                    self.enter(
+                        Phase::Open {
+                            until: now + rules.reset_timeout,
+                        },
+                        now,
+                        rules,
+                        &mut transitions,
+                    );
+                } else {
+                    *successes += 1;
+                    *probe = None;
+                    if *successes >= rules.half_open_successes {
+                        self.enter(Phase::Closed, now, rules, &mut transitions);
+                    }
+                }
+            }
+            _ => {}
+        }
+        transitions
+    }
+
+    /// Forgets the send made with `permit`: its caller stopped waiting. A probe frees its slot.
+    pub fn release(&mut self, permit: Permit) {
+        if permit.period != self.period {
+            return;
+        }
+        if let Phase::HalfOpen { probe, .. } = &mut self.phase {
+            if is_current_probe(probe, permit) {
+                *probe = None;
+            }
+        }
+    }
+
+    /// Applies what time alone does: a probe past its deadline fails and reopens the breaker
+    /// from that deadline. (Open to half-open waits for the next send.)
+    pub fn expire(&mut self, rules: &Rules, now: Instant) -> Transitions {
+        let mut transitions = Transitions::NONE;
+        if let Phase::HalfOpen {
+            probe: Some(probe), ..
+        } = self.phase
+        {
+            if now >= probe.deadline {
+                let until = probe.deadline + rules.reset_timeout;
+                self.enter(Phase::Open { until }, now, rules, &mut transitions);
+            }
+        }
+        transitions
+    }
+
+    fn enter(&mut self, phase: Phase, now: Instant, rules: &Rules, transitions: &mut Transitions) {
+        let from = self.state();
+        self.phase = phase;
+        self.period += 1;
+        if matches!(phase, Phase::Closed) {
+            // Failures counted before the breaker opened say nothing about the provider now.
+            self.counter = Counter::new(&rules.counting, now);
+        }
+        transitions.push(Transition {
+            from,
+            to: self.state(),
+        });
+    }
+}
+
+fn is_current_probe(probe: &Option<Probe>, permit: Permit) -> bool {
+    matches!((probe, permit.probe), (Some(probe), Some(number)) if probe.number == number)
+}

@@ -1,0 +1,186 @@
+//! The circuit breaker: stops sending to a provider that keeps failing, answers at once while
+//! it is down, and lets one probe through to learn whether it is back.
+
+use std::fmt;
+
+use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+
+mod batch;
+mod builder;
+mod events;
+mod gate;
+pub mod machine;
+mod policy;
+mod scope;
+
+pub use builder::CircuitBreakerBuilder;
+pub use events::StateChange;
+pub use machine::{Decision, Machine, Outcome, Permit, Rules, State, Transition, Transitions};
+pub use policy::{Counting, ErrorRate};
+pub use scope::Scope;
+
+use gate::Gate;
+
+/// A [`Transport`] that stops sending to a provider that keeps failing.
+///
+/// - **closed**: every send goes through. An error that passes `is_failure` (by default a
+///   Network, Timeout, ServerError or ServiceUnavailable error) is a failure; any other
+///   result starts the count again.
+/// - **open**: after `failure_threshold` failures in a row (or a failure rate, with
+///   [`error_rate`](CircuitBreakerBuilder::error_rate)), sends are answered at once with a
+///   `breaker.open` error (ServiceUnavailable) whose `retry_after` is the time left.
+/// - **half-open**: once `reset_timeout` has passed, the next send goes through as the one
+///   probe; the others are refused. Enough successful probes close the breaker; a failed
+///   probe, or one that has not answered within `probe_timeout`, opens it again.
+///
+/// A result counts only in the period of the breaker it was sent in: a late answer from before
+/// the breaker opened or closed changes nothing. A probe whose caller drops its future frees
+/// the probe slot at once. [`verify`](Transport::verify) is never guarded.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{CircuitBreakerTransport, LettreTransport, State, Transport};
+/// use lettre::transport::stub::AsyncStubTransport;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let provider = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+/// let breaker = CircuitBreakerTransport::builder(provider)
+///     .failure_threshold(3)
+///     .reset_timeout(Duration::from_secs(30))
+///     .on_state_change(|change| println!("{} -> {}", change.from, change.to))
+///     .build()
+///     .unwrap();
+///
+/// let message = lettre::Message::builder()
+///     .from("app@example.com".parse().unwrap())
+///     .to("user@example.org".parse().unwrap())
+///     .body(String::from("hello"))
+///     .unwrap();
+/// breaker.send(&message).await.unwrap();
+/// assert_eq!(breaker.state(), State::Closed);
+/// # });
+/// ```
+pub struct CircuitBreakerTransport<T> {
+    inner: T,
+    gate: Gate,
+}
+
+impl<T: Transport> CircuitBreakerTransport<T> {
+    /// A breaker with the default settings: 5 failures in a row, 30 s reset and probe timeouts.
+    pub fn new(inner: T) -> Self {
+        match CircuitBreakerBuilder::new(inner).build() {
+            Ok(breaker) => breaker,
+            Err(never) => unreachable!("the default settings are valid: {never}"),
+        }
+    }
+
+    /// A builder to set each setting.
+    pub fn builder(inner: T) -> CircuitBreakerBuilder<T> {
+        CircuitBreakerBuilder::new(inner)
+    }
+
+    /// The state of the breaker under [`Scope::Transport`].
+    pub fn state(&self) -> State {
+        self.state_of(self.inner.name())
+    }
+
+    /// The state of the breaker for `key` under another scope (e.g. a recipient domain,
+    /// lower-cased). A key the store does not track is closed.
+    pub fn state_of(&self, key: &str) -> State {
+        let (state, transitions) = self.gate.store.state(key, &self.gate.rules);
+        events::announce(
+            self.gate.listener.as_ref(),
+            self.inner.name(),
+            key,
+            transitions,
+        );
+        state
+    }
+
+    /// How many breakers the store tracks now (one per key seen, within its bound).
+    pub fn tracked_keys(&self) -> usize {
+        self.gate.store.tracked_keys()
+    }
+
+    /// The rules the breaker decides by.
+    pub fn rules(&self) -> &Rules {
+        &self.gate.rules
+    }
+
+    /// The transport it guards.
+    pub fn inner(&self) -> &T {
+        &self.inner
+    }
+
+    /// The transport it guards, mutably.
+    pub fn inner_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+
+    /// The transport it guards, dropping the breaker.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    /// Sends through `send` if the breaker gives leave, and counts the result.
+    async fn guarded<F>(
+        &self,
+        envelope: &Envelope,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
+        let ticket = self.gate.admit(self.inner.name(), envelope).await?;
+        let result = send().await;
+        ticket.finish(self.gate.outcome(&result)).await;
+        result
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for CircuitBreakerTransport<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.guarded(envelope, || self.inner.send_raw(envelope, raw))
+            .await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.guarded(message.envelope(), || self.inner.send(message))
+            .await
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        batch::send_many(&self.inner, &self.gate, messages)
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        self.inner.verify().await
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> lettre::AsyncTransport for CircuitBreakerTransport<T> {
+    type Ok = Receipt;
+    type Error = SendError;
+
+    async fn send_raw(&self, envelope: &Envelope, email: &[u8]) -> Result<Receipt, SendError> {
+        Transport::send_raw(self, envelope, email).await
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for CircuitBreakerTransport<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("CircuitBreakerTransport")
+            .field("inner", &self.inner)
+            .field("rules", &self.gate.rules)
+            .field("scope", &self.gate.scope)
+            .field("store", &self.gate.store)
+            .finish_non_exhaustive()
+    }
+}

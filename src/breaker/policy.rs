@@ -1,0 +1,185 @@
+//! How a closed breaker counts failures: in a row, or as a rate over a sliding window.
+
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::ConfigError;
+use crate::config::{at_least_one, non_zero_duration};
+
+/// Open the breaker on the share of failures in a sliding window, instead of failures in a row.
+///
+/// The window is cut into `buckets` equal slices; the oldest slice drops out as time moves on.
+/// The breaker opens once the window holds at least `minimum_requests` results and at least
+/// `threshold_percent` % of them are failures.
+///
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::ErrorRate;
+///
+/// let rate = ErrorRate { threshold_percent: 25, minimum_requests: 100, ..ErrorRate::default() };
+/// assert_eq!(rate.window, Duration::from_secs(10));
+/// assert_eq!(rate.buckets, 10);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ErrorRate {
+    /// The failure percentage, 1 to 100, at or over which the breaker opens.
+    pub threshold_percent: u8,
+    /// The fewest results in the window before the rate is judged at all.
+    pub minimum_requests: u32,
+    /// How far back results count.
+    pub window: Duration,
+    /// How many slices the window moves in.
+    pub buckets: u32,
+}
+
+impl Default for ErrorRate {
+    /// 50 %, 20 requests, 10 s, 10 buckets.
+    fn default() -> Self {
+        ErrorRate {
+            threshold_percent: 50,
+            minimum_requests: 20,
+            window: Duration::from_secs(10),
+            buckets: 10,
+        }
+    }
+}
+
+impl ErrorRate {
+    /// Checks that the settings can work, naming the first that cannot.
+    pub(crate) fn validate(&self) -> Result<(), ConfigError> {
+        if self.threshold_percent == 0 || self.threshold_percent > 100 {
+            return Err(ConfigError::new(
+                "error_rate.threshold_percent",
+                format!("must be 1 to 100, got {}", self.threshold_percent),
+            ));
+        }
+        at_least_one("error_rate.minimum_requests", self.minimum_requests.into())?;
+        at_least_one("error_rate.buckets", self.buckets.into())?;
+        non_zero_duration("error_rate.window", self.window)?;
+        if self.window < Duration::from_millis(self.buckets.into()) {
+            return Err(ConfigError::new(
+                "error_rate.window",
+                format!(
+                    "must span at least 1 ms per bucket: {} ms for {} buckets, got {:?}",
+                    self.buckets, self.buckets, self.window
+                ),
+            ));
+        }
+        Ok(())
+    }
+
+    fn bucket_width(&self) -> Duration {
+        self.window / self.buckets
+    }
+}
+
+/// How a closed breaker decides to open.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Counting {
+    /// Open after this many failures in a row.
+    Consecutive {
+        /// Failures in a row that open the breaker.
+        threshold: u32,
+    },
+    /// Open when the failure rate in a sliding window reaches a threshold.
+    ErrorRate(ErrorRate),
+}
+
+/// The failures a closed breaker has counted so far.
+#[derive(Debug, Clone)]
+pub(crate) enum Counter {
+    Consecutive(u32),
+    Window(Window),
+}
+
+impl Counter {
+    pub(crate) fn new(counting: &Counting, origin: Instant) -> Self {
+        match counting {
+            Counting::Consecutive { .. } => Counter::Consecutive(0),
+            Counting::ErrorRate(rate) => Counter::Window(Window::new(rate, origin)),
+        }
+    }
+
+    /// Counts one result; true when the breaker should open.
+    pub(crate) fn record(&mut self, counting: &Counting, now: Instant, failed: bool) -> bool {
+        match (self, counting) {
+            (Counter::Consecutive(failures), Counting::Consecutive { threshold }) => {
+                *failures = if failed {
+                    failures.saturating_add(1)
+                } else {
+                    0
+                };
+                *failures >= *threshold
+            }
+            (Counter::Window(window), Counting::ErrorRate(rate)) => {
+                window.record(rate, now, failed);
+                window.is_tripped(rate, now)
+            }
+            // The rules changed under a live counter (a store shared by two configurations):
+            // start this counter again under the new rules.
+            (counter, counting) => {
+                *counter = Counter::new(counting, now);
+                counter.record(counting, now, failed)
+            }
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, Default)]
+struct Bucket {
+    /// Which slice of time since the origin this bucket holds.
+    slice: u64,
+    total: u32,
+    failures: u32,
+}
+
+/// A ring of buckets, each holding the results of one slice of time.
+#[derive(Debug, Clone)]
+pub(crate) struct Window {
+    origin: Instant,
+    buckets: Vec<Bucket>,
+}
+
+impl Window {
+    fn new(rate: &ErrorRate, origin: Instant) -> Self {
+        Window {
+            origin,
+            buckets: vec![Bucket::default(); rate.buckets as usize],
+        }
+    }
+
+    fn slice_at(&self, rate: &ErrorRate, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(self.origin).as_nanos();
+        // Slice 0 is never live, so a zeroed bucket never counts.
+        (since / rate.bucket_width().as_nanos().max(1)) as u64 + 1
+    }
+
+    fn record(&mut self, rate: &ErrorRate, now: Instant, failed: bool) {
+        let slice = self.slice_at(rate, now);
+        let len = self.buckets.len() as u64;
+        let bucket = &mut self.buckets[(slice % len) as usize];
+        if bucket.slice != slice {
+            *bucket = Bucket {
+                slice,
+                ..Bucket::default()
+            };
+        }
+        bucket.total = bucket.total.saturating_add(1);
+        bucket.failures = bucket.failures.saturating_add(u32::from(failed));
+    }
+
+    fn is_tripped(&self, rate: &ErrorRate, now: Instant) -> bool {
+        let current = self.slice_at(rate, now);
+        let oldest = current.saturating_sub(self.buckets.len() as u64 - 1);
+        let (total, failures) = self
+            .buckets
+            .iter()
+            .filter(|b| b.slice >= oldest && b.slice <= current && b.slice != 0)
+            .fold((0u64, 0u64), |(t, f), b| {
+                (t + u64::from(b.total), f + u64::from(b.failures))
+            });
+        total >= u64::from(rate.minimum_requests)
+            && failures * 100 >= u64::from(rate.threshold_percent) * total
+    }
+}

@@ -1,0 +1,378 @@
+//! What a send returns: a [`Receipt`] on delivery, a [`SendError`] with a [`Category`] otherwise.
+
+use std::borrow::Cow;
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Proof that a transport accepted a message.
+///
+/// # Example
+/// ```
+/// use mail_breaker::Receipt;
+///
+/// let receipt = Receipt::new("smtp://relay.example.com:587")
+///     .with_message_id("4F2A1")
+///     .with_response("250 2.0.0 Ok: queued as 4F2A1");
+/// assert_eq!(receipt.transport(), "smtp://relay.example.com:587");
+/// assert_eq!(receipt.message_id(), Some("4F2A1"));
+/// assert_eq!(receipt.attempts(), 1);
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Receipt {
+    transport: String,
+    message_id: Option<String>,
+    response: Option<String>,
+    attempts: u32,
+}
+
+impl Receipt {
+    /// A receipt from the transport named `transport` (the leaf that delivered, not a wrapper).
+    pub fn new(transport: impl Into<String>) -> Self {
+        Receipt {
+            transport: transport.into(),
+            message_id: None,
+            response: None,
+            attempts: 1,
+        }
+    }
+
+    /// Adds the provider's id for the message (an SES MessageId, an SMTP queue id).
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.message_id = Some(id.into());
+        self
+    }
+
+    /// Adds the provider's reply, e.g. `"250 2.0.0 Ok: queued as 4F2A1"`.
+    pub fn with_response(mut self, text: impl Into<String>) -> Self {
+        self.response = Some(text.into());
+        self
+    }
+
+    /// Sets how many tries it took; [`RetryTransport`](crate::RetryTransport) sets this.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// assert_eq!(Receipt::new("stub").with_attempts(3).attempts(), 3);
+    /// ```
+    pub fn with_attempts(mut self, attempts: u32) -> Self {
+        self.attempts = attempts;
+        self
+    }
+
+    /// The name of the transport that delivered the message.
+    pub fn transport(&self) -> &str {
+        &self.transport
+    }
+
+    /// The provider's id for the message, where it gave one.
+    pub fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    /// The provider's reply, where it gave one.
+    pub fn response(&self) -> Option<&str> {
+        self.response.as_deref()
+    }
+
+    /// How many tries the delivery took: 1 unless a retry transport tried again.
+    pub fn attempts(&self) -> u32 {
+        self.attempts
+    }
+}
+
+/// What kind of failure a [`SendError`] is; decides retrying, failover and breaker counting.
+///
+/// ```
+/// use mail_breaker::Category;
+///
+/// assert!(Category::Timeout.is_breaker_failure());
+/// assert!(Category::RateLimited.is_retryable());
+/// assert!(!Category::RateLimited.is_breaker_failure());
+/// assert!(!Category::Rejected.is_retryable());
+/// ```
+#[non_exhaustive]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Category {
+    /// Connection refused or reset, DNS, TLS handshake, dropped mid-transaction.
+    Network,
+    /// No answer in time.
+    Timeout,
+    /// The provider failed: SMTP 451/452, HTTP 500.
+    ServerError,
+    /// The provider says it is down: SMTP 421, HTTP 503; also `breaker.open`, `pool.exhausted`.
+    ServiceUnavailable,
+    /// The provider is up and asks us to slow down: HTTP 429, SMTP 4.7.x rate codes.
+    RateLimited,
+    /// The provider refused this message or recipient: SMTP 5xx, SES MessageRejected.
+    Rejected,
+    /// Credentials refused: SMTP 535, SES 403.
+    Authentication,
+    /// The message itself cannot be sent: no recipients, too large.
+    InvalidMessage,
+    /// The transport is set up wrong, or was shut down.
+    Configuration,
+}
+
+impl Category {
+    /// Whether trying the same message again later may succeed:
+    /// Network, Timeout, ServerError, ServiceUnavailable and RateLimited.
+    pub fn is_retryable(self) -> bool {
+        matches!(
+            self,
+            Category::Network
+                | Category::Timeout
+                | Category::ServerError
+                | Category::ServiceUnavailable
+                | Category::RateLimited
+        )
+    }
+
+    /// Whether the error says the provider is failing, which a breaker counts:
+    /// Network, Timeout, ServerError and ServiceUnavailable.
+    pub fn is_breaker_failure(self) -> bool {
+        matches!(
+            self,
+            Category::Network
+                | Category::Timeout
+                | Category::ServerError
+                | Category::ServiceUnavailable
+        )
+    }
+
+    /// The category's name in snake case, as used in logs.
+    ///
+    /// ```
+    /// assert_eq!(mail_breaker::Category::RateLimited.as_str(), "rate_limited");
+    /// ```
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Category::Network => "network",
+            Category::Timeout => "timeout",
+            Category::ServerError => "server_error",
+            Category::ServiceUnavailable => "service_unavailable",
+            Category::RateLimited => "rate_limited",
+            Category::Rejected => "rejected",
+            Category::Authentication => "authentication",
+            Category::InvalidMessage => "invalid_message",
+            Category::Configuration => "configuration",
+        }
+    }
+}
+
+impl fmt::Display for Category {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
+
+/// Why a message was not sent.
+///
+/// It clones cheaply (its source is kept in an `Arc`) so that one failure can answer every
+/// message of a batch. Its `Display` shows the transport, code and a message in which every
+/// e-mail address has its local part masked; it never holds a message body or credentials.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{Category, SendError};
+///
+/// let err = SendError::new(Category::ServiceUnavailable, "smtp.421", "550 <bob@example.org> try later")
+///     .with_retry_after(Duration::from_secs(30))
+///     .with_transport("smtp://relay.example.com:587");
+/// assert!(err.is_retryable());
+/// assert_eq!(err.code(), "smtp.421");
+/// assert!(!err.to_string().contains("bob@"));
+/// ```
+#[derive(Debug, Clone, thiserror::Error)]
+pub struct SendError {
+    category: Category,
+    code: Cow<'static, str>,
+    message: Cow<'static, str>,
+    retry_after: Option<Duration>,
+    #[source]
+    source: Option<Source>,
+    transport: Option<String>,
+    batch_failure: bool,
+    causes: Vec<SendError>,
+}
+
+impl SendError {
+    /// A new error. `code` is a short machine-readable code such as `"smtp.421"`; e-mail
+    /// addresses in `message` are masked (`***@example.org`).
+    pub fn new(category: Category, code: impl Into<String>, message: impl Into<String>) -> Self {
+        SendError::from_parts(
+            category,
+            Cow::Owned(code.into()),
+            Cow::Owned(mask_addresses(message.into())),
+        )
+    }
+
+    /// An error whose code and message are known at compile time; allocates nothing.
+    pub(crate) fn fixed(category: Category, code: &'static str, message: &'static str) -> Self {
+        SendError::from_parts(category, Cow::Borrowed(code), Cow::Borrowed(message))
+    }
+
+    fn from_parts(category: Category, code: Cow<'static, str>, message: Cow<'static, str>) -> Self {
+        SendError {
+            category,
+            code,
+            message,
+            retry_after: None,
+            source: None,
+            transport: None,
+            batch_failure: false,
+            causes: Vec::new(),
+        }
+    }
+
+    /// Says how long to wait before trying again.
+    pub fn with_retry_after(mut self, after: Duration) -> Self {
+        self.retry_after = Some(after);
+        self
+    }
+
+    /// Keeps the lower-level error that caused this one (see [`std::error::Error::source`]).
+    pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
+        self.source = Some(Arc::new(source));
+        self
+    }
+
+    /// Names the transport the error came from.
+    pub fn with_transport(mut self, name: impl Into<String>) -> Self {
+        self.transport = Some(name.into());
+        self
+    }
+
+    /// Marks the error as the failure of a whole batch (see [`Transport::send_many`](crate::Transport::send_many)).
+    pub fn batch_failure(mut self) -> Self {
+        self.batch_failure = true;
+        self
+    }
+
+    /// Keeps the errors this one sums up, e.g. each pool member's error in `pool.exhausted`.
+    ///
+    /// ```
+    /// # use mail_breaker::{Category, SendError};
+    /// let a = SendError::new(Category::Timeout, "smtp.timeout", "no answer");
+    /// let all = SendError::new(Category::ServiceUnavailable, "pool.exhausted", "every member failed")
+    ///     .with_causes(vec![a]);
+    /// assert_eq!(all.causes()[0].code(), "smtp.timeout");
+    /// ```
+    pub fn with_causes(mut self, causes: Vec<SendError>) -> Self {
+        self.causes = causes;
+        self
+    }
+
+    /// What kind of failure this is.
+    pub fn category(&self) -> Category {
+        self.category
+    }
+
+    /// A short machine-readable code: `"smtp.421"`, `"ses.TooManyRequestsException"`,
+    /// `"breaker.open"`, `"pool.exhausted"`.
+    pub fn code(&self) -> &str {
+        &self.code
+    }
+
+    /// The human-readable description, addresses masked.
+    pub fn message(&self) -> &str {
+        &self.message
+    }
+
+    /// How long to wait before trying again, where known.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Whether trying again later may succeed (see [`Category::is_retryable`]).
+    pub fn is_retryable(&self) -> bool {
+        self.category.is_retryable()
+    }
+
+    /// Whether this error answers a whole batch rather than one message.
+    pub fn is_batch_failure(&self) -> bool {
+        self.batch_failure
+    }
+
+    /// The transport the error came from, where known.
+    pub fn transport(&self) -> Option<&str> {
+        self.transport.as_deref()
+    }
+
+    /// The errors this one sums up (each pool member's, for `pool.exhausted`).
+    pub fn causes(&self) -> &[SendError] {
+        &self.causes
+    }
+}
+
+impl fmt::Display for SendError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        if let Some(transport) = &self.transport {
+            write!(f, "{transport}: ")?;
+        }
+        write!(f, "{} ({}): {}", self.code, self.category, self.message)?;
+        if let Some(after) = self.retry_after {
+            write!(f, "; retry after {} ms", after.as_millis())?;
+        }
+        Ok(())
+    }
+}
+
+/// Replaces the local part of every e-mail address in `text` with `***`, so that logs and
+/// error messages never carry a full recipient address.
+pub(crate) fn mask_addresses(text: String) -> String {
+    if !text.contains('@') {
+        return text;
+    }
+    let is_local = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~.\"".contains(c);
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text.as_str();
+    while let Some(at) = rest.find('@') {
+        let before = &rest[..at];
+        let local_start = before
+            .char_indices()
+            .rev()
+            .take_while(|&(_, c)| is_local(c))
+            .last()
+            .map_or(at, |(i, _)| i);
+        out.push_str(&before[..local_start]);
+        if local_start < at {
+            out.push_str("***");
+        }
+        out.push('@');
+        rest = &rest[at + 1..];
+    }
+    out.push_str(rest);
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn addresses_in_messages_are_masked() {
+        let masked =
+            mask_addresses("550 5.1.1 <bob.smith+x@example.org>: unknown, cc a@b.c".into());
+        assert_eq!(masked, "550 5.1.1 <***@example.org>: unknown, cc ***@b.c");
+    }
+
+    #[test]
+    fn text_without_addresses_is_kept() {
+        assert_eq!(mask_addresses("421 try later".into()), "421 try later");
+        assert_eq!(mask_addresses("@ alone".into()), "@ alone");
+    }
+
+    #[test]
+    fn display_names_transport_code_and_category() {
+        let err = SendError::new(Category::Timeout, "smtp.timeout", "no answer in 1 s")
+            .with_transport("smtp://x:25");
+        assert_eq!(
+            err.to_string(),
+            "smtp://x:25: smtp.timeout (timeout): no answer in 1 s"
+        );
+    }
+}

@@ -1,0 +1,109 @@
+//! The [`Transport`] trait every provider and every wrapper of this crate implements.
+
+use std::sync::Arc;
+
+use futures::StreamExt;
+
+pub use lettre::{Message, address::Envelope};
+
+use crate::{Receipt, SendError};
+
+/// Messages read lazily by [`Transport::send_many`].
+pub type MessageStream<'a> = futures::stream::BoxStream<'a, Message>;
+
+/// One answer per message read, in the order read.
+pub type ReceiptStream<'a> = futures::stream::BoxStream<'a, Result<Receipt, SendError>>;
+
+/// An async mail transport: a provider (SMTP, SES, your own) or a wrapper around one.
+///
+/// Implement [`name`](Transport::name) and [`send_raw`](Transport::send_raw); the other
+/// methods have defaults. A transport that can send batches faster than one message at a
+/// time overrides [`send_many`](Transport::send_many).
+///
+/// # Batch failures
+/// A transport whose whole batch fails (the connection dropped, the bulk API call errored)
+/// yields one `Err` made with [`SendError::batch_failure`] and ends its stream. Every wrapper
+/// in this crate then answers each message of the batch that has no answer yet with a clone
+/// of that error, so a caller always gets one item per message.
+///
+/// # Example
+/// ```
+/// use mail_breaker::{Envelope, Receipt, SendError, Transport};
+///
+/// struct Discard;
+///
+/// #[async_trait::async_trait]
+/// impl Transport for Discard {
+///     fn name(&self) -> &str {
+///         "discard"
+///     }
+///     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+///         Ok(Receipt::new(self.name()))
+///     }
+/// }
+///
+/// # tokio_test(async {
+/// let message = lettre::Message::builder()
+///     .from("app@example.com".parse().unwrap())
+///     .to("user@example.org".parse().unwrap())
+///     .body(String::from("hello"))
+///     .unwrap();
+/// let receipt = Discard.send(&message).await.unwrap();
+/// assert_eq!(receipt.transport(), "discard");
+/// # });
+/// # fn tokio_test(f: impl std::future::Future<Output = ()>) {
+/// #     tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(f)
+/// # }
+/// ```
+#[async_trait::async_trait]
+pub trait Transport: Send + Sync {
+    /// A short name for logs, metrics and receipts: `"smtp://relay.example.com:587"`, `"ses:eu-west-1"`.
+    fn name(&self) -> &str;
+
+    /// Sends one formatted message.
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError>;
+
+    /// Sends one message (default: formats it and calls [`send_raw`](Transport::send_raw)).
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.send_raw(message.envelope(), &message.formatted())
+            .await
+    }
+
+    /// Sends a batch read lazily from `messages`; yields exactly one item per message it
+    /// read, in the order read (default: one at a time through [`send`](Transport::send)).
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        messages
+            .then(move |message| async move { self.send(&message).await })
+            .boxed()
+    }
+
+    /// Checks that the provider can be reached (default: `Ok`). Never guarded by a breaker.
+    async fn verify(&self) -> Result<(), SendError> {
+        Ok(())
+    }
+}
+
+macro_rules! forward_transport {
+    ($([$($generics:tt)*] $pointer:ty),+) => {$(
+        #[async_trait::async_trait]
+        impl<$($generics)* T: Transport + ?Sized> Transport for $pointer {
+            fn name(&self) -> &str {
+                (**self).name()
+            }
+            async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+                (**self).send_raw(envelope, raw).await
+            }
+            async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+                (**self).send(message).await
+            }
+            fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+                (**self).send_many(messages)
+            }
+            async fn verify(&self) -> Result<(), SendError> {
+                (**self).verify().await
+            }
+        }
+    )+};
+}
+
+forward_transport!([] Arc<T>, [] Box<T>, ['r,] &'r T);

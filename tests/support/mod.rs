@@ -1,0 +1,38 @@
+//! Helpers shared by the integration tests: scripted transports, messages, and launchers for
+//! the real servers (smtp-sink, redis-server, moto) that skip where a server is missing and
+//! fail under CI (`CI=true`).
+#![allow(dead_code)]
+
+pub mod scripted;
+pub mod servers;
+
+use mail_breaker::Message;
+
+/// A small message from `app@example.com` to `to`.
+pub fn message_to(to: &str) -> Message {
+    Message::builder()
+        .from("app@example.com".parse().expect("a valid sender"))
+        .to(to.parse().expect("a valid recipient"))
+        .subject("test")
+        .body(String::from("hello"))
+        .expect("a valid message")
+}
+
+/// A message to `user@example.org`.
+pub fn message() -> Message {
+    message_to("user@example.org")
+}
+
+/// `count` messages, each with its index in the subject so order can be checked.
+pub fn numbered_messages(count: usize) -> Vec<Message> {
+    (0..count)
+        .map(|i| {
+            Message::builder()
+                .from("app@example.com".parse().expect("a valid sender"))
+                .to("user@example.org".parse().expect("a valid recipient"))
+                .subject(format!("message {i}"))
+                .body(format!("message {i}"))
+                .expect("a valid message")
+        })
+        .collect()
+}

@@ -1,0 +1,37 @@
+//! Finding the real servers the tests run, and skipping (or, under CI, failing) without them.
+
+use std::net::TcpListener;
+use std::path::PathBuf;
+
+/// Whether the tests run under CI, where a missing server is a failure.
+pub fn under_ci() -> bool {
+    std::env::var("CI").is_ok_and(|v| v == "true" || v == "1")
+}
+
+/// The path of `program` on PATH or in the usual system folders, or `None` after printing
+/// that `test` skipped. Under CI a missing program panics instead.
+pub fn require_program(program: &str, test: &str) -> Option<PathBuf> {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect())
+        .unwrap_or_default();
+    dirs.extend(["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"].map(PathBuf::from));
+    if let Some(found) = dirs
+        .iter()
+        .map(|dir| dir.join(program))
+        .find(|path| path.is_file())
+    {
+        return Some(found);
+    }
+    assert!(
+        !under_ci(),
+        "{test}: `{program}` is not installed, and CI=true requires it (bash .ci/run installs it)"
+    );
+    println!("SKIPPED {test}: `{program}` is not installed (bash .ci/run installs it)");
+    None
+}
+
+/// A TCP port on 127.0.0.1 that was free a moment ago.
+pub fn free_port() -> u16 {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
+    listener.local_addr().expect("a bound address").port()
+}
