@@ -138,12 +138,12 @@ impl<'a, T: Transport> Output<'a, T> {
         if let Some(ticket) = ticket {
             ticket.finish(self.gate.outcome(&result)).await;
         }
-        if let Err(error) = &result {
-            if error.is_batch_failure() {
-                // Counted once above; every other message of the batch gets a clone.
-                self.batch = None;
-                self.failure = Some(error.clone());
-            }
+        if let Err(error) = &result
+            && error.is_batch_failure()
+        {
+            // Counted once above; every other message of the batch gets a clone.
+            self.batch = None;
+            self.failure = Some(error.clone());
         }
         result
     }

@@ -243,18 +243,18 @@ impl Machine {
     /// Decides whether a send may go at `now`.
     pub fn acquire(&mut self, rules: &Rules, now: Instant) -> (Decision, Transitions) {
         let mut transitions = self.expire(rules, now);
-        if let Phase::Open { until } = self.phase {
-            if now >= until {
-                self.enter(
-                    Phase::HalfOpen {
-                        probe: None,
-                        successes: 0,
-                    },
-                    now,
-                    rules,
-                    &mut transitions,
-                );
-            }
+        if let Phase::Open { until } = self.phase
+            && now >= until
+        {
+            self.enter(
+                Phase::HalfOpen {
+                    probe: None,
+                    successes: 0,
+                },
+                now,
+                rules,
+                &mut transitions,
+            );
         }
         let decision = match &mut self.phase {
             Phase::Closed => Decision::Send(Permit::new(self.period, None)),
@@ -295,17 +295,17 @@ impl Machine {
         }
         let failed = outcome == Outcome::Failure;
         match &mut self.phase {
-            Phase::Closed if permit.probe.is_none() => {
-                if self.counter.record(&rules.counting, now, failed) {
-                    self.enter(
-                        Phase::Open {
-                            until: now + rules.reset_timeout,
-                        },
-                        now,
-                        rules,
-                        &mut transitions,
-                    );
-                }
+            Phase::Closed
+                if permit.probe.is_none() && self.counter.record(&rules.counting, now, failed) =>
+            {
+                self.enter(
+                    Phase::Open {
+                        until: now + rules.reset_timeout,
+                    },
+                    now,
+                    rules,
+                    &mut transitions,
+                );
             }
             Phase::HalfOpen { probe, successes } if is_current_probe(probe, permit) => {
                 if failed {
@@ -335,10 +335,10 @@ impl Machine {
         if permit.period != self.period {
             return;
         }
-        if let Phase::HalfOpen { probe, .. } = &mut self.phase {
-            if is_current_probe(probe, permit) {
-                *probe = None;
-            }
+        if let Phase::HalfOpen { probe, .. } = &mut self.phase
+            && is_current_probe(probe, permit)
+        {
+            *probe = None;
         }
     }
 
@@ -349,11 +349,10 @@ impl Machine {
         if let Phase::HalfOpen {
             probe: Some(probe), ..
         } = self.phase
+            && now >= probe.deadline
         {
-            if now >= probe.deadline {
-                let until = probe.deadline + rules.reset_timeout;
-                self.enter(Phase::Open { until }, now, rules, &mut transitions);
-            }
+            let until = probe.deadline + rules.reset_timeout;
+            self.enter(Phase::Open { until }, now, rules, &mut transitions);
         }
         transitions
     }
