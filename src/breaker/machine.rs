@@ -251,8 +251,6 @@ impl Machine {
                     probe: None,
                     successes: 0,
                 },
-                now,
-                rules,
                 &mut transitions,
             );
         }
@@ -302,8 +300,6 @@ impl Machine {
                     Phase::Open {
                         until: now + rules.reset_timeout,
                     },
-                    now,
-                    rules,
                     &mut transitions,
                 );
             }
@@ -313,15 +309,13 @@ impl Machine {
                         Phase::Open {
                             until: now + rules.reset_timeout,
                         },
-                        now,
-                        rules,
                         &mut transitions,
                     );
                 } else {
                     *successes += 1;
                     *probe = None;
                     if *successes >= rules.half_open_successes {
-                        self.enter(Phase::Closed, now, rules, &mut transitions);
+                        self.enter(Phase::Closed, &mut transitions);
                     }
                 }
             }
@@ -352,18 +346,18 @@ impl Machine {
             && now >= probe.deadline
         {
             let until = probe.deadline + rules.reset_timeout;
-            self.enter(Phase::Open { until }, now, rules, &mut transitions);
+            self.enter(Phase::Open { until }, &mut transitions);
         }
         transitions
     }
 
-    fn enter(&mut self, phase: Phase, now: Instant, rules: &Rules, transitions: &mut Transitions) {
+    fn enter(&mut self, phase: Phase, transitions: &mut Transitions) {
         let from = self.state();
         self.phase = phase;
         self.period += 1;
         if matches!(phase, Phase::Closed) {
             // Failures counted before the breaker opened say nothing about the provider now.
-            self.counter = Counter::new(&rules.counting, now);
+            self.counter.reset();
         }
         transitions.push(Transition {
             from,

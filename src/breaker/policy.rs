@@ -124,6 +124,14 @@ impl Counter {
             }
         }
     }
+
+    /// Forgets every counted result; the window keeps its slices' boundaries.
+    pub(crate) fn reset(&mut self) {
+        match self {
+            Counter::Consecutive(failures) => *failures = 0,
+            Counter::Window(window) => window.buckets.fill(Bucket::default()),
+        }
+    }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
