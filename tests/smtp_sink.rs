@@ -33,14 +33,14 @@ fn breaker_around(
         .expect("valid breaker settings")
 }
 
-/// A breaker that records each `(from, to)` change it announces.
+/// The `(from, to)` state changes a breaker announced, in order.
+type Changes = Arc<Mutex<Vec<(State, State)>>>;
+
+/// A breaker that opens after 2 failures and records each change it announces.
 fn recording_breaker(
     smtp: SmtpTransport,
     reset_timeout: Duration,
-) -> (
-    CircuitBreakerTransport<SmtpTransport>,
-    Arc<Mutex<Vec<(State, State)>>>,
-) {
+) -> (CircuitBreakerTransport<SmtpTransport>, Changes) {
     let changes = Arc::new(Mutex::new(Vec::new()));
     let heard = Arc::clone(&changes);
     let breaker = CircuitBreakerTransport::builder(smtp)
