@@ -135,6 +135,10 @@ impl SmtpSink {
 
     /// How many messages the server has accepted (finished with `.` and dumped) so far, over
     /// all its restarts. Only for a sink made with [`start_counting`](Self::start_counting).
+    ///
+    /// smtp-sink opens a message's file at `MAIL FROM` and removes it if the transaction is
+    /// abandoned, so count once the sends have been answered: a transaction still in
+    /// progress is counted too.
     pub fn received(&self) -> usize {
         let dump_dir = self
             .dump_dir
