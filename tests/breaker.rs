@@ -43,10 +43,9 @@ async fn opened(inner: Scripted) -> CircuitBreakerTransport<Scripted> {
     breaker
 }
 
-fn recorder() -> (
-    Arc<Mutex<Vec<(State, State)>>>,
-    impl Fn(&StateChange) + Send + Sync + 'static,
-) {
+type Changes = Arc<Mutex<Vec<(State, State)>>>;
+
+fn recorder() -> (Changes, impl Fn(&StateChange) + Send + Sync + 'static) {
     let seen = Arc::new(Mutex::new(Vec::new()));
     let sink = Arc::clone(&seen);
     (seen, move |change: &StateChange| {
@@ -832,6 +831,7 @@ async fn boxed_and_shared_transports_are_transports_too() {
     let boxed: Box<dyn Transport> = Box::new(breaker(Scripted::new("p")));
     let shared: Arc<dyn Transport> = Arc::new(Scripted::new("q"));
     let wrapped = CircuitBreakerTransport::new(shared);
+    let borrowed: &dyn Transport = &wrapped;
     assert_eq!(boxed.send(&message()).await.unwrap().transport(), "p");
-    assert_eq!((&wrapped).send(&message()).await.unwrap().transport(), "q");
+    assert_eq!(borrowed.send(&message()).await.unwrap().transport(), "q");
 }
