@@ -21,16 +21,22 @@ use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError
 /// `send_many` sends up to [`with_concurrency`](Self::with_concurrency) messages at once over
 /// lettre's connection pool (default 10, the pool's default size) and answers in message order.
 ///
+/// lettre's connection pool starts a Tokio task when the lettre transport is built, so build it
+/// (and call [`unencrypted`](Self::unencrypted)) inside a Tokio runtime: outside one, lettre
+/// panics.
+///
 /// ```
 /// use std::time::Duration;
 /// use lettre::{AsyncSmtpTransport, Tokio1Executor};
 /// use mail_breaker::SmtpTransport;
 ///
+/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
 /// let relay = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1").port(2525).build();
 /// let smtp = SmtpTransport::new(relay)
 ///     .with_name("smtp://127.0.0.1:2525")
 ///     .with_timeout(Duration::from_secs(10));
 /// # let _ = smtp;
+/// # });
 /// ```
 #[derive(Clone)]
 pub struct SmtpTransport {
@@ -52,12 +58,14 @@ impl SmtpTransport {
     }
 
     /// A transport to a server on `host:port` without TLS or authentication (a local relay,
-    /// a test server), named `smtp://host:port`.
+    /// a test server), named `smtp://host:port`. Call it inside a Tokio runtime (see above).
     ///
     /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
     /// let smtp = mail_breaker::SmtpTransport::unencrypted("127.0.0.1", 2525);
     /// # use mail_breaker::Transport;
     /// assert_eq!(smtp.name(), "smtp://127.0.0.1:2525");
+    /// # });
     /// ```
     pub fn unencrypted(host: &str, port: u16) -> Self {
         let relay = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)

@@ -5,6 +5,7 @@
 
 pub mod scripted;
 pub mod servers;
+pub mod smtp_sink;
 
 use mail_breaker::Message;
 
