@@ -64,7 +64,6 @@ pub(crate) fn send_many<'a, S: Stages<'a>>(
     stages: S,
     messages: MessageStream<'a>,
 ) -> ReceiptStream<'a> {
-    let count = stages.count();
     let shared = Arc::new(Shared {
         state: Mutex::new(State {
             source: messages,
@@ -72,14 +71,15 @@ pub(crate) fn send_many<'a, S: Stages<'a>>(
             next_seq: 0,
             first_unemitted: 0,
             answers: VecDeque::new(),
-            stages: (0..count).map(|_| StageState::default()).collect(),
+            // Stages are added when first needed: a retry may allow very many tries.
+            stages: vec![StageState::default()],
             output_waker: None,
         }),
         stages,
     });
     Cascade {
         shared,
-        running: (0..count).map(|_| None).collect(),
+        running: Vec::new(),
     }
     .boxed()
 }
@@ -199,6 +199,13 @@ impl<N> State<'_, N> {
         self.source_done && self.answers.is_empty()
     }
 
+    /// Makes sure the state of `stage` exists, if there is such a stage.
+    fn ensure(&mut self, stage: usize, count: usize) {
+        while self.stages.len() <= stage && self.stages.len() < count {
+            self.stages.push(StageState::default());
+        }
+    }
+
     fn wake_inputs(&mut self) {
         for stage in &mut self.stages {
             wake(&mut stage.waker);
@@ -221,6 +228,7 @@ fn enter<'a, S: Stages<'a>>(
     mut carried: Option<SendError>,
 ) {
     loop {
+        state.ensure(stage, stages.count());
         let Some(target) = state.stages.get_mut(stage) else {
             // Only a judge that passes a message on from the last stage gets here.
             let name = stage
@@ -279,6 +287,8 @@ fn fail_stage<'a, S: Stages<'a>>(
     stage: usize,
     error: SendError,
 ) {
+    // The caller's messages go on to the next stage now: it must exist to read them.
+    state.ensure(stage + 1, stages.count());
     let target = &mut state.stages[stage];
     target.status = Status::Failed(error.clone());
     target.delay = None;
@@ -388,6 +398,7 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
                     return Poll::Ready(None);
                 }
                 state.output_waker = Some(cx.waker().clone());
+                this.running.resize_with(state.stages.len(), || None);
                 for index in 0..this.running.len() {
                     let stage = &state.stages[index];
                     let idle = this.running[index].is_none();

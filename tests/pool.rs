@@ -474,3 +474,59 @@ async fn the_pool_is_a_lettre_async_transport() {
     assert_eq!(receipt.transport(), "backup");
     assert_eq!(pool.name(), "pool");
 }
+
+/// A member whose `send_many` reads `reads` messages (all when `None`) and ends its batch
+/// without answering any.
+struct Mute {
+    reads: Option<usize>,
+}
+
+#[async_trait::async_trait]
+impl Transport for Mute {
+    fn name(&self) -> &str {
+        "mute"
+    }
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("mute"))
+    }
+    fn send_many<'a>(
+        &'a self,
+        messages: mail_breaker::MessageStream<'a>,
+    ) -> mail_breaker::ReceiptStream<'a> {
+        let reads = self.reads;
+        futures::stream::once(async move {
+            match reads {
+                Some(count) => drop(messages.take(count).collect::<Vec<_>>().await),
+                None => drop(messages.collect::<Vec<_>>().await),
+            }
+            futures::stream::empty()
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_a_member_read_but_never_answered_fail_over() {
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(Mute { reads: None }, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(4)).await;
+    assert_eq!(transports(&answers), ["backup"; 4]);
+    assert_eq!(backup.batches(), [4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_ends_its_batch_without_reading_is_passed_over() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Mute { reads: Some(0) }, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(3)).await;
+    assert_eq!(transports(&answers), ["backup"; 3]);
+}

@@ -487,3 +487,23 @@ async fn the_retry_transport_is_a_lettre_async_transport() {
         .unwrap();
     assert_eq!(receipt.attempts(), 2);
 }
+
+#[tokio::test(start_paused = true)]
+async fn unbounded_attempts_retry_until_max_elapsed_in_a_batch_too() {
+    let inner = Scripted::answering("p", Reply::fail(Category::Network));
+    let transport = RetryTransport::builder(inner.clone())
+        .max_attempts(u32::MAX)
+        .backoff(Backoff::constant(Duration::from_secs(1)))
+        .max_elapsed(Duration::from_secs(10))
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let answers = send_all(&transport, numbered_messages(2)).await;
+    assert_eq!(attempts(&answers), ["test.network", "test.network"]);
+    assert_eq!(started.elapsed(), Duration::from_secs(10));
+    assert_eq!(
+        inner.sends(),
+        22,
+        "tries at 0, 1, ..., 10 s for each message"
+    );
+}
