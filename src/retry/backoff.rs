@@ -58,8 +58,13 @@ impl Backoff {
             Kind::Constant(delay) => delay,
             Kind::Exponential { initial, max } => {
                 let doublings = retry.saturating_sub(1);
-                let factor = 1u32.checked_shl(doublings).unwrap_or(u32::MAX);
-                initial.checked_mul(factor).unwrap_or(max).min(max)
+                let grown = 1u128
+                    .checked_shl(doublings)
+                    .and_then(|factor| initial.as_nanos().checked_mul(factor));
+                match grown {
+                    Some(nanos) if nanos < max.as_nanos() => from_nanos(nanos),
+                    _ => max,
+                }
             }
         }
     }
@@ -101,6 +106,14 @@ impl Default for Backoff {
     }
 }
 
+/// `nanos` as a duration; only called below a `Duration`'s own maximum.
+fn from_nanos(nanos: u128) -> Duration {
+    const NANOS_PER_SEC: u128 = 1_000_000_000;
+    let secs = u64::try_from(nanos / NANOS_PER_SEC).unwrap_or(u64::MAX);
+    // The remainder is below 10⁹, so it fits.
+    Duration::new(secs, (nanos % NANOS_PER_SEC) as u32)
+}
+
 /// A duration drawn uniformly from zero to `ceiling`.
 fn full_jitter(ceiling: Duration) -> Duration {
     match u64::try_from(ceiling.as_nanos()) {
@@ -126,6 +139,7 @@ mod tests {
     fn huge_ceilings_do_not_overflow() {
         let backoff = Backoff::exponential(Duration::from_secs(1), Duration::MAX);
         assert_eq!(backoff.ceiling(u32::MAX), Duration::MAX);
+        assert_eq!(backoff.ceiling(40), Duration::from_secs(1 << 39));
         assert!(backoff.delay(u32::MAX) <= Duration::MAX);
     }
 }
