@@ -3,8 +3,11 @@
 
 pub mod adapters;
 pub mod breaker;
+mod cascade;
 mod config;
+pub mod pool;
 mod receipt;
+pub mod retry;
 pub mod store;
 mod transport;
 
@@ -13,6 +16,8 @@ pub use adapters::lettre::LettreTransport;
 pub use adapters::smtp::{SmtpTransport, classify_smtp_error};
 pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};
 pub use config::ConfigError;
+pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use receipt::{Category, Receipt, SendError};
+pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
 pub use store::{BreakerStore, MemoryStore};
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};

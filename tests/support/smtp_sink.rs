@@ -150,6 +150,25 @@ impl SmtpSink {
             .count()
     }
 
+    /// The `Subject:` of each message the server has accepted so far, over all its restarts,
+    /// in no particular order (the dump files have random names). Only for a sink made with
+    /// [`start_counting`](Self::start_counting).
+    pub fn received_subjects(&self) -> Vec<String> {
+        let dump_dir = self
+            .dump_dir
+            .as_ref()
+            .expect("received_subjects() needs a sink made with SmtpSink::start_counting");
+        fs::read_dir(dump_dir)
+            .expect("reading the smtp-sink dump folder")
+            .filter_map(|entry| fs::read(entry.ok()?.path()).ok())
+            .filter_map(|dump| {
+                String::from_utf8_lossy(&dump)
+                    .lines()
+                    .find_map(|line| line.strip_prefix("Subject: ").map(str::to_owned))
+            })
+            .collect()
+    }
+
     /// What smtp-sink wrote to stderr, for failure messages.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("smtp-sink.log")).unwrap_or_default()

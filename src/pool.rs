@@ -1,0 +1,417 @@
+//! The failover pool: sends through the first member that can serve, in priority or turn.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use crate::cascade::{self, Stages, Verdict};
+use crate::{
+    Category, ConfigError, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError,
+    Transport,
+};
+
+/// In which order a [`PoolTransport`] tries its members.
+///
+/// ```
+/// use mail_breaker::Strategy;
+/// assert_eq!(Strategy::default(), Strategy::Priority);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
+pub enum Strategy {
+    /// The lowest priority number first, then the next; members of equal priority take the
+    /// first try in turn, so they share the load.
+    #[default]
+    Priority,
+    /// Every member takes the first try in turn, whatever its priority; the others follow
+    /// it in the order of their priorities, coming round to the first.
+    RoundRobin,
+}
+
+/// A [`Transport`] that fails over between several providers.
+///
+/// A send tries the members in the [`Strategy`]'s order. An error that says the provider
+/// cannot serve (any [`Category`] but `Rejected` and `InvalidMessage`) moves on to the next
+/// member; `Rejected` and `InvalidMessage` are about the message, so they are returned as
+/// they are and no other member sees it. Wrap each member in a
+/// [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): a member whose breaker is open
+/// answers at once and the pool moves on without waiting.
+///
+/// # All members failed
+/// The error is `pool.exhausted` (ServiceUnavailable, so retryable) with the smallest
+/// `retry_after` of the members' errors, and each member's error in
+/// [`causes`](SendError::causes), in the order tried. A member whose error gives no
+/// `retry_after` may be tried again at once, so then the pool gives none either.
+///
+/// # Batches
+/// [`send_many`](Transport::send_many) sends the whole batch to the first member as one
+/// batch of its own `send_many`; only the messages that need failover go on, as one batch,
+/// to the next member. The answers come in message order, one per message. A member whose
+/// batch fails as a whole ([`SendError::batch_failure`]) hands the rest of the batch to the
+/// next member.
+///
+/// # Example
+/// ```
+/// use mail_breaker::{CircuitBreakerTransport, LettreTransport, PoolTransport, Strategy, Transport};
+/// use lettre::transport::stub::AsyncStubTransport;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let primary = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!())
+///     .with_name("primary");
+/// let backup = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!())
+///     .with_name("backup");
+/// let pool = PoolTransport::builder()
+///     .add(CircuitBreakerTransport::new(primary), 1)
+///     .add(CircuitBreakerTransport::new(backup), 2)
+///     .strategy(Strategy::Priority)
+///     .build()?;
+///
+/// let message = lettre::Message::builder()
+///     .from("app@example.com".parse().unwrap())
+///     .to("user@example.org".parse().unwrap())
+///     .body(String::from("hello"))
+///     .unwrap();
+/// let receipt = pool.send(&message).await.unwrap();
+/// assert_eq!(receipt.transport(), "primary");
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// # }).unwrap();
+/// ```
+pub struct PoolTransport {
+    name: String,
+    /// Sorted by priority, ties in the order added.
+    members: Vec<Member>,
+    /// `(start, len)` of each run of equal priority in `members`.
+    groups: Vec<(usize, usize)>,
+    strategy: Strategy,
+    turn: AtomicUsize,
+}
+
+struct Member {
+    transport: Box<dyn Transport>,
+    priority: u32,
+}
+
+impl PoolTransport {
+    /// A builder to add members to.
+    pub fn builder() -> PoolBuilder {
+        PoolBuilder {
+            name: String::from("pool"),
+            members: Vec::new(),
+            strategy: Strategy::Priority,
+        }
+    }
+
+    /// The members with their priorities, lowest priority number first.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, PoolTransport, Transport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let stub = |name: &str| LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name(name);
+    /// let pool = PoolTransport::builder().add(stub("b"), 2).add(stub("a"), 1).build()?;
+    /// let names: Vec<_> = pool.members().map(|(member, priority)| (member.name(), priority)).collect();
+    /// assert_eq!(names, [("a", 1), ("b", 2)]);
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn members(&self) -> impl Iterator<Item = (&dyn Transport, u32)> {
+        self.members
+            .iter()
+            .map(|member| (&*member.transport, member.priority))
+    }
+
+    /// The strategy it tries its members by.
+    pub fn strategy(&self) -> Strategy {
+        self.strategy
+    }
+
+    /// Runs every member's [`verify`](Transport::verify) at once and gives each member's
+    /// name with its result, lowest priority number first.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, PoolTransport, Transport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// # let stub = |name: &str| LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name(name);
+    /// let pool = PoolTransport::builder().add(stub("a"), 1).add(stub("b"), 2).build()?;
+    /// for (name, result) in pool.verify_each().await {
+    ///     println!("{name}: {}", if result.is_ok() { "reachable" } else { "unreachable" });
+    /// }
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn verify_each(&self) -> Vec<(&str, Result<(), SendError>)> {
+        futures::future::join_all(self.members.iter().map(|member| async move {
+            (member.transport.name(), member.transport.verify().await)
+        }))
+        .await
+    }
+
+    /// The indices of the members in the order one send tries them.
+    fn order(&self) -> Vec<usize> {
+        let turn = self.turn.fetch_add(1, Ordering::Relaxed);
+        let count = self.members.len();
+        match self.strategy {
+            Strategy::RoundRobin => (0..count).map(|i| (turn + i) % count).collect(),
+            Strategy::Priority => self
+                .groups
+                .iter()
+                .flat_map(|&(start, len)| (0..len).map(move |i| start + (turn + i) % len))
+                .collect(),
+        }
+    }
+
+    /// Tries each member in turn with `send` until one delivers or says no for good.
+    async fn fail_over<'s, F, Fut>(&'s self, mut send: F) -> Result<Receipt, SendError>
+    where
+        F: FnMut(&'s dyn Transport) -> Fut,
+        Fut: Future<Output = Result<Receipt, SendError>>,
+    {
+        let mut errors = Vec::new();
+        for index in self.order() {
+            let member = &*self.members[index].transport;
+            match send(member).await {
+                Ok(receipt) => return Ok(receipt),
+                Err(error) if !fails_over(&error) => return Err(error),
+                Err(error) => {
+                    tracing::debug!(
+                        pool = %self.name,
+                        transport = member.name(),
+                        code = error.code(),
+                        "pool.failover"
+                    );
+                    errors.push(error);
+                }
+            }
+        }
+        Err(self.exhausted(errors))
+    }
+
+    /// The error for a message every member failed; `errors` holds each member's.
+    fn exhausted(&self, errors: Vec<SendError>) -> SendError {
+        tracing::debug!(pool = %self.name, members = errors.len(), "pool.exhausted");
+        let mut error = SendError::new(
+            Category::ServiceUnavailable,
+            "pool.exhausted",
+            format!("every member of the pool failed ({} tried)", errors.len()),
+        )
+        .with_transport(&self.name);
+        let waits: Option<Vec<_>> = errors.iter().map(SendError::retry_after).collect();
+        if let Some(soonest) = waits.and_then(|waits| waits.into_iter().min()) {
+            error = error.with_retry_after(soonest);
+        }
+        error.with_causes(errors)
+    }
+}
+
+/// Whether `error` says the member cannot serve now, so that the next member should try.
+fn fails_over(error: &SendError) -> bool {
+    !matches!(
+        error.category(),
+        Category::Rejected | Category::InvalidMessage
+    )
+}
+
+#[async_trait::async_trait]
+impl Transport for PoolTransport {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.fail_over(|member| member.send_raw(envelope, raw))
+            .await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.fail_over(|member| member.send(message)).await
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        let failover = Failover {
+            pool: self,
+            order: self.order(),
+        };
+        cascade::send_many(failover, messages)
+    }
+
+    /// `Ok` when at least one member can be reached; otherwise `pool.unreachable`
+    /// (ServiceUnavailable) naming every member, with each member's error in `causes`.
+    async fn verify(&self) -> Result<(), SendError> {
+        let results = self.verify_each().await;
+        if results.iter().any(|(_, result)| result.is_ok()) {
+            return Ok(());
+        }
+        let names: Vec<&str> = results.iter().map(|(name, _)| *name).collect();
+        let causes = results
+            .into_iter()
+            .filter_map(|(_, result)| result.err())
+            .collect();
+        Err(SendError::new(
+            Category::ServiceUnavailable,
+            "pool.unreachable",
+            format!("no member of the pool can be reached: {}", names.join(", ")),
+        )
+        .with_transport(&self.name)
+        .with_causes(causes))
+    }
+}
+
+#[async_trait::async_trait]
+impl lettre::AsyncTransport for PoolTransport {
+    type Ok = Receipt;
+    type Error = SendError;
+
+    async fn send_raw(&self, envelope: &Envelope, email: &[u8]) -> Result<Receipt, SendError> {
+        Transport::send_raw(self, envelope, email).await
+    }
+}
+
+impl fmt::Debug for PoolTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let members: Vec<_> = self
+            .members
+            .iter()
+            .map(|member| (member.transport.name(), member.priority))
+            .collect();
+        f.debug_struct("PoolTransport")
+            .field("name", &self.name)
+            .field("members", &members)
+            .field("strategy", &self.strategy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// One `send_many` of the pool: stage `k` is the `k`-th member in this batch's order.
+struct Failover<'a> {
+    pool: &'a PoolTransport,
+    order: Vec<usize>,
+}
+
+impl<'a> Failover<'a> {
+    fn member(&self, stage: usize) -> &'a dyn Transport {
+        let pool: &'a PoolTransport = self.pool;
+        &*pool.members[self.order[stage]].transport
+    }
+}
+
+impl<'a> Stages<'a> for Failover<'a> {
+    /// Each member's error so far.
+    type Note = Vec<SendError>;
+
+    fn count(&self) -> usize {
+        self.order.len()
+    }
+
+    fn name(&self, stage: usize) -> &str {
+        self.member(stage).name()
+    }
+
+    fn note(&self) -> Vec<SendError> {
+        Vec::new()
+    }
+
+    fn send_many(&self, stage: usize, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        self.member(stage).send_many(messages)
+    }
+
+    fn judge(
+        &self,
+        stage: usize,
+        errors: &mut Vec<SendError>,
+        result: Result<Receipt, SendError>,
+        _repeated: bool,
+    ) -> Verdict {
+        match result {
+            Ok(receipt) => Verdict::Answer(Ok(receipt)),
+            Err(error) if !fails_over(&error) => Verdict::Answer(Err(error)),
+            Err(error) => {
+                errors.push(error.clone());
+                if stage + 1 >= self.count() {
+                    Verdict::Answer(Err(self.pool.exhausted(std::mem::take(errors))))
+                } else {
+                    Verdict::Next {
+                        error,
+                        not_before: None,
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// The members of a [`PoolTransport`]; made by [`PoolTransport::builder`].
+///
+/// ```
+/// use mail_breaker::{ConfigError, PoolTransport};
+///
+/// let err: ConfigError = PoolTransport::builder().build().unwrap_err();
+/// assert_eq!(err.setting(), "add");
+/// ```
+#[must_use = "a builder does nothing until .build()"]
+pub struct PoolBuilder {
+    name: String,
+    members: Vec<Member>,
+    strategy: Strategy,
+}
+
+impl PoolBuilder {
+    /// Adds a member; a lower `priority` number is tried first.
+    pub fn add(mut self, member: impl Transport + 'static, priority: u32) -> Self {
+        self.members.push(Member {
+            transport: Box::new(member),
+            priority,
+        });
+        self
+    }
+
+    /// How to order the members (default [`Strategy::Priority`]).
+    pub fn strategy(mut self, strategy: Strategy) -> Self {
+        self.strategy = strategy;
+        self
+    }
+
+    /// The pool's name in logs and errors (default `"pool"`).
+    pub fn name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Builds the pool; a [`ConfigError`] naming `add` when it has no member.
+    pub fn build(self) -> Result<PoolTransport, ConfigError> {
+        let mut members = self.members;
+        if members.is_empty() {
+            return Err(ConfigError::new(
+                "add",
+                "a pool needs at least one member, got none",
+            ));
+        }
+        members.sort_by_key(|member| member.priority); // stable: ties keep the order added
+        let mut groups: Vec<(usize, usize)> = Vec::new();
+        for (index, member) in members.iter().enumerate() {
+            match groups.last_mut() {
+                Some((start, len)) if members[*start].priority == member.priority => *len += 1,
+                _ => groups.push((index, 1)),
+            }
+        }
+        Ok(PoolTransport {
+            name: self.name,
+            members,
+            groups,
+            strategy: self.strategy,
+            turn: AtomicUsize::new(0),
+        })
+    }
+}
+
+impl fmt::Debug for PoolBuilder {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let members: Vec<_> = self
+            .members
+            .iter()
+            .map(|member| (member.transport.name(), member.priority))
+            .collect();
+        f.debug_struct("PoolBuilder")
+            .field("name", &self.name)
+            .field("members", &members)
+            .field("strategy", &self.strategy)
+            .finish()
+    }
+}

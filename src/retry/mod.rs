@@ -1,0 +1,296 @@
+//! Retrying sends that failed for a reason that may pass: waits for what the error says.
+
+use std::fmt;
+use std::future::Future;
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+use crate::cascade::{self, Stages, Verdict};
+use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+
+mod backoff;
+mod budget;
+mod builder;
+
+pub use backoff::Backoff;
+pub use budget::RetryBudget;
+pub use builder::RetryBuilder;
+
+/// A [`Transport`] that tries a message again when its error is
+/// [retryable](SendError::is_retryable).
+///
+/// - Only retryable errors are retried (Network, Timeout, ServerError, ServiceUnavailable,
+///   RateLimited); any other error is returned at once.
+/// - Before retry `n` it waits the longer of [`Backoff::delay`]`(n)` and the error's
+///   [`retry_after`](SendError::retry_after), so a `breaker.open` or `pool.exhausted` error
+///   is never retried before the breaker would let it through.
+/// - It gives up, returning the last error at once, after `max_attempts` tries, when that
+///   wait would end past `max_elapsed` from the first try, or when the
+///   [`RetryBudget`] throttles retries.
+/// - [`Receipt::attempts`] says how many tries the delivery took.
+///
+/// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
+///
+/// # Batches
+/// [`send_many`](Transport::send_many) sends the batch through the inner transport's
+/// `send_many`; the messages that failed with a retryable error go, each after its own wait,
+/// into one batch for the second try, those that fail again into one for the third, and so
+/// on. The answers come in message order, one per message.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{Backoff, CircuitBreakerTransport, LettreTransport, RetryTransport, Transport};
+/// use lettre::transport::stub::AsyncStubTransport;
+///
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// let provider = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+/// let transport = RetryTransport::builder(CircuitBreakerTransport::new(provider))
+///     .max_attempts(4)
+///     .backoff(Backoff::exponential(Duration::from_millis(500), Duration::from_secs(30)))
+///     .max_elapsed(Duration::from_secs(120))
+///     .build()?;
+///
+/// let message = lettre::Message::builder()
+///     .from("app@example.com".parse().unwrap())
+///     .to("user@example.org".parse().unwrap())
+///     .body(String::from("hello"))
+///     .unwrap();
+/// let receipt = transport.send(&message).await.unwrap();
+/// assert_eq!(receipt.attempts(), 1);
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// # }).unwrap();
+/// ```
+pub struct RetryTransport<T> {
+    inner: T,
+    policy: Policy,
+}
+
+impl<T: Transport> RetryTransport<T> {
+    /// Retries with the defaults: 3 tries, `Backoff::exponential(500 ms, 30 s)`, no time
+    /// limit, no budget.
+    pub fn new(inner: T) -> Self {
+        match RetryBuilder::new(inner).build() {
+            Ok(transport) => transport,
+            Err(never) => unreachable!("the default settings are valid: {never}"),
+        }
+    }
+
+    /// A builder to set each setting.
+    pub fn builder(inner: T) -> RetryBuilder<T> {
+        RetryBuilder::new(inner)
+    }
+
+    /// The transport it retries through.
+    pub fn inner(&self) -> &T {
+        &self.inner
+    }
+
+    /// The transport it retries through, mutably.
+    pub fn inner_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+
+    /// The transport it retries through, dropping the retries.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    /// The budget it shares, if any.
+    pub fn budget(&self) -> Option<&Arc<RetryBudget>> {
+        self.policy.budget.as_ref()
+    }
+
+    /// Tries `send` until it delivers or the policy gives up.
+    async fn retrying<F, Fut>(&self, mut send: F) -> Result<Receipt, SendError>
+    where
+        F: FnMut() -> Fut,
+        Fut: Future<Output = Result<Receipt, SendError>>,
+    {
+        let first_try = Instant::now();
+        let mut attempt = 1;
+        loop {
+            let result = send().await;
+            match self.policy.judge(attempt, first_try, result, false) {
+                Verdict::Answer(result) => return result,
+                Verdict::Next { not_before, .. } => {
+                    if let Some(at) = not_before {
+                        tokio::time::sleep_until(at).await;
+                    }
+                    attempt = attempt.saturating_add(1);
+                }
+            }
+        }
+    }
+}
+
+/// When to try again.
+#[derive(Debug)]
+pub(crate) struct Policy {
+    pub(crate) max_attempts: u32,
+    pub(crate) backoff: Backoff,
+    pub(crate) max_elapsed: Option<Duration>,
+    pub(crate) budget: Option<Arc<RetryBudget>>,
+}
+
+impl Policy {
+    /// What `result` of try number `attempt` means. `repeated` marks the clones of a batch
+    /// failure, which the budget has already counted once.
+    fn judge(
+        &self,
+        attempt: u32,
+        first_try: Instant,
+        result: Result<Receipt, SendError>,
+        repeated: bool,
+    ) -> Verdict {
+        let error = match result {
+            Ok(receipt) => {
+                if let (Some(budget), false) = (&self.budget, repeated) {
+                    budget.on_success();
+                }
+                return Verdict::Answer(Ok(receipt.with_attempts(attempt)));
+            }
+            Err(error) if !error.is_retryable() => return Verdict::Answer(Err(error)),
+            Err(error) => error,
+        };
+        if let (Some(budget), false) = (&self.budget, repeated) {
+            budget.on_retry_failure();
+        }
+        match self.wait_before_retry(&error, attempt, first_try) {
+            Some(wait) => {
+                tracing::debug!(
+                    transport = error.transport().unwrap_or_default(),
+                    code = error.code(),
+                    attempt,
+                    wait_ms = wait.as_millis() as u64,
+                    "retry.scheduled"
+                );
+                Verdict::Next {
+                    error,
+                    not_before: Some(Instant::now() + wait),
+                }
+            }
+            None => Verdict::Answer(Err(error)),
+        }
+    }
+
+    /// The wait before the try after `attempt`, or `None` to give up now.
+    fn wait_before_retry(
+        &self,
+        error: &SendError,
+        attempt: u32,
+        first_try: Instant,
+    ) -> Option<Duration> {
+        if attempt >= self.max_attempts {
+            return None;
+        }
+        if let Some(budget) = &self.budget
+            && budget.throttle_retry_attempt()
+        {
+            tracing::debug!(code = error.code(), "retry.throttled");
+            return None;
+        }
+        let wait = self
+            .backoff
+            .delay(attempt)
+            .max(error.retry_after().unwrap_or_default());
+        if let Some(limit) = self.max_elapsed
+            && first_try.elapsed().saturating_add(wait) > limit
+        {
+            tracing::debug!(
+                code = error.code(),
+                wait_ms = wait.as_millis() as u64,
+                "retry.out_of_time"
+            );
+            return None;
+        }
+        Some(wait)
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for RetryTransport<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.retrying(|| self.inner.send_raw(envelope, raw)).await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.retrying(|| self.inner.send(message)).await
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        cascade::send_many(Attempts { retry: self }, messages)
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        self.inner.verify().await
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> lettre::AsyncTransport for RetryTransport<T> {
+    type Ok = Receipt;
+    type Error = SendError;
+
+    async fn send_raw(&self, envelope: &Envelope, email: &[u8]) -> Result<Receipt, SendError> {
+        Transport::send_raw(self, envelope, email).await
+    }
+}
+
+impl<T: fmt::Debug> fmt::Debug for RetryTransport<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RetryTransport")
+            .field("inner", &self.inner)
+            .field("max_attempts", &self.policy.max_attempts)
+            .field("backoff", &self.policy.backoff)
+            .field("max_elapsed", &self.policy.max_elapsed)
+            .field("budget", &self.policy.budget)
+            .finish()
+    }
+}
+
+/// One `send_many` of the retry transport: stage `k` is try number `k + 1`.
+struct Attempts<'a, T> {
+    retry: &'a RetryTransport<T>,
+}
+
+impl<'a, T: Transport> Stages<'a> for Attempts<'a, T> {
+    /// When the message's first try began.
+    type Note = Instant;
+
+    fn count(&self) -> usize {
+        self.retry.policy.max_attempts as usize
+    }
+
+    fn name(&self, _stage: usize) -> &str {
+        self.retry.inner.name()
+    }
+
+    fn note(&self) -> Instant {
+        Instant::now()
+    }
+
+    fn send_many(&self, _stage: usize, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        let retry: &'a RetryTransport<T> = self.retry;
+        retry.inner.send_many(messages)
+    }
+
+    fn judge(
+        &self,
+        stage: usize,
+        first_try: &mut Instant,
+        result: Result<Receipt, SendError>,
+        repeated: bool,
+    ) -> Verdict {
+        let attempt = u32::try_from(stage + 1).unwrap_or(u32::MAX);
+        self.retry
+            .policy
+            .judge(attempt, *first_try, result, repeated)
+    }
+}

@@ -1,0 +1,532 @@
+//! The rules of the failover pool (DESIGN §5), one test each, time driven by `tokio::time::pause()`.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::StreamExt;
+use mail_breaker::{
+    Category, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, SendError,
+    Strategy, Transport,
+};
+use support::scripted::{Reply, Scripted};
+use support::{message, numbered_messages};
+
+fn pool_of(primary: &Scripted, backup: &Scripted) -> PoolTransport {
+    PoolTransport::builder()
+        .add(primary.clone(), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .expect("a pool with members")
+}
+
+fn breaker(inner: &Scripted, reset: Duration) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(2)
+        .reset_timeout(reset)
+        .build()
+        .expect("valid settings")
+}
+
+fn batch_failure(category: Category) -> Reply {
+    Reply::Err(SendError::new(category, "test.batch", "the whole batch failed").batch_failure())
+}
+
+async fn send_all(pool: &PoolTransport, messages: Vec<Message>) -> Vec<Result<Receipt, SendError>> {
+    pool.send_many(futures::stream::iter(messages).boxed())
+        .collect()
+        .await
+}
+
+fn transports(answers: &[Result<Receipt, SendError>]) -> Vec<String> {
+    answers
+        .iter()
+        .map(|answer| match answer {
+            Ok(receipt) => receipt.transport().to_owned(),
+            Err(error) => format!("error:{}", error.code()),
+        })
+        .collect()
+}
+
+fn subjects(range: impl IntoIterator<Item = usize>) -> Vec<String> {
+    range.into_iter().map(|i| format!("message {i}")).collect()
+}
+
+#[test]
+fn a_pool_without_members_is_a_config_error_naming_add() {
+    let err = PoolTransport::builder().build().unwrap_err();
+    assert_eq!(err.setting(), "add");
+    assert!(err.to_string().contains("at least one member"), "{err}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn priority_sends_through_the_lowest_number_first() {
+    let (primary, backup) = (Scripted::new("primary"), Scripted::new("backup"));
+    let pool = PoolTransport::builder()
+        .add(backup.clone(), 5)
+        .add(primary.clone(), 1)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        assert_eq!(pool.send(&message()).await.unwrap().transport(), "primary");
+    }
+    assert_eq!((primary.sends(), backup.sends()), (3, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn equal_priorities_share_the_load_in_turn() {
+    let (a, b, c) = (Scripted::new("a"), Scripted::new("b"), Scripted::new("c"));
+    let pool = PoolTransport::builder()
+        .add(a.clone(), 1)
+        .add(b.clone(), 1)
+        .add(c.clone(), 2)
+        .build()
+        .unwrap();
+    for _ in 0..4 {
+        pool.send(&message()).await.unwrap();
+    }
+    assert_eq!((a.sends(), b.sends(), c.sends()), (2, 2, 0));
+}
+
+#[tokio::test(start_paused = true)]
+async fn round_robin_rotates_the_first_member() {
+    let (a, b, c) = (Scripted::new("a"), Scripted::new("b"), Scripted::new("c"));
+    let pool = PoolTransport::builder()
+        .add(a.clone(), 1)
+        .add(b.clone(), 2)
+        .add(c.clone(), 3)
+        .strategy(Strategy::RoundRobin)
+        .build()
+        .unwrap();
+    let mut firsts = Vec::new();
+    for _ in 0..6 {
+        firsts.push(pool.send(&message()).await.unwrap().transport().to_owned());
+    }
+    assert_eq!(firsts, ["a", "b", "c", "a", "b", "c"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_server_error_fails_over_to_the_backup() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::ServerError));
+    let backup = Scripted::new("backup");
+    let receipt = pool_of(&primary, &backup).send(&message()).await.unwrap();
+    assert_eq!(receipt.transport(), "backup");
+    assert_eq!((primary.sends(), backup.sends()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn every_category_but_rejected_and_invalid_message_fails_over() {
+    for category in [
+        Category::Network,
+        Category::Timeout,
+        Category::ServerError,
+        Category::ServiceUnavailable,
+        Category::RateLimited,
+        Category::Authentication,
+        Category::Configuration,
+    ] {
+        let primary = Scripted::answering("primary", Reply::fail(category));
+        let backup = Scripted::new("backup");
+        let receipt = pool_of(&primary, &backup).send(&message()).await;
+        assert_eq!(receipt.unwrap().transport(), "backup", "{category}");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rejected_error_from_the_primary_is_returned_and_the_backup_is_never_called() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Rejected));
+    let backup = Scripted::new("backup");
+    let err = pool_of(&primary, &backup)
+        .send(&message())
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), Category::Rejected);
+    assert_eq!(err.code(), "test.rejected");
+    assert_eq!(backup.sends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_invalid_message_error_is_returned_and_the_backup_is_never_called() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::InvalidMessage));
+    let backup = Scripted::new("backup");
+    let err = pool_of(&primary, &backup)
+        .send(&message())
+        .await
+        .unwrap_err();
+    assert_eq!(err.category(), Category::InvalidMessage);
+    assert_eq!(backup.sends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_the_primarys_breaker_opens_its_inner_transport_is_not_called_until_its_reset_timeout()
+ {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup");
+    let guarded = breaker(&primary, Duration::from_secs(30));
+    let pool = PoolTransport::builder()
+        .add(guarded, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        assert_eq!(pool.send(&message()).await.unwrap().transport(), "backup");
+    }
+    assert_eq!(primary.sends(), 2); // the breaker is open now
+    for _ in 0..10 {
+        tokio::time::advance(Duration::from_secs(2)).await;
+        assert_eq!(pool.send(&message()).await.unwrap().transport(), "backup");
+    }
+    assert_eq!(primary.sends(), 2, "20 s into a 30 s reset timeout");
+    tokio::time::advance(Duration::from_secs(10)).await;
+    primary.set_default(Reply::Ok);
+    assert_eq!(pool.send(&message()).await.unwrap().transport(), "primary");
+    assert_eq!(primary.sends(), 3, "the probe after the reset timeout");
+    assert_eq!(backup.sends(), 12);
+}
+
+#[tokio::test(start_paused = true)]
+async fn all_members_down_gives_pool_exhausted_whose_retry_after_is_the_smallest_of_theirs() {
+    let (a, b) = (
+        Scripted::answering("a", Reply::fail(Category::Timeout)),
+        Scripted::answering("b", Reply::fail(Category::Timeout)),
+    );
+    let pool = PoolTransport::builder()
+        .add(breaker(&a, Duration::from_secs(60)), 1)
+        .add(breaker(&b, Duration::from_secs(20)), 2)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        pool.send(&message()).await.unwrap_err();
+    }
+    tokio::time::advance(Duration::from_secs(5)).await;
+    let err = pool.send(&message()).await.unwrap_err();
+    assert_eq!(err.code(), "pool.exhausted");
+    assert_eq!(err.category(), Category::ServiceUnavailable);
+    assert!(err.is_retryable());
+    assert_eq!(err.retry_after(), Some(Duration::from_secs(15)));
+    let codes: Vec<_> = err.causes().iter().map(SendError::code).collect();
+    assert_eq!(codes, ["breaker.open", "breaker.open"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn pool_exhausted_keeps_each_members_error_in_the_order_tried() {
+    let a = Scripted::answering("a", Reply::fail(Category::Network));
+    let b = Scripted::answering("b", Reply::fail(Category::RateLimited));
+    let err = pool_of(&a, &b).send(&message()).await.unwrap_err();
+    assert_eq!(err.code(), "pool.exhausted");
+    let causes: Vec<_> = err
+        .causes()
+        .iter()
+        .map(|cause| (cause.transport().unwrap_or_default(), cause.category()))
+        .collect();
+    assert_eq!(
+        causes,
+        [("a", Category::Network), ("b", Category::RateLimited)]
+    );
+    assert_eq!(err.transport(), Some("pool"));
+}
+
+#[tokio::test(start_paused = true)]
+async fn pool_exhausted_gives_no_retry_after_when_a_member_gave_none() {
+    let a = Scripted::answering(
+        "a",
+        Reply::Err(
+            SendError::new(Category::ServiceUnavailable, "smtp.421", "busy")
+                .with_retry_after(Duration::from_secs(9)),
+        ),
+    );
+    let b = Scripted::answering("b", Reply::fail(Category::Network));
+    let err = pool_of(&a, &b).send(&message()).await.unwrap_err();
+    assert_eq!(err.retry_after(), None);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_keeps_the_batch_on_one_member() {
+    let primary = Scripted::new("primary").batched();
+    let backup = Scripted::new("backup").batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(20)).await;
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(primary.batches(), [20]);
+    assert!(backup.batches().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_resends_only_the_failed_messages_to_the_backup_in_one_batch() {
+    let primary = Scripted::new("primary").batched();
+    primary.then([
+        Reply::Ok,
+        Reply::fail(Category::ServerError),
+        Reply::Ok,
+        Reply::fail(Category::Timeout),
+        Reply::Ok,
+    ]);
+    let backup = Scripted::new("backup").batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(5)).await;
+    assert_eq!(
+        transports(&answers),
+        ["primary", "backup", "primary", "backup", "primary"]
+    );
+    assert_eq!(backup.batches(), [2]);
+    assert_eq!(backup.subjects(), subjects([1, 3]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_answers_in_message_order_when_the_backup_is_slower() {
+    let primary = Scripted::new("primary");
+    primary.then([Reply::fail(Category::Network), Reply::Ok, Reply::Ok]);
+    let backup = Scripted::answering("backup", Reply::after(Duration::from_secs(5), Reply::Ok));
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(3)).await;
+    assert_eq!(transports(&answers), ["backup", "primary", "primary"]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_returns_a_rejected_message_without_failover() {
+    let primary = Scripted::new("primary").batched();
+    primary.then([Reply::Ok, Reply::fail(Category::Rejected), Reply::Ok]);
+    let backup = Scripted::new("backup").batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(3)).await;
+    assert_eq!(
+        transports(&answers),
+        ["primary", "error:test.rejected", "primary"]
+    );
+    assert_eq!(backup.sends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_hands_the_rest_of_a_failed_batch_to_the_backup() {
+    let primary = Scripted::new("primary").batched();
+    primary.then([Reply::Ok, Reply::Ok, batch_failure(Category::Network)]);
+    let backup = Scripted::new("backup").batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(6)).await;
+    assert_eq!(
+        transports(&answers),
+        ["primary", "primary", "backup", "backup", "backup", "backup"]
+    );
+    assert_eq!(primary.sends(), 3, "the batch ended at its failure");
+    assert_eq!(backup.batches(), [4]);
+    assert_eq!(backup.subjects(), subjects(2..6));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_answers_every_message_when_the_last_members_batch_fails() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network)).batched();
+    let backup = Scripted::new("backup").batched();
+    backup.then([Reply::Ok, batch_failure(Category::Network)]);
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(5)).await;
+    assert_eq!(
+        transports(&answers),
+        [
+            "backup",
+            "error:pool.exhausted",
+            "error:pool.exhausted",
+            "error:pool.exhausted",
+            "error:pool.exhausted"
+        ]
+    );
+    for answer in &answers[1..] {
+        let err = answer.as_ref().unwrap_err();
+        assert!(!err.is_batch_failure(), "each message has its own answer");
+        let codes: Vec<_> = err.causes().iter().map(SendError::code).collect();
+        assert_eq!(codes, ["test.network", "test.batch"]);
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_answers_the_rest_of_a_batch_rejected_as_a_whole_with_that_error() {
+    let primary = Scripted::new("primary").batched();
+    primary.then([Reply::Ok, batch_failure(Category::Rejected)]);
+    let backup = Scripted::new("backup").batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(4)).await;
+    assert_eq!(
+        transports(&answers),
+        [
+            "primary",
+            "error:test.batch",
+            "error:test.batch",
+            "error:test.batch"
+        ]
+    );
+    assert_eq!(backup.sends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_gives_one_answer_per_message_when_every_member_fails() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::ServerError)).batched();
+    let backup = Scripted::answering("backup", Reply::fail(Category::Timeout)).batched();
+    let answers = send_all(&pool_of(&primary, &backup), numbered_messages(7)).await;
+    assert_eq!(answers.len(), 7);
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_err_and(|e| e.code() == "pool.exhausted"))
+    );
+    assert_eq!((primary.batches(), backup.batches()), (vec![7], vec![7]));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_of_nothing_answers_nothing() {
+    let (primary, backup) = (Scripted::new("primary"), Scripted::new("backup"));
+    let answers = send_all(&pool_of(&primary, &backup), Vec::new()).await;
+    assert!(answers.is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_skips_the_primary_while_its_breaker_is_open() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(10)).await;
+    assert!(
+        answers
+            .iter()
+            .all(|a| a.as_ref().is_ok_and(|r| r.transport() == "backup"))
+    );
+    assert_eq!(primary.sends(), 2, "the breaker opened after two failures");
+    assert_eq!(backup.batches(), [10]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_probe_brings_the_primary_back_after_its_reset_timeout() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup");
+    let guarded = breaker(&primary, Duration::from_secs(30));
+    let pool = PoolTransport::builder()
+        .add(guarded, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    send_all(&pool, numbered_messages(3)).await;
+    primary.set_default(Reply::Ok);
+    tokio::time::advance(Duration::from_secs(30)).await;
+    let answers = send_all(&pool, numbered_messages(3)).await;
+    assert_eq!(transports(&answers), ["primary", "primary", "primary"]);
+}
+
+/// A member whose `verify` fails.
+struct Unreachable(Scripted);
+
+#[async_trait::async_trait]
+impl Transport for Unreachable {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.0.send_raw(envelope, raw).await
+    }
+    async fn verify(&self) -> Result<(), SendError> {
+        Err(SendError::new(
+            Category::Network,
+            "test.refused",
+            "connection refused",
+        ))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_is_ok_when_one_member_can_be_reached() {
+    let pool = PoolTransport::builder()
+        .add(Unreachable(Scripted::new("a")), 1)
+        .add(Scripted::new("b"), 2)
+        .build()
+        .unwrap();
+    pool.verify().await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_names_the_unreachable_members_when_none_can_be_reached() {
+    let pool = PoolTransport::builder()
+        .add(Unreachable(Scripted::new("relay-a")), 1)
+        .add(Unreachable(Scripted::new("relay-b")), 2)
+        .build()
+        .unwrap();
+    let err = pool.verify().await.unwrap_err();
+    assert_eq!(err.code(), "pool.unreachable");
+    assert!(err.message().contains("relay-a, relay-b"), "{err}");
+    assert_eq!(err.causes().len(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn verify_each_lists_every_members_result() {
+    let pool = PoolTransport::builder()
+        .add(Unreachable(Scripted::new("a")), 1)
+        .add(Scripted::new("b"), 2)
+        .build()
+        .unwrap();
+    let results: Vec<_> = pool
+        .verify_each()
+        .await
+        .into_iter()
+        .map(|(name, result)| (name.to_owned(), result.is_ok()))
+        .collect();
+    assert_eq!(results, [("a".to_owned(), false), ("b".to_owned(), true)]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_pool_is_a_lettre_async_transport() {
+    use lettre::AsyncTransport;
+    let primary = Scripted::answering("primary", Reply::fail(Category::Timeout));
+    let pool = pool_of(&primary, &Scripted::new("backup"));
+    let receipt = AsyncTransport::send(&pool, message()).await.unwrap();
+    assert_eq!(receipt.transport(), "backup");
+    assert_eq!(pool.name(), "pool");
+}
+
+/// A member whose `send_many` reads `reads` messages (all when `None`) and ends its batch
+/// without answering any.
+struct Mute {
+    reads: Option<usize>,
+}
+
+#[async_trait::async_trait]
+impl Transport for Mute {
+    fn name(&self) -> &str {
+        "mute"
+    }
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("mute"))
+    }
+    fn send_many<'a>(
+        &'a self,
+        messages: mail_breaker::MessageStream<'a>,
+    ) -> mail_breaker::ReceiptStream<'a> {
+        let reads = self.reads;
+        futures::stream::once(async move {
+            match reads {
+                Some(count) => drop(messages.take(count).collect::<Vec<_>>().await),
+                None => drop(messages.collect::<Vec<_>>().await),
+            }
+            futures::stream::empty()
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn messages_a_member_read_but_never_answered_fail_over() {
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(Mute { reads: None }, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(4)).await;
+    assert_eq!(transports(&answers), ["backup"; 4]);
+    assert_eq!(backup.batches(), [4]);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_ends_its_batch_without_reading_is_passed_over() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Mute { reads: Some(0) }, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(3)).await;
+    assert_eq!(transports(&answers), ["backup"; 3]);
+}
