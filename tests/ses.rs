@@ -191,6 +191,36 @@ async fn send_many_answers_each_message_in_order() {
     }
 }
 
+#[tokio::test]
+async fn send_many_keeps_at_most_its_concurrency_in_flight() {
+    let delay = Duration::from_millis(200);
+    let accepted = Fault::json(200, r#"{"MessageId":"fault-server-id"}"#).after(delay);
+    let server = FaultServer::start(accepted).await;
+    let ses = SesTransport::new(client_with_timeout(
+        &server.endpoint(),
+        Duration::from_secs(10),
+    ))
+    .with_concurrency(3);
+    let messages = futures::stream::iter((0..9).map(|_| message_from(VERIFIED))).boxed();
+    let started = Instant::now();
+    let results: Vec<_> = ses.send_many(messages).collect().await;
+    let elapsed = started.elapsed();
+    println!(
+        "send_many: 9 messages, 200 ms each, concurrency 3: {} ms, at most {} in flight",
+        elapsed.as_millis(),
+        server.most_in_flight()
+    );
+    assert_eq!(results.len(), 9);
+    for result in &results {
+        let receipt = result.as_ref().expect("the server accepts every message");
+        assert_eq!(receipt.message_id(), Some("fault-server-id"));
+    }
+    assert_eq!(server.requests(), 9);
+    assert_eq!(server.most_in_flight(), 3);
+    // Three rounds of three, not nine one after another.
+    assert!(elapsed < delay * 6, "{elapsed:?}");
+}
+
 // ---- SES-style failures from a local HTTP server ----
 
 #[tokio::test]

@@ -4,6 +4,7 @@
 
 use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::{TcpListener, TcpStream};
@@ -22,6 +23,8 @@ pub enum Fault {
     Drop,
     /// Reads the request and never answers (the connection stays open).
     Hang,
+    /// Waits, then does what the inner fault says.
+    After(Duration, Box<Fault>),
 }
 
 impl Fault {
@@ -58,6 +61,11 @@ impl Fault {
         }
     }
 
+    /// Waits `delay` before doing what `self` says.
+    pub fn after(self, delay: Duration) -> Fault {
+        Fault::After(delay, Box::new(self))
+    }
+
     /// Adds a header to an answer.
     pub fn with_header(self, name: &str, value: &str) -> Fault {
         match self {
@@ -81,8 +89,16 @@ impl Fault {
 /// The running server; stops (and drops every open connection) when dropped.
 pub struct FaultServer {
     port: u16,
-    requests: Arc<AtomicUsize>,
+    counts: Arc<Counts>,
     task: JoinHandle<()>,
+}
+
+/// What the server has seen.
+#[derive(Default)]
+struct Counts {
+    requests: AtomicUsize,
+    in_flight: AtomicUsize,
+    most_in_flight: AtomicUsize,
 }
 
 impl FaultServer {
@@ -92,8 +108,8 @@ impl FaultServer {
             .await
             .expect("binding a loopback port");
         let port = listener.local_addr().expect("a bound address").port();
-        let requests = Arc::new(AtomicUsize::new(0));
-        let counter = requests.clone();
+        let counts = Arc::new(Counts::default());
+        let counter = counts.clone();
         let task = tokio::spawn(async move {
             // Connections live in the set, so aborting this task closes them all.
             let mut connections = JoinSet::new();
@@ -101,11 +117,7 @@ impl FaultServer {
                 connections.spawn(serve(stream, fault.clone(), counter.clone()));
             }
         });
-        FaultServer {
-            port,
-            requests,
-            task,
-        }
+        FaultServer { port, counts, task }
     }
 
     /// The endpoint URL for an SDK client.
@@ -115,7 +127,12 @@ impl FaultServer {
 
     /// How many requests it has read.
     pub fn requests(&self) -> usize {
-        self.requests.load(Ordering::SeqCst)
+        self.counts.requests.load(Ordering::SeqCst)
+    }
+
+    /// The most requests it was answering at the same time.
+    pub fn most_in_flight(&self) -> usize {
+        self.counts.most_in_flight.load(Ordering::SeqCst)
     }
 }
 
@@ -125,11 +142,23 @@ impl Drop for FaultServer {
     }
 }
 
-async fn serve(mut stream: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) {
+async fn serve(mut stream: TcpStream, fault: Fault, counts: Arc<Counts>) {
     if read_request(&mut stream).await.is_none() {
         return;
     }
-    requests.fetch_add(1, Ordering::SeqCst);
+    counts.requests.fetch_add(1, Ordering::SeqCst);
+    let now = counts.in_flight.fetch_add(1, Ordering::SeqCst) + 1;
+    counts.most_in_flight.fetch_max(now, Ordering::SeqCst);
+    answer(&mut stream, fault).await;
+    counts.in_flight.fetch_sub(1, Ordering::SeqCst);
+}
+
+async fn answer(stream: &mut TcpStream, fault: Fault) {
+    let mut fault = fault;
+    while let Fault::After(delay, inner) = fault {
+        tokio::time::sleep(delay).await;
+        fault = *inner;
+    }
     match fault {
         Fault::Answer {
             status,
@@ -147,8 +176,11 @@ async fn serve(mut stream: TcpStream, fault: Fault, requests: Arc<AtomicUsize>) 
             let _ = stream.write_all(answer.as_bytes()).await;
             let _ = stream.shutdown().await;
         }
-        Fault::Drop => drop(stream),
+        Fault::Drop => {
+            let _ = stream.shutdown().await;
+        }
         Fault::Hang => std::future::pending::<()>().await,
+        Fault::After(..) => unreachable!("unwrapped above"),
     }
 }
 
