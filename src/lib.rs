@@ -12,6 +12,8 @@ pub mod store;
 mod transport;
 
 pub use adapters::lettre::LettreTransport;
+#[cfg(feature = "ses")]
+pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
 pub use adapters::smtp::{SmtpTransport, classify_smtp_error};
 pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};

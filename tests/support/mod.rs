@@ -3,8 +3,10 @@
 //! fail under CI (`CI=true`).
 #![allow(dead_code)]
 
+pub mod moto;
 pub mod scripted;
 pub mod servers;
+pub mod ses_faults;
 pub mod smtp_sink;
 
 use mail_breaker::Message;

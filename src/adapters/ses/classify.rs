@@ -1,0 +1,444 @@
+//! Sorting the AWS SDK's errors for SES into [`Category`]s.
+
+use std::fmt;
+use std::time::Duration;
+
+use aws_sdk_sesv2::config::http::HttpResponse;
+use aws_sdk_sesv2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
+
+use crate::receipt::mask_addresses;
+use crate::{Category, SendError};
+
+/// The longest service message kept in a [`SendError`]; SES messages are a sentence or two.
+const MAX_MESSAGE_CHARS: usize = 300;
+
+/// Sorts an error of an SES v2 call (`SendEmail`, `GetAccount`, any other) into a
+/// [`Category`], with the code `ses.<ErrorCode>` for a service error that names its code
+/// (`ses.TooManyRequestsException`), `ses.<HTTP status>` for one that does not (`ses.503`),
+/// else `ses.timeout`, `ses.network`, `ses.client` or `ses.response`.
+///
+/// The error code comes from the `x-amzn-ErrorType` header or the `__type` / `code` field of
+/// the JSON body (the SDK reads both); the code decides first, then the HTTP status.
+///
+/// | what happened | category |
+/// |---|---|
+/// | `TooManyRequestsException`, `Throttling`, `ThrottlingException`, `LimitExceededException` (daily quota), HTTP 429 | RateLimited |
+/// | `ServiceUnavailable`, `ServiceUnavailableException`, HTTP 503 | ServiceUnavailable |
+/// | `InternalFailure`, `InternalServerError`, other HTTP 5xx | ServerError |
+/// | `MessageRejected`, `MailFromDomainNotVerifiedException`, a message saying "not verified" | Rejected |
+/// | HTTP 401 and 403, signature and credential codes (`SignatureDoesNotMatch`, `AccessDenied`, `UnrecognizedClientException`, `ExpiredToken`, ...) | Authentication |
+/// | `AccountSuspendedException`, `SendingPausedException`, `NotFoundException` (a configuration set or template that does not exist), other HTTP 4xx (a wrong endpoint) | Configuration |
+/// | `BadRequestException`, `ValidationException`, other HTTP 400, HTTP 413 | InvalidMessage |
+/// | operation or attempt timeout, a connect or read timeout | Timeout |
+/// | connection refused, reset or dropped, DNS, TLS; a response cut off | Network |
+/// | a request that could not be built or dispatched (no region, no credentials) | Configuration |
+///
+/// A `Retry-After` header given in seconds becomes [`SendError::retry_after`], whatever the
+/// category. Account suspension is Configuration so that a pool fails over on it while a
+/// breaker does not count it: the provider is up, this account cannot use it.
+///
+/// The error's message is the service's message, addresses masked and cut at 300 characters
+/// (authentication messages at their first sentence, since signature errors can echo the
+/// request that was signed); a request body is never part of it.
+///
+/// ```
+/// use aws_sdk_sesv2::error::SdkError;
+/// use aws_sdk_sesv2::operation::send_email::SendEmailError;
+/// use mail_breaker::{classify_ses_error, Category};
+///
+/// let error: SdkError<SendEmailError, aws_sdk_sesv2::config::http::HttpResponse> =
+///     SdkError::timeout_error("operation timed out");
+/// let sorted = classify_ses_error(&error);
+/// assert_eq!(sorted.category(), Category::Timeout);
+/// assert_eq!(sorted.code(), "ses.timeout");
+/// ```
+pub fn classify_ses_error<E>(error: &SdkError<E, HttpResponse>) -> SendError
+where
+    E: ProvideErrorMetadata + std::error::Error + 'static,
+{
+    match error {
+        SdkError::ServiceError(service) => {
+            let response = service.raw();
+            from_response(
+                error.code(),
+                error.message(),
+                Some(response.status().as_u16()),
+                response,
+            )
+        }
+        SdkError::TimeoutError(_) => SendError::new(
+            Category::Timeout,
+            "ses.timeout",
+            "SES did not answer in time (operation or attempt timeout)",
+        )
+        .with_source(source_text(error)),
+        SdkError::DispatchFailure(failure) => {
+            let sorted = if failure.is_timeout() {
+                SendError::new(
+                    Category::Timeout,
+                    "ses.timeout",
+                    "SES did not answer in time (connect or read timeout)",
+                )
+            } else if failure.is_user() {
+                SendError::new(
+                    Category::Configuration,
+                    "ses.client",
+                    "the request could not be dispatched as configured",
+                )
+            } else {
+                SendError::new(
+                    Category::Network,
+                    "ses.network",
+                    "the connection to SES failed or was dropped",
+                )
+            };
+            sorted.with_source(source_text(error))
+        }
+        SdkError::ResponseError(response_error) => {
+            let response = response_error.raw();
+            let status = response.status().as_u16();
+            let sorted = if status >= 400 {
+                from_response(None, None, Some(status), response)
+            } else {
+                // A success status with a body cut off or unreadable: the connection failed.
+                SendError::new(
+                    Category::Network,
+                    "ses.response",
+                    "the response from SES was cut off or unreadable",
+                )
+            };
+            sorted.with_source(source_text(error))
+        }
+        // ConstructionFailure and anything a later SDK adds: no request reached SES.
+        _ => SendError::new(
+            Category::Configuration,
+            "ses.client",
+            "the request could not be built (region, credentials or endpoint missing?)",
+        )
+        .with_source(source_text(error)),
+    }
+}
+
+/// A service's error answer, sorted by its code, status and message.
+fn from_response(
+    code: Option<&str>,
+    message: Option<&str>,
+    status: Option<u16>,
+    response: &HttpResponse,
+) -> SendError {
+    let message = message.unwrap_or("");
+    let category = category_of(code, status, message);
+    let code = match (code, status) {
+        (Some(code), _) if !code.is_empty() => format!("ses.{code}"),
+        (_, Some(status)) => format!("ses.{status}"),
+        _ => "ses.unknown".to_owned(),
+    };
+    let text = if message.is_empty() {
+        match status {
+            Some(status) => format!("SES answered HTTP {status}"),
+            None => "SES answered an error".to_owned(),
+        }
+    } else {
+        safe_message(message, category)
+    };
+    let sorted = SendError::new(category, code, text);
+    match retry_after(response) {
+        Some(after) => sorted.with_retry_after(after),
+        None => sorted,
+    }
+}
+
+/// The table of [`classify_ses_error`]: the code decides first, then the HTTP status.
+fn category_of(code: Option<&str>, status: Option<u16>, message: &str) -> Category {
+    let by_code = code.and_then(category_of_code);
+    // SES says "Email address is not verified" under more than one code; it is always about
+    // this message's addresses, not a malformed request.
+    if matches!(by_code, None | Some(Category::InvalidMessage)) && is_unverified_address(message) {
+        return Category::Rejected;
+    }
+    if let Some(category) = by_code {
+        return category;
+    }
+    match status {
+        Some(429) => Category::RateLimited,
+        Some(503) => Category::ServiceUnavailable,
+        Some(500..=599) => Category::ServerError,
+        Some(401 | 403) => Category::Authentication,
+        Some(400 | 413) => Category::InvalidMessage,
+        Some(400..=499) => Category::Configuration,
+        // An error without a status the SDK could read: treat the provider as failing.
+        _ => Category::ServerError,
+    }
+}
+
+/// The category an SES (or generic AWS) error code names, if it names one.
+fn category_of_code(code: &str) -> Option<Category> {
+    let category = match code {
+        "TooManyRequestsException"
+        | "Throttling"
+        | "ThrottlingException"
+        | "ThrottledException"
+        | "RequestLimitExceeded"
+        | "LimitExceededException" => Category::RateLimited,
+        "ServiceUnavailable" | "ServiceUnavailableException" => Category::ServiceUnavailable,
+        "InternalFailure" | "InternalServerError" | "InternalError" | "InternalServiceError" => {
+            Category::ServerError
+        }
+        "MessageRejected"
+        | "MailFromDomainNotVerifiedException"
+        | "MailFromDomainNotVerified"
+        | "FromEmailAddressNotVerifiedException" => Category::Rejected,
+        "SignatureDoesNotMatch"
+        | "InvalidSignatureException"
+        | "IncompleteSignature"
+        | "IncompleteSignatureException"
+        | "AccessDenied"
+        | "AccessDeniedException"
+        | "UnrecognizedClientException"
+        | "InvalidClientTokenId"
+        | "ExpiredToken"
+        | "ExpiredTokenException"
+        | "MissingAuthenticationToken"
+        | "MissingAuthenticationTokenException"
+        | "NotAuthorized"
+        | "RequestExpired" => Category::Authentication,
+        "AccountSuspendedException"
+        | "AccountSuspended"
+        | "SendingPausedException"
+        | "AccountSendingPausedException"
+        | "ConfigurationSetSendingPausedException"
+        | "NotFoundException"
+        | "ConfigurationSetDoesNotExistException" => Category::Configuration,
+        "BadRequestException"
+        | "ValidationException"
+        | "ValidationError"
+        | "InvalidParameterValue"
+        | "InvalidParameterValueException"
+        | "SerializationException" => Category::InvalidMessage,
+        _ => return None,
+    };
+    Some(category)
+}
+
+/// Whether SES's message says a sender or recipient is not a verified identity, as the
+/// sandbox and an unverified sender answer: "Email address is not verified. The following
+/// identities failed the check in region ...".
+fn is_unverified_address(message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    lower.contains("not verified") || lower.contains("did not have authority to send")
+}
+
+/// The service's message fit for logs: addresses are masked by [`SendError::new`]; this cuts
+/// it short, and an authentication message at its first sentence.
+fn safe_message(message: &str, category: Category) -> String {
+    let message = if category == Category::Authentication {
+        match message.find(". ") {
+            Some(end) => &message[..=end],
+            None => message,
+        }
+    } else {
+        message
+    };
+    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
+        Some((cut, _)) => format!("{}...", &message[..cut]),
+        None => message.to_owned(),
+    }
+}
+
+/// The response's `Retry-After` header, where it gives a number of seconds.
+fn retry_after(response: &HttpResponse) -> Option<Duration> {
+    let value = response.headers().get("retry-after")?.trim();
+    let seconds: f64 = value.parse().ok()?;
+    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+}
+
+/// The SDK error's chain of causes as text, addresses masked, kept as the source.
+fn source_text<E>(error: &SdkError<E, HttpResponse>) -> SourceText
+where
+    E: std::error::Error + 'static,
+{
+    let text = DisplayErrorContext(error).to_string();
+    SourceText(safe_message(&mask_addresses(text), Category::Network))
+}
+
+/// The text of an error that cannot itself be shared between clones.
+#[derive(Debug)]
+struct SourceText(String);
+
+impl fmt::Display for SourceText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceText {}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    use aws_sdk_sesv2::error::ErrorMetadata;
+    use aws_sdk_sesv2::operation::send_email::SendEmailError;
+    use aws_smithy_runtime_api::client::result::ConnectorError;
+    use aws_smithy_runtime_api::http::StatusCode;
+    use aws_smithy_types::body::SdkBody;
+
+    fn response(status: u16, headers: &[(&'static str, &'static str)]) -> HttpResponse {
+        let status = StatusCode::try_from(status).expect("a valid status");
+        let mut response = HttpResponse::new(status, SdkBody::empty());
+        for (name, value) in headers {
+            response.headers_mut().insert(*name, *value);
+        }
+        response
+    }
+
+    fn service_error(
+        status: u16,
+        code: Option<&str>,
+        message: &str,
+        headers: &[(&'static str, &'static str)],
+    ) -> SdkError<SendEmailError, HttpResponse> {
+        let mut meta = ErrorMetadata::builder().message(message);
+        if let Some(code) = code {
+            meta = meta.code(code);
+        }
+        SdkError::service_error(
+            SendEmailError::generic(meta.build()),
+            response(status, headers),
+        )
+    }
+
+    fn sorted(status: u16, code: Option<&str>, message: &str) -> SendError {
+        classify_ses_error(&service_error(status, code, message, &[]))
+    }
+
+    #[test]
+    fn throttling_is_rate_limited() {
+        let error = sorted(429, Some("TooManyRequestsException"), "Too many requests");
+        assert_eq!(error.category(), Category::RateLimited);
+        assert_eq!(error.code(), "ses.TooManyRequestsException");
+        assert_eq!(
+            sorted(400, Some("Throttling"), "Maximum sending rate exceeded.").category(),
+            Category::RateLimited
+        );
+        assert_eq!(sorted(429, None, "").category(), Category::RateLimited);
+    }
+
+    #[test]
+    fn retry_after_in_seconds_is_kept() {
+        let error = classify_ses_error(&service_error(
+            429,
+            Some("TooManyRequestsException"),
+            "slow down",
+            &[("retry-after", "7")],
+        ));
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
+        let dated = classify_ses_error(&service_error(
+            429,
+            None,
+            "",
+            &[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")],
+        ));
+        assert_eq!(dated.retry_after(), None);
+    }
+
+    #[test]
+    fn server_failures_are_server_error_and_503_is_service_unavailable() {
+        assert_eq!(
+            sorted(500, Some("InternalFailure"), "").category(),
+            Category::ServerError
+        );
+        assert_eq!(sorted(502, None, "").category(), Category::ServerError);
+        let unavailable = sorted(503, None, "");
+        assert_eq!(unavailable.category(), Category::ServiceUnavailable);
+        assert_eq!(unavailable.code(), "ses.503");
+    }
+
+    #[test]
+    fn rejected_messages_and_unverified_addresses_are_rejected() {
+        assert_eq!(
+            sorted(400, Some("MessageRejected"), "").category(),
+            Category::Rejected
+        );
+        assert_eq!(
+            sorted(400, Some("MailFromDomainNotVerifiedException"), "").category(),
+            Category::Rejected
+        );
+        let unverified = sorted(
+            400,
+            Some("SomethingNew"),
+            "Email address is not verified. The following identities failed the check in region US-EAST-1: bob@example.org",
+        );
+        assert_eq!(unverified.category(), Category::Rejected);
+        assert!(!unverified.to_string().contains("bob@"));
+    }
+
+    #[test]
+    fn credential_failures_are_authentication_cut_at_the_first_sentence() {
+        let error = sorted(
+            403,
+            Some("SignatureDoesNotMatch"),
+            "The request signature we calculated does not match. The Canonical String for this request should have been 'POST ...'",
+        );
+        assert_eq!(error.category(), Category::Authentication);
+        assert!(!error.to_string().contains("Canonical"));
+        assert_eq!(sorted(403, None, "").category(), Category::Authentication);
+        assert_eq!(
+            sorted(400, Some("UnrecognizedClientException"), "").category(),
+            Category::Authentication
+        );
+    }
+
+    #[test]
+    fn suspended_or_paused_accounts_are_configuration() {
+        for code in ["AccountSuspendedException", "SendingPausedException"] {
+            assert_eq!(
+                sorted(400, Some(code), "").category(),
+                Category::Configuration
+            );
+        }
+        assert_eq!(sorted(404, None, "").category(), Category::Configuration);
+    }
+
+    #[test]
+    fn bad_requests_are_invalid_message() {
+        assert_eq!(
+            sorted(400, Some("BadRequestException"), "").category(),
+            Category::InvalidMessage
+        );
+        assert_eq!(sorted(400, None, "").category(), Category::InvalidMessage);
+        assert_eq!(sorted(413, None, "").category(), Category::InvalidMessage);
+    }
+
+    #[test]
+    fn timeouts_and_dispatch_failures_are_timeout_and_network() {
+        let timeout: SdkError<SendEmailError, HttpResponse> = SdkError::timeout_error("late");
+        assert_eq!(classify_ses_error(&timeout).category(), Category::Timeout);
+        let connect_timeout: SdkError<SendEmailError, HttpResponse> =
+            SdkError::dispatch_failure(ConnectorError::timeout("connect".into()));
+        assert_eq!(classify_ses_error(&connect_timeout).code(), "ses.timeout");
+        let refused: SdkError<SendEmailError, HttpResponse> =
+            SdkError::dispatch_failure(ConnectorError::io("connection refused".into()));
+        let error = classify_ses_error(&refused);
+        assert_eq!(error.category(), Category::Network);
+        assert_eq!(error.code(), "ses.network");
+        assert!(std::error::Error::source(&error).is_some());
+    }
+
+    #[test]
+    fn construction_failures_are_configuration() {
+        let error: SdkError<SendEmailError, HttpResponse> =
+            SdkError::construction_failure("no region");
+        assert_eq!(
+            classify_ses_error(&error).category(),
+            Category::Configuration
+        );
+    }
+
+    #[test]
+    fn long_messages_are_cut() {
+        let long = "x".repeat(1000);
+        let error = sorted(500, None, &long);
+        assert!(error.message().len() < 400);
+    }
+}
