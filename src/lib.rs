@@ -14,5 +14,7 @@ pub use adapters::smtp::{SmtpTransport, classify_smtp_error};
 pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};
 pub use config::ConfigError;
 pub use receipt::{Category, Receipt, SendError};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{BreakerStore, MemoryStore};
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};

@@ -13,7 +13,11 @@ use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
 
 mod lru;
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{DEFAULT_IDLE_EXPIRY, DEFAULT_RETRY_INTERVAL, DEFAULT_TIMEOUT, RedisStore};
 pub use memory::MemoryStore;
 
 /// The state behind a [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): one
