@@ -18,18 +18,26 @@ use support::scripted::{Reply, Scripted};
 use tracing_subscriber::layer::SubscriberExt;
 
 const RESET: Duration = Duration::from_millis(300);
+/// The timeout of the stores in the tests of the fallback.
 const TIMEOUT: Duration = Duration::from_millis(100);
+/// The timeout of the stores in the tests of sharing: long enough that no call falls back
+/// on a machine busy with other tests.
+const PATIENT: Duration = Duration::from_secs(2);
 
 /// The changes of state one breaker's listener heard.
 type Heard = Arc<Mutex<Vec<(State, State)>>>;
 
 /// A store on its own connection to `server`, in the namespace every test breaker shares.
 async fn store(server: &RedisServer) -> Arc<RedisStore> {
+    store_with_timeout(server, TIMEOUT).await
+}
+
+async fn store_with_timeout(server: &RedisServer, timeout: Duration) -> Arc<RedisStore> {
     let store = RedisStore::connect(&server.url())
         .await
         .expect("a valid URL")
         .with_namespace("fleet")
-        .with_timeout(TIMEOUT)
+        .with_timeout(timeout)
         .with_retry_interval(Duration::from_millis(200));
     assert!(
         store.is_shared(),
@@ -66,22 +74,30 @@ fn is_refused(result: &Result<mail_breaker::Receipt, mail_breaker::SendError>) -
     matches!(result, Err(error) if error.code() == "breaker.open")
 }
 
-/// Two breakers, each on its own connection, opened together by failures split between them.
-async fn open_pair(
-    server: &RedisServer,
-) -> (
-    (CircuitBreakerTransport<Scripted>, Heard),
-    (CircuitBreakerTransport<Scripted>, Heard),
-) {
+type Member = (CircuitBreakerTransport<Scripted>, Heard);
+
+/// Two breakers, each on its own patient connection, opened together by failures split
+/// between them; with a check that neither store ever decided locally.
+async fn open_pair(server: &RedisServer) -> (Member, Member, impl Fn()) {
+    let stores = [
+        store_with_timeout(server, PATIENT).await,
+        store_with_timeout(server, PATIENT).await,
+    ];
     let (a, b) = (
-        breaker(&failing(), &store(server).await, 4),
-        breaker(&failing(), &store(server).await, 4),
+        breaker(&failing(), &stores[0], 4),
+        breaker(&failing(), &stores[1], 4),
     );
     for _ in 0..2 {
         assert!(!is_refused(&a.0.send(&message()).await));
         assert!(!is_refused(&b.0.send(&message()).await));
     }
-    (a, b)
+    let both_shared = move || {
+        assert!(
+            stores.iter().all(|store| store.is_shared()),
+            "every decision came from Redis"
+        );
+    };
+    (a, b, both_shared)
 }
 
 #[tokio::test]
@@ -89,11 +105,12 @@ async fn two_breakers_in_one_namespace_count_failures_together_and_open_together
     let Some(server) = RedisServer::start("two_breakers_count_together") else {
         return;
     };
-    let ((a, _), (b, _)) = open_pair(&server).await;
+    let ((a, _), (b, _), both_shared) = open_pair(&server).await;
     assert!(is_refused(&a.send(&message()).await));
     assert!(is_refused(&b.send(&message()).await));
     assert_eq!((a.state(), b.state()), (State::Open, State::Open));
     assert_eq!(a.inner().sends() + b.inner().sends(), 4);
+    both_shared();
 }
 
 #[tokio::test]
@@ -101,7 +118,7 @@ async fn two_hundred_sends_racing_across_two_breakers_in_half_open_yield_exactly
     let Some(server) = RedisServer::start("two_hundred_sends_one_probe") else {
         return;
     };
-    let ((a, _), (b, _)) = open_pair(&server).await;
+    let ((a, _), (b, _), both_shared) = open_pair(&server).await;
     // The probe answers only after every other send was decided.
     a.inner()
         .set_default(Reply::after(Duration::from_millis(500), Reply::Ok));
@@ -118,6 +135,7 @@ async fn two_hundred_sends_racing_across_two_breakers_in_half_open_yield_exactly
     let refused = results.iter().filter(|r| is_refused(r)).count();
     assert_eq!((200 - refused, refused), (1, 199));
     assert_eq!(a.inner().sends() + b.inner().sends(), 4 + 1);
+    both_shared();
 }
 
 #[tokio::test]
@@ -125,7 +143,7 @@ async fn a_probe_that_succeeds_closes_the_breaker_for_both() {
     let Some(server) = RedisServer::start("a_probe_closes_both") else {
         return;
     };
-    let ((a, _), (b, _)) = open_pair(&server).await;
+    let ((a, _), (b, _), both_shared) = open_pair(&server).await;
     a.inner().set_default(Reply::Ok);
     b.inner().set_default(Reply::Ok);
     tokio::time::sleep(RESET + Duration::from_millis(50)).await;
@@ -135,6 +153,7 @@ async fn a_probe_that_succeeds_closes_the_breaker_for_both() {
         assert!(b.send(&message()).await.is_ok());
     }
     assert_eq!(b.state(), State::Closed);
+    both_shared();
 }
 
 #[tokio::test]
@@ -142,7 +161,7 @@ async fn each_change_of_state_is_heard_by_the_one_breaker_whose_call_made_it() {
     let Some(server) = RedisServer::start("each_change_heard_once") else {
         return;
     };
-    let ((a, heard_a), (_b, heard_b)) = open_pair(&server).await;
+    let ((a, heard_a), (_b, heard_b), both_shared) = open_pair(&server).await;
     a.inner().set_default(Reply::Ok);
     tokio::time::sleep(RESET + Duration::from_millis(50)).await;
     assert!(a.send(&message()).await.is_ok(), "the probe");
@@ -156,6 +175,7 @@ async fn each_change_of_state_is_heard_by_the_one_breaker_whose_call_made_it() {
             (State::HalfOpen, State::Closed)
         ]
     );
+    both_shared();
 }
 
 #[tokio::test]
@@ -171,8 +191,8 @@ async fn a_late_result_from_an_earlier_period_changes_nothing_in_either_breaker(
         ),
     );
     let quick = failing();
-    let (a, _) = breaker(&slow, &store(&server).await, 1);
-    let (b, _) = breaker(&quick, &store(&server).await, 1);
+    let (a, _) = breaker(&slow, &store_with_timeout(&server, PATIENT).await, 1);
+    let (b, _) = breaker(&quick, &store_with_timeout(&server, PATIENT).await, 1);
 
     let message = message();
     let late = a.send(&message); // sent while closed; fails after 900 ms
@@ -276,6 +296,33 @@ async fn when_redis_is_killed_sends_go_on_and_the_breaker_counts_from_local_stat
 }
 
 #[tokio::test]
+async fn when_redis_is_killed_a_breaker_last_seen_open_stays_open_from_local_state() {
+    let Some(mut server) = RedisServer::start("redis_killed_stays_open") else {
+        return;
+    };
+    let (breaker, heard) = breaker(&failing(), &store(&server).await, 1);
+    let _ = breaker.send(&message()).await;
+    assert_eq!(breaker.state(), State::Open);
+    server.stop();
+
+    assert!(is_refused(&breaker.send(&message()).await));
+    assert_eq!(
+        breaker.inner().sends(),
+        1,
+        "nothing more reached the provider"
+    );
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [(State::Closed, State::Open)],
+        "heard once"
+    );
+    tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+    breaker.inner().set_default(Reply::Ok);
+    assert!(breaker.send(&message()).await.is_ok(), "the local probe");
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test]
 async fn a_redis_that_stops_answering_costs_a_decision_at_most_the_timeout() {
     let Some(server) = RedisServer::start("redis_frozen_timeout") else {
         return;
@@ -368,4 +415,61 @@ async fn a_decision_on_redis_takes_well_under_the_timeout() {
     println!("decision on redis: median {median:?}, p99 {p99:?}");
     assert!(store.is_shared());
     assert!(p99 < TIMEOUT / 2, "p99 {p99:?}");
+}
+
+/// A plain connection to `server`, to look at what the store wrote.
+async fn inspect(server: &RedisServer) -> redis::aio::MultiplexedConnection {
+    redis::Client::open(server.url())
+        .expect("a valid URL")
+        .get_multiplexed_async_connection()
+        .await
+        .expect("a connection to the test's redis-server")
+}
+
+#[tokio::test]
+async fn a_breakers_key_is_escaped_hash_tagged_and_expires_when_idle() {
+    let Some(server) = RedisServer::start("redis_key_layout") else {
+        return;
+    };
+    let store = store(&server).await;
+    let rules = Rules::default();
+    let (Decision::Send(permit), _) = store.acquire("Evil}{:%.example", &rules).await else {
+        panic!("a closed breaker lets the send go");
+    };
+    store
+        .record(
+            "Evil}{:%.example",
+            &rules,
+            permit,
+            mail_breaker::breaker::Outcome::Failure,
+        )
+        .await;
+
+    let mut redis = inspect(&server).await;
+    let keys: Vec<String> = redis::cmd("KEYS")
+        .arg("*")
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert_eq!(keys, ["mail-breaker:fleet:{Evil%7D%7B%3A%25.example}"]);
+    let ttl: i64 = redis::cmd("PTTL")
+        .arg(&keys[0])
+        .query_async(&mut redis)
+        .await
+        .unwrap();
+    assert!(ttl > 0, "the key expires when idle (PTTL {ttl})");
+}
+
+#[tokio::test]
+async fn a_closed_breaker_that_counted_no_failure_writes_nothing_to_redis() {
+    let Some(server) = RedisServer::start("redis_writes_nothing") else {
+        return;
+    };
+    let (breaker, _) = breaker(&Scripted::new("provider"), &store(&server).await, 3);
+    for _ in 0..10 {
+        assert!(breaker.send(&message()).await.is_ok());
+    }
+    let mut redis = inspect(&server).await;
+    let size: i64 = redis::cmd("DBSIZE").query_async(&mut redis).await.unwrap();
+    assert_eq!(size, 0);
 }

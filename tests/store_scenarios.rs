@@ -118,7 +118,9 @@ async fn run_on_redis(test: &str, scenario: Scenario) {
     let store = mail_breaker::RedisStore::connect(&server.url())
         .await
         .expect("a valid URL")
-        .with_namespace(test);
+        .with_namespace(test)
+        // Patient, so that no decision falls back to local state on a busy machine.
+        .with_timeout(Duration::from_secs(2));
     assert!(
         store.is_shared(),
         "the store reaches the test's redis-server"

@@ -27,6 +27,10 @@ const LOCAL_PERIOD: u64 = 1 << 63;
 pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
 /// How often a silent Redis is tried again (default).
 pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How long `connect` waits for the first connection and answer: it runs once, at startup,
+/// not before a send.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
+
 /// How long a breaker's keys stay in Redis after their last write (default).
 pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 
@@ -55,7 +59,9 @@ pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 /// A call that fails or takes longer than the [timeout](Self::with_timeout) (default
 /// 100 ms) is decided from a [`MemoryStore`] inside this store, and a warning
 /// (`store.redis_unreachable`) is logged once. Until Redis answers again the breakers of
-/// this process decide on their own, starting from closed, and Redis is tried again at
+/// this process decide on their own, each starting from the state this process last saw in
+/// Redis (a breaker last seen open or half-open starts open for a new reset timeout, one
+/// never seen starts closed), and Redis is tried again at
 /// most once per [retry interval](Self::with_retry_interval) (default 1 s); the other
 /// sends in between do not wait for it at all. Results of sends that Redis allowed are
 /// dropped while it is silent. A send never waits on a dead store beyond the timeout.
@@ -86,9 +92,17 @@ pub struct RedisStore {
     idle_expiry: Duration,
     health: Health,
     /// The state of each key as this process last saw it in Redis.
-    seen: Mutex<BoundedMap<State>>,
+    seen: Mutex<BoundedMap<Seen>>,
     /// Decides while Redis is silent.
     local: MemoryStore,
+}
+
+/// A key's state as this process last saw it in Redis.
+#[derive(Debug, Clone, Copy)]
+struct Seen {
+    state: State,
+    /// Whether the local fallback was already opened to match it.
+    mirrored: bool,
 }
 
 /// Why a call to Redis was decided locally.
@@ -107,9 +121,9 @@ impl RedisStore {
     /// for TLS where redis-rs is built with it, or `unix:///path`), in the namespace
     /// `default`.
     ///
-    /// The connection is made at once and kept, reconnecting by itself. A server that cannot
-    /// be reached is not an error: the store starts deciding locally, logs one warning, and
-    /// uses Redis as soon as it answers.
+    /// The connection is made at once (waiting up to 1 s for it) and kept, reconnecting by
+    /// itself. A server that cannot be reached is not an error: the store starts deciding
+    /// locally, logs one warning, and uses Redis as soon as it answers.
     ///
     /// # Errors
     /// A [`ConfigError`] for the setting `url` when `url` is not a Redis URL.
@@ -128,7 +142,7 @@ impl RedisStore {
         };
         let client = ::redis::Client::open(url).map_err(|_| not_a_url())?;
         let config = ConnectionManagerConfig::new()
-            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_number_of_retries(2)
             .set_max_delay(Duration::from_millis(500));
         let connection = client
@@ -258,12 +272,12 @@ impl RedisStore {
     async fn load_script(&self) {
         let mut connection = self.connection.clone();
         let load = self.script.load_async(&mut connection);
-        match tokio::time::timeout(self.timeout, load).await {
+        match tokio::time::timeout(CONNECT_TIMEOUT, load).await {
             Ok(Ok(_)) => self.health.answered(&self.namespace),
             Ok(Err(error)) => self.health.failed(&self.namespace, &error),
             Err(_) => self
                 .health
-                .failed(&self.namespace, &Failure::Timeout(self.timeout)),
+                .failed(&self.namespace, &Failure::Timeout(CONNECT_TIMEOUT)),
         }
     }
 
@@ -298,20 +312,38 @@ impl RedisStore {
     }
 
     fn remember(&self, key: &str, state: State) {
+        let seen = Seen {
+            state,
+            mirrored: false,
+        };
         self.seen().with(
             key,
-            || state,
-            |state| *state == State::Closed,
-            |seen| *seen = state,
+            || seen,
+            |seen| seen.state == State::Closed,
+            |entry| *entry = seen,
         );
     }
 
-    fn seen(&self) -> MutexGuard<'_, BoundedMap<State>> {
+    fn seen(&self) -> MutexGuard<'_, BoundedMap<Seen>> {
         // Each change under this lock is one assignment: a panic cannot leave it torn.
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
     async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        // A breaker last seen open or half-open in Redis starts open here too, once per
+        // outage, rather than letting sends through to a provider the fleet saw failing.
+        let mirror = self
+            .seen()
+            .peek_mut(key, |seen| {
+                let mirror = seen.state != State::Closed && !seen.mirrored;
+                seen.mirrored = true;
+                mirror
+            })
+            .unwrap_or(false);
+        if mirror {
+            // Not announced: the change was reported by the process whose call made it.
+            let _ = self.local.trip(key, rules);
+        }
         let (decision, transitions) = self.local.acquire(key, rules).await;
         let decision = match decision {
             Decision::Send(permit) => {
@@ -401,7 +433,7 @@ impl BreakerStore for RedisStore {
         if !self.health.is_answering() {
             return self.local.state(key, rules);
         }
-        let state = self.seen().peek_mut(key, |state| *state);
+        let state = self.seen().peek_mut(key, |seen| seen.state);
         (state.unwrap_or(State::Closed), Transitions::NONE)
     }
 

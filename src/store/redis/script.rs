@@ -197,7 +197,7 @@ mod tests {
     }
 
     #[test]
-    fn a_reply_with_an_unknown_state_is_refused() {
+    fn replies_of_another_shape_or_with_unknown_states_are_refused() {
         assert!(Reply::parse(vec![1, 0, 0, 0, 7]).is_err());
         assert!(Reply::parse(vec![1, 0, 0]).is_err());
         assert!(Reply::parse(vec![0, 3, 0, 5, 1, 0, 1]).is_ok());
