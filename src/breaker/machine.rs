@@ -336,6 +336,29 @@ impl Machine {
         }
     }
 
+    /// Opens a closed breaker at `now` for `reset_timeout`, as a failure would. For a store
+    /// that falls back to local state while its shared state says the breaker is open, so
+    /// that the fallback keeps holding sends. A breaker that is not closed is left as it is.
+    ///
+    /// ```
+    /// use tokio::time::Instant;
+    /// use mail_breaker::breaker::{Machine, Rules};
+    /// use mail_breaker::State;
+    ///
+    /// let rules = Rules::default();
+    /// let mut machine = Machine::new(&rules, Instant::now());
+    /// machine.trip(&rules, Instant::now());
+    /// assert_eq!(machine.state(), State::Open);
+    /// ```
+    pub fn trip(&mut self, rules: &Rules, now: Instant) -> Transitions {
+        let mut transitions = Transitions::NONE;
+        if let Phase::Closed = self.phase {
+            let until = now + rules.reset_timeout;
+            self.enter(Phase::Open { until }, &mut transitions);
+        }
+        transitions
+    }
+
     /// Applies what time alone does: a probe past its deadline fails and reopens the breaker
     /// from that deadline. (Open to half-open waits for the next send.)
     pub fn expire(&mut self, rules: &Rules, now: Instant) -> Transitions {

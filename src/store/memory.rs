@@ -65,6 +65,12 @@ impl MemoryStore {
         )
     }
 
+    /// Opens the breaker of `key` if it is closed (see [`Machine::trip`]).
+    #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+    pub(crate) fn trip(&self, key: &str, rules: &Rules) -> Transitions {
+        self.with_machine(key, rules, |machine, now| machine.trip(rules, now))
+    }
+
     fn lock(&self) -> MutexGuard<'_, BoundedMap<Machine>> {
         // The lock guards no invariant a panic could break halfway: machines change in place
         // by plain assignments, so a poisoned lock is still sound to use.

@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod moto;
+pub mod redis;
 pub mod scripted;
 pub mod servers;
 pub mod ses_faults;
