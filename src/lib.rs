@@ -13,7 +13,7 @@ mod transport;
 
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "smtp")]
-pub use adapters::smtp::{SmtpTransport, classify_smtp_error};
+pub use adapters::smtp::{SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};
 pub use config::ConfigError;
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
