@@ -3,6 +3,7 @@
 //! fail under CI (`CI=true`).
 #![allow(dead_code)]
 
+pub mod flaky;
 pub mod raw_smtp;
 pub mod scripted;
 pub mod servers;
