@@ -7,6 +7,7 @@ pub mod flaky;
 pub mod raw_smtp;
 pub mod scripted;
 pub mod servers;
+pub mod slow_store;
 pub mod smtp_sink;
 
 use mail_breaker::Message;
