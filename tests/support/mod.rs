@@ -9,6 +9,7 @@ pub mod scripted;
 pub mod servers;
 pub mod slow_store;
 pub mod smtp_sink;
+pub mod smtp_watch;
 
 use mail_breaker::Message;
 
