@@ -193,12 +193,7 @@ pub fn classify_smtp_error(error: &SmtpError) -> SendError {
     let sorted = if error.is_timeout() {
         SendError::new(Category::Timeout, "smtp.timeout", message)
     } else if let Some(code) = error.status() {
-        let reply = u16::from(code);
-        SendError::new(
-            reply_category(reply, &message),
-            format!("smtp.{reply}"),
-            message,
-        )
+        classify_smtp_reply(u16::from(code), &message)
     } else if error.is_client() {
         SendError::new(Category::Configuration, "smtp.client", message)
     } else if error.is_transport_shutdown() {
@@ -214,6 +209,28 @@ pub fn classify_smtp_error(error: &SmtpError) -> SendError {
         Some(source) => sorted.with_source(source),
         None => sorted,
     }
+}
+
+/// Sorts a server's SMTP reply into a [`Category`], with the code `smtp.<code>`: the rules of
+/// [`classify_smtp_error`] for an error that carries a reply, as a pure function of the reply
+/// code and its text (which is kept as the error's message, addresses masked).
+///
+/// Any code and any text land in a category: a code that is not a failure reply at all (a
+/// `250` where an error was expected, or a `999`) is `Network`, the server having answered
+/// something that is not SMTP.
+///
+/// ```
+/// use mail_breaker::{Category, classify_smtp_reply};
+///
+/// let error = classify_smtp_reply(450, "450 4.7.28 <bob@example.org> rate limited");
+/// assert_eq!(error.category(), Category::RateLimited);
+/// assert_eq!(error.code(), "smtp.450");
+/// assert!(!error.to_string().contains("bob@"));
+/// assert_eq!(classify_smtp_reply(421, "try later").category(), Category::ServiceUnavailable);
+/// assert_eq!(classify_smtp_reply(999, "what?").category(), Category::Network);
+/// ```
+pub fn classify_smtp_reply(code: u16, text: &str) -> SendError {
+    SendError::new(reply_category(code, text), format!("smtp.{code}"), text)
 }
 
 /// The category of an SMTP reply code, reading the enhanced status code in `text` if any.

@@ -97,11 +97,16 @@ impl Gate {
 
 impl Ticket<'_> {
     /// Reports how the send went to each of its breakers.
+    ///
+    /// A permit is spent only once its store has recorded it: a caller that drops this future
+    /// while a (remote) store is still recording leaves the permit to `Drop`, which releases
+    /// it, so a probe's slot is freed rather than held until the probe's deadline.
     pub(crate) async fn finish(mut self, outcome: Outcome) {
         let (gate, transport) = (self.gate, self.transport);
         for (key, permit) in self.unspent() {
-            if let Some(permit) = permit.take() {
-                let transitions = gate.store.record(key, &gate.rules, permit, outcome).await;
+            if let Some(granted) = *permit {
+                let transitions = gate.store.record(key, &gate.rules, granted, outcome).await;
+                *permit = None;
                 announce(gate.listener.as_ref(), transport, key, transitions);
             }
         }

@@ -3,12 +3,16 @@
 //! fail under CI (`CI=true`).
 #![allow(dead_code)]
 
+pub mod flaky;
 pub mod moto;
+pub mod raw_smtp;
 pub mod redis;
 pub mod scripted;
 pub mod servers;
 pub mod ses_faults;
+pub mod slow_store;
 pub mod smtp_sink;
+pub mod smtp_watch;
 
 use mail_breaker::Message;
 

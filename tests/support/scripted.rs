@@ -56,6 +56,7 @@ pub struct Scripted {
     name: String,
     script: Arc<Mutex<Script>>,
     batched: bool,
+    receipts_name_subjects: bool,
 }
 
 impl Scripted {
@@ -76,6 +77,7 @@ impl Scripted {
                 subjects: Vec::new(),
             })),
             batched: false,
+            receipts_name_subjects: false,
         }
     }
 
@@ -85,10 +87,22 @@ impl Scripted {
         self
     }
 
+    /// Makes each receipt carry the message's subject as its message id, so that a test can
+    /// tell which message an answer belongs to.
+    pub fn naming_subjects_in_receipts(mut self) -> Self {
+        self.receipts_name_subjects = true;
+        self
+    }
+
     /// Queues replies for the next sends.
     pub fn then(&self, replies: impl IntoIterator<Item = Reply>) -> &Self {
         self.lock().queue.extend(replies);
         self
+    }
+
+    /// Forgets the queued replies not yet used.
+    pub fn clear_queue(&self) {
+        self.lock().queue.clear();
     }
 
     /// Sets the reply once the queue is empty.
@@ -115,18 +129,24 @@ impl Scripted {
         self.script.lock().expect("script lock")
     }
 
-    fn next_reply(&self, raw: &[u8]) -> Reply {
+    fn next_reply(&self, raw: &[u8]) -> (Reply, String) {
+        let subject = subject_of(raw);
         let mut script = self.lock();
         script.sends += 1;
-        script.subjects.push(subject_of(raw));
+        script.subjects.push(subject.clone());
         let default = script.default.clone();
-        script.queue.pop_front().unwrap_or(default)
+        (script.queue.pop_front().unwrap_or(default), subject)
     }
 
-    async fn play(&self, reply: Reply) -> Result<Receipt, SendError> {
+    async fn play(&self, (reply, subject): (Reply, String)) -> Result<Receipt, SendError> {
         let mut reply = reply;
         loop {
             match reply {
+                Reply::Ok if self.receipts_name_subjects => {
+                    return Ok(Receipt::new(&self.name)
+                        .with_response("250 ok")
+                        .with_message_id(subject));
+                }
                 Reply::Ok => return Ok(Receipt::new(&self.name).with_response("250 ok")),
                 Reply::Err(error) => return Err(error.with_transport(&self.name)),
                 Reply::After(delay, then) => {

@@ -169,6 +169,23 @@ impl SmtpSink {
             .collect()
     }
 
+    /// The text of every message file the server has written so far, over all its restarts,
+    /// in no particular order. Only for a sink made with [`start_counting`](Self::start_counting).
+    ///
+    /// A file ends with an empty line after the message once the server has read the final
+    /// `.`; a server killed mid-transaction can leave a file cut short (or empty) behind.
+    pub fn received_dumps(&self) -> Vec<String> {
+        let dump_dir = self
+            .dump_dir
+            .as_ref()
+            .expect("received_dumps() needs a sink made with SmtpSink::start_counting");
+        fs::read_dir(dump_dir)
+            .expect("reading the smtp-sink dump folder")
+            .filter_map(|entry| fs::read(entry.ok()?.path()).ok())
+            .map(|dump| String::from_utf8_lossy(&dump).into_owned())
+            .collect()
+    }
+
     /// What smtp-sink wrote to stderr, for failure messages.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("smtp-sink.log")).unwrap_or_default()

@@ -1,0 +1,65 @@
+//! A [`BreakerStore`] whose every answer takes a while, as a store across a network does: it
+//! gives the breaker's futures await points that a caller can be dropped at.
+
+use std::time::Duration;
+
+use mail_breaker::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use mail_breaker::store::StoreFuture;
+use mail_breaker::{BreakerStore, MemoryStore, State};
+
+/// A [`MemoryStore`] that waits `delay` before each `acquire` and `record`, then decides: a
+/// caller that stops waiting before then has changed nothing. `release` and `state` answer
+/// at once.
+#[derive(Debug)]
+pub struct SlowStore {
+    inner: MemoryStore,
+    delay: Duration,
+}
+
+impl SlowStore {
+    /// A store whose decisions each take `delay`.
+    pub fn new(delay: Duration) -> Self {
+        SlowStore {
+            inner: MemoryStore::new(),
+            delay,
+        }
+    }
+}
+
+impl BreakerStore for SlowStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        StoreFuture::pending(async move {
+            tokio::time::sleep(self.delay).await;
+            self.inner.acquire(key, rules).await
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> StoreFuture<'a, Transitions> {
+        StoreFuture::pending(async move {
+            tokio::time::sleep(self.delay).await;
+            self.inner.record(key, rules, permit, outcome).await
+        })
+    }
+
+    fn release(&self, key: &str, permit: Permit) {
+        self.inner.release(key, permit);
+    }
+
+    fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
+        self.inner.state(key, rules)
+    }
+
+    fn tracked_keys(&self) -> usize {
+        self.inner.tracked_keys()
+    }
+}
