@@ -254,15 +254,7 @@ impl Transport for PoolTransport {
     }
 }
 
-#[async_trait::async_trait]
-impl lettre::AsyncTransport for PoolTransport {
-    type Ok = Receipt;
-    type Error = SendError;
-
-    async fn send_raw(&self, envelope: &Envelope, email: &[u8]) -> Result<Receipt, SendError> {
-        Transport::send_raw(self, envelope, email).await
-    }
-}
+crate::transport::lettre_async_transport!(PoolTransport);
 
 impl fmt::Debug for PoolTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

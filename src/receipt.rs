@@ -349,6 +349,25 @@ pub(crate) fn mask_addresses(text: String) -> String {
     out
 }
 
+/// The text of an error's cause, addresses masked: kept as a [`SendError`]'s source where the
+/// cause itself cannot be shared between clones.
+#[derive(Debug)]
+pub(crate) struct SourceText(String);
+
+impl SourceText {
+    pub(crate) fn masked(text: String) -> Self {
+        SourceText(mask_addresses(text))
+    }
+}
+
+impl fmt::Display for SourceText {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+impl std::error::Error for SourceText {}
+
 #[cfg(test)]
 mod tests {
     use super::*;

@@ -107,3 +107,25 @@ macro_rules! forward_transport {
 }
 
 forward_transport!([] Arc<T>, [] Box<T>, ['r,] &'r T);
+
+/// Implements `lettre::AsyncTransport<Ok = Receipt, Error = SendError>` for a wrapper of this
+/// crate, so that it drops into code written against lettre.
+macro_rules! lettre_async_transport {
+    ($wrapper:ty $(, $inner:ident)?) => {
+        #[async_trait::async_trait]
+        impl$(<$inner: $crate::Transport>)? lettre::AsyncTransport for $wrapper {
+            type Ok = $crate::Receipt;
+            type Error = $crate::SendError;
+
+            async fn send_raw(
+                &self,
+                envelope: &$crate::Envelope,
+                email: &[u8],
+            ) -> Result<$crate::Receipt, $crate::SendError> {
+                $crate::Transport::send_raw(self, envelope, email).await
+            }
+        }
+    };
+}
+
+pub(crate) use lettre_async_transport;

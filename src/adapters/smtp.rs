@@ -9,7 +9,7 @@ use lettre::transport::smtp::Error as SmtpError;
 use lettre::transport::smtp::response::Response;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
-use crate::receipt::mask_addresses;
+use crate::receipt::SourceText;
 use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
 /// Sends over SMTP with lettre's pooled async transport.
@@ -284,22 +284,9 @@ fn enhanced_status(text: &str) -> Option<(u16, u16, u16)> {
         })
 }
 
-/// A copy of the error's cause, addresses masked, kept as the `SendError`'s source.
 fn error_source(error: &SmtpError) -> Option<SourceText> {
-    std::error::Error::source(error).map(|source| SourceText(mask_addresses(source.to_string())))
+    std::error::Error::source(error).map(|source| SourceText::masked(source.to_string()))
 }
-
-/// The text of an error that cannot itself be shared between clones.
-#[derive(Debug)]
-struct SourceText(String);
-
-impl fmt::Display for SourceText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for SourceText {}
 
 fn reply_text(response: &Response) -> String {
     let mut text = u16::from(response.code()).to_string();

@@ -233,15 +233,7 @@ impl<T: Transport> Transport for RetryTransport<T> {
     }
 }
 
-#[async_trait::async_trait]
-impl<T: Transport> lettre::AsyncTransport for RetryTransport<T> {
-    type Ok = Receipt;
-    type Error = SendError;
-
-    async fn send_raw(&self, envelope: &Envelope, email: &[u8]) -> Result<Receipt, SendError> {
-        Transport::send_raw(self, envelope, email).await
-    }
-}
+crate::transport::lettre_async_transport!(RetryTransport<T>, T);
 
 impl<T: fmt::Debug> fmt::Debug for RetryTransport<T> {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {

@@ -1,12 +1,11 @@
 //! Sorting the AWS SDK's errors for SES into [`Category`]s.
 
-use std::fmt;
 use std::time::Duration;
 
 use aws_sdk_sesv2::config::http::HttpResponse;
 use aws_sdk_sesv2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
-use crate::receipt::mask_addresses;
+use crate::receipt::SourceText;
 use crate::{Category, SendError};
 
 /// The longest service message kept in a [`SendError`]; SES messages are a sentence or two.
@@ -258,20 +257,8 @@ where
     E: std::error::Error + 'static,
 {
     let text = DisplayErrorContext(error).to_string();
-    SourceText(safe_message(&mask_addresses(text), Category::Network))
+    SourceText::masked(safe_message(&text, Category::Network))
 }
-
-/// The text of an error that cannot itself be shared between clones.
-#[derive(Debug)]
-struct SourceText(String);
-
-impl fmt::Display for SourceText {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
-impl std::error::Error for SourceText {}
 
 #[cfg(test)]
 mod tests {
