@@ -95,9 +95,9 @@ fn python_with_moto(test: &str) -> Option<String> {
                 !under_ci(),
                 "{test}: python3 cannot import moto.server, and CI=true requires it (pip install 'moto[server]')"
             );
-            println!(
+            super::servers::report_skip(&format!(
                 "SKIPPED {test}: python3 cannot import moto.server (pip install 'moto[server]')"
-            );
+            ));
             None
         }
     }

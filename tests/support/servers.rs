@@ -26,7 +26,9 @@ pub fn require_program(program: &str, test: &str) -> Option<PathBuf> {
         !under_ci(),
         "{test}: `{program}` is not installed, and CI=true requires it (bash .ci/run installs it)"
     );
-    println!("SKIPPED {test}: `{program}` is not installed (bash .ci/run installs it)");
+    report_skip(&format!(
+        "SKIPPED {test}: `{program}` is not installed (bash .ci/run installs it)"
+    ));
     None
 }
 
@@ -34,4 +36,11 @@ pub fn require_program(program: &str, test: &str) -> Option<PathBuf> {
 pub fn free_port() -> u16 {
     let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
     listener.local_addr().expect("a bound address").port()
+}
+
+/// Prints why a test skipped straight to the terminal: the test harness captures `println!`
+/// of passing tests, and a skip must be seen.
+pub fn report_skip(line: &str) {
+    use std::io::Write;
+    let _ = writeln!(std::io::stderr().lock(), "{line}");
 }
