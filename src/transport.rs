@@ -6,7 +6,7 @@ use futures::StreamExt;
 
 pub use lettre::{Message, address::Envelope};
 
-use crate::{Receipt, SendError};
+use crate::{Category, Receipt, SendError};
 
 /// Messages read lazily by [`Transport::send_many`].
 pub type MessageStream<'a> = futures::stream::BoxStream<'a, Message>;
@@ -129,3 +129,13 @@ macro_rules! lettre_async_transport {
 }
 
 pub(crate) use lettre_async_transport;
+
+/// The answer for a message a transport read but ended its batch without answering.
+pub(crate) fn unanswered(transport: &str) -> SendError {
+    SendError::fixed(
+        Category::ServerError,
+        "transport.unanswered",
+        "the transport ended its batch without answering this message",
+    )
+    .with_transport(transport)
+}

@@ -13,7 +13,8 @@ use futures::StreamExt;
 use futures::stream;
 
 use super::gate::{Gate, Ticket};
-use crate::{Category, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use crate::transport::unanswered;
+use crate::{Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
 struct Feed<'a> {
     source: MessageStream<'a>,
@@ -108,9 +109,9 @@ impl<'a, T: Transport> Output<'a, T> {
                     }
                 }
             }
-            let unanswered = lock(&self.feed).tickets.pop_front();
-            if unanswered.is_some() {
-                return Some(Err(unanswered_by_inner(self.inner.name())));
+            let unanswered_ticket = lock(&self.feed).tickets.pop_front();
+            if unanswered_ticket.is_some() {
+                return Some(Err(unanswered(self.inner.name())));
             }
             let held = lock(&self.feed).held.take();
             let message = match held {
@@ -161,14 +162,4 @@ impl<'a, T: Transport> Output<'a, T> {
         }
         None
     }
-}
-
-/// The answer for a message the inner transport read but ended its batch without answering.
-fn unanswered_by_inner(transport: &str) -> SendError {
-    SendError::fixed(
-        Category::ServerError,
-        "transport.unanswered",
-        "the transport ended its batch without answering this message",
-    )
-    .with_transport(transport)
 }
