@@ -473,3 +473,43 @@ async fn a_closed_breaker_that_counted_no_failure_writes_nothing_to_redis() {
     let size: i64 = redis::cmd("DBSIZE").query_async(&mut redis).await.unwrap();
     assert_eq!(size, 0);
 }
+
+#[tokio::test]
+async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back() {
+    let Some(server) = RedisServer::start(
+        "a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back",
+    ) else {
+        return;
+    };
+    let store = store_with_timeout(&server, PATIENT).await;
+    let rules = Rules {
+        counting: mail_breaker::breaker::Counting::Consecutive { threshold: 1 },
+        reset_timeout: RESET,
+        // Far longer than the test: only a give-back can free the probe's slot in time.
+        probe_timeout: Duration::from_secs(60),
+        half_open_successes: 1,
+    };
+    let (Decision::Send(permit), _) = store.acquire("provider", &rules).await else {
+        panic!("a closed breaker lets the first send through");
+    };
+    store
+        .record(
+            "provider",
+            &rules,
+            permit,
+            mail_breaker::breaker::Outcome::Failure,
+        )
+        .await;
+    tokio::time::sleep(RESET).await;
+    {
+        let mut abandoned = store.acquire("provider", &rules);
+        // One poll sends the acquire to Redis, which grants the probe; then the caller leaves.
+        assert!(futures::poll!(&mut abandoned).is_pending());
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let (decision, _) = store.acquire("provider", &rules).await;
+    assert!(
+        matches!(decision, Decision::Send(permit) if permit.is_probe()),
+        "the abandoned probe was given back, so this send probes: {decision:?}"
+    );
+}

@@ -14,9 +14,11 @@ use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::{ConfigError, State};
 
 mod health;
+mod remote;
 mod script;
 
 use health::Health;
+use remote::{GiveBack, RemoteCall};
 use script::{BadReply, Call, Reply};
 
 /// The bit that marks a permit the local store gave while Redis was silent. Redis periods
@@ -114,6 +116,8 @@ enum Failure {
     Redis(#[from] RedisError),
     #[error(transparent)]
     BadReply(#[from] BadReply),
+    #[error("the call's task ended without an answer: {0}")]
+    Task(String),
 }
 
 impl RedisStore {
@@ -298,17 +302,35 @@ impl RedisStore {
     }
 
     async fn invoke(&self, key: &str, rules: &Rules, call: Call) -> Result<Reply, Failure> {
-        let mut connection = self.connection.clone();
-        let mut invocation = self.script.key(script::key_name(&self.namespace, key));
-        invocation.arg(script::call_name(call));
-        for argument in script::arguments(call, rules, self.idle_expiry) {
-            invocation.arg(argument);
+        let remote = self.remote(key, call, rules);
+        if !matches!(call, Call::Acquire) {
+            return remote.run().await;
         }
-        let values: Vec<i64> =
-            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| Failure::Timeout(self.timeout))??;
-        Ok(Reply::parse(values)?)
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return remote.run().await;
+        };
+        // An acquire runs in a task of its own, so that a caller who stops waiting cannot
+        // strand a probe that Redis granted meanwhile: `GiveBack` returns it.
+        let acquire = remote.clone();
+        GiveBack {
+            answer: Some(runtime.spawn(remote.run())),
+            acquire,
+        }
+        .answer()
+        .await
+    }
+
+    /// One call of the script on `key`, owned so that it can run in a task of its own.
+    fn remote(&self, key: &str, call: Call, rules: &Rules) -> RemoteCall {
+        RemoteCall {
+            connection: self.connection.clone(),
+            script: Arc::clone(&self.script),
+            name: script::key_name(&self.namespace, key),
+            call,
+            arguments: script::arguments(call, rules, self.idle_expiry),
+            timeout: self.timeout,
+            idle_expiry: self.idle_expiry,
+        }
     }
 
     fn remember(&self, key: &str, state: State) {
@@ -409,24 +431,9 @@ impl BreakerStore for RedisStore {
             return; // no runtime to send it on: the probe's deadline frees the slot
         };
         // Called from Drop: the call goes on in the background and nothing waits for it.
-        let mut connection = self.connection.clone();
-        let script = Arc::clone(&self.script);
-        let name = script::key_name(&self.namespace, key);
         // The rules only set the key's expiry here, which a release does not renew.
-        let arguments =
-            script::arguments(Call::Release(permit), &Rules::default(), self.idle_expiry);
-        let timeout = self.timeout;
-        runtime.spawn(async move {
-            let mut invocation = script.key(name);
-            invocation.arg("release");
-            for argument in arguments {
-                invocation.arg(argument);
-            }
-            let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
-            if let Ok(Err(error)) = tokio::time::timeout(timeout, call).await {
-                tracing::debug!(%error, "store.redis_release_failed: the probe's deadline frees its slot");
-            }
-        });
+        let release = self.remote(key, Call::Release(permit), &Rules::default());
+        runtime.spawn(release.run_in_background());
     }
 
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
