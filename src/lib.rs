@@ -19,5 +19,7 @@ pub use config::ConfigError;
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use receipt::{Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
+#[cfg(feature = "redis")]
+pub use store::RedisStore;
 pub use store::{BreakerStore, MemoryStore};
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};

@@ -13,7 +13,11 @@ use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
 
 mod lru;
 pub(crate) mod memory;
+#[cfg(feature = "redis")]
+mod redis;
 
+#[cfg(feature = "redis")]
+pub use self::redis::{DEFAULT_IDLE_EXPIRY, DEFAULT_RETRY_INTERVAL, DEFAULT_TIMEOUT, RedisStore};
 pub use memory::MemoryStore;
 
 /// The state behind a [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): one
@@ -25,13 +29,46 @@ pub use memory::MemoryStore;
 /// ([`release`](BreakerStore::release)). Each call returns the changes of state it made, so
 /// that exactly the caller whose call made a change reports it to its listener.
 ///
+/// The crate has two: [`MemoryStore`] (the default, one process) and `RedisStore`
+/// (feature `redis`, a fleet). Write your own to keep breakers elsewhere (another shared
+/// database) or to watch the decisions (metrics).
+///
+/// # What the breaker does
+/// - For each send it calls `acquire` once per key of the message (one under
+///   [`Scope::Transport`](crate::Scope::Transport), one per recipient domain under
+///   [`Scope::RecipientDomain`](crate::Scope::RecipientDomain)), in order, and stops at the
+///   first refusal.
+/// - Each [`Permit`] it was given goes back to the same store with the same key exactly
+///   once: through `record` with the send's [`Outcome`] when the send answered, or through
+///   `release` when it did not (its caller dropped the future, another key refused the
+///   message, or a batch was abandoned). `release` is called from `Drop`.
+/// - It passes the same [`Rules`] with every call, and reports every [`Transitions`] it is
+///   given to the listener and the logs.
+///
 /// # Implementing a store
-/// - Each call is atomic for its key: two acquires in half-open never both get the probe.
-/// - A store never fails a send: when its backend is unreachable it decides from local state
-///   (and says so in its logs), so a store outage never turns the protection off.
+/// - **Atomic per key.** Each call decides on the key's state as one step: two acquires in
+///   half-open never both get the probe, and two results never both close the breaker.
+/// - **The rules of [`Machine`](crate::breaker::Machine).** A store that keeps state in
+///   this process holds one `Machine` per key and calls its methods (as [`MemoryStore`]
+///   does). A store that keeps it elsewhere restates them (as `RedisStore`'s script does);
+///   the crate's `tests/store_scenarios.rs` runs one table of scenarios against each store.
+/// - **Permits are the store's.** The breaker never looks inside a permit; build them with
+///   [`Permit::new`] from whatever period and probe numbers the store keeps, and use the
+///   period to ignore results from an earlier period. A store may use the period's bits to
+///   tell its own permits apart (`RedisStore` marks the permits of its local fallback).
+/// - **Transitions once.** Return exactly the changes of state that this call made, and no
+///   change that another caller made, or listeners hear a change twice or never.
+/// - **Never fail a send.** When the backend cannot be reached, decide from local state and
+///   say so in the logs, once; a store outage must not turn the protection off, nor make a
+///   send wait longer than the store's timeout.
+/// - **Never block.** `release`, `state` and `tracked_keys` are synchronous: answer from
+///   memory, and send anything remote in the background (`tokio::spawn` when
+///   [`tokio::runtime::Handle::try_current`] finds a runtime).
 /// - Answer a local decision with [`StoreFuture::ready`], which allocates nothing; a remote
 ///   one with [`StoreFuture::pending`].
 ///
+/// # Example
+/// Using a store directly:
 /// ```
 /// use std::sync::Arc;
 /// use mail_breaker::{BreakerStore, MemoryStore, State};
@@ -46,15 +83,67 @@ pub use memory::MemoryStore;
 /// assert_eq!(store.state("smtp://relay", &rules).0, State::Closed);
 /// # });
 /// ```
+///
+/// A store of your own, here one that counts refusals and lets a [`MemoryStore`] decide:
+/// ```
+/// use std::sync::Arc;
+/// use std::sync::atomic::{AtomicU64, Ordering};
+/// use mail_breaker::{BreakerStore, CircuitBreakerTransport, LettreTransport, MemoryStore, State};
+/// use mail_breaker::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+/// use mail_breaker::store::StoreFuture;
+/// # use lettre::transport::stub::AsyncStubTransport;
+///
+/// #[derive(Debug, Default)]
+/// struct CountingStore {
+///     inner: MemoryStore,
+///     refused: AtomicU64,
+/// }
+///
+/// impl BreakerStore for CountingStore {
+///     fn acquire<'a>(&'a self, key: &'a str, rules: &'a Rules)
+///         -> StoreFuture<'a, (Decision, Transitions)> {
+///         StoreFuture::pending(async move {
+///             let (decision, transitions) = self.inner.acquire(key, rules).await;
+///             if let Decision::Refuse { .. } = decision {
+///                 self.refused.fetch_add(1, Ordering::Relaxed);
+///             }
+///             (decision, transitions)
+///         })
+///     }
+///     fn record<'a>(&'a self, key: &'a str, rules: &'a Rules, permit: Permit, outcome: Outcome)
+///         -> StoreFuture<'a, Transitions> {
+///         self.inner.record(key, rules, permit, outcome)
+///     }
+///     fn release(&self, key: &str, permit: Permit) {
+///         self.inner.release(key, permit)
+///     }
+///     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
+///         self.inner.state(key, rules)
+///     }
+///     fn tracked_keys(&self) -> usize {
+///         self.inner.tracked_keys()
+///     }
+/// }
+///
+/// # let transport = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+/// let store = Arc::new(CountingStore::default());
+/// let breaker = CircuitBreakerTransport::builder(transport)
+///     .store(store.clone())
+///     .build()
+///     .unwrap();
+/// ```
 pub trait BreakerStore: Send + Sync + fmt::Debug {
-    /// Decides whether a send for `key` may go now.
+    /// Decides whether a send for `key` may go now, and as the probe or not. Returns the
+    /// decision and the changes of state this call made (open to half-open, or a probe past
+    /// its deadline reopening the breaker).
     fn acquire<'a>(
         &'a self,
         key: &'a str,
         rules: &'a Rules,
     ) -> StoreFuture<'a, (Decision, Transitions)>;
 
-    /// Counts the result of a send for `key` made with `permit`.
+    /// Counts the result of a send for `key` made with `permit`, which this store gave. A
+    /// permit from an earlier period counts for nothing. Returns the changes this call made.
     fn record<'a>(
         &'a self,
         key: &'a str,
@@ -68,10 +157,11 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
     fn release(&self, key: &str, permit: Permit);
 
     /// The state of `key` as this store last knew it, after what time alone does (a probe
-    /// past its deadline reopens the breaker), with the changes that made.
+    /// past its deadline reopens the breaker), with the changes that made. A key the store
+    /// does not know is closed. Must not block: a remote store answers from what it last saw.
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions);
 
-    /// How many keys the store tracks now.
+    /// How many keys the store keeps in this process now.
     fn tracked_keys(&self) -> usize;
 }
 

@@ -3,6 +3,7 @@
 //! fail under CI (`CI=true`).
 #![allow(dead_code)]
 
+pub mod redis;
 pub mod scripted;
 pub mod servers;
 pub mod smtp_sink;

@@ -1,0 +1,101 @@
+//! Whether Redis answers: the store asks it while it does, decides locally while it does not,
+//! and tries it again every so often. One warning when it stops answering, not one per send.
+
+use std::fmt;
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::{Duration, Instant};
+
+#[derive(Debug)]
+pub(super) struct Health {
+    state: Mutex<Reach>,
+    retry_interval: Duration,
+}
+
+#[derive(Debug, Clone, Copy)]
+enum Reach {
+    Answering,
+    /// Not answering; the next call at or after `retry_at` tries Redis again.
+    Silent {
+        retry_at: Instant,
+    },
+}
+
+impl Health {
+    pub(super) fn new(retry_interval: Duration) -> Self {
+        Health {
+            state: Mutex::new(Reach::Answering),
+            retry_interval,
+        }
+    }
+
+    pub(super) fn with_retry_interval(self, retry_interval: Duration) -> Self {
+        Health {
+            retry_interval,
+            ..self
+        }
+    }
+
+    pub(super) fn retry_interval(&self) -> Duration {
+        self.retry_interval
+    }
+
+    /// Whether Redis answered the last call made to it.
+    pub(super) fn is_answering(&self) -> bool {
+        matches!(*self.lock(), Reach::Answering)
+    }
+
+    /// Whether this call should ask Redis. While Redis is silent, one call per retry
+    /// interval does (the others decide locally at once), so a dead store costs at most one
+    /// timeout per interval.
+    pub(super) fn should_ask(&self) -> bool {
+        let mut state = self.lock();
+        match *state {
+            Reach::Answering => true,
+            Reach::Silent { retry_at } => {
+                let now = Instant::now();
+                if now < retry_at {
+                    return false;
+                }
+                *state = Reach::Silent {
+                    retry_at: now + self.retry_interval,
+                };
+                true
+            }
+        }
+    }
+
+    /// Redis answered.
+    pub(super) fn answered(&self, namespace: &str) {
+        let mut state = self.lock();
+        if let Reach::Silent { .. } = *state {
+            *state = Reach::Answering;
+            drop(state);
+            tracing::info!(
+                namespace,
+                "store.redis_answering: the Redis breaker store answers again; breakers share their state again"
+            );
+        }
+    }
+
+    /// Redis failed or did not answer in time.
+    pub(super) fn failed(&self, namespace: &str, why: &dyn fmt::Display) {
+        let mut state = self.lock();
+        let was_answering = matches!(*state, Reach::Answering);
+        *state = Reach::Silent {
+            retry_at: Instant::now() + self.retry_interval,
+        };
+        drop(state);
+        if was_answering {
+            tracing::warn!(
+                namespace,
+                error = %why,
+                "store.redis_unreachable: the Redis breaker store failed; breakers decide from this process's own state until it answers"
+            );
+        }
+    }
+
+    fn lock(&self) -> MutexGuard<'_, Reach> {
+        // Every change under this lock is one assignment: a panic cannot leave it torn.
+        self.state.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}

@@ -1,0 +1,423 @@
+//! [`RedisStore`]: breaker state shared through Redis by every process of a fleet.
+
+use std::fmt;
+use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::{RedisError, Script};
+
+use super::lru::BoundedMap;
+use super::memory::DEFAULT_MAX_KEYS;
+use super::{BreakerStore, MemoryStore, StoreFuture};
+use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::{ConfigError, State};
+
+mod health;
+mod script;
+
+use health::Health;
+use script::{BadReply, Call, Reply};
+
+/// The bit that marks a permit the local store gave while Redis was silent. Redis periods
+/// count changes of state and never come near it (the script's numbers are below 2^53).
+const LOCAL_PERIOD: u64 = 1 << 63;
+
+/// How long a call to Redis may take before the store decides locally (default).
+pub const DEFAULT_TIMEOUT: Duration = Duration::from_millis(100);
+/// How often a silent Redis is tried again (default).
+pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
+/// How long a breaker's keys stay in Redis after their last write (default).
+pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
+
+/// Breaker state in Redis, shared by every breaker, in any process, that uses the same
+/// Redis and namespace: they count failures together, open together, and let **one** probe
+/// through between them in each half-open period.
+///
+/// # How it decides
+/// Each decision before a send, each result after it and each abandoned probe is one call
+/// of a Lua script on the server, atomic, and timed by the server's clock (`TIME`), so
+/// processes whose clocks disagree still agree on the breaker. The script restates the rules
+/// of [`Machine`](crate::breaker::Machine): consecutive or error-rate counting, one probe
+/// token with a deadline, `half_open_successes`, and periods, so a late result from an
+/// earlier period changes nothing in any process. Each change of state is reported by the
+/// one process whose call made it.
+///
+/// # Keys
+/// One hash per breaker, `mail-breaker:<namespace>:{<key>}`, with both parts escaped
+/// (bytes outside `[A-Za-z0-9._-]` become `%XX`), so untrusted recipient domains cannot
+/// collide with each other or break the `{...}` hash tag that keeps a breaker on one Redis
+/// Cluster node. A closed breaker that has counted nothing writes nothing; every write
+/// renews the key's expiry ([`with_idle_expiry`](Self::with_idle_expiry), default 1 hour),
+/// so the number of keys stays bounded by the traffic of the last hour.
+///
+/// # When Redis fails
+/// A call that fails or takes longer than the [timeout](Self::with_timeout) (default
+/// 100 ms) is decided from a [`MemoryStore`] inside this store, and a warning
+/// (`store.redis_unreachable`) is logged once. Until Redis answers again the breakers of
+/// this process decide on their own, starting from closed, and Redis is tried again at
+/// most once per [retry interval](Self::with_retry_interval) (default 1 s); the other
+/// sends in between do not wait for it at all. Results of sends that Redis allowed are
+/// dropped while it is silent. A send never waits on a dead store beyond the timeout.
+///
+/// # Example
+/// ```no_run
+/// use std::sync::Arc;
+/// use std::time::Duration;
+/// use mail_breaker::{CircuitBreakerTransport, LettreTransport, RedisStore};
+/// # use lettre::transport::stub::AsyncStubTransport;
+/// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+/// # let transport = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+///
+/// let store = RedisStore::connect("redis://127.0.0.1:6379/")
+///     .await?
+///     .with_namespace("myapp")
+///     .with_timeout(Duration::from_millis(50));
+/// let breaker = CircuitBreakerTransport::builder(transport)
+///     .store(Arc::new(store))
+///     .build()?;
+/// # Ok(()) }
+/// ```
+pub struct RedisStore {
+    connection: ConnectionManager,
+    script: Arc<Script>,
+    namespace: String,
+    timeout: Duration,
+    idle_expiry: Duration,
+    health: Health,
+    /// The state of each key as this process last saw it in Redis.
+    seen: Mutex<BoundedMap<State>>,
+    /// Decides while Redis is silent.
+    local: MemoryStore,
+}
+
+/// Why a call to Redis was decided locally.
+#[derive(Debug, thiserror::Error)]
+enum Failure {
+    #[error("no answer within {0:?}")]
+    Timeout(Duration),
+    #[error(transparent)]
+    Redis(#[from] RedisError),
+    #[error(transparent)]
+    BadReply(#[from] BadReply),
+}
+
+impl RedisStore {
+    /// A store on the Redis at `url` (`redis://[user:password@]host:port/db`, `rediss://`
+    /// for TLS where redis-rs is built with it, or `unix:///path`), in the namespace
+    /// `default`.
+    ///
+    /// The connection is made at once and kept, reconnecting by itself. A server that cannot
+    /// be reached is not an error: the store starts deciding locally, logs one warning, and
+    /// uses Redis as soon as it answers.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for the setting `url` when `url` is not a Redis URL.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect(url: &str) -> Result<RedisStore, ConfigError> {
+        let not_a_url = || {
+            ConfigError::new(
+                "url",
+                "not a Redis URL: expected redis://host:port/db, rediss://host:port/db or unix:///path",
+            )
+        };
+        let client = ::redis::Client::open(url).map_err(|_| not_a_url())?;
+        let config = ConnectionManagerConfig::new()
+            .set_connection_timeout(Some(Duration::from_secs(1)))
+            .set_number_of_retries(2)
+            .set_max_delay(Duration::from_millis(500));
+        let connection = client
+            .get_connection_manager_lazy(config)
+            .map_err(|_| not_a_url())?;
+        let store = RedisStore {
+            connection,
+            script: Arc::new(Script::new(script::SOURCE)),
+            namespace: String::from("default"),
+            timeout: DEFAULT_TIMEOUT,
+            idle_expiry: DEFAULT_IDLE_EXPIRY,
+            health: Health::new(DEFAULT_RETRY_INTERVAL),
+            seen: Mutex::new(BoundedMap::new(DEFAULT_MAX_KEYS)),
+            local: MemoryStore::with_max_keys(DEFAULT_MAX_KEYS),
+        };
+        store.load_script().await;
+        Ok(store)
+    }
+
+    /// Keeps this store's breakers apart from those of other applications on the same Redis
+    /// (default `default`). Breakers in several processes share state when they use the same
+    /// namespace and the same key.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_namespace("billing-mailer");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_namespace(mut self, namespace: impl Into<String>) -> Self {
+        self.namespace = namespace.into();
+        self
+    }
+
+    /// How long one call to Redis may take before the store decides locally (default 100 ms).
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_timeout(Duration::from_millis(20));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How often a Redis that failed is tried again (default 1 s); in between, decisions are
+    /// local and wait for nothing.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_retry_interval(Duration::from_secs(5));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_retry_interval(mut self, interval: Duration) -> Self {
+        self.health = self.health.with_retry_interval(interval);
+        self
+    }
+
+    /// How long a breaker's keys stay in Redis after their last write (default 1 hour). The
+    /// store keeps them longer where the breaker's own timeouts need it.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_idle_expiry(Duration::from_secs(600));
+    /// # Ok(()) }
+    /// ```
+    pub fn with_idle_expiry(mut self, expiry: Duration) -> Self {
+        self.idle_expiry = expiry;
+        self
+    }
+
+    /// How many keys this process keeps in memory (default 10,000): its cache of the states
+    /// it last saw, and the breakers it decides by while Redis is silent. Past that the least
+    /// recently used closed ones are forgotten first.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_max_keys(50_000);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_max_keys(mut self, max_keys: usize) -> Self {
+        self.seen = Mutex::new(BoundedMap::new(max_keys));
+        self.local = MemoryStore::with_max_keys(max_keys);
+        self
+    }
+
+    /// The namespace the store's keys are in.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// assert_eq!(store.namespace(), "default");
+    /// # Ok(()) }
+    /// ```
+    pub fn namespace(&self) -> &str {
+        &self.namespace
+    }
+
+    /// Whether Redis answered the last call made to it; `false` while the store decides locally.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// if !store.is_shared() {
+    ///     eprintln!("Redis is down: this process's breakers decide on their own");
+    /// }
+    /// # Ok(()) }
+    /// ```
+    pub fn is_shared(&self) -> bool {
+        self.health.is_answering()
+    }
+
+    /// Loads the script into Redis's cache, which also tells whether Redis answers.
+    async fn load_script(&self) {
+        let mut connection = self.connection.clone();
+        let load = self.script.load_async(&mut connection);
+        match tokio::time::timeout(self.timeout, load).await {
+            Ok(Ok(_)) => self.health.answered(&self.namespace),
+            Ok(Err(error)) => self.health.failed(&self.namespace, &error),
+            Err(_) => self
+                .health
+                .failed(&self.namespace, &Failure::Timeout(self.timeout)),
+        }
+    }
+
+    /// One call of the script, within the timeout; notes whether Redis answered.
+    async fn ask(&self, key: &str, rules: &Rules, call: Call) -> Option<Reply> {
+        let result = self.invoke(key, rules, call).await;
+        match result {
+            Ok(reply) => {
+                self.health.answered(&self.namespace);
+                self.remember(key, reply.state);
+                Some(reply)
+            }
+            Err(failure) => {
+                self.health.failed(&self.namespace, &failure);
+                None
+            }
+        }
+    }
+
+    async fn invoke(&self, key: &str, rules: &Rules, call: Call) -> Result<Reply, Failure> {
+        let mut connection = self.connection.clone();
+        let mut invocation = self.script.key(script::key_name(&self.namespace, key));
+        invocation.arg(script::call_name(call));
+        for argument in script::arguments(call, rules, self.idle_expiry) {
+            invocation.arg(argument);
+        }
+        let values: Vec<i64> =
+            tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection))
+                .await
+                .map_err(|_| Failure::Timeout(self.timeout))??;
+        Ok(Reply::parse(values)?)
+    }
+
+    fn remember(&self, key: &str, state: State) {
+        self.seen().with(
+            key,
+            || state,
+            |state| *state == State::Closed,
+            |seen| *seen = state,
+        );
+    }
+
+    fn seen(&self) -> MutexGuard<'_, BoundedMap<State>> {
+        // Each change under this lock is one assignment: a panic cannot leave it torn.
+        self.seen.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        let (decision, transitions) = self.local.acquire(key, rules).await;
+        let decision = match decision {
+            Decision::Send(permit) => {
+                Decision::Send(Permit::new(permit.period() | LOCAL_PERIOD, permit.probe()))
+            }
+            refuse => refuse,
+        };
+        (decision, transitions)
+    }
+}
+
+/// A permit of the local store, as that store gave it, if `permit` is one.
+fn local_permit(permit: Permit) -> Option<Permit> {
+    (permit.period() & LOCAL_PERIOD != 0)
+        .then(|| Permit::new(permit.period() & !LOCAL_PERIOD, permit.probe()))
+}
+
+impl BreakerStore for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        StoreFuture::pending(async move {
+            if self.health.should_ask()
+                && let Some(reply) = self.ask(key, rules, Call::Acquire).await
+            {
+                return (reply.decision, reply.transitions);
+            }
+            self.acquire_locally(key, rules).await
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> StoreFuture<'a, Transitions> {
+        if let Some(permit) = local_permit(permit) {
+            return self.local.record(key, rules, permit, outcome);
+        }
+        StoreFuture::pending(async move {
+            if !self.health.should_ask() {
+                // Given by Redis, which is silent now: the result is lost, not miscounted.
+                return Transitions::NONE;
+            }
+            self.ask(key, rules, Call::Record(permit, outcome))
+                .await
+                .map_or(Transitions::NONE, |reply| reply.transitions)
+        })
+    }
+
+    fn release(&self, key: &str, permit: Permit) {
+        if let Some(permit) = local_permit(permit) {
+            return self.local.release(key, permit);
+        }
+        if permit.probe().is_none() || !self.health.is_answering() {
+            return; // only a probe holds anything; a silent Redis frees it at its deadline
+        }
+        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
+            return; // no runtime to send it on: the probe's deadline frees the slot
+        };
+        // Called from Drop: the call goes on in the background and nothing waits for it.
+        let mut connection = self.connection.clone();
+        let script = Arc::clone(&self.script);
+        let name = script::key_name(&self.namespace, key);
+        // The rules only set the key's expiry here, which a release does not renew.
+        let arguments =
+            script::arguments(Call::Release(permit), &Rules::default(), self.idle_expiry);
+        let timeout = self.timeout;
+        runtime.spawn(async move {
+            let mut invocation = script.key(name);
+            invocation.arg("release");
+            for argument in arguments {
+                invocation.arg(argument);
+            }
+            let call = invocation.invoke_async::<Vec<i64>>(&mut connection);
+            if let Ok(Err(error)) = tokio::time::timeout(timeout, call).await {
+                tracing::debug!(%error, "store.redis_release_failed: the probe's deadline frees its slot");
+            }
+        });
+    }
+
+    fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
+        if !self.health.is_answering() {
+            return self.local.state(key, rules);
+        }
+        let state = self.seen().peek_mut(key, |state| *state);
+        (state.unwrap_or(State::Closed), Transitions::NONE)
+    }
+
+    fn tracked_keys(&self) -> usize {
+        self.seen().len().max(self.local.tracked_keys())
+    }
+}
+
+impl fmt::Debug for RedisStore {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RedisStore")
+            .field("namespace", &self.namespace)
+            .field("timeout", &self.timeout)
+            .field("retry_interval", &self.health.retry_interval())
+            .field("idle_expiry", &self.idle_expiry)
+            .field("shared", &self.is_shared())
+            .finish_non_exhaustive()
+    }
+}

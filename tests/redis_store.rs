@@ -1,0 +1,371 @@
+//! Breakers sharing a `RedisStore` (issue 4, acceptance 1 and 3), each test against its own
+//! real redis-server on a free loopback port, in real time.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
+
+use futures::future::join_all;
+use mail_breaker::breaker::{Decision, Rules};
+use mail_breaker::{
+    BreakerStore, Category, CircuitBreakerTransport, RedisStore, State, StateChange, Transport,
+};
+use support::message;
+use support::redis::RedisServer;
+use support::scripted::{Reply, Scripted};
+use tracing_subscriber::layer::SubscriberExt;
+
+const RESET: Duration = Duration::from_millis(300);
+const TIMEOUT: Duration = Duration::from_millis(100);
+
+/// The changes of state one breaker's listener heard.
+type Heard = Arc<Mutex<Vec<(State, State)>>>;
+
+/// A store on its own connection to `server`, in the namespace every test breaker shares.
+async fn store(server: &RedisServer) -> Arc<RedisStore> {
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("a valid URL")
+        .with_namespace("fleet")
+        .with_timeout(TIMEOUT)
+        .with_retry_interval(Duration::from_millis(200));
+    assert!(
+        store.is_shared(),
+        "the store reaches the test's redis-server"
+    );
+    Arc::new(store)
+}
+
+/// A breaker on `store` guarding `inner` (named "provider", the key every breaker shares).
+fn breaker(
+    inner: &Scripted,
+    store: &Arc<RedisStore>,
+    threshold: u32,
+) -> (CircuitBreakerTransport<Scripted>, Heard) {
+    let heard: Heard = Arc::default();
+    let listener = Arc::clone(&heard);
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(threshold)
+        .reset_timeout(RESET)
+        .on_state_change(move |change: &StateChange| {
+            listener.lock().unwrap().push((change.from, change.to));
+        })
+        .store(Arc::clone(store) as Arc<dyn BreakerStore>)
+        .build()
+        .expect("valid settings");
+    (breaker, heard)
+}
+
+fn failing() -> Scripted {
+    Scripted::answering("provider", Reply::fail(Category::ServerError))
+}
+
+fn is_refused(result: &Result<mail_breaker::Receipt, mail_breaker::SendError>) -> bool {
+    matches!(result, Err(error) if error.code() == "breaker.open")
+}
+
+/// Two breakers, each on its own connection, opened together by failures split between them.
+async fn open_pair(
+    server: &RedisServer,
+) -> (
+    (CircuitBreakerTransport<Scripted>, Heard),
+    (CircuitBreakerTransport<Scripted>, Heard),
+) {
+    let (a, b) = (
+        breaker(&failing(), &store(server).await, 4),
+        breaker(&failing(), &store(server).await, 4),
+    );
+    for _ in 0..2 {
+        assert!(!is_refused(&a.0.send(&message()).await));
+        assert!(!is_refused(&b.0.send(&message()).await));
+    }
+    (a, b)
+}
+
+#[tokio::test]
+async fn two_breakers_in_one_namespace_count_failures_together_and_open_together() {
+    let Some(server) = RedisServer::start("two_breakers_count_together") else {
+        return;
+    };
+    let ((a, _), (b, _)) = open_pair(&server).await;
+    assert!(is_refused(&a.send(&message()).await));
+    assert!(is_refused(&b.send(&message()).await));
+    assert_eq!((a.state(), b.state()), (State::Open, State::Open));
+    assert_eq!(a.inner().sends() + b.inner().sends(), 4);
+}
+
+#[tokio::test]
+async fn two_hundred_sends_racing_across_two_breakers_in_half_open_yield_exactly_one_probe() {
+    let Some(server) = RedisServer::start("two_hundred_sends_one_probe") else {
+        return;
+    };
+    let ((a, _), (b, _)) = open_pair(&server).await;
+    // The probe answers only after every other send was decided.
+    a.inner()
+        .set_default(Reply::after(Duration::from_millis(500), Reply::Ok));
+    b.inner()
+        .set_default(Reply::after(Duration::from_millis(500), Reply::Ok));
+    tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+
+    let message = message();
+    let sends = (0..200).map(|i| {
+        let breaker = if i % 2 == 0 { &a } else { &b };
+        breaker.send(&message)
+    });
+    let results = join_all(sends).await;
+    let refused = results.iter().filter(|r| is_refused(r)).count();
+    assert_eq!((200 - refused, refused), (1, 199));
+    assert_eq!(a.inner().sends() + b.inner().sends(), 4 + 1);
+}
+
+#[tokio::test]
+async fn a_probe_that_succeeds_closes_the_breaker_for_both() {
+    let Some(server) = RedisServer::start("a_probe_closes_both") else {
+        return;
+    };
+    let ((a, _), (b, _)) = open_pair(&server).await;
+    a.inner().set_default(Reply::Ok);
+    b.inner().set_default(Reply::Ok);
+    tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+    assert!(a.send(&message()).await.is_ok(), "the probe");
+    assert_eq!(a.state(), State::Closed);
+    for _ in 0..3 {
+        assert!(b.send(&message()).await.is_ok());
+    }
+    assert_eq!(b.state(), State::Closed);
+}
+
+#[tokio::test]
+async fn each_change_of_state_is_heard_by_the_one_breaker_whose_call_made_it() {
+    let Some(server) = RedisServer::start("each_change_heard_once") else {
+        return;
+    };
+    let ((a, heard_a), (_b, heard_b)) = open_pair(&server).await;
+    a.inner().set_default(Reply::Ok);
+    tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+    assert!(a.send(&message()).await.is_ok(), "the probe");
+
+    // The fourth failure, b's, opened it; a's send found it half-open and a's probe closed it.
+    assert_eq!(*heard_b.lock().unwrap(), [(State::Closed, State::Open)]);
+    assert_eq!(
+        *heard_a.lock().unwrap(),
+        [
+            (State::Open, State::HalfOpen),
+            (State::HalfOpen, State::Closed)
+        ]
+    );
+}
+
+#[tokio::test]
+async fn a_late_result_from_an_earlier_period_changes_nothing_in_either_breaker() {
+    let Some(server) = RedisServer::start("a_late_result_changes_nothing") else {
+        return;
+    };
+    let slow = Scripted::answering(
+        "provider",
+        Reply::after(
+            Duration::from_millis(900),
+            Reply::fail(Category::ServerError),
+        ),
+    );
+    let quick = failing();
+    let (a, _) = breaker(&slow, &store(&server).await, 1);
+    let (b, _) = breaker(&quick, &store(&server).await, 1);
+
+    let message = message();
+    let late = a.send(&message); // sent while closed; fails after 900 ms
+    let meanwhile = async {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!is_refused(&b.send(&message).await)); // opens it
+        tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+        b.inner().set_default(Reply::Ok);
+        assert!(b.send(&message).await.is_ok()); // the probe closes it
+    };
+    let (late, ()) = tokio::join!(late, meanwhile);
+    assert!(late.is_err(), "the late send failed");
+
+    assert_eq!(b.state(), State::Closed, "the late failure did not open it");
+    b.inner().set_default(Reply::fail(Category::ServerError));
+    assert!(!is_refused(&b.send(&message).await), "nor did it count");
+}
+
+/// Counts the log events whose message starts with a given name, e.g. `store.redis_unreachable`.
+#[derive(Clone, Default)]
+struct LogCounter(Arc<Mutex<Vec<String>>>);
+
+impl LogCounter {
+    fn count(&self, name: &str) -> usize {
+        self.0
+            .lock()
+            .unwrap()
+            .iter()
+            .filter(|m| m.starts_with(name))
+            .count()
+    }
+}
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for LogCounter {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(String);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = format!("{value:?}");
+                }
+            }
+        }
+        let mut message = Message(String::new());
+        event.record(&mut message);
+        self.0.lock().unwrap().push(message.0);
+    }
+}
+
+/// Sends `count` messages one after another, `pause` apart, and returns how long each took.
+async fn timed_sends(
+    breaker: &CircuitBreakerTransport<Scripted>,
+    count: usize,
+    pause: Duration,
+) -> Vec<Duration> {
+    let message = message();
+    let mut took = Vec::with_capacity(count);
+    for _ in 0..count {
+        let start = Instant::now();
+        let _ = breaker.send(&message).await;
+        took.push(start.elapsed());
+        tokio::time::sleep(pause).await;
+    }
+    took
+}
+
+fn percentile(durations: &[Duration], percent: usize) -> Duration {
+    let mut sorted = durations.to_vec();
+    sorted.sort();
+    sorted[(sorted.len() - 1) * percent / 100]
+}
+
+#[tokio::test]
+async fn when_redis_is_killed_sends_go_on_and_the_breaker_counts_from_local_state() {
+    let Some(mut server) = RedisServer::start("redis_killed_local_state") else {
+        return;
+    };
+    let store = store(&server).await;
+    let (breaker, heard) = breaker(&failing(), &store, 3);
+    server.stop();
+
+    let took = timed_sends(&breaker, 4, Duration::ZERO).await;
+    assert_eq!(
+        breaker.inner().sends(),
+        3,
+        "three failures reached the provider"
+    );
+    assert_eq!(
+        breaker.state(),
+        State::Open,
+        "then the local breaker opened"
+    );
+    assert_eq!(*heard.lock().unwrap(), [(State::Closed, State::Open)]);
+    assert!(!store.is_shared());
+    for took in took {
+        assert!(
+            took <= TIMEOUT + Duration::from_millis(100),
+            "a send took {took:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_redis_that_stops_answering_costs_a_decision_at_most_the_timeout() {
+    let Some(server) = RedisServer::start("redis_frozen_timeout") else {
+        return;
+    };
+    let store = store(&server).await;
+    let (breaker, _) = breaker(&Scripted::new("provider"), &store, 3);
+    server.freeze();
+
+    // 40 sends 20 ms apart: Redis is tried again every 200 ms, each try costing the timeout.
+    let took = timed_sends(&breaker, 40, Duration::from_millis(20)).await;
+    server.thaw();
+    let slowest = took.iter().max().copied().unwrap_or_default();
+    println!(
+        "frozen redis, timeout {TIMEOUT:?}: first send {:?}, median {:?}, slowest {slowest:?}",
+        took[0],
+        percentile(&took, 50),
+    );
+    assert_eq!(breaker.inner().sends(), 40, "every send went through");
+    assert!(took[0] >= TIMEOUT, "the first send waited for Redis");
+    assert!(
+        slowest <= TIMEOUT + Duration::from_millis(100),
+        "a send took {slowest:?}"
+    );
+    assert!(
+        percentile(&took, 50) < TIMEOUT / 2,
+        "most sends did not wait for Redis"
+    );
+}
+
+#[tokio::test(flavor = "current_thread")]
+async fn a_store_that_loses_redis_logs_one_warning_not_one_per_send() {
+    let Some(mut server) = RedisServer::start("redis_lost_one_warning") else {
+        return;
+    };
+    let logs = LogCounter::default();
+    let _guard =
+        tracing::subscriber::set_default(tracing_subscriber::registry().with(logs.clone()));
+    let store = store(&server).await;
+    let (breaker, _) = breaker(&Scripted::new("provider"), &store, 3);
+    server.stop();
+
+    // Long enough for Redis to be tried again several times.
+    timed_sends(&breaker, 50, Duration::from_millis(20)).await;
+    assert_eq!(breaker.inner().sends(), 50);
+    assert_eq!(logs.count("store.redis_unreachable"), 1);
+}
+
+#[tokio::test]
+async fn when_redis_restarts_the_breakers_share_state_again() {
+    let Some(mut server) = RedisServer::start("redis_restarted_shared_again") else {
+        return;
+    };
+    let (a, _) = breaker(&Scripted::new("provider"), &store(&server).await, 4);
+    let (b, _) = breaker(&Scripted::new("provider"), &store(&server).await, 4);
+    server.stop();
+    timed_sends(&a, 3, Duration::ZERO).await;
+    timed_sends(&b, 3, Duration::ZERO).await;
+
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(500)).await; // past the retry interval
+    a.inner().set_default(Reply::fail(Category::ServerError));
+    b.inner().set_default(Reply::fail(Category::ServerError));
+    // Redis may need a try or two to reconnect; then failures from both count together.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    while !(is_refused(&a.send(&message()).await) && is_refused(&b.send(&message()).await)) {
+        assert!(
+            Instant::now() < deadline,
+            "the breakers never shared state again"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!((a.state(), b.state()), (State::Open, State::Open));
+}
+
+#[tokio::test]
+async fn a_decision_on_redis_takes_well_under_the_timeout() {
+    let Some(server) = RedisServer::start("redis_decision_latency") else {
+        return;
+    };
+    let store = store(&server).await;
+    let rules = Rules::default();
+    let mut took = Vec::with_capacity(1000);
+    for _ in 0..1000 {
+        let start = Instant::now();
+        let (decision, _) = store.acquire("provider", &rules).await;
+        took.push(start.elapsed());
+        assert!(matches!(decision, Decision::Send(_)));
+    }
+    let (median, p99) = (percentile(&took, 50), percentile(&took, 99));
+    println!("decision on redis: median {median:?}, p99 {p99:?}");
+    assert!(store.is_shared());
+    assert!(p99 < TIMEOUT / 2, "p99 {p99:?}");
+}

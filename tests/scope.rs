@@ -1,0 +1,180 @@
+//! Which breaker a message answers to: one per lower-cased recipient domain, or one per key
+//! of a custom function, with the number of breakers bounded (issue 4, acceptance 4).
+
+mod support;
+
+use std::time::Duration;
+
+use mail_breaker::{
+    Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, State,
+    Transport,
+};
+use support::message_to;
+use support::scripted::{Reply, Scripted};
+
+fn by_domain(inner: &Scripted, threshold: u32) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(threshold)
+        .reset_timeout(Duration::from_secs(30))
+        .scope(Scope::RecipientDomain)
+        .build()
+        .expect("valid settings")
+}
+
+fn failing() -> Scripted {
+    Scripted::answering("p", Reply::fail(Category::Network))
+}
+
+/// A message from `app@example.com` to each of `recipients`.
+fn message_to_all(recipients: &[&str]) -> Message {
+    let mut builder = Message::builder().from("app@example.com".parse().expect("a sender"));
+    for to in recipients {
+        builder = builder.to(to.parse().expect("a recipient"));
+    }
+    builder
+        .body(String::from("hello"))
+        .expect("a valid message")
+}
+
+fn is_refused(result: &Result<Receipt, SendError>) -> bool {
+    matches!(result, Err(error) if error.code() == "breaker.open")
+}
+
+#[tokio::test(start_paused = true)]
+async fn recipient_domains_are_lower_cased_into_one_breaker() {
+    let breaker = by_domain(&failing(), 2);
+    let _ = breaker.send(&message_to("a@Example.ORG")).await;
+    let _ = breaker.send(&message_to("b@EXAMPLE.org")).await;
+    assert_eq!(breaker.state_of("example.org"), State::Open);
+    assert!(is_refused(
+        &breaker.send(&message_to("c@example.org")).await
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_open_breaker_for_one_domain_does_not_hold_mail_for_another() {
+    let inner = failing();
+    let breaker = by_domain(&inner, 1);
+    let _ = breaker.send(&message_to("user@down.example")).await;
+    assert_eq!(breaker.state_of("down.example"), State::Open);
+
+    inner.set_default(Reply::Ok);
+    assert!(breaker.send(&message_to("user@up.example")).await.is_ok());
+    assert_eq!(breaker.state_of("up.example"), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_to_two_domains_is_held_while_either_domain_is_open() {
+    let inner = failing();
+    let breaker = by_domain(&inner, 1);
+    let _ = breaker.send(&message_to("user@down.example")).await;
+    inner.set_default(Reply::Ok);
+
+    let both = message_to_all(&["a@up.example", "b@down.example"]);
+    assert!(is_refused(&breaker.send(&both).await));
+    let reversed = message_to_all(&["b@down.example", "a@up.example"]);
+    assert!(is_refused(&breaker.send(&reversed).await));
+    assert_eq!(inner.sends(), 1, "neither was sent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_result_of_a_message_to_two_domains_counts_for_each_domain() {
+    let breaker = by_domain(&failing(), 2);
+    let both = message_to_all(&["a@one.example", "b@two.example", "c@one.example"]);
+    let _ = breaker.send(&both).await;
+    let _ = breaker.send(&both).await;
+    assert_eq!(breaker.state_of("one.example"), State::Open);
+    assert_eq!(breaker.state_of("two.example"), State::Open);
+    assert_eq!(breaker.tracked_keys(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_held_by_one_domain_gives_back_the_probe_of_the_other() {
+    let inner = failing();
+    let breaker = by_domain(&inner, 1);
+    let _ = breaker.send(&message_to("a@half-open.example")).await;
+    tokio::time::sleep(Duration::from_secs(20)).await;
+    let _ = breaker.send(&message_to("b@open.example")).await;
+    tokio::time::sleep(Duration::from_secs(11)).await; // half-open.example may probe now
+
+    let both = message_to_all(&["a@half-open.example", "b@open.example"]);
+    assert!(
+        is_refused(&breaker.send(&both).await),
+        "held by open.example"
+    );
+    inner.set_default(Reply::Ok);
+    assert!(
+        breaker
+            .send(&message_to("a@half-open.example"))
+            .await
+            .is_ok(),
+        "the probe slot was given back"
+    );
+    assert_eq!(breaker.state_of("half-open.example"), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_custom_scope_keys_breakers_by_its_function() {
+    let inner = failing();
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .scope(Scope::custom(|envelope: &Envelope| {
+            envelope
+                .from()
+                .map(|from| from.domain().to_owned())
+                .unwrap_or_default()
+        }))
+        .build()
+        .expect("valid settings");
+    let _ = breaker.send(&message_to("user@example.org")).await;
+    assert_eq!(
+        breaker.state_of("example.com"),
+        State::Open,
+        "keyed by the sender's domain"
+    );
+    assert_eq!(breaker.state_of("example.org"), State::Closed);
+    assert!(is_refused(
+        &breaker.send(&message_to("other@example.net")).await
+    ));
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_state_of_a_key_never_seen_is_closed() {
+    let breaker = by_domain(&failing(), 1);
+    assert_eq!(breaker.state_of("never.example"), State::Closed);
+    assert_eq!(breaker.tracked_keys(), 0);
+}
+
+/// A provider that delivers everything and keeps nothing, for sends by the million.
+#[derive(Debug)]
+struct Delivers;
+
+#[async_trait::async_trait]
+impl Transport for Delivers {
+    fn name(&self) -> &str {
+        "delivers"
+    }
+
+    async fn send_raw(&self, _: &Envelope, _: &[u8]) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("delivers"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_million_recipient_domains_keep_at_most_max_keys_breakers() {
+    let breaker = CircuitBreakerTransport::builder(Delivers)
+        .scope(Scope::RecipientDomain)
+        .max_keys(10_000)
+        .build()
+        .expect("valid settings");
+    let from: lettre::Address = "app@example.com".parse().expect("a sender");
+    for i in 0..1_000_000u32 {
+        let to = lettre::Address::new("user", format!("d{i}.example")).expect("a recipient");
+        let envelope = Envelope::new(Some(from.clone()), vec![to]).expect("an envelope");
+        assert!(breaker.send_raw(&envelope, b"hello").await.is_ok());
+        if i % 100_000 == 0 {
+            assert!(breaker.tracked_keys() <= 10_000);
+        }
+    }
+    assert_eq!(breaker.tracked_keys(), 10_000);
+}

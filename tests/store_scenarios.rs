@@ -1,0 +1,239 @@
+//! The rules of the breaker (DESIGN §3) as one table of scenarios, run against every store:
+//! `MemoryStore` on tokio's clock and, with the `redis` feature, `RedisStore` on a real
+//! redis-server's clock. Both run in real time with short durations (a 400 ms reset timeout)
+//! and waits that leave 100 ms of slack on either side of each deadline.
+
+mod support;
+
+use std::time::Duration;
+
+use mail_breaker::breaker::{Counting, Decision, Outcome, Permit, Rules};
+use mail_breaker::{BreakerStore, ErrorRate, MemoryStore, State};
+
+use State::{Closed, HalfOpen, Open};
+
+const RESET: Duration = Duration::from_millis(400);
+const KEY: &str = "provider.example";
+
+/// One step of a scenario; permits are numbered in the order they were given.
+#[derive(Debug, Clone, Copy)]
+enum Step {
+    /// A send that goes through while closed.
+    Send,
+    /// A send that goes through as the probe.
+    Probe,
+    /// A send that is refused, with a retry_after of at most the reset timeout.
+    Refused,
+    /// The result of the send made with permit `n`.
+    Result(usize, Outcome),
+    /// The send made with permit `n` is abandoned.
+    Release(usize),
+    /// Time passes.
+    Wait(u64),
+    /// The store's state for the key is now this.
+    Is(State),
+}
+
+use Step::*;
+const FAIL: Outcome = Outcome::Failure;
+const OK: Outcome = Outcome::Success;
+
+struct Scenario {
+    rules: Rules,
+    steps: &'static [Step],
+    /// Every change of state the store reports, in order.
+    transitions: &'static [(State, State)],
+}
+
+fn consecutive(threshold: u32, half_open_successes: u32) -> Rules {
+    Rules {
+        counting: Counting::Consecutive { threshold },
+        reset_timeout: RESET,
+        probe_timeout: RESET,
+        half_open_successes,
+    }
+}
+
+fn error_rate(percent: u8, minimum: u32, window_ms: u64, buckets: u32) -> Rules {
+    Rules {
+        counting: Counting::ErrorRate(ErrorRate {
+            threshold_percent: percent,
+            minimum_requests: minimum,
+            window: Duration::from_millis(window_ms),
+            buckets,
+        }),
+        ..consecutive(1, 1)
+    }
+}
+
+async fn run(store: &dyn BreakerStore, scenario: Scenario) {
+    let rules = &scenario.rules;
+    let mut permits: Vec<Permit> = Vec::new();
+    let mut transitions = Vec::new();
+    for (at, step) in scenario.steps.iter().enumerate() {
+        let context = format!("step {at} ({step:?})");
+        match *step {
+            Send | Probe | Refused => {
+                let (decision, changes) = store.acquire(KEY, rules).await;
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+                match (step, decision) {
+                    (Send, Decision::Send(permit)) if !permit.is_probe() => permits.push(permit),
+                    (Probe, Decision::Send(permit)) if permit.is_probe() => permits.push(permit),
+                    (Refused, Decision::Refuse { retry_after }) => assert!(
+                        retry_after <= RESET,
+                        "{context}: retry_after {retry_after:?} is longer than the reset timeout"
+                    ),
+                    (_, decision) => panic!("{context}: the store decided {decision:?}"),
+                }
+            }
+            Result(n, outcome) => {
+                let changes = store.record(KEY, rules, permits[n], outcome).await;
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+            }
+            Release(n) => {
+                store.release(KEY, permits[n]);
+                // A remote store releases in the background.
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Is(expected) => {
+                let (state, changes) = store.state(KEY, rules);
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+                assert_eq!(state, expected, "{context}");
+            }
+        }
+    }
+    assert_eq!(transitions, scenario.transitions, "the changes of state");
+}
+
+async fn run_on_memory(scenario: Scenario) {
+    run(&MemoryStore::new(), scenario).await;
+}
+
+#[cfg(feature = "redis")]
+async fn run_on_redis(test: &str, scenario: Scenario) {
+    let Some(server) = support::redis::RedisServer::start(test) else {
+        return;
+    };
+    let store = mail_breaker::RedisStore::connect(&server.url())
+        .await
+        .expect("a valid URL")
+        .with_namespace(test);
+    assert!(
+        store.is_shared(),
+        "the store reaches the test's redis-server"
+    );
+    run(&store, scenario).await;
+    assert!(store.is_shared(), "every decision came from Redis");
+}
+
+/// Each scenario becomes a module with one test per store.
+macro_rules! scenarios {
+    ($($name:ident: $scenario:expr;)*) => {$(
+        mod $name {
+            use super::*;
+
+            #[tokio::test]
+            async fn on_the_memory_store() {
+                run_on_memory($scenario).await;
+            }
+
+            #[cfg(feature = "redis")]
+            #[tokio::test]
+            async fn on_the_redis_store() {
+                run_on_redis(stringify!($name), $scenario).await;
+            }
+        }
+    )*};
+}
+
+scenarios! {
+    consecutive_failures_open_the_breaker: Scenario {
+        rules: consecutive(3, 1),
+        steps: &[Send, Result(0, FAIL), Send, Result(1, FAIL), Is(Closed),
+                 Send, Result(2, FAIL), Is(Open), Refused],
+        transitions: &[(Closed, Open)],
+    };
+    a_success_starts_the_count_of_failures_again: Scenario {
+        rules: consecutive(3, 1),
+        steps: &[Send, Result(0, FAIL), Send, Result(1, FAIL), Send, Result(2, OK),
+                 Send, Result(3, FAIL), Send, Result(4, FAIL), Is(Closed), Send],
+        transitions: &[],
+    };
+    an_open_breaker_refuses_until_the_reset_timeout_has_passed: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Refused, Wait(200), Refused, Is(Open)],
+        transitions: &[(Closed, Open)],
+    };
+    after_the_reset_timeout_one_send_goes_through_as_the_probe: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Refused, Refused, Is(HalfOpen)],
+        transitions: &[(Closed, Open), (Open, HalfOpen)],
+    };
+    a_successful_probe_closes_the_breaker: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Result(1, OK), Is(Closed), Send],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
+    };
+    a_failed_probe_opens_the_breaker_for_another_reset_timeout: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Result(1, FAIL), Is(Open),
+                 Refused, Wait(500), Probe],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open), (Open, HalfOpen)],
+    };
+    half_open_successes_probes_in_a_row_close_the_breaker: Scenario {
+        rules: consecutive(1, 2),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Result(1, OK), Is(HalfOpen),
+                 Probe, Refused, Result(2, OK), Is(Closed)],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
+    };
+    a_probe_that_times_out_reopens_the_breaker_and_its_late_result_is_ignored: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Wait(500), Refused,
+                 Result(1, OK), Is(Open), Wait(500), Probe],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open), (Open, HalfOpen)],
+    };
+    an_abandoned_probe_frees_the_slot_for_the_next_send: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Release(1), Probe, Refused],
+        transitions: &[(Closed, Open), (Open, HalfOpen)],
+    };
+    a_late_result_from_an_earlier_period_changes_nothing: Scenario {
+        rules: consecutive(2, 1),
+        steps: &[Send, Send, Result(1, FAIL), Send, Result(2, FAIL), Is(Open),
+                 // permit 0 was given before the breaker opened: its success does not close it
+                 Result(0, OK), Is(Open), Wait(500), Probe, Result(3, OK), Is(Closed),
+                 // nor does its failure count in the new closed period
+                 Send, Result(0, FAIL), Result(4, FAIL), Is(Closed)],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
+    };
+    an_abandoned_send_that_is_not_a_probe_changes_nothing: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Release(0), Is(Closed), Send, Result(1, FAIL), Is(Open)],
+        transitions: &[(Closed, Open)],
+    };
+    the_error_rate_opens_the_breaker_at_its_threshold_once_enough_results_are_in: Scenario {
+        rules: error_rate(50, 4, 2_000, 4),
+        steps: &[Send, Result(0, FAIL), Send, Result(1, FAIL), Send, Result(2, FAIL),
+                 Is(Closed), Send, Result(3, OK), Is(Open)],
+        transitions: &[(Closed, Open)],
+    };
+    the_error_rate_stays_closed_below_its_threshold: Scenario {
+        rules: error_rate(50, 4, 2_000, 4),
+        steps: &[Send, Result(0, OK), Send, Result(1, OK), Send, Result(2, OK),
+                 Send, Result(3, FAIL), Send, Result(4, FAIL), Is(Closed)],
+        transitions: &[],
+    };
+    the_error_rate_forgets_results_that_left_its_window: Scenario {
+        rules: error_rate(50, 2, 400, 4),
+        steps: &[Send, Result(0, FAIL), Wait(600), Send, Result(1, FAIL), Is(Closed),
+                 Send, Result(2, FAIL), Is(Open)],
+        transitions: &[(Closed, Open)],
+    };
+    the_error_rate_forgets_failures_after_the_breaker_closes: Scenario {
+        rules: error_rate(50, 2, 5_000, 5),
+        steps: &[Send, Result(0, FAIL), Send, Result(1, FAIL), Is(Open), Wait(500), Probe,
+                 Result(2, OK), Send, Result(3, FAIL), Is(Closed)],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
+    };
+}
