@@ -154,6 +154,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
             Some(store) => store,
             None => Arc::new(MemoryStore::with_max_keys(self.max_keys)),
         };
+        let transport_name = Arc::from(self.inner.name());
         Ok(CircuitBreakerTransport {
             inner: self.inner,
             gate: Gate {
@@ -167,6 +168,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 store,
                 is_failure: self.is_failure,
                 listener: self.listener,
+                transport_name,
             },
         })
     }

@@ -20,6 +20,7 @@ pub use policy::{Counting, ErrorRate};
 pub use scope::Scope;
 
 use gate::Gate;
+use scope::Keys;
 
 /// A [`Transport`] that stops sending to a provider that keeps failing.
 ///
@@ -132,7 +133,15 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     where
         F: Future<Output = Result<Receipt, SendError>>,
     {
-        let ticket = self.gate.admit(self.inner.name(), envelope).await?;
+        let transport = self.inner.name();
+        let keys = match self.gate.scope.keys(transport, envelope) {
+            Keys::One(key) => return self.gate.guard_one(transport, &key, send).await,
+            many => many,
+        };
+        let ticket = match self.gate.admit_keys(transport, keys).await {
+            Ok(ticket) => ticket,
+            Err(held) => return Err(self.gate.refusal(transport, held)),
+        };
         let result = send().await;
         ticket.finish(self.gate.outcome(&result)).await;
         result
