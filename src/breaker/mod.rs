@@ -134,10 +134,24 @@ impl<T: Transport> CircuitBreakerTransport<T> {
         F: Future<Output = Result<Receipt, SendError>>,
     {
         let transport = self.inner.name();
-        let keys = match self.gate.scope.keys(transport, envelope) {
-            Keys::One(key) => return self.gate.guard_one(transport, &key, send).await,
-            many => many,
-        };
+        match self.gate.scope.keys(transport, envelope) {
+            Keys::One(key) => self.gate.guard_one(transport, &key, send).await,
+            // Boxed, so that the future of every send is only as large as the one-key case
+            // needs: a message to several domains already allocates its keys.
+            many => Box::pin(self.guard_many(transport, many, send)).await,
+        }
+    }
+
+    /// Sends through `send` under several breakers (one per recipient domain).
+    async fn guard_many<'a, F>(
+        &'a self,
+        transport: &'a str,
+        keys: Keys<'a>,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
         let ticket = match self.gate.admit_keys(transport, keys).await {
             Ok(ticket) => ticket,
             Err(held) => return Err(self.gate.refusal(transport, held)),
