@@ -8,7 +8,7 @@ use std::time::Duration;
 use super::events::{Listener, announce};
 use super::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use super::scope::{Keys, Scope};
-use crate::store::BreakerStore;
+use crate::store::{BreakerStore, MemoryStore};
 use crate::{Category, Envelope, Receipt, SendError};
 
 /// What decides a result is the provider failing.
@@ -19,6 +19,9 @@ pub(crate) struct Gate {
     pub(crate) rules: Rules,
     pub(crate) scope: Scope,
     pub(crate) store: Arc<dyn BreakerStore>,
+    /// The same store when it is the breaker's own [`MemoryStore`]: the one-key send then
+    /// calls it directly, without a trait object's call and future.
+    pub(crate) memory: Option<Arc<MemoryStore>>,
     pub(crate) is_failure: FailurePredicate,
     pub(crate) listener: Option<Listener>,
     /// The guarded transport's name when the breaker was built, shared by every refusal so
@@ -63,7 +66,10 @@ impl Gate {
     where
         F: Future<Output = Result<Receipt, SendError>>,
     {
-        let (decision, transitions) = self.store.acquire(key, &self.rules).await;
+        let (decision, transitions) = match &self.memory {
+            Some(memory) => memory.acquire_now(key, &self.rules),
+            None => self.store.acquire(key, &self.rules).await,
+        };
         self.announce(transport, key, transitions);
         let permit = match decision {
             Decision::Send(permit) => permit,
@@ -79,7 +85,10 @@ impl Gate {
         let result = send().await;
         if let Some(permit) = unspent.permit.take() {
             let outcome = self.outcome(&result);
-            let transitions = self.store.record(key, &self.rules, permit, outcome).await;
+            let transitions = match &self.memory {
+                Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
+                None => self.store.record(key, &self.rules, permit, outcome).await,
+            };
             self.announce(transport, key, transitions);
         }
         result

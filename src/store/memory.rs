@@ -103,6 +103,35 @@ impl MemoryStore {
     fn lock(&self) -> MutexGuard<'_, BoundedMap<Machine>> {
         lock(&self.machines)
     }
+
+    /// [`BreakerStore::acquire`], answered at once: a breaker that owns its store calls
+    /// this directly, without the trait object and its future.
+    #[inline]
+    pub(crate) fn acquire_now(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        match self.first(key, rules, true) {
+            Some(first) => first.acquire(rules),
+            None => self.with_machine(key, rules, |machine| acquire(machine, rules)),
+        }
+    }
+
+    /// [`BreakerStore::record`], answered at once (see [`acquire_now`](Self::acquire_now)).
+    #[inline]
+    pub(crate) fn record_now(
+        &self,
+        key: &str,
+        rules: &Rules,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> Transitions {
+        if let Some(first) = self.first(key, rules, true) {
+            return first.record(rules, permit, outcome);
+        }
+        // Read before the lock, so that the lock is held for as short a time as can be.
+        let now = Instant::now();
+        self.with_machine(key, rules, |machine| {
+            machine.record(rules, now, permit, outcome)
+        })
+    }
 }
 
 fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
@@ -215,10 +244,7 @@ impl BreakerStore for MemoryStore {
         key: &'a str,
         rules: &'a Rules,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
-        StoreFuture::ready(match self.first(key, rules, true) {
-            Some(first) => first.acquire(rules),
-            None => self.with_machine(key, rules, |machine| acquire(machine, rules)),
-        })
+        StoreFuture::ready(self.acquire_now(key, rules))
     }
 
     fn record<'a>(
@@ -228,14 +254,7 @@ impl BreakerStore for MemoryStore {
         permit: Permit,
         outcome: Outcome,
     ) -> StoreFuture<'a, Transitions> {
-        if let Some(first) = self.first(key, rules, true) {
-            return StoreFuture::ready(first.record(rules, permit, outcome));
-        }
-        // Read before the lock, so that the lock is held for as short a time as can be.
-        let now = Instant::now();
-        StoreFuture::ready(self.with_machine(key, rules, |machine| {
-            machine.record(rules, now, permit, outcome)
-        }))
+        StoreFuture::ready(self.record_now(key, rules, permit, outcome))
     }
 
     fn release(&self, key: &str, permit: Permit) {
