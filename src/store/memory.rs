@@ -49,13 +49,47 @@ pub struct MemoryStore {
 }
 
 /// The first key's breaker, with a word that says when sending through it changes nothing.
+///
+/// Aligned to whole cache lines, with short keys kept inline: every send reads the word and
+/// the key, and a key on the heap shares its cache line with the small allocations that
+/// other threads make and free on every send, which made two threads wait on each other.
 #[derive(Debug)]
+#[repr(align(128))]
 struct FirstKey {
-    key: Box<str>,
+    key: InlineKey,
     /// `period + 1` while the breaker is closed in `period` with no failure counted in a
     /// row; 0 otherwise. Written only under `machine`'s lock, after each change.
     clean: AtomicU64,
     machine: Mutex<Machine>,
+}
+
+/// A key kept in place when it is short (a transport's name, a domain), else on the heap.
+#[derive(Debug)]
+enum InlineKey {
+    Short { len: u8, bytes: [u8; INLINE_KEY] },
+    Long(Box<str>),
+}
+
+const INLINE_KEY: usize = 96;
+
+impl InlineKey {
+    fn new(key: &str) -> Self {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                InlineKey::Short { len, bytes }
+            }
+            _ => InlineKey::Long(key.into()),
+        }
+    }
+
+    fn is(&self, key: &str) -> bool {
+        match self {
+            InlineKey::Short { len, bytes } => bytes[..usize::from(*len)] == *key.as_bytes(),
+            InlineKey::Long(long) => **long == *key,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -87,7 +121,7 @@ impl MemoryStore {
         } else {
             self.first.get()?
         };
-        (*first.key == *key).then_some(first)
+        first.key.is(key).then_some(first)
     }
 
     /// Runs `f` on the machine of `key`, made if missing, and marks the key used.
@@ -172,7 +206,7 @@ impl FirstKey {
             0
         };
         FirstKey {
-            key: key.into(),
+            key: InlineKey::new(key),
             clean: AtomicU64::new(clean),
             machine: Mutex::new(machine),
         }
@@ -261,7 +295,7 @@ impl BreakerStore for MemoryStore {
         if !permit.is_probe() {
             return; // only a probe holds anything to give back
         }
-        match self.first.get().filter(|first| *first.key == *key) {
+        match self.first.get().filter(|first| first.key.is(key)) {
             Some(first) => lock(&first.machine).release(permit),
             None => {
                 self.lock().peek_mut(key, |machine| machine.release(permit));
@@ -386,6 +420,19 @@ mod tests {
         for seed in 0..5 {
             store_decides_as_machines_do(rules, seed).await;
         }
+    }
+
+    #[test]
+    fn a_first_key_too_long_to_keep_in_place_is_still_found() {
+        let rules = Rules::default();
+        let long = "x".repeat(INLINE_KEY + 1);
+        let store = MemoryStore::new();
+        for key in [long.as_str(), "short"] {
+            futures::executor::block_on(store.acquire(key, &rules));
+        }
+        assert!(store.first(&long, &rules, false).is_some());
+        assert!(store.first(&long[1..], &rules, false).is_none());
+        assert_eq!(store.tracked_keys(), 2);
     }
 
     #[test]
