@@ -186,17 +186,31 @@ type Source = Arc<dyn std::error::Error + Send + Sync + 'static>;
 /// assert_eq!(err.code(), "smtp.421");
 /// assert!(!err.to_string().contains("bob@"));
 /// ```
-#[derive(Debug, Clone, thiserror::Error)]
+#[derive(Debug, Clone)]
 pub struct SendError {
     category: Category,
     code: Cow<'static, str>,
     message: Cow<'static, str>,
     retry_after: Option<Duration>,
-    #[source]
-    source: Option<Source>,
-    transport: Option<String>,
+    /// Shared, so that a breaker's refusals and a batch failure's clones copy no string.
+    transport: Option<Arc<str>>,
     batch_failure: bool,
+    /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
+    details: Option<Box<Details>>,
+}
+
+/// The rarely set parts of a [`SendError`].
+#[derive(Debug, Clone, Default)]
+struct Details {
+    source: Option<Source>,
     causes: Vec<SendError>,
+}
+
+impl std::error::Error for SendError {
+    fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+        let source = self.details.as_ref()?.source.as_ref()?;
+        Some(&**source as &(dyn std::error::Error + 'static))
+    }
 }
 
 impl SendError {
@@ -221,10 +235,9 @@ impl SendError {
             code,
             message,
             retry_after: None,
-            source: None,
             transport: None,
             batch_failure: false,
-            causes: Vec::new(),
+            details: None,
         }
     }
 
@@ -236,13 +249,19 @@ impl SendError {
 
     /// Keeps the lower-level error that caused this one (see [`std::error::Error::source`]).
     pub fn with_source(mut self, source: impl std::error::Error + Send + Sync + 'static) -> Self {
-        self.source = Some(Arc::new(source));
+        self.details.get_or_insert_default().source = Some(Arc::new(source));
         self
     }
 
     /// Names the transport the error came from.
     pub fn with_transport(mut self, name: impl Into<String>) -> Self {
-        self.transport = Some(name.into());
+        self.transport = Some(Arc::from(name.into()));
+        self
+    }
+
+    /// Names the transport the error came from with a name already shared; allocates nothing.
+    pub(crate) fn with_shared_transport(mut self, name: Arc<str>) -> Self {
+        self.transport = Some(name);
         self
     }
 
@@ -262,7 +281,7 @@ impl SendError {
     /// assert_eq!(all.causes()[0].code(), "smtp.timeout");
     /// ```
     pub fn with_causes(mut self, causes: Vec<SendError>) -> Self {
-        self.causes = causes;
+        self.details.get_or_insert_default().causes = causes;
         self
     }
 
@@ -304,7 +323,9 @@ impl SendError {
 
     /// The errors this one sums up (each pool member's, for `pool.exhausted`).
     pub fn causes(&self) -> &[SendError] {
-        &self.causes
+        self.details
+            .as_ref()
+            .map_or(&[], |details| details.causes.as_slice())
     }
 }
 
@@ -383,6 +404,24 @@ mod tests {
     fn text_without_addresses_is_kept() {
         assert_eq!(mask_addresses("421 try later".into()), "421 try later");
         assert_eq!(mask_addresses("@ alone".into()), "@ alone");
+    }
+
+    #[test]
+    fn a_result_with_a_send_error_stays_small() {
+        // clippy's result_large_err starts at 128 bytes; the hot path moves results around.
+        assert!(std::mem::size_of::<SendError>() < 128);
+    }
+
+    #[test]
+    fn source_and_causes_are_kept() {
+        let cause = SendError::new(Category::Timeout, "smtp.timeout", "no answer");
+        let err = SendError::new(Category::Network, "smtp.network", "reset")
+            .with_source(std::io::Error::other("connection reset"))
+            .with_causes(vec![cause]);
+        let source = std::error::Error::source(&err).map(ToString::to_string);
+        assert_eq!(source.as_deref(), Some("connection reset"));
+        assert_eq!(err.causes()[0].code(), "smtp.timeout");
+        assert!(std::error::Error::source(&err.causes()[0]).is_none());
     }
 
     #[test]

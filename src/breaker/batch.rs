@@ -119,7 +119,7 @@ impl<'a, T: Transport> Output<'a, T> {
                 None => next_from_source(&self.feed).await?,
             };
             match self.gate.admit(self.inner.name(), message.envelope()).await {
-                Err(refusal) => return Some(Err(refusal)),
+                Err(held) => return Some(Err(self.gate.refusal(self.inner.name(), held))),
                 Ok(ticket) => {
                     {
                         let mut feed = lock(&self.feed);

@@ -150,10 +150,14 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 threshold: self.failure_threshold,
             },
         };
-        let store = match self.store {
-            Some(store) => store,
-            None => Arc::new(MemoryStore::with_max_keys(self.max_keys)),
+        let (store, memory): (Arc<dyn BreakerStore>, _) = match self.store {
+            Some(store) => (store, None),
+            None => {
+                let memory = Arc::new(MemoryStore::with_max_keys(self.max_keys));
+                (memory.clone(), Some(memory))
+            }
         };
+        let transport_name = Arc::from(self.inner.name());
         Ok(CircuitBreakerTransport {
             inner: self.inner,
             gate: Gate {
@@ -165,8 +169,10 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 },
                 scope: self.scope,
                 store,
+                memory,
                 is_failure: self.is_failure,
                 listener: self.listener,
+                transport_name,
             },
         })
     }

@@ -3,11 +3,12 @@
 
 use std::borrow::Cow;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::events::{Listener, announce};
-use super::machine::{Decision, Outcome, Permit, Rules};
+use super::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use super::scope::{Keys, Scope};
-use crate::store::BreakerStore;
+use crate::store::{BreakerStore, MemoryStore};
 use crate::{Category, Envelope, Receipt, SendError};
 
 /// What decides a result is the provider failing.
@@ -18,8 +19,14 @@ pub(crate) struct Gate {
     pub(crate) rules: Rules,
     pub(crate) scope: Scope,
     pub(crate) store: Arc<dyn BreakerStore>,
+    /// The same store when it is the breaker's own [`MemoryStore`]: the one-key send then
+    /// calls it directly, without a trait object's call and future.
+    pub(crate) memory: Option<Arc<MemoryStore>>,
     pub(crate) is_failure: FailurePredicate,
     pub(crate) listener: Option<Listener>,
+    /// The guarded transport's name when the breaker was built, shared by every refusal so
+    /// that refusing allocates nothing.
+    pub(crate) transport_name: Arc<str>,
 }
 
 /// Leave to send one message: the permits of each of its breakers. Dropped unused, it
@@ -35,14 +42,78 @@ enum Permits<'a> {
     Many(Vec<(String, Option<Permit>)>),
 }
 
+/// A breaker held a send back; `retry_after` is the time until it may let one through.
+///
+/// The gate answers with this small value rather than a whole [`SendError`], which the
+/// caller makes with [`Gate::refusal`] only when it needs one: every `?` and `.await` on the
+/// way out then moves a few bytes instead of an error.
+#[derive(Debug, Clone, Copy)]
+pub(crate) struct HeldBack {
+    pub(crate) retry_after: Duration,
+}
+
 impl Gate {
+    /// Sends through `send` under the one breaker of `key`, and counts the result: the
+    /// common case, kept in one future (each nested future of [`admit`](Self::admit) and
+    /// [`Ticket::finish`] would copy the send's result on its way out). Dropped while
+    /// sending, it gives the permit back.
+    pub(crate) async fn guard_one<F>(
+        &self,
+        transport: &str,
+        key: &str,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
+        let (decision, transitions) = match &self.memory {
+            Some(memory) => memory.acquire_now(key, &self.rules),
+            None => self.store.acquire(key, &self.rules).await,
+        };
+        self.announce(transport, key, transitions);
+        let permit = match decision {
+            Decision::Send(permit) => permit,
+            Decision::Refuse { retry_after } => {
+                return Err(self.refusal(transport, self.held_back(transport, key, retry_after)));
+            }
+        };
+        let mut unspent = Unspent {
+            gate: self,
+            key,
+            permit: Some(permit),
+        };
+        let result = send().await;
+        // Spent only once recorded: dropped while a remote store records, `unspent` gives
+        // the permit back, so a probe's slot is not held until its deadline.
+        if let Some(permit) = unspent.permit {
+            let outcome = self.outcome(&result);
+            let transitions = match &self.memory {
+                Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
+                None => self.store.record(key, &self.rules, permit, outcome).await,
+            };
+            unspent.permit = None;
+            self.announce(transport, key, transitions);
+        }
+        result
+    }
+
     /// Asks each breaker of `envelope` for leave; the first refusal answers for all.
     pub(crate) async fn admit<'a>(
         &'a self,
         transport: &'a str,
         envelope: &Envelope,
-    ) -> Result<Ticket<'a>, SendError> {
-        match self.scope.keys(transport, envelope) {
+    ) -> Result<Ticket<'a>, HeldBack> {
+        self.admit_keys(transport, self.scope.keys(transport, envelope))
+            .await
+    }
+
+    /// Asks the breaker of each of `keys` for leave; the first refusal answers for all.
+    pub(crate) async fn admit_keys<'a>(
+        &'a self,
+        transport: &'a str,
+        keys: Keys<'a>,
+    ) -> Result<Ticket<'a>, HeldBack> {
+        match keys {
             Keys::One(key) => {
                 let permit = self.acquire(transport, &key).await?;
                 Ok(Ticket {
@@ -69,21 +140,53 @@ impl Gate {
         }
     }
 
-    async fn acquire(&self, transport: &str, key: &str) -> Result<Permit, SendError> {
+    async fn acquire(&self, transport: &str, key: &str) -> Result<Permit, HeldBack> {
         let (decision, transitions) = self.store.acquire(key, &self.rules).await;
-        announce(self.listener.as_ref(), transport, key, transitions);
+        self.announce(transport, key, transitions);
         match decision {
             Decision::Send(permit) => Ok(permit),
-            Decision::Refuse { retry_after } => {
-                tracing::debug!(
-                    transport,
-                    key,
-                    retry_after_ms = retry_after.as_millis() as u64,
-                    "breaker.refused"
-                );
-                Err(refusal(transport, retry_after))
-            }
+            Decision::Refuse { retry_after } => Err(self.held_back(transport, key, retry_after)),
         }
+    }
+
+    /// Logs a refusal.
+    fn held_back(&self, transport: &str, key: &str, retry_after: Duration) -> HeldBack {
+        tracing::debug!(
+            transport,
+            key,
+            retry_after_ms = retry_after.as_millis() as u64,
+            "breaker.refused"
+        );
+        HeldBack { retry_after }
+    }
+
+    /// Tells the listener and the logs of `transitions`, if there are any.
+    fn announce(&self, transport: &str, key: &str, transitions: Transitions) {
+        if !transitions.is_empty() {
+            announce(self.listener.as_ref(), transport, key, transitions);
+        }
+    }
+
+    /// The answer to a send the breaker held back.
+    pub(crate) fn refusal(&self, transport: &str, held: HeldBack) -> SendError {
+        let error = SendError::fixed(
+            Category::ServiceUnavailable,
+            "breaker.open",
+            "the circuit breaker is open: the provider failed recently, nothing was sent",
+        )
+        .with_retry_after(held.retry_after);
+        if *self.transport_name == *transport {
+            error.with_shared_transport(Arc::clone(&self.transport_name))
+        } else {
+            // The transport was renamed through `inner_mut` since the breaker was built.
+            error.with_transport(transport)
+        }
+    }
+
+    /// Counts one result in the breaker of `key`.
+    async fn report(&self, transport: &str, key: &str, permit: Permit, outcome: Outcome) {
+        let transitions = self.store.record(key, &self.rules, permit, outcome).await;
+        self.announce(transport, key, transitions);
     }
 
     /// How the breaker counts `result`.
@@ -105,9 +208,8 @@ impl Ticket<'_> {
         let (gate, transport) = (self.gate, self.transport);
         for (key, permit) in self.unspent() {
             if let Some(granted) = *permit {
-                let transitions = gate.store.record(key, &gate.rules, granted, outcome).await;
+                gate.report(transport, key, granted, outcome).await;
                 *permit = None;
-                announce(gate.listener.as_ref(), transport, key, transitions);
             }
         }
     }
@@ -129,6 +231,21 @@ impl Ticket<'_> {
     }
 }
 
+/// The permit of a send under one breaker, given back if the send is dropped unanswered.
+struct Unspent<'a> {
+    gate: &'a Gate,
+    key: &'a str,
+    permit: Option<Permit>,
+}
+
+impl Drop for Unspent<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            self.gate.store.release(self.key, permit);
+        }
+    }
+}
+
 impl Drop for Ticket<'_> {
     fn drop(&mut self) {
         let gate = self.gate;
@@ -138,15 +255,4 @@ impl Drop for Ticket<'_> {
             }
         }
     }
-}
-
-/// The answer to a send the breaker holds back.
-fn refusal(transport: &str, retry_after: std::time::Duration) -> SendError {
-    SendError::fixed(
-        Category::ServiceUnavailable,
-        "breaker.open",
-        "the circuit breaker is open: the provider failed recently, nothing was sent",
-    )
-    .with_retry_after(retry_after)
-    .with_transport(transport)
 }

@@ -20,6 +20,7 @@ pub use policy::{Counting, ErrorRate};
 pub use scope::Scope;
 
 use gate::Gate;
+use scope::Keys;
 
 /// A [`Transport`] that stops sending to a provider that keeps failing.
 ///
@@ -132,7 +133,29 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     where
         F: Future<Output = Result<Receipt, SendError>>,
     {
-        let ticket = self.gate.admit(self.inner.name(), envelope).await?;
+        let transport = self.inner.name();
+        match self.gate.scope.keys(transport, envelope) {
+            Keys::One(key) => self.gate.guard_one(transport, &key, send).await,
+            // Boxed, so that the future of every send is only as large as the one-key case
+            // needs: a message to several domains already allocates its keys.
+            many => Box::pin(self.guard_many(transport, many, send)).await,
+        }
+    }
+
+    /// Sends through `send` under several breakers (one per recipient domain).
+    async fn guard_many<'a, F>(
+        &'a self,
+        transport: &'a str,
+        keys: Keys<'a>,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
+        let ticket = match self.gate.admit_keys(transport, keys).await {
+            Ok(ticket) => ticket,
+            Err(held) => return Err(self.gate.refusal(transport, held)),
+        };
         let result = send().await;
         ticket.finish(self.gate.outcome(&result)).await;
         result

@@ -48,27 +48,42 @@ impl<V> BoundedMap<V> {
         is_cheap: impl Fn(&V) -> bool,
         f: impl FnOnce(&mut V) -> R,
     ) -> R {
-        let at = match self.index.get(key) {
-            Some(&at) => {
-                self.unlink(at);
-                at
-            }
+        let at = match self.find(key) {
+            Some(at) => at,
             None => self.insert(key, make()),
         };
         let result = f(&mut self.slab[at].value);
         let cheap = is_cheap(&self.slab[at].value);
-        self.slab[at].cheap = cheap;
-        self.link_newest(at);
+        let entry = &self.slab[at];
+        // A key used again and again (one breaker per transport) is already the newest of its
+        // list: leave the links alone.
+        if entry.cheap != cheap || self.newest[usize::from(!cheap)] != at {
+            self.unlink(at);
+            self.slab[at].cheap = cheap;
+            self.link_newest(at);
+        }
         result
     }
 
     /// Runs `f` on the entry for `key` if there is one, without changing its recency.
     pub(crate) fn peek_mut<R>(&mut self, key: &str, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-        let at = *self.index.get(key)?;
+        let at = self.find(key)?;
         Some(f(&mut self.slab[at].value))
     }
 
-    /// Puts a new entry in a free place, forgetting the oldest entry when full. Leaves it unlinked.
+    /// Where `key` is. The newest entry of each list is compared first, which spares hashing
+    /// the key when one key takes most of the traffic.
+    fn find(&self, key: &str) -> Option<usize> {
+        for newest in self.newest {
+            if newest != NIL && *self.slab[newest].key == *key {
+                return Some(newest);
+            }
+        }
+        self.index.get(key).copied()
+    }
+
+    /// Puts a new entry in a free place, forgetting the oldest entry when full, and links it
+    /// as the newest of the cheap list.
     fn insert(&mut self, key: &str, value: V) -> usize {
         let entry = Entry {
             key: key.into(),
@@ -77,22 +92,25 @@ impl<V> BoundedMap<V> {
             newer: NIL,
             older: NIL,
         };
-        if self.index.len() < self.capacity {
+        let at = if self.index.len() < self.capacity {
             self.slab.push(entry);
             let at = self.slab.len() - 1;
             self.index.insert(key.into(), at);
-            return at;
-        }
-        let victim = if self.oldest[0] != NIL {
-            self.oldest[0]
+            at
         } else {
-            self.oldest[1]
+            let victim = if self.oldest[0] != NIL {
+                self.oldest[0]
+            } else {
+                self.oldest[1]
+            };
+            self.unlink(victim);
+            self.index.remove(&self.slab[victim].key);
+            self.slab[victim] = entry;
+            self.index.insert(key.into(), victim);
+            victim
         };
-        self.unlink(victim);
-        self.index.remove(&self.slab[victim].key);
-        self.slab[victim] = entry;
-        self.index.insert(key.into(), victim);
-        victim
+        self.link_newest(at);
+        at
     }
 
     fn unlink(&mut self, at: usize) {

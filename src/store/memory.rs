@@ -1,13 +1,14 @@
 //! [`MemoryStore`]: breaker state in this process.
 
-use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 
 use tokio::time::Instant;
 
 use super::lru::BoundedMap;
 use super::{BreakerStore, StoreFuture};
 use crate::State;
-use crate::breaker::{Decision, Machine, Outcome, Permit, Rules, Transitions};
+use crate::breaker::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
 
 /// The default number of keys a [`MemoryStore`] tracks.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -18,6 +19,14 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// recently used closed breakers first, so memory stays bounded however many recipient
 /// domains pass through. Each decision takes a lock for a few instructions and never
 /// across an `.await`.
+///
+/// # The first key
+/// The first key a store decides on (under [`Scope::Transport`](crate::Scope::Transport),
+/// the only one) is kept apart from the others and never forgotten; it counts towards
+/// `max_keys` when that is 2 or more. While its breaker is closed with no failure counted
+/// (under [`failure_threshold`](crate::breaker::CircuitBreakerBuilder::failure_threshold)
+/// counting), a send through it and its success take no lock and read no clock: both
+/// change nothing, and the store knows it from one atomic word.
 ///
 /// ```
 /// use std::sync::Arc;
@@ -34,6 +43,53 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 #[derive(Debug)]
 pub struct MemoryStore {
     machines: Mutex<BoundedMap<Machine>>,
+    /// The first key decided on, when `max_keys` leaves room for it beside the map.
+    first: OnceLock<FirstKey>,
+    keeps_first_apart: bool,
+}
+
+/// The first key's breaker, with a word that says when sending through it changes nothing.
+///
+/// Aligned to whole cache lines, with short keys kept inline: every send reads the word and
+/// the key, and a key on the heap shares its cache line with the small allocations that
+/// other threads make and free on every send, which made two threads wait on each other.
+#[derive(Debug)]
+#[repr(align(128))]
+struct FirstKey {
+    key: InlineKey,
+    /// `period + 1` while the breaker is closed in `period` with no failure counted in a
+    /// row; 0 otherwise. Written only under `machine`'s lock, after each change.
+    clean: AtomicU64,
+    machine: Mutex<Machine>,
+}
+
+/// A key kept in place when it is short (a transport's name, a domain), else on the heap.
+#[derive(Debug)]
+enum InlineKey {
+    Short { len: u8, bytes: [u8; INLINE_KEY] },
+    Long(Box<str>),
+}
+
+const INLINE_KEY: usize = 96;
+
+impl InlineKey {
+    fn new(key: &str) -> Self {
+        match u8::try_from(key.len()) {
+            Ok(len) if key.len() <= INLINE_KEY => {
+                let mut bytes = [0; INLINE_KEY];
+                bytes[..key.len()].copy_from_slice(key.as_bytes());
+                InlineKey::Short { len, bytes }
+            }
+            _ => InlineKey::Long(key.into()),
+        }
+    }
+
+    fn is(&self, key: &str) -> bool {
+        match self {
+            InlineKey::Short { len, bytes } => bytes[..usize::from(*len)] == *key.as_bytes(),
+            InlineKey::Long(long) => **long == *key,
+        }
+    }
 }
 
 impl MemoryStore {
@@ -44,43 +100,192 @@ impl MemoryStore {
 
     /// A store that tracks up to `max_keys` keys (at least 1).
     pub fn with_max_keys(max_keys: usize) -> Self {
+        let keeps_first_apart = max_keys >= 2;
+        let in_map = if keeps_first_apart {
+            max_keys - 1
+        } else {
+            max_keys
+        };
         MemoryStore {
-            machines: Mutex::new(BoundedMap::new(max_keys)),
+            machines: Mutex::new(BoundedMap::new(in_map)),
+            first: OnceLock::new(),
+            keeps_first_apart,
         }
     }
 
-    /// Runs `f` on the machine of `key` at `now`, made if missing, and marks the key used.
-    fn with_machine<R>(
-        &self,
-        key: &str,
-        rules: &Rules,
-        f: impl FnOnce(&mut Machine, Instant) -> R,
-    ) -> R {
-        let now = Instant::now();
+    /// The first key's breaker if `key` is it; made from `key` if there is none yet and
+    /// `make` is true.
+    fn first(&self, key: &str, rules: &Rules, make: bool) -> Option<&FirstKey> {
+        let first = if make && self.keeps_first_apart {
+            self.first.get_or_init(|| FirstKey::new(key, rules))
+        } else {
+            self.first.get()?
+        };
+        first.key.is(key).then_some(first)
+    }
+
+    /// Runs `f` on the machine of `key`, made if missing, and marks the key used.
+    fn with_machine<R>(&self, key: &str, rules: &Rules, f: impl FnOnce(&mut Machine) -> R) -> R {
         self.lock().with(
             key,
-            || Machine::new(rules, now),
+            || Machine::new(rules, Instant::now()),
             |machine| machine.state() == State::Closed,
-            |machine| f(machine, now),
+            f,
         )
     }
 
     /// Opens the breaker of `key` if it is closed (see [`Machine::trip`]).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
     pub(crate) fn trip(&self, key: &str, rules: &Rules) -> Transitions {
-        self.with_machine(key, rules, |machine, now| machine.trip(rules, now))
+        let now = Instant::now();
+        match self.first(key, rules, true) {
+            Some(first) => first.trip(rules, now),
+            None => self.with_machine(key, rules, |machine| machine.trip(rules, now)),
+        }
     }
 
     fn lock(&self) -> MutexGuard<'_, BoundedMap<Machine>> {
-        // The lock guards no invariant a panic could break halfway: machines change in place
-        // by plain assignments, so a poisoned lock is still sound to use.
-        self.machines.lock().unwrap_or_else(PoisonError::into_inner)
+        lock(&self.machines)
     }
+
+    /// [`BreakerStore::acquire`], answered at once: a breaker that owns its store calls
+    /// this directly, without the trait object and its future.
+    #[inline]
+    pub(crate) fn acquire_now(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        match self.first(key, rules, true) {
+            Some(first) => first.acquire(rules),
+            None => self.with_machine(key, rules, |machine| acquire(machine, rules)),
+        }
+    }
+
+    /// [`BreakerStore::record`], answered at once (see [`acquire_now`](Self::acquire_now)).
+    #[inline]
+    pub(crate) fn record_now(
+        &self,
+        key: &str,
+        rules: &Rules,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> Transitions {
+        if let Some(first) = self.first(key, rules, true) {
+            return first.record(rules, permit, outcome);
+        }
+        // Read before the lock, so that the lock is held for as short a time as can be.
+        let now = Instant::now();
+        self.with_machine(key, rules, |machine| {
+            machine.record(rules, now, permit, outcome)
+        })
+    }
+}
+
+fn lock<T>(mutex: &Mutex<T>) -> MutexGuard<'_, T> {
+    // The lock guards no invariant a panic could break halfway: machines change in place
+    // by plain assignments, so a poisoned lock is still sound to use.
+    mutex.lock().unwrap_or_else(PoisonError::into_inner)
 }
 
 impl Default for MemoryStore {
     fn default() -> Self {
         MemoryStore::new()
+    }
+}
+
+/// What `Machine::acquire` decides, without reading the clock while closed: every send goes
+/// through, in the current period, and nothing changes.
+fn acquire(machine: &mut Machine, rules: &Rules) -> (Decision, Transitions) {
+    if machine.state() == State::Closed {
+        (
+            Decision::Send(Permit::new(machine.period(), None)),
+            Transitions::NONE,
+        )
+    } else {
+        machine.acquire(rules, Instant::now())
+    }
+}
+
+fn counts_in_a_row(rules: &Rules) -> bool {
+    matches!(rules.counting, Counting::Consecutive { .. })
+}
+
+impl FirstKey {
+    fn new(key: &str, rules: &Rules) -> Self {
+        let machine = Machine::new(rules, Instant::now());
+        let clean = if counts_in_a_row(rules) {
+            machine.period() + 1
+        } else {
+            0
+        };
+        FirstKey {
+            key: InlineKey::new(key),
+            clean: AtomicU64::new(clean),
+            machine: Mutex::new(machine),
+        }
+    }
+
+    fn acquire(&self, rules: &Rules) -> (Decision, Transitions) {
+        let clean = self.clean.load(Ordering::Acquire);
+        if clean != 0 {
+            return (
+                Decision::Send(Permit::new(clean - 1, None)),
+                Transitions::NONE,
+            );
+        }
+        let mut machine = lock(&self.machine);
+        let answer = acquire(&mut machine, rules);
+        if machine.state() != State::Closed {
+            self.clean.store(0, Ordering::Release);
+        }
+        answer
+    }
+
+    fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
+        let in_a_row = counts_in_a_row(rules);
+        if in_a_row
+            && outcome == Outcome::Success
+            && !permit.is_probe()
+            && self.clean.load(Ordering::Acquire) == permit.period() + 1
+        {
+            // A success in the period of a closed breaker with no failure in a row: the
+            // machine would set its count of failures to the 0 it already is.
+            return Transitions::NONE;
+        }
+        let now = Instant::now();
+        let mut machine = lock(&self.machine);
+        let before = machine.period();
+        let transitions = machine.record(rules, now, permit, outcome);
+        let counted = permit.period() == before;
+        let clean = if machine.state() != State::Closed || !in_a_row {
+            Some(0)
+        } else if transitions.iter().any(|change| change.to == State::Closed)
+            || (counted && outcome == Outcome::Success)
+        {
+            // Closing, and a success while closed, leave no failure counted.
+            Some(machine.period() + 1)
+        } else if counted {
+            Some(0) // a failure counted while closed
+        } else {
+            None // from an earlier period: nothing changed
+        };
+        if let Some(clean) = clean {
+            self.clean.store(clean, Ordering::Release);
+        }
+        transitions
+    }
+
+    fn trip(&self, rules: &Rules, now: Instant) -> Transitions {
+        let mut machine = lock(&self.machine);
+        let transitions = machine.trip(rules, now);
+        self.clean.store(0, Ordering::Release);
+        transitions
+    }
+
+    fn state(&self, rules: &Rules, now: Instant) -> (State, Transitions) {
+        let mut machine = lock(&self.machine);
+        let transitions = machine.expire(rules, now);
+        if machine.state() != State::Closed {
+            self.clean.store(0, Ordering::Release);
+        }
+        (machine.state(), transitions)
     }
 }
 
@@ -90,9 +295,7 @@ impl BreakerStore for MemoryStore {
         key: &'a str,
         rules: &'a Rules,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
-        StoreFuture::ready(
-            self.with_machine(key, rules, |machine, now| machine.acquire(rules, now)),
-        )
+        StoreFuture::ready(self.acquire_now(key, rules))
     }
 
     fn record<'a>(
@@ -102,17 +305,26 @@ impl BreakerStore for MemoryStore {
         permit: Permit,
         outcome: Outcome,
     ) -> StoreFuture<'a, Transitions> {
-        StoreFuture::ready(self.with_machine(key, rules, |machine, now| {
-            machine.record(rules, now, permit, outcome)
-        }))
+        StoreFuture::ready(self.record_now(key, rules, permit, outcome))
     }
 
     fn release(&self, key: &str, permit: Permit) {
-        self.lock().peek_mut(key, |machine| machine.release(permit));
+        if !permit.is_probe() {
+            return; // only a probe holds anything to give back
+        }
+        match self.first.get().filter(|first| first.key.is(key)) {
+            Some(first) => lock(&first.machine).release(permit),
+            None => {
+                self.lock().peek_mut(key, |machine| machine.release(permit));
+            }
+        }
     }
 
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
         let now = Instant::now();
+        if let Some(first) = self.first(key, rules, false) {
+            return first.state(rules, now);
+        }
         self.lock()
             .peek_mut(key, |machine| {
                 let transitions = machine.expire(rules, now);
@@ -122,6 +334,136 @@ impl BreakerStore for MemoryStore {
     }
 
     fn tracked_keys(&self) -> usize {
-        self.lock().len()
+        self.lock().len() + usize::from(self.first.get().is_some())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::collections::HashMap;
+    use std::time::Duration;
+
+    use super::*;
+    use crate::ErrorRate;
+
+    /// Drives the store and one plain [`Machine`] per key with the same random events at the
+    /// same times: the store's shortcuts (the first key's atomic word, the closed breaker
+    /// decided without the clock) must answer exactly as the machines do.
+    async fn store_decides_as_machines_do(rules: Rules, seed: u64) {
+        let mut rng = fastrand::Rng::with_seed(seed);
+        let store = MemoryStore::with_max_keys(8);
+        let mut machines: HashMap<&str, Machine> = HashMap::new();
+        let mut out: Vec<(&str, Permit)> = Vec::new();
+        for _ in 0..20_000 {
+            let key = ["first", "second", "third"][rng.usize(0..3)];
+            let now = Instant::now();
+            match rng.u8(0..10) {
+                0..=3 => {
+                    // The store makes a key's machine when it first decides on it.
+                    let machine = machines
+                        .entry(key)
+                        .or_insert_with(|| Machine::new(&rules, now));
+                    let expected = machine.acquire(&rules, now);
+                    let got = store.acquire(key, &rules).await;
+                    assert_eq!(got, expected, "acquire {key}");
+                    if let (Decision::Send(permit), _) = got {
+                        out.push((key, permit));
+                    }
+                }
+                4..=7 if !out.is_empty() => {
+                    let (key, permit) = out.swap_remove(rng.usize(..out.len()));
+                    let outcome = if rng.u8(0..3) == 0 {
+                        Outcome::Success
+                    } else {
+                        Outcome::Failure
+                    };
+                    let outcome = if rng.bool() {
+                        Outcome::Success
+                    } else {
+                        outcome
+                    };
+                    let machine = machines.get_mut(key).expect("acquired before");
+                    let expected = machine.record(&rules, now, permit, outcome);
+                    let got = store.record(key, &rules, permit, outcome).await;
+                    assert_eq!(got, expected, "record {key} {outcome:?}");
+                }
+                8 if !out.is_empty() => {
+                    let (key, permit) = out.swap_remove(rng.usize(..out.len()));
+                    machines.get_mut(key).expect("acquired").release(permit);
+                    store.release(key, permit);
+                }
+                _ => {
+                    let expected = match machines.get_mut(key) {
+                        Some(machine) => {
+                            let transitions = machine.expire(&rules, now);
+                            (machine.state(), transitions)
+                        }
+                        None => (State::Closed, Transitions::NONE),
+                    };
+                    assert_eq!(store.state(key, &rules), expected, "state {key}");
+                }
+            }
+            tokio::time::advance(Duration::from_millis(rng.u64(0..4_000))).await;
+        }
+        assert_eq!(store.tracked_keys(), machines.len());
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_decides_as_machines_do_counting_in_a_row() {
+        let rules = Rules {
+            counting: Counting::Consecutive { threshold: 3 },
+            reset_timeout: Duration::from_secs(20),
+            probe_timeout: Duration::from_secs(10),
+            half_open_successes: 2,
+        };
+        for seed in 0..5 {
+            store_decides_as_machines_do(rules, seed).await;
+        }
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn store_decides_as_machines_do_counting_a_rate() {
+        let rules = Rules {
+            counting: Counting::ErrorRate(ErrorRate {
+                threshold_percent: 50,
+                minimum_requests: 4,
+                window: Duration::from_secs(30),
+                buckets: 3,
+            }),
+            reset_timeout: Duration::from_secs(20),
+            probe_timeout: Duration::from_secs(10),
+            half_open_successes: 1,
+        };
+        for seed in 0..5 {
+            store_decides_as_machines_do(rules, seed).await;
+        }
+    }
+
+    #[test]
+    fn a_first_key_too_long_to_keep_in_place_is_still_found() {
+        let rules = Rules::default();
+        let long = "x".repeat(INLINE_KEY + 1);
+        let store = MemoryStore::new();
+        for key in [long.as_str(), "short"] {
+            futures::executor::block_on(store.acquire(key, &rules));
+        }
+        assert!(store.first(&long, &rules, false).is_some());
+        assert!(store.first(&long[1..], &rules, false).is_none());
+        assert_eq!(store.tracked_keys(), 2);
+    }
+
+    #[test]
+    fn the_first_key_counts_towards_max_keys() {
+        let rules = Rules::default();
+        let store = MemoryStore::with_max_keys(3);
+        for key in ["a", "b", "c", "d", "e"] {
+            futures::executor::block_on(store.acquire(key, &rules));
+        }
+        assert_eq!(store.tracked_keys(), 3);
+        let alone = MemoryStore::with_max_keys(1);
+        for key in ["a", "b"] {
+            futures::executor::block_on(alone.acquire(key, &rules));
+        }
+        assert_eq!(alone.tracked_keys(), 1);
     }
 }

@@ -1,0 +1,59 @@
+//! Shared by the benches: the test suite's launchers for smtp-sink and redis-server, a
+//! transport that answers at once, and a check that skips a bench whose server is missing.
+#![allow(dead_code)]
+
+use std::path::PathBuf;
+
+use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
+
+#[path = "../../tests/support/servers.rs"]
+pub mod servers;
+
+#[path = "../../tests/support/smtp_sink.rs"]
+pub mod smtp_sink;
+
+#[path = "../../tests/support/redis.rs"]
+pub mod redis;
+
+/// Whether `program` is installed; if not, prints why `bench` skipped. Unlike the tests, a
+/// bench never fails for a missing server, not even under CI.
+pub fn installed(program: &str, bench: &str) -> bool {
+    let mut dirs: Vec<PathBuf> = std::env::var_os("PATH")
+        .map(|path| std::env::split_paths(&path).collect())
+        .unwrap_or_default();
+    dirs.extend(["/usr/sbin", "/usr/bin", "/usr/local/bin", "/usr/local/sbin"].map(PathBuf::from));
+    let found = dirs.iter().any(|dir| dir.join(program).is_file());
+    if !found {
+        println!("SKIPPED {bench}: `{program}` is not installed (bash .ci/run installs it)");
+    }
+    found
+}
+
+/// A transport that delivers every message at once and keeps nothing.
+#[derive(Debug)]
+pub struct Immediate;
+
+#[async_trait::async_trait]
+impl Transport for Immediate {
+    fn name(&self) -> &str {
+        "immediate"
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("immediate"))
+    }
+
+    async fn send(&self, _message: &Message) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("immediate"))
+    }
+}
+
+/// A small message to `to`.
+pub fn message_to(to: &str) -> Message {
+    Message::builder()
+        .from("app@example.com".parse().expect("a valid sender"))
+        .to(to.parse().expect("a valid recipient"))
+        .subject("bench")
+        .body(String::from("hello from the bench"))
+        .expect("a valid message")
+}
