@@ -258,11 +258,7 @@ crate::transport::lettre_async_transport!(PoolTransport);
 
 impl fmt::Debug for PoolTransport {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let members: Vec<_> = self
-            .members
-            .iter()
-            .map(|member| (member.transport.name(), member.priority))
-            .collect();
+        let members = names_and_priorities(&self.members);
         f.debug_struct("PoolTransport")
             .field("name", &self.name)
             .field("members", &members)
@@ -395,15 +391,19 @@ impl PoolBuilder {
 
 impl fmt::Debug for PoolBuilder {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        let members: Vec<_> = self
-            .members
-            .iter()
-            .map(|member| (member.transport.name(), member.priority))
-            .collect();
+        let members = names_and_priorities(&self.members);
         f.debug_struct("PoolBuilder")
             .field("name", &self.name)
             .field("members", &members)
             .field("strategy", &self.strategy)
             .finish()
     }
+}
+
+/// Each member's name and priority, for `Debug`.
+fn names_and_priorities(members: &[Member]) -> Vec<(&str, u32)> {
+    members
+        .iter()
+        .map(|member| (member.transport.name(), member.priority))
+        .collect()
 }

@@ -24,6 +24,19 @@ fn breaker(inner: Scripted) -> CircuitBreakerTransport<Scripted> {
         .expect("valid settings")
 }
 
+/// A breaker that opens on one failure, with the given probe timeout.
+fn opens_after_one_failure(
+    inner: &Scripted,
+    probe_timeout: Duration,
+) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .probe_timeout(probe_timeout)
+        .build()
+        .expect("valid settings")
+}
+
 fn failure() -> Reply {
     Reply::fail(Category::ServerError)
 }
@@ -315,14 +328,7 @@ async fn exactly_one_probe_is_in_flight_when_100_sends_race_in_half_open() {
 #[tokio::test(start_paused = true)]
 async fn sends_during_a_probe_are_refused_with_the_time_until_its_deadline() {
     let inner = Scripted::new("p");
-    let breaker = Arc::new(
-        CircuitBreakerTransport::builder(inner.clone())
-            .failure_threshold(1)
-            .reset_timeout(RESET)
-            .probe_timeout(Duration::from_secs(10))
-            .build()
-            .unwrap(),
-    );
+    let breaker = Arc::new(opens_after_one_failure(&inner, Duration::from_secs(10)));
     fail_times(&breaker, 1).await;
     advance(RESET).await;
     inner.set_default(Reply::Hang);
@@ -409,14 +415,7 @@ async fn a_dropped_probe_frees_the_slot_at_once() {
 #[tokio::test(start_paused = true)]
 async fn a_probe_past_its_deadline_reopens_the_breaker_and_its_late_success_does_not_close_it() {
     let inner = Scripted::new("p");
-    let breaker = Arc::new(
-        CircuitBreakerTransport::builder(inner.clone())
-            .failure_threshold(1)
-            .reset_timeout(RESET)
-            .probe_timeout(Duration::from_secs(5))
-            .build()
-            .unwrap(),
-    );
+    let breaker = Arc::new(opens_after_one_failure(&inner, Duration::from_secs(5)));
     fail_times(&breaker, 1).await;
     advance(RESET).await;
     inner.then([Reply::after(Duration::from_secs(8), Reply::Ok)]);
