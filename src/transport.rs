@@ -130,6 +130,19 @@ macro_rules! lettre_async_transport {
 
 pub(crate) use lettre_async_transport;
 
+/// `send_many` for a transport whose sends may run side by side: up to `concurrency` at
+/// once through `send`, answered in message order.
+pub(crate) fn send_concurrently<'a, T: Transport + ?Sized>(
+    transport: &'a T,
+    messages: MessageStream<'a>,
+    concurrency: usize,
+) -> ReceiptStream<'a> {
+    messages
+        .map(move |message| async move { transport.send(&message).await })
+        .buffered(concurrency)
+        .boxed()
+}
+
 /// The answer for a message a transport read but ended its batch without answering.
 pub(crate) fn unanswered(transport: &str) -> SendError {
     SendError::fixed(

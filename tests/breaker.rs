@@ -37,6 +37,16 @@ fn opens_after_one_failure(
         .expect("valid settings")
 }
 
+/// A breaker that opens on one failure and closes after three successful probes in a row.
+fn closes_after_three_probes(inner: &Scripted) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .half_open_successes(3)
+        .build()
+        .expect("valid settings")
+}
+
 fn failure() -> Reply {
     Reply::fail(Category::ServerError)
 }
@@ -356,12 +366,7 @@ async fn a_failed_probe_opens_the_breaker_for_another_reset_timeout() {
 #[tokio::test(start_paused = true)]
 async fn half_open_successes_probes_in_a_row_close_the_breaker() {
     let inner = Scripted::new("p");
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(1)
-        .reset_timeout(RESET)
-        .half_open_successes(3)
-        .build()
-        .unwrap();
+    let breaker = closes_after_three_probes(&inner);
     fail_times(&breaker, 1).await;
     advance(RESET).await;
     for probe in 0..3 {
@@ -378,12 +383,7 @@ async fn half_open_successes_probes_in_a_row_close_the_breaker() {
 #[tokio::test(start_paused = true)]
 async fn a_failure_among_the_probes_reopens_the_breaker() {
     let inner = Scripted::new("p");
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(1)
-        .reset_timeout(RESET)
-        .half_open_successes(3)
-        .build()
-        .unwrap();
+    let breaker = closes_after_three_probes(&inner);
     fail_times(&breaker, 1).await;
     advance(RESET).await;
     inner.then([Reply::Ok, failure()]);

@@ -8,7 +8,6 @@ use aws_sdk_sesv2::config::retry::RetryConfig;
 use aws_sdk_sesv2::operation::get_account::GetAccountOutput;
 use aws_sdk_sesv2::primitives::Blob;
 use aws_sdk_sesv2::types::{Destination, EmailContent, RawMessage};
-use futures::StreamExt;
 
 use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
@@ -266,10 +265,7 @@ impl Transport for SesTransport {
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        messages
-            .map(move |message| async move { self.send(&message).await })
-            .buffered(self.concurrency)
-            .boxed()
+        crate::transport::send_concurrently(self, messages, self.concurrency)
     }
 
     async fn verify(&self) -> Result<(), SendError> {

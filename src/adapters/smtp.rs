@@ -4,7 +4,6 @@
 use std::fmt;
 use std::time::Duration;
 
-use futures::StreamExt;
 use lettre::transport::smtp::Error as SmtpError;
 use lettre::transport::smtp::response::Response;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
@@ -131,10 +130,7 @@ impl Transport for SmtpTransport {
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        messages
-            .map(move |message| async move { self.send(&message).await })
-            .buffered(self.concurrency)
-            .boxed()
+        crate::transport::send_concurrently(self, messages, self.concurrency)
     }
 
     async fn verify(&self) -> Result<(), SendError> {
