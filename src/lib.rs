@@ -9,6 +9,7 @@ pub mod pool;
 mod receipt;
 pub mod retry;
 pub mod store;
+mod time;
 mod transport;
 
 pub use adapters::lettre::LettreTransport;
@@ -24,4 +25,5 @@ pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
 pub use store::{BreakerStore, MemoryStore};
+pub use time::MAX_PROVIDER_WAIT;
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};

@@ -5,6 +5,24 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+impl PartialEq for Receipt {
+    /// Receipts are equal when every part is; a rejected recipient's error compares by its
+    /// category and code.
+    fn eq(&self, other: &Self) -> bool {
+        let same_rejections = self.rejected.len() == other.rejected.len()
+            && self.rejected.iter().zip(&other.rejected).all(|(a, b)| {
+                a.0 == b.0 && a.1.category() == b.1.category() && a.1.code() == b.1.code()
+            });
+        self.transport == other.transport
+            && self.message_id == other.message_id
+            && self.response == other.response
+            && self.attempts == other.attempts
+            && same_rejections
+    }
+}
+
+impl Eq for Receipt {}
+
 /// Proof that a transport accepted a message.
 ///
 /// # Example
@@ -18,12 +36,14 @@ use std::time::Duration;
 /// assert_eq!(receipt.message_id(), Some("4F2A1"));
 /// assert_eq!(receipt.attempts(), 1);
 /// ```
-#[derive(Debug, Clone, PartialEq, Eq)]
+#[derive(Debug, Clone)]
 pub struct Receipt {
     transport: String,
     message_id: Option<String>,
     response: Option<String>,
     attempts: u32,
+    /// Recipients the provider refused while it accepted the others; empty almost always.
+    rejected: Vec<(lettre::Address, SendError)>,
 }
 
 impl Receipt {
@@ -34,6 +54,7 @@ impl Receipt {
             message_id: None,
             response: None,
             attempts: 1,
+            rejected: Vec::new(),
         }
     }
 
@@ -58,6 +79,29 @@ impl Receipt {
     pub fn with_attempts(mut self, attempts: u32) -> Self {
         self.attempts = attempts;
         self
+    }
+
+    /// Notes a recipient the provider refused while it accepted the message for the others
+    /// (SMTP answers each `RCPT TO` on its own), with why.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, Receipt, SendError};
+    ///
+    /// let why = SendError::new(Category::Rejected, "smtp.550", "550 5.1.1 no such user");
+    /// let receipt = Receipt::new("smtp://relay:25")
+    ///     .with_rejected_recipient("bob@example.org".parse().unwrap(), why);
+    /// assert_eq!(receipt.rejected_recipients().len(), 1);
+    /// assert_eq!(receipt.rejected_recipients()[0].1.category(), Category::Rejected);
+    /// ```
+    pub fn with_rejected_recipient(mut self, to: lettre::Address, why: SendError) -> Self {
+        self.rejected.push((to, why));
+        self
+    }
+
+    /// The recipients the provider refused while it accepted the others, each with why; empty
+    /// when every recipient was accepted.
+    pub fn rejected_recipients(&self) -> &[(lettre::Address, SendError)] {
+        &self.rejected
     }
 
     /// The name of the transport that delivered the message.
@@ -195,6 +239,7 @@ pub struct SendError {
     /// Shared, so that a breaker's refusals and a batch failure's clones copy no string.
     transport: Option<Arc<str>>,
     batch_failure: bool,
+    maybe_delivered: bool,
     /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
     details: Option<Box<Details>>,
 }
@@ -237,6 +282,7 @@ impl SendError {
             retry_after: None,
             transport: None,
             batch_failure: false,
+            maybe_delivered: false,
             details: None,
         }
     }
@@ -269,6 +315,38 @@ impl SendError {
     pub fn batch_failure(mut self) -> Self {
         self.batch_failure = true;
         self
+    }
+
+    /// The same error as one message's answer: no longer the end of a batch. A wrapper that
+    /// passes a batch failure on for one message, while its own stream goes on, clears the
+    /// flag, so that the caller does not take it for the end of the wrapper's batch.
+    pub(crate) fn for_one_message(mut self) -> Self {
+        self.batch_failure = false;
+        self
+    }
+
+    /// Marks that the provider may have taken the message although the send failed: the
+    /// connection dropped or timed out after SMTP's final dot, or an HTTP request went out
+    /// and no answer came. Sending it again may deliver it twice.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, SendError};
+    ///
+    /// let lost = SendError::new(Category::Timeout, "smtp.timeout", "no reply after the final dot")
+    ///     .maybe_delivered();
+    /// assert!(lost.is_maybe_delivered());
+    /// assert!(!SendError::new(Category::Timeout, "smtp.timeout", "no greeting").is_maybe_delivered());
+    /// ```
+    pub fn maybe_delivered(mut self) -> Self {
+        self.maybe_delivered = true;
+        self
+    }
+
+    /// Whether the provider may have taken the message (see [`maybe_delivered`](Self::maybe_delivered)).
+    /// [`RetryTransport`](crate::RetryTransport) and [`PoolTransport`](crate::PoolTransport)
+    /// built with `at_most_once` return such an error as it is rather than send again.
+    pub fn is_maybe_delivered(&self) -> bool {
+        self.maybe_delivered
     }
 
     /// Keeps the errors this one sums up, e.g. each pool member's error in `pool.exhausted`.

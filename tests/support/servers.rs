@@ -1,7 +1,9 @@
 //! Finding the real servers the tests run, and skipping (or, under CI, failing) without them.
 
+use std::collections::BTreeSet;
 use std::net::TcpListener;
 use std::path::PathBuf;
+use std::sync::{Mutex, PoisonError};
 
 /// Whether the tests run under CI, where a missing server is a failure.
 pub fn under_ci() -> bool {
@@ -32,10 +34,20 @@ pub fn require_program(program: &str, test: &str) -> Option<PathBuf> {
     None
 }
 
-/// A TCP port on 127.0.0.1 that was free a moment ago.
+/// A TCP port on 127.0.0.1 that was free a moment ago, and that this process has never
+/// handed out before: a test that kills and restarts its server on "its" port can never meet
+/// another test's server there.
 pub fn free_port() -> u16 {
-    let listener = TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
-    listener.local_addr().expect("a bound address").port()
+    static HANDED_OUT: Mutex<BTreeSet<u16>> = Mutex::new(BTreeSet::new());
+    let mut handed_out = HANDED_OUT.lock().unwrap_or_else(PoisonError::into_inner);
+    loop {
+        let listener =
+            TcpListener::bind("127.0.0.1:0").expect("binding an ephemeral loopback port");
+        let port = listener.local_addr().expect("a bound address").port();
+        if handed_out.insert(port) {
+            return port;
+        }
+    }
 }
 
 /// Prints why a test skipped straight to the terminal: the test harness captures `println!`

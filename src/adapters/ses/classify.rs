@@ -32,8 +32,8 @@ const MAX_MESSAGE_CHARS: usize = 300;
 /// | connection refused, reset or dropped, DNS, TLS; a response cut off | Network |
 /// | a request that could not be built or dispatched (no region, no credentials) | Configuration |
 ///
-/// A `Retry-After` header given in seconds becomes [`SendError::retry_after`], whatever the
-/// category. Account suspension is Configuration so that a pool fails over on it while a
+/// A `Retry-After` header, in seconds or as an HTTP-date, becomes [`SendError::retry_after`],
+/// whatever the category, capped at [`MAX_PROVIDER_WAIT`](crate::MAX_PROVIDER_WAIT) (a day). Account suspension is Configuration so that a pool fails over on it while a
 /// breaker does not count it: the provider is up, this account cannot use it.
 ///
 /// The error's message is the service's message, addresses masked and cut at 300 characters
@@ -244,11 +244,10 @@ fn safe_message(message: &str, category: Category) -> String {
     }
 }
 
-/// The response's `Retry-After` header, where it gives a number of seconds.
+/// The response's `Retry-After` header (seconds or an HTTP-date), capped at a day.
 fn retry_after(response: &HttpResponse) -> Option<Duration> {
-    let value = response.headers().get("retry-after")?.trim();
-    let seconds: f64 = value.parse().ok()?;
-    (seconds.is_finite() && seconds >= 0.0).then(|| Duration::from_secs_f64(seconds))
+    let value = response.headers().get("retry-after")?;
+    crate::time::parse_retry_after(value, std::time::SystemTime::now())
 }
 
 /// The SDK error's chain of causes as text, addresses masked, kept as the source.
@@ -312,7 +311,7 @@ mod tests {
     }
 
     #[test]
-    fn retry_after_in_seconds_is_kept() {
+    fn retry_after_in_seconds_or_as_a_date_is_kept_and_capped_at_a_day() {
         let error = classify_ses_error(&service_error(
             429,
             Some("TooManyRequestsException"),
@@ -320,13 +319,17 @@ mod tests {
             &[("retry-after", "7")],
         ));
         assert_eq!(error.retry_after(), Some(Duration::from_secs(7)));
-        let dated = classify_ses_error(&service_error(
+        let past = classify_ses_error(&service_error(
             429,
             None,
             "",
             &[("retry-after", "Wed, 21 Oct 2015 07:28:00 GMT")],
         ));
-        assert_eq!(dated.retry_after(), None);
+        assert_eq!(past.retry_after(), Some(Duration::ZERO));
+        let absurd = classify_ses_error(&service_error(429, None, "", &[("retry-after", "1e20")]));
+        assert_eq!(absurd.retry_after(), Some(crate::MAX_PROVIDER_WAIT));
+        let garbage = classify_ses_error(&service_error(429, None, "", &[("retry-after", "NaN")]));
+        assert_eq!(garbage.retry_after(), None);
     }
 
     #[test]
