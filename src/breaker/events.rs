@@ -3,7 +3,7 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::machine::{State, Transitions};
+use crate::machine::{State, Transitions};
 
 /// A listener for changes of state, set with
 /// [`CircuitBreakerBuilder::on_state_change`](crate::breaker::CircuitBreakerBuilder::on_state_change).

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::{Listener, announce};
-use super::machine::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use super::scope::{Keys, Scope};
 use crate::store::{BreakerStore, MemoryStore};
 use crate::{Category, Envelope, Receipt, SendError};

@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::lru::BoundedMap;
 use super::{BreakerStore, StoreFuture};
 use crate::State;
-use crate::breaker::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
 
 /// The default number of keys a [`MemoryStore`] tracks.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;

@@ -9,7 +9,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 
 use crate::State;
-use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 
 mod lru;
 pub(crate) mod memory;

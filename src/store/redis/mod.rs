@@ -10,7 +10,7 @@ use ::redis::{RedisError, Script};
 use super::lru::BoundedMap;
 use super::memory::DEFAULT_MAX_KEYS;
 use super::{BreakerStore, MemoryStore, StoreFuture};
-use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::{ConfigError, State};
 
 mod health;

@@ -9,7 +9,7 @@ use ::redis::aio::ConnectionManager;
 
 use super::Failure;
 use super::script::{self, Call, Reply};
-use crate::breaker::{Decision, Permit, Rules};
+use crate::machine::{Decision, Permit, Rules};
 
 /// One call of the script, owned, to run where nothing borrows the store.
 #[derive(Clone)]

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::State;
-use crate::breaker::{Counting, Decision, Outcome, Permit, Rules, Transition, Transitions};
+use crate::machine::{Counting, Decision, Outcome, Permit, Rules, Transition, Transitions};
 
 /// The breaker's rules restated for Redis (`breaker.lua`).
 pub(super) const SOURCE: &str = include_str!("breaker.lua");

@@ -1,13 +1,19 @@
-//! The breaker's rules as a pure state machine: it takes the time and an event and returns
-//! the decision and the changes of state. No I/O, no locks, no async: the transport, the
-//! stores and the listeners sit around it.
+//! The pure core: the breaker's rules as a state machine that takes the time and an event
+//! and returns the decision and the changes of state. No I/O, no locks, no async.
+//!
+//! The layers build on it, each depending only downward: the stores ([`crate::store`]) hold
+//! machines, the breaker's shell ([`crate::breaker`]) asks a store before each send, and the
+//! wrappers (pool, retry) compose breakers.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::policy::{Counter, Counting};
+mod policy;
+
+use self::policy::Counter;
+pub use self::policy::{Counting, ErrorRate};
 
 /// Where a breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
