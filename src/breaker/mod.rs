@@ -11,13 +11,13 @@ mod events;
 mod gate;
 mod scope;
 
-pub use builder::CircuitBreakerBuilder;
-pub use events::StateChange;
 /// The pure core, kept under its first-round path: `breaker::machine::Machine` still names it.
 pub use crate::machine;
 pub use crate::machine::{
     Counting, Decision, ErrorRate, Machine, Outcome, Permit, Rules, State, Transition, Transitions,
 };
+pub use builder::CircuitBreakerBuilder;
+pub use events::StateChange;
 pub use scope::Scope;
 
 use gate::Gate;

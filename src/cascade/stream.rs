@@ -188,6 +188,16 @@ impl<'a, S: Stages<'a>> Cascade<'a, S> {
         let stages = &self.shared.stages;
         let mut state = self.shared.lock();
         let Some(item) = state.stages[stage].pending.pop_front() else {
+            if let Err(error) = result
+                && error.is_batch_failure()
+            {
+                // The batch failed before it read a message: the stage failed as a whole, and
+                // its error, as it is, judges every message sent its way.
+                self.running[stage] = None;
+                fail_stage(stages, &mut state, stage, error);
+                state.wake_inputs();
+                return;
+            }
             tracing::warn!(
                 transport = stages.name(stage),
                 "a batch answered more messages than it read; the extra answer is dropped"
