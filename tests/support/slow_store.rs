@@ -14,6 +14,7 @@ use mail_breaker::{BreakerStore, MemoryStore, State};
 pub struct SlowStore {
     inner: MemoryStore,
     delay: Duration,
+    decides_first: bool,
 }
 
 impl SlowStore {
@@ -22,6 +23,16 @@ impl SlowStore {
         SlowStore {
             inner: MemoryStore::new(),
             delay,
+            decides_first: false,
+        }
+    }
+
+    /// A store that decides each `acquire` at once and answers `delay` later, as a remote
+    /// store whose reply is on its way: two callers' decisions can then cross.
+    pub fn answering_late(delay: Duration) -> Self {
+        SlowStore {
+            decides_first: true,
+            ..SlowStore::new(delay)
         }
     }
 }
@@ -34,6 +45,11 @@ impl BreakerStore for SlowStore {
         late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
         StoreFuture::pending(async move {
+            if self.decides_first {
+                let answer = self.inner.acquire(key, rules, late).await;
+                tokio::time::sleep(self.delay).await;
+                return answer;
+            }
             tokio::time::sleep(self.delay).await;
             self.inner.acquire(key, rules, late).await
         })
