@@ -23,6 +23,7 @@ mod with_redis {
 
     use criterion::{Criterion, Throughput};
     use mail_breaker::breaker::Rules;
+    use mail_breaker::store::Reporter;
     use mail_breaker::{BreakerStore, CircuitBreakerTransport, MemoryStore, RedisStore, Transport};
 
     use crate::support::{self, Immediate, redis::RedisServer};
@@ -92,6 +93,7 @@ mod with_redis {
             .build()
             .expect("a Tokio runtime");
         let rules = Rules::default();
+        let late = Reporter::none();
         let redis_store = rt.block_on(async {
             let store = RedisStore::connect(&server.url())
                 .await
@@ -123,7 +125,7 @@ mod with_redis {
         let before = seen.settled();
         rt.block_on(async {
             for _ in 0..ROUND_TRIPS {
-                black_box(redis_store.acquire("immediate", &rules).await);
+                black_box(redis_store.acquire("immediate", &rules, &late).await);
             }
         });
         let middle = seen.settled();
@@ -165,12 +167,13 @@ mod with_redis {
             .warm_up_time(Duration::from_secs(1))
             .measurement_time(Duration::from_secs(4));
         group.bench_function("decision/memory", |b| {
-            b.to_async(&rt)
-                .iter(|| async { black_box(memory_store.acquire("immediate", &rules).await) })
+            b.to_async(&rt).iter(|| async {
+                black_box(memory_store.acquire("immediate", &rules, &late).await)
+            })
         });
         group.bench_function("decision/redis", |b| {
             b.to_async(&rt)
-                .iter(|| async { black_box(redis_store.acquire("immediate", &rules).await) })
+                .iter(|| async { black_box(redis_store.acquire("immediate", &rules, &late).await) })
         });
         group.bench_function("send/memory", |b| {
             b.to_async(&rt)

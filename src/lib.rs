@@ -20,7 +20,7 @@ pub use adapters::ses::{SesTransport, classify_ses_error};
 pub use adapters::smtp::{SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
 pub use config::ConfigError;
-pub use machine::{ErrorRate, State};
+pub use machine::{ErrorRate, Snapshot, State};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use receipt::{Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};

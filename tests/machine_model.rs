@@ -256,6 +256,7 @@ fn rules() -> impl Strategy<Value = Rules> {
         reset_timeout: Duration::from_secs(reset),
         probe_timeout: Duration::from_secs(probe),
         half_open_successes: successes,
+        max_reset_timeout: None,
     })
 }
 

@@ -493,6 +493,7 @@ async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back
         // Far longer than the test: only a give-back can free the probe's slot in time.
         probe_timeout: Duration::from_secs(60),
         half_open_successes: 1,
+        max_reset_timeout: None,
     };
     let (Decision::Send(permit), _) = store.acquire("provider", &rules, &Reporter::none()).await
     else {

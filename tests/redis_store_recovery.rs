@@ -41,6 +41,7 @@ fn rules(probe_timeout: Duration) -> Rules {
         reset_timeout: RESET,
         probe_timeout,
         half_open_successes: 1,
+        max_reset_timeout: None,
     }
 }
 

@@ -53,6 +53,7 @@ fn consecutive(threshold: u32, half_open_successes: u32) -> Rules {
         reset_timeout: RESET,
         probe_timeout: RESET,
         half_open_successes,
+        max_reset_timeout: None,
     }
 }
 

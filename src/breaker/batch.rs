@@ -137,7 +137,7 @@ impl<'a, T: Transport> Output<'a, T> {
     async fn count(&mut self, result: Result<Receipt, SendError>) -> Result<Receipt, SendError> {
         let ticket = lock(&self.feed).tickets.pop_front();
         if let Some(ticket) = ticket {
-            ticket.finish(self.gate.outcome(&result)).await;
+            ticket.finish(&result).await;
         }
         if let Err(error) = &result
             && error.is_batch_failure()

@@ -43,6 +43,9 @@ pub struct CircuitBreakerBuilder<T> {
     scope: Scope,
     store: Option<Arc<dyn BreakerStore>>,
     max_keys: usize,
+    max_reset_timeout: Option<Duration>,
+    slow_call: Option<Duration>,
+    shadow: bool,
 }
 
 impl<T: Transport> CircuitBreakerBuilder<T> {
@@ -59,6 +62,9 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
             scope: Scope::Transport,
             store: None,
             max_keys: DEFAULT_MAX_KEYS,
+            max_reset_timeout: None,
+            slow_call: None,
+            shadow: false,
         }
     }
 
@@ -138,6 +144,62 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
         self
     }
 
+    /// Lets the open time grow while the provider stays down: each reopening without a
+    /// close in between doubles it, from [`reset_timeout`](Self::reset_timeout) up to
+    /// `longest`. A close starts again from `reset_timeout`. Less than `reset_timeout` is a
+    /// [`ConfigError`] (default: no growth).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # use mail_breaker::{CircuitBreakerTransport, LettreTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let transport = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// // Open 30 s, then 60 s, 120 s, ... and at most 10 minutes while probes keep failing.
+    /// let breaker = CircuitBreakerTransport::builder(transport)
+    ///     .reset_timeout(Duration::from_secs(30))
+    ///     .max_reset_timeout(Duration::from_secs(600))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn max_reset_timeout(mut self, longest: Duration) -> Self {
+        self.max_reset_timeout = Some(longest);
+        self
+    }
+
+    /// Counts a send that succeeded but took longer than `limit` as a failure; its caller
+    /// still gets its receipt. Zero is a [`ConfigError`] (default: no limit).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// # use mail_breaker::{CircuitBreakerTransport, LettreTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let transport = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// let breaker = CircuitBreakerTransport::builder(transport)
+    ///     .slow_call(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn slow_call(mut self, limit: Duration) -> Self {
+        self.slow_call = Some(limit);
+        self
+    }
+
+    /// In shadow mode the breaker counts, changes state and tells its listener (and metrics)
+    /// as it would, but never refuses a send: for tuning thresholds on live traffic before
+    /// enforcing them. Each change of state logs at INFO what it would now refuse.
+    ///
+    /// ```
+    /// # use mail_breaker::{CircuitBreakerTransport, LettreTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let transport = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// let breaker = CircuitBreakerTransport::builder(transport).shadow(true).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn shadow(mut self, shadow: bool) -> Self {
+        self.shadow = shadow;
+        self
+    }
+
     /// Checks the settings and builds the breaker.
     pub fn build(self) -> Result<CircuitBreakerTransport<T>, ConfigError> {
         at_least_one("failure_threshold", self.failure_threshold.into())?;
@@ -146,6 +208,20 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
         non_zero_duration("probe_timeout", probe_timeout)?;
         at_least_one("half_open_successes", self.half_open_successes.into())?;
         at_least_one("max_keys", self.max_keys as u64)?;
+        if let Some(longest) = self.max_reset_timeout
+            && longest < self.reset_timeout
+        {
+            return Err(ConfigError::new(
+                "max_reset_timeout",
+                format!(
+                    "must be at least the reset timeout ({:?}), got {longest:?}",
+                    self.reset_timeout
+                ),
+            ));
+        }
+        if let Some(limit) = self.slow_call {
+            non_zero_duration("slow_call", limit)?;
+        }
         let counting = match self.error_rate {
             Some(rate) => {
                 rate.validate()?;
@@ -163,7 +239,11 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
             }
         };
         let transport_name: Arc<str> = Arc::from(self.inner.name());
-        let late = events::reporter(self.listener.clone(), Arc::clone(&transport_name));
+        let late = events::reporter(
+            self.listener.clone(),
+            Arc::clone(&transport_name),
+            self.shadow,
+        );
         Ok(CircuitBreakerTransport {
             inner: self.inner,
             gate: Gate {
@@ -172,6 +252,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                     reset_timeout: self.reset_timeout,
                     probe_timeout,
                     half_open_successes: self.half_open_successes,
+                    max_reset_timeout: self.max_reset_timeout,
                 },
                 scope: self.scope,
                 store,
@@ -180,6 +261,8 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 listener: self.listener,
                 transport_name,
                 late,
+                shadow: self.shadow,
+                slow_call: self.slow_call,
             },
         })
     }
@@ -196,6 +279,9 @@ impl<T> std::fmt::Debug for CircuitBreakerBuilder<T> {
             .field("scope", &self.scope)
             .field("store", &self.store)
             .field("max_keys", &self.max_keys)
+            .field("max_reset_timeout", &self.max_reset_timeout)
+            .field("slow_call", &self.slow_call)
+            .field("shadow", &self.shadow)
             .finish_non_exhaustive()
     }
 }

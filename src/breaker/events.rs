@@ -41,16 +41,21 @@ pub struct StateChange {
 
 /// The reporter a breaker gives its store for changes it learns of late (see [`Reporter`]):
 /// they are logged and told to the listener like any other.
-pub(crate) fn reporter(listener: Option<Listener>, transport: Arc<str>) -> Reporter {
-    Reporter::new(move |key, transitions| announce(listener.as_ref(), &transport, key, transitions))
+pub(crate) fn reporter(listener: Option<Listener>, transport: Arc<str>, shadow: bool) -> Reporter {
+    Reporter::new(move |key, transitions| {
+        announce(listener.as_ref(), &transport, key, transitions, shadow)
+    })
 }
 
 /// Logs each change and tells the listener, which may panic without stopping anything.
+///
+/// In shadow mode each change also says, once, what the breaker would now refuse.
 pub(crate) fn announce(
     listener: Option<&Listener>,
     transport: &str,
     key: &str,
     transitions: Transitions,
+    shadow: bool,
 ) {
     for transition in transitions.iter() {
         let (from, to) = (transition.from.as_str(), transition.to.as_str());
@@ -58,6 +63,20 @@ pub(crate) fn announce(
             State::Open => tracing::warn!(transport, key, from, to, "breaker.open"),
             State::HalfOpen => tracing::info!(transport, key, from, to, "breaker.half_open"),
             State::Closed => tracing::info!(transport, key, from, to, "breaker.closed"),
+        }
+        if shadow {
+            let would = match transition.to {
+                State::Open => "refuse every send until a probe may go",
+                State::HalfOpen => "let one probe through and refuse the others",
+                State::Closed => "let every send through again",
+            };
+            tracing::info!(
+                transport,
+                key,
+                to,
+                would,
+                "breaker.shadow: shadow mode lets every send through; an enforcing breaker would now do what `would` says"
+            );
         }
         let Some(listener) = listener else { continue };
         let change = StateChange {

@@ -10,6 +10,7 @@ use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::store::{BreakerStore, MemoryStore, Reporter};
 use crate::{Category, Envelope, Receipt, SendError};
+use tokio::time::Instant;
 
 /// What decides a result is the provider failing.
 pub(crate) type FailurePredicate = Arc<dyn Fn(&SendError) -> bool + Send + Sync>;
@@ -29,6 +30,10 @@ pub(crate) struct Gate {
     pub(crate) transport_name: Arc<str>,
     /// Tells the listener and the logs of changes the store learns of after a call returned.
     pub(crate) late: Reporter,
+    /// Counts and changes state, but never refuses a send.
+    pub(crate) shadow: bool,
+    /// A success slower than this counts as a failure.
+    pub(crate) slow_call: Option<Duration>,
 }
 
 /// Leave to send one message: the permits of each of its breakers. Dropped unused, it
@@ -37,6 +42,8 @@ pub(crate) struct Ticket<'a> {
     gate: &'a Gate,
     transport: &'a str,
     permits: Permits<'a>,
+    /// When the send was let go, if slow calls count.
+    started: Option<Instant>,
 }
 
 enum Permits<'a> {
@@ -51,7 +58,8 @@ enum Permits<'a> {
 /// way out then moves a few bytes instead of an error.
 #[derive(Debug, Clone, Copy)]
 pub(crate) struct HeldBack {
-    pub(crate) retry_after: Duration,
+    /// `None` while the breaker is isolated: no time can be promised.
+    pub(crate) retry_after: Option<Duration>,
 }
 
 impl Gate {
@@ -74,21 +82,23 @@ impl Gate {
         };
         self.announce(transport, key, transitions);
         let permit = match decision {
-            Decision::Send(permit) => permit,
-            Decision::Refuse { retry_after } => {
-                return Err(self.refusal(transport, self.held_back(transport, key, retry_after)));
-            }
+            Decision::Send(permit) => Some(permit),
+            refused => match self.refused(transport, key, refused) {
+                Ok(shadowed) => shadowed,
+                Err(held) => return Err(self.refusal(transport, held)),
+            },
         };
         let mut unspent = Unspent {
             gate: self,
             key,
-            permit: Some(permit),
+            permit,
         };
+        let started = self.slow_call.map(|_| Instant::now());
         let result = send().await;
         // Spent only once recorded: dropped while a remote store records, `unspent` gives
         // the permit back, so a probe's slot is not held until its deadline.
         if let Some(permit) = unspent.permit {
-            let outcome = self.outcome(&result);
+            let outcome = self.outcome(&result, started);
             let transitions = match &self.memory {
                 Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
                 None => {
@@ -125,7 +135,8 @@ impl Gate {
                 Ok(Ticket {
                     gate: self,
                     transport,
-                    permits: Permits::One(key, Some(permit)),
+                    permits: Permits::One(key, permit),
+                    started: self.slow_call.map(|_| Instant::now()),
                 })
             }
             Keys::Many(keys) => {
@@ -133,54 +144,82 @@ impl Gate {
                     gate: self,
                     transport,
                     permits: Permits::Many(Vec::with_capacity(keys.len())),
+                    started: None,
                 };
                 for key in keys {
                     // On a refusal, dropping `ticket` gives back the permits already granted.
                     let permit = self.acquire(transport, &key).await?;
                     if let Permits::Many(permits) = &mut ticket.permits {
-                        permits.push((key, Some(permit)));
+                        permits.push((key, permit));
                     }
                 }
+                ticket.started = self.slow_call.map(|_| Instant::now());
                 Ok(ticket)
             }
         }
     }
 
-    async fn acquire(&self, transport: &str, key: &str) -> Result<Permit, HeldBack> {
+    /// Leave to send for `key`: a permit, or none in shadow mode when the breaker would refuse.
+    async fn acquire(&self, transport: &str, key: &str) -> Result<Option<Permit>, HeldBack> {
         let (decision, transitions) = self.store.acquire(key, &self.rules, &self.late).await;
         self.announce(transport, key, transitions);
         match decision {
-            Decision::Send(permit) => Ok(permit),
-            Decision::Refuse { retry_after } => Err(self.held_back(transport, key, retry_after)),
+            Decision::Send(permit) => Ok(Some(permit)),
+            refused => self.refused(transport, key, refused),
         }
     }
 
-    /// Logs a refusal.
-    fn held_back(&self, transport: &str, key: &str, retry_after: Duration) -> HeldBack {
+    /// A send the store refused: held back, or let go without a permit in shadow mode.
+    fn refused(
+        &self,
+        transport: &str,
+        key: &str,
+        decision: Decision,
+    ) -> Result<Option<Permit>, HeldBack> {
+        if self.shadow {
+            return Ok(None); // logged once, at the change of state
+        }
+        let retry_after = match decision {
+            Decision::Refuse { retry_after } => Some(retry_after),
+            Decision::Isolated | Decision::Send(_) => None,
+        };
         tracing::debug!(
             transport,
             key,
-            retry_after_ms = retry_after.as_millis() as u64,
+            retry_after_ms = retry_after.map(|after| after.as_millis() as u64),
             "breaker.refused"
         );
-        HeldBack { retry_after }
+        Err(HeldBack { retry_after })
     }
 
     /// Tells the listener and the logs of `transitions`, if there are any.
-    fn announce(&self, transport: &str, key: &str, transitions: Transitions) {
+    pub(crate) fn announce(&self, transport: &str, key: &str, transitions: Transitions) {
         if !transitions.is_empty() {
-            announce(self.listener.as_ref(), transport, key, transitions);
+            announce(
+                self.listener.as_ref(),
+                transport,
+                key,
+                transitions,
+                self.shadow,
+            );
         }
     }
 
     /// The answer to a send the breaker held back.
     pub(crate) fn refusal(&self, transport: &str, held: HeldBack) -> SendError {
-        let error = SendError::fixed(
-            Category::ServiceUnavailable,
-            "breaker.open",
-            "the circuit breaker is open: the provider failed recently, nothing was sent",
-        )
-        .with_retry_after(held.retry_after);
+        let error = match held.retry_after {
+            Some(retry_after) => SendError::fixed(
+                Category::ServiceUnavailable,
+                "breaker.open",
+                "the circuit breaker is open: the provider failed recently, nothing was sent",
+            )
+            .with_retry_after(retry_after),
+            None => SendError::fixed(
+                Category::ServiceUnavailable,
+                "breaker.isolated",
+                "the circuit breaker was isolated by hand until it is reset: nothing was sent",
+            ),
+        };
         if *self.transport_name == *transport {
             error.with_shared_transport(Arc::clone(&self.transport_name))
         } else {
@@ -198,11 +237,24 @@ impl Gate {
         self.announce(transport, key, transitions);
     }
 
-    /// How the breaker counts `result`.
-    pub(crate) fn outcome(&self, result: &Result<Receipt, SendError>) -> Outcome {
+    /// How the breaker counts `result` of a send let go at `started` (set when slow calls
+    /// count): a success slower than the slow-call time is a failure, though delivered.
+    pub(crate) fn outcome(
+        &self,
+        result: &Result<Receipt, SendError>,
+        started: Option<Instant>,
+    ) -> Outcome {
         match result {
             Err(error) if (self.is_failure)(error) => Outcome::Failure,
+            Ok(_) if self.is_slow(started) => Outcome::Failure,
             _ => Outcome::Success,
+        }
+    }
+
+    fn is_slow(&self, started: Option<Instant>) -> bool {
+        match (self.slow_call, started) {
+            (Some(limit), Some(started)) => started.elapsed() > limit,
+            _ => false,
         }
     }
 }
@@ -213,8 +265,9 @@ impl Ticket<'_> {
     /// A permit is spent only once its store has recorded it: a caller that drops this future
     /// while a (remote) store is still recording leaves the permit to `Drop`, which releases
     /// it, so a probe's slot is freed rather than held until the probe's deadline.
-    pub(crate) async fn finish(mut self, outcome: Outcome) {
+    pub(crate) async fn finish(mut self, result: &Result<Receipt, SendError>) {
         let (gate, transport) = (self.gate, self.transport);
+        let outcome = gate.outcome(result, self.started);
         for (key, permit) in self.unspent() {
             if let Some(granted) = *permit {
                 gate.report(transport, key, granted, outcome).await;

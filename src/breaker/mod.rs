@@ -9,12 +9,14 @@ mod batch;
 mod builder;
 mod events;
 mod gate;
+mod operate;
 mod scope;
 
 /// The pure core, kept under its first-round path: `breaker::machine::Machine` still names it.
 pub use crate::machine;
 pub use crate::machine::{
-    Counting, Decision, ErrorRate, Machine, Outcome, Permit, Rules, State, Transition, Transitions,
+    Counting, Decision, ErrorRate, Machine, Outcome, Permit, Rules, Snapshot, State, Transition,
+    Transitions,
 };
 pub use builder::CircuitBreakerBuilder;
 pub use events::StateChange;
@@ -91,12 +93,7 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     /// lower-cased). A key the store does not track is closed.
     pub fn state_of(&self, key: &str) -> State {
         let (state, transitions) = self.gate.store.state(key, &self.gate.rules);
-        events::announce(
-            self.gate.listener.as_ref(),
-            self.inner.name(),
-            key,
-            transitions,
-        );
+        self.gate.announce(self.inner.name(), key, transitions);
         state
     }
 
@@ -158,7 +155,7 @@ impl<T: Transport> CircuitBreakerTransport<T> {
             Err(held) => return Err(self.gate.refusal(transport, held)),
         };
         let result = send().await;
-        ticket.finish(self.gate.outcome(&result)).await;
+        ticket.finish(&result).await;
         result
     }
 }

@@ -59,6 +59,41 @@ pub struct Rules {
     pub probe_timeout: Duration,
     /// How many successful probes in a row close it.
     pub half_open_successes: u32,
+    /// With `Some(longest)`, each reopening without a close in between doubles the open
+    /// time, from `reset_timeout` up to `longest`; `None` keeps it at `reset_timeout`.
+    pub max_reset_timeout: Option<Duration>,
+}
+
+impl Rules {
+    /// How long the breaker stays open at its `streak`-th opening since it last closed
+    /// (1 for the first): `reset_timeout`, doubled at each reopening up to
+    /// `max_reset_timeout`.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use mail_breaker::breaker::Rules;
+    ///
+    /// let rules = Rules {
+    ///     reset_timeout: Duration::from_secs(30),
+    ///     max_reset_timeout: Some(Duration::from_secs(100)),
+    ///     ..Rules::default()
+    /// };
+    /// assert_eq!(rules.open_time(1), Duration::from_secs(30));
+    /// assert_eq!(rules.open_time(2), Duration::from_secs(60));
+    /// assert_eq!(rules.open_time(3), Duration::from_secs(100));
+    /// assert_eq!(Rules::default().open_time(7), Duration::from_secs(30));
+    /// ```
+    pub fn open_time(&self, streak: u32) -> Duration {
+        let Some(longest) = self.max_reset_timeout else {
+            return self.reset_timeout;
+        };
+        let doublings = streak.saturating_sub(1);
+        let grown = 1u32
+            .checked_shl(doublings)
+            .and_then(|factor| self.reset_timeout.checked_mul(factor))
+            .unwrap_or(Duration::MAX);
+        grown.min(longest).max(self.reset_timeout)
+    }
 }
 
 impl Default for Rules {
@@ -69,6 +104,7 @@ impl Default for Rules {
             reset_timeout: Duration::from_secs(30),
             probe_timeout: Duration::from_secs(30),
             half_open_successes: 1,
+            max_reset_timeout: None,
         }
     }
 }
@@ -116,6 +152,8 @@ pub enum Decision {
         /// The time until the breaker may let a send through.
         retry_after: Duration,
     },
+    /// Do not send: the breaker was isolated by hand and stays open until it is reset.
+    Isolated,
 }
 
 /// How a send went, as the breaker counts it.
@@ -175,6 +213,8 @@ enum Phase {
     Open {
         until: Instant,
     },
+    /// Open until reset, whatever the time: no probe goes.
+    Isolated,
     HalfOpen {
         probe: Option<Probe>,
         successes: u32,
@@ -185,6 +225,106 @@ enum Phase {
 struct Probe {
     number: u64,
     deadline: Instant,
+}
+
+/// What one breaker knows, for an operator: its state, what it counted, and when it may let
+/// a probe go. Taken with `CircuitBreakerTransport::snapshot`, `snapshot_of` and `snapshots`.
+///
+/// ```
+/// use tokio::time::Instant;
+/// use mail_breaker::breaker::{Machine, Rules};
+/// use mail_breaker::State;
+///
+/// let rules = Rules::default();
+/// let mut machine = Machine::new(&rules, Instant::now());
+/// let (snapshot, _) = machine.snapshot("smtp://relay:25", &rules, Instant::now());
+/// assert_eq!(snapshot.key(), "smtp://relay:25");
+/// assert_eq!(snapshot.state(), State::Closed);
+/// assert_eq!((snapshot.failures(), snapshot.calls()), (0, 0));
+/// assert_eq!(snapshot.failure_rate(), None); // counted in a row, not as a rate
+/// ```
+#[derive(Debug, Clone, PartialEq)]
+pub struct Snapshot {
+    key: String,
+    state: State,
+    isolated: bool,
+    failures: u32,
+    calls: u32,
+    failure_rate: Option<f64>,
+    retry_after: Option<Duration>,
+    open_streak: u32,
+}
+
+impl Snapshot {
+    /// A snapshot from its parts, for a store that keeps state elsewhere and reads it back.
+    #[allow(clippy::too_many_arguments)]
+    pub fn new(
+        key: impl Into<String>,
+        state: State,
+        isolated: bool,
+        failures: u32,
+        calls: u32,
+        failure_rate: Option<f64>,
+        retry_after: Option<Duration>,
+        open_streak: u32,
+    ) -> Self {
+        Snapshot {
+            key: key.into(),
+            state,
+            isolated,
+            failures,
+            calls,
+            failure_rate,
+            retry_after,
+            open_streak,
+        }
+    }
+
+    /// The breaker's key: the transport's name, or a recipient domain.
+    pub fn key(&self) -> &str {
+        &self.key
+    }
+
+    /// Its state; an isolated breaker is open.
+    pub fn state(&self) -> State {
+        self.state
+    }
+
+    /// Whether it is held open by hand until reset.
+    pub fn is_isolated(&self) -> bool {
+        self.isolated
+    }
+
+    /// Failures counted: in a row, or in the window under error-rate counting.
+    pub fn failures(&self) -> u32 {
+        self.failures
+    }
+
+    /// Results counted: in the window under error-rate counting; under consecutive counting,
+    /// since the breaker last closed, the results that changed the count (each failure, and
+    /// each success that ended a run of failures: a success while nothing is counted changes
+    /// nothing, so a healthy breaker costs nothing to keep).
+    pub fn calls(&self) -> u32 {
+        self.calls
+    }
+
+    /// Under error-rate counting, the share of failures in the window (0.0 to 1.0), `None`
+    /// while the window is empty or when counting in a row.
+    pub fn failure_rate(&self) -> Option<f64> {
+        self.failure_rate
+    }
+
+    /// While open, the time until a probe may go; while a probe is out, the time until its
+    /// deadline; `None` when a send may go now, or while isolated.
+    pub fn retry_after(&self) -> Option<Duration> {
+        self.retry_after
+    }
+
+    /// Openings since the breaker last closed: what doubles the open time under
+    /// `max_reset_timeout`.
+    pub fn open_streak(&self) -> u32 {
+        self.open_streak
+    }
 }
 
 /// One breaker's state: the rules of DESIGN §3 as plain synchronous code.
@@ -215,6 +355,8 @@ pub struct Machine {
     counter: Counter,
     period: u64,
     probes_given: u64,
+    /// Openings since the breaker last closed: the open time grows with it.
+    open_streak: u32,
 }
 
 impl Machine {
@@ -225,6 +367,7 @@ impl Machine {
             counter: Counter::new(&rules.counting, now),
             period: 0,
             probes_given: 0,
+            open_streak: 0,
         }
     }
 
@@ -232,9 +375,19 @@ impl Machine {
     pub fn state(&self) -> State {
         match self.phase {
             Phase::Closed => State::Closed,
-            Phase::Open { .. } => State::Open,
+            Phase::Open { .. } | Phase::Isolated => State::Open,
             Phase::HalfOpen { .. } => State::HalfOpen,
         }
+    }
+
+    /// Whether the breaker is held open by hand, until [`reset`](Self::reset).
+    pub fn is_isolated(&self) -> bool {
+        matches!(self.phase, Phase::Isolated)
+    }
+
+    /// Openings since the breaker last closed (0 while closed).
+    pub fn open_streak(&self) -> u32 {
+        self.open_streak
     }
 
     /// The current period: it moves on at every change of state.
@@ -271,6 +424,7 @@ impl Machine {
             Phase::Open { until } => Decision::Refuse {
                 retry_after: until.saturating_duration_since(now),
             },
+            Phase::Isolated => Decision::Isolated,
             Phase::HalfOpen {
                 probe: Some(probe), ..
             } => Decision::Refuse {
@@ -308,21 +462,11 @@ impl Machine {
             Phase::Closed
                 if permit.probe.is_none() && self.counter.record(&rules.counting, now, failed) =>
             {
-                self.enter(
-                    Phase::Open {
-                        until: later(now, rules.reset_timeout),
-                    },
-                    &mut transitions,
-                );
+                self.open(rules, now, &mut transitions);
             }
             Phase::HalfOpen { probe, successes } if is_current_probe(probe, permit) => {
                 if failed {
-                    self.enter(
-                        Phase::Open {
-                            until: later(now, rules.reset_timeout),
-                        },
-                        &mut transitions,
-                    );
+                    self.open(rules, now, &mut transitions);
                 } else {
                     *successes += 1;
                     *probe = None;
@@ -374,10 +518,67 @@ impl Machine {
     pub fn trip(&mut self, rules: &Rules, now: Instant) -> Transitions {
         let mut transitions = Transitions::NONE;
         if let Phase::Closed = self.phase {
-            let until = later(now, rules.reset_timeout);
-            self.enter(Phase::Open { until }, &mut transitions);
+            self.open(rules, now, &mut transitions);
         }
         transitions
+    }
+
+    /// Holds the breaker open until [`reset`](Self::reset), whatever the time: sends are
+    /// answered [`Decision::Isolated`] and no probe goes. A probe in flight decides nothing.
+    /// Returns the change, if it was not open already.
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use tokio::time::Instant;
+    /// use mail_breaker::breaker::{Decision, Machine, Rules};
+    /// use mail_breaker::State;
+    ///
+    /// let rules = Rules::default();
+    /// let now = Instant::now();
+    /// let mut machine = Machine::new(&rules, now);
+    /// machine.isolate();
+    /// assert_eq!(machine.state(), State::Open);
+    /// let later = now + Duration::from_secs(3600);
+    /// assert_eq!(machine.acquire(&rules, later).0, Decision::Isolated);
+    /// machine.reset();
+    /// assert!(matches!(machine.acquire(&rules, later).0, Decision::Send(_)));
+    /// ```
+    pub fn isolate(&mut self) -> Transitions {
+        let mut transitions = Transitions::NONE;
+        match self.phase {
+            Phase::Isolated => {}
+            // Open already: no change of state a listener could hear, and no permit is out.
+            Phase::Open { .. } => self.phase = Phase::Isolated,
+            Phase::Closed | Phase::HalfOpen { .. } => {
+                self.enter(Phase::Isolated, &mut transitions);
+            }
+        }
+        transitions
+    }
+
+    /// What the breaker knows at `now`, after what time alone does (with the changes that
+    /// made), for an operator: see [`Snapshot`].
+    pub fn snapshot(&mut self, key: &str, rules: &Rules, now: Instant) -> (Snapshot, Transitions) {
+        let transitions = self.expire(rules, now);
+        let retry_after = match self.phase {
+            Phase::Open { until } => Some(until.saturating_duration_since(now)),
+            Phase::HalfOpen {
+                probe: Some(probe), ..
+            } => Some(probe.deadline.saturating_duration_since(now)),
+            Phase::Closed | Phase::Isolated | Phase::HalfOpen { probe: None, .. } => None,
+        };
+        let counted = self.counter.reading(&rules.counting, now);
+        let snapshot = Snapshot {
+            key: key.to_owned(),
+            state: self.state(),
+            isolated: self.is_isolated(),
+            failures: counted.failures,
+            calls: counted.calls,
+            failure_rate: counted.rate,
+            retry_after,
+            open_streak: self.open_streak,
+        };
+        (snapshot, transitions)
     }
 
     /// Closes the breaker and clears its counts, whatever its state; a result of a send made
@@ -397,6 +598,7 @@ impl Machine {
     /// ```
     pub fn reset(&mut self) -> Transitions {
         let mut transitions = Transitions::NONE;
+        self.open_streak = 0;
         if matches!(self.phase, Phase::Closed) {
             self.counter.reset();
             self.period += 1;
@@ -415,10 +617,22 @@ impl Machine {
         } = self.phase
             && now >= probe.deadline
         {
-            let until = later(probe.deadline, rules.reset_timeout);
-            self.enter(Phase::Open { until }, &mut transitions);
+            self.open(rules, probe.deadline, &mut transitions);
         }
         transitions
+    }
+
+    /// Opens the breaker from `from` for the open time of its streak: the first opening
+    /// since it closed waits `reset_timeout`, each reopening twice the last, up to the rules'
+    /// longest.
+    fn open(&mut self, rules: &Rules, from: Instant, transitions: &mut Transitions) {
+        self.open_streak = if self.state() == State::Closed {
+            1
+        } else {
+            self.open_streak.saturating_add(1)
+        };
+        let until = later(from, rules.open_time(self.open_streak));
+        self.enter(Phase::Open { until }, transitions);
     }
 
     fn enter(&mut self, phase: Phase, transitions: &mut Transitions) {
@@ -428,6 +642,7 @@ impl Machine {
         if matches!(phase, Phase::Closed) {
             // Failures counted before the breaker opened say nothing about the provider now.
             self.counter.reset();
+            self.open_streak = 0;
         }
         transitions.push(Transition {
             from,

@@ -99,14 +99,26 @@ pub enum Counting {
 /// The failures a closed breaker has counted so far.
 #[derive(Debug, Clone)]
 pub(crate) enum Counter {
-    Consecutive(u32),
+    Consecutive { failures: u32, calls: u32 },
     Window(Window),
+}
+
+/// What a counter holds, for a snapshot.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) struct Reading {
+    pub(crate) failures: u32,
+    pub(crate) calls: u32,
+    /// The share of failures, under error-rate counting with something in the window.
+    pub(crate) rate: Option<f64>,
 }
 
 impl Counter {
     pub(crate) fn new(counting: &Counting, origin: Instant) -> Self {
         match counting {
-            Counting::Consecutive { .. } => Counter::Consecutive(0),
+            Counting::Consecutive { .. } => Counter::Consecutive {
+                failures: 0,
+                calls: 0,
+            },
             Counting::ErrorRate(rate) => Counter::Window(Window::new(rate, origin)),
         }
     }
@@ -114,7 +126,12 @@ impl Counter {
     /// Counts one result; true when the breaker should open.
     pub(crate) fn record(&mut self, counting: &Counting, now: Instant, failed: bool) -> bool {
         match (self, counting) {
-            (Counter::Consecutive(failures), Counting::Consecutive { threshold }) => {
+            (Counter::Consecutive { failures, calls }, Counting::Consecutive { threshold }) => {
+                // Only results that change the count are counted as calls: a success while
+                // nothing is counted changes nothing, so a healthy breaker writes nothing.
+                if failed || *failures > 0 {
+                    *calls = calls.saturating_add(1);
+                }
                 *failures = if failed {
                     failures.saturating_add(1)
                 } else {
@@ -138,15 +155,42 @@ impl Counter {
     /// Whether nothing is counted: no failure in a row, no result in any bucket.
     pub(crate) fn is_empty(&self) -> bool {
         match self {
-            Counter::Consecutive(failures) => *failures == 0,
+            Counter::Consecutive { failures, .. } => *failures == 0,
             Counter::Window(window) => window.buckets.iter().all(|b| b.total == 0),
+        }
+    }
+
+    /// What the counter holds at `now`.
+    pub(crate) fn reading(&self, counting: &Counting, now: Instant) -> Reading {
+        match (self, counting) {
+            (Counter::Window(window), Counting::ErrorRate(rate)) => {
+                let (total, failures) = window.in_window(rate, now);
+                Reading {
+                    failures: u32::try_from(failures).unwrap_or(u32::MAX),
+                    calls: u32::try_from(total).unwrap_or(u32::MAX),
+                    rate: (total > 0).then(|| failures as f64 / total as f64),
+                }
+            }
+            (Counter::Consecutive { failures, calls }, _) => Reading {
+                failures: *failures,
+                calls: *calls,
+                rate: None,
+            },
+            (Counter::Window(_), Counting::Consecutive { .. }) => Reading {
+                failures: 0,
+                calls: 0,
+                rate: None,
+            },
         }
     }
 
     /// Forgets every counted result; the window keeps its slices' boundaries.
     pub(crate) fn reset(&mut self) {
         match self {
-            Counter::Consecutive(failures) => *failures = 0,
+            Counter::Consecutive { failures, calls } => {
+                *failures = 0;
+                *calls = 0;
+            }
             Counter::Window(window) => window.buckets.fill(Bucket::default()),
         }
     }
@@ -195,16 +239,20 @@ impl Window {
         bucket.failures = bucket.failures.saturating_add(u32::from(failed));
     }
 
-    fn is_tripped(&self, rate: &ErrorRate, now: Instant) -> bool {
+    /// The results and failures in the window at `now`.
+    fn in_window(&self, rate: &ErrorRate, now: Instant) -> (u64, u64) {
         let current = self.slice_at(rate, now);
         let oldest = current.saturating_sub(self.buckets.len() as u64 - 1);
-        let (total, failures) = self
-            .buckets
+        self.buckets
             .iter()
             .filter(|b| b.slice >= oldest && b.slice <= current && b.slice != 0)
             .fold((0u64, 0u64), |(t, f), b| {
                 (t + u64::from(b.total), f + u64::from(b.failures))
-            });
+            })
+    }
+
+    fn is_tripped(&self, rate: &ErrorRate, now: Instant) -> bool {
+        let (total, failures) = self.in_window(rate, now);
         total >= u64::from(rate.minimum_requests)
             && failures * 100 >= u64::from(rate.threshold_percent) * total
     }

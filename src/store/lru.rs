@@ -73,6 +73,13 @@ impl<V> BoundedMap<V> {
 
     /// Where `key` is. The newest entry of each list is compared first, which spares hashing
     /// the key when one key takes most of the traffic.
+    /// Runs `f` on every entry, oldest first or not: in no promised order, recency unchanged.
+    pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&str, &mut V)) {
+        for entry in &mut self.slab {
+            f(&entry.key, &mut entry.value);
+        }
+    }
+
     fn find(&self, key: &str) -> Option<usize> {
         for newest in self.newest {
             if newest != NIL && *self.slab[newest].key == *key {

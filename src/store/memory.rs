@@ -8,7 +8,7 @@ use tokio::time::Instant;
 use super::lru::BoundedMap;
 use super::{BreakerStore, Reporter, StoreFuture};
 use crate::State;
-use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Snapshot, Transitions};
 
 /// The default number of keys a [`MemoryStore`] tracks.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -81,6 +81,16 @@ impl InlineKey {
                 InlineKey::Short { len, bytes }
             }
             _ => InlineKey::Long(key.into()),
+        }
+    }
+
+    fn as_str(&self) -> &str {
+        match self {
+            // Made from a whole `&str` in `new`, so its bytes are valid UTF-8.
+            InlineKey::Short { len, bytes } => {
+                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
+            }
+            InlineKey::Long(long) => long,
         }
     }
 
@@ -368,6 +378,82 @@ impl BreakerStore for MemoryStore {
     fn tracked_keys(&self) -> usize {
         self.lock().len() + usize::from(self.first.get().is_some())
     }
+
+    fn snapshot<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Snapshot> {
+        let now = Instant::now();
+        let take = |machine: &mut Machine| machine.snapshot(key, rules, now);
+        let (snapshot, transitions) = match self.first(key, rules, false) {
+            Some(first) => first.update(rules, take),
+            None => self
+                .lock()
+                .peek_mut(key, take)
+                .unwrap_or_else(|| Machine::new(rules, now).snapshot(key, rules, now)),
+        };
+        late.report(key, transitions);
+        StoreFuture::ready(snapshot)
+    }
+
+    fn snapshots<'a>(
+        &'a self,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Vec<Snapshot>> {
+        let now = Instant::now();
+        let mut taken = Vec::new();
+        if let Some(first) = self.first.get() {
+            let key = first.key.as_str().to_owned();
+            taken.push(first.update(rules, |machine| machine.snapshot(&key, rules, now)));
+        }
+        self.lock().for_each_mut(|key, machine| {
+            taken.push(machine.snapshot(key, rules, now));
+        });
+        let snapshots = taken
+            .into_iter()
+            .map(|(snapshot, transitions)| {
+                late.report(snapshot.key(), transitions);
+                snapshot
+            })
+            .collect();
+        StoreFuture::ready(snapshots)
+    }
+
+    fn isolate<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        _late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        StoreFuture::ready(self.change(key, rules, Machine::isolate))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        _late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        StoreFuture::ready(self.change(key, rules, Machine::reset))
+    }
+}
+
+impl MemoryStore {
+    /// Applies `change` to the machine of `key`, made if missing.
+    pub(crate) fn change(
+        &self,
+        key: &str,
+        rules: &Rules,
+        change: impl FnOnce(&mut Machine) -> Transitions,
+    ) -> Transitions {
+        match self.first(key, rules, true) {
+            Some(first) => first.update(rules, change),
+            None => self.with_machine(key, rules, change),
+        }
+    }
 }
 
 #[cfg(test)]
@@ -456,6 +542,7 @@ mod tests {
             reset_timeout: Duration::from_secs(20),
             probe_timeout: Duration::from_secs(10),
             half_open_successes: 2,
+            max_reset_timeout: None,
         };
         for seed in 0..5 {
             store_decides_as_machines_do(rules, seed).await;
@@ -474,6 +561,7 @@ mod tests {
             reset_timeout: Duration::from_secs(20),
             probe_timeout: Duration::from_secs(10),
             half_open_successes: 1,
+            max_reset_timeout: None,
         };
         for seed in 0..5 {
             store_decides_as_machines_do(rules, seed).await;

@@ -10,7 +10,7 @@ use std::task::{Context, Poll};
 use futures::future::BoxFuture;
 
 use crate::State;
-use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Snapshot, Transitions};
 
 mod lru;
 pub(crate) mod memory;
@@ -178,6 +178,64 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
 
     /// How many keys the store keeps in this process now.
     fn tracked_keys(&self) -> usize;
+
+    /// What the breaker of `key` knows, for an operator (see [`Snapshot`]), after what time
+    /// alone does; changes that makes go to `late`. Never fails: a remote store that cannot
+    /// be reached answers from local state.
+    ///
+    /// The default answers from [`state`](Self::state) alone, with nothing counted.
+    fn snapshot<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Snapshot> {
+        let (state, transitions) = self.state(key, rules);
+        late.report(key, transitions);
+        StoreFuture::ready(Snapshot::new(key, state, false, 0, 0, None, None, 0))
+    }
+
+    /// A snapshot of every key the store tracks (a remote store: every key it holds in the
+    /// backend). The default knows of none.
+    fn snapshots<'a>(
+        &'a self,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Vec<Snapshot>> {
+        let _ = (rules, late);
+        StoreFuture::ready(Vec::new())
+    }
+
+    /// Holds the breaker of `key` open until [`reset`](Self::reset): see
+    /// [`Machine::isolate`](crate::machine::Machine::isolate). Returns the changes it made.
+    /// A remote store that cannot be reached isolates locally and logs a warning.
+    ///
+    /// The default cannot isolate: it logs a warning and changes nothing.
+    fn isolate<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        let _ = (rules, late);
+        tracing::warn!(key, store = ?self, "store.isolate_unsupported: this store cannot isolate a breaker");
+        StoreFuture::ready(Transitions::NONE)
+    }
+
+    /// Closes the breaker of `key`, clears its counts and lifts its isolation: see
+    /// [`Machine::reset`](crate::machine::Machine::reset). Returns the changes it made.
+    ///
+    /// The default cannot reset: it logs a warning and changes nothing.
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        let _ = (rules, late);
+        tracing::warn!(key, store = ?self, "store.reset_unsupported: this store cannot reset a breaker");
+        StoreFuture::ready(Transitions::NONE)
+    }
 }
 
 /// Where a [`BreakerStore`] reports the changes of state that a call made but could not
@@ -203,8 +261,11 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
 /// ```
 #[derive(Clone, Default)]
 pub struct Reporter {
-    report: Option<Arc<dyn Fn(&str, Transitions) + Send + Sync>>,
+    report: Option<Arc<ReportFn>>,
 }
+
+/// What a [`Reporter`] calls with a key and its changes.
+type ReportFn = dyn Fn(&str, Transitions) + Send + Sync;
 
 impl Reporter {
     /// A reporter that hands each key's changes to `report`.

@@ -2,18 +2,27 @@
 -- every process sharing the breaker decides on one state, atomically, by the server's clock.
 --
 -- KEYS[1]  the breaker's hash (see key_name in mod.rs)
--- ARGV[1]  the call: acquire | record | release
+-- ARGV[1]  the call: acquire | record | release | isolate | reset | snapshot
 -- ARGV[2..12]  the rules: counting (0 consecutive, 1 error rate), failure threshold,
 --          threshold percent, minimum requests, window (us), buckets, reset timeout (us),
---          probe timeout (us), half-open successes, idle expiry (ms)
--- ARGV[12..14]  record and release: the permit's period and probe (0 for none), and for
+--          probe timeout (us), half-open successes, idle expiry (ms), longest reset
+--          timeout (us; 0 when the open time does not grow)
+-- ARGV[13..15]  record and release: the permit's period and probe (0 for none), and for
 --          record the outcome (1 failure, 0 success)
 --
--- Reply: { sent (1|0), period, probe (0 for none), retry_after (us), state,
---          from, to, from, to, ... } with states as 0 closed, 1 open, 2 half-open.
+-- Reply: { sent (1|0), period, probe (0 for none), retry_after (us; -1 while isolated),
+--          state, from, to, from, to, ... } with states as 0 closed, 1 open, 2 half-open.
+-- snapshot replies { state, isolated (1|0), failures, calls, retry_after (us; -1 for
+--          none), open streak, from, to, ... } instead.
 -- The changes of state are those this call made, so exactly one caller reports each.
 
-local CLOSED, OPEN, HALF_OPEN = 0, 1, 2
+-- ISOLATED is open until reset: callers see it as OPEN.
+local CLOSED, OPEN, HALF_OPEN, ISOLATED = 0, 1, 2, 3
+
+local function visible(phase)
+  if phase == ISOLATED then return OPEN end
+  return phase
+end
 
 local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -31,10 +40,11 @@ local rules = {
   probe_timeout = tonumber(ARGV[9]),
   successes = tonumber(ARGV[10]),
   expiry = tonumber(ARGV[11]),
+  max_reset = tonumber(ARGV[12]),
 }
 
 local FIELDS = { 'phase', 'period', 'until', 'probe', 'deadline', 'successes', 'probes',
-                 'failures', 'origin' }
+                 'failures', 'origin', 'streak', 'calls' }
 
 local stored = redis.call('HMGET', key, unpack(FIELDS))
 local exists = stored[1] ~= false
@@ -55,29 +65,43 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- Forgets every counted result.
+local function clear_counts()
+  m.failures = 0
+  m.calls = 0
+  m.origin = now
+  if rules.error_rate then
+    for slot = 0, rules.buckets - 1 do
+      redis.call('HDEL', key, 'slice' .. slot, 'total' .. slot, 'failed' .. slot)
+    end
+  end
+end
+
 local function enter(phase)
-  table.insert(transitions, m.phase)
-  table.insert(transitions, phase)
+  table.insert(transitions, visible(m.phase))
+  table.insert(transitions, visible(phase))
   m.phase = phase
   m.period = m.period + 1
   m.probe = 0
   m.successes = 0
   if phase == CLOSED then
     -- Failures counted before the breaker opened say nothing about the provider now.
-    m.failures = 0
-    m.origin = now
-    if rules.error_rate then
-      for slot = 0, rules.buckets - 1 do
-        redis.call('HDEL', key, 'slice' .. slot, 'total' .. slot, 'failed' .. slot)
-      end
-    end
+    clear_counts()
+    m.streak = 0
   end
   changed = true
 end
 
+-- Opens from time_opened for the open time of the streak: reset, doubled at each reopening
+-- since the breaker last closed, up to the longest (Rules::open_time).
 local function open_until(time_opened)
+  if m.phase == CLOSED then m.streak = 1 else m.streak = m.streak + 1 end
+  local open_time = rules.reset
+  if rules.max_reset > 0 then
+    open_time = math.max(math.min(rules.reset * 2 ^ (m.streak - 1), rules.max_reset), rules.reset)
+  end
   enter(OPEN)
-  m['until'] = time_opened + rules.reset
+  m['until'] = time_opened + open_time
 end
 
 -- What time alone does: a probe past its deadline fails and reopens from that deadline.
@@ -95,13 +119,29 @@ local function slice_at(time)
   return math.floor(math.max(time - m.origin, 0) / bucket_width()) + 1
 end
 
+-- The results and failures in the window that ends in slice `current`.
+local function window_sums(current)
+  local oldest = current - (rules.buckets - 1)
+  local in_window, failed_in_window = 0, 0
+  for other = 0, rules.buckets - 1 do
+    local b = redis.call('HMGET', key, 'slice' .. other, 'total' .. other, 'failed' .. other)
+    local at = tonumber(b[1]) or 0
+    if at >= oldest and at <= current and at ~= 0 then
+      in_window = in_window + (tonumber(b[2]) or 0)
+      failed_in_window = failed_in_window + (tonumber(b[3]) or 0)
+    end
+  end
+  return in_window, failed_in_window
+end
+
 -- Counts one result of a closed breaker; true when it should open.
 local function count(failed)
   if not rules.error_rate then
     if not failed and m.failures == 0 then
-      return false -- nothing to write
+      return false -- nothing to write: a success while nothing is counted changes nothing
     end
     changed = true
+    m.calls = m.calls + 1
     if failed then m.failures = m.failures + 1 else m.failures = 0 end
     return m.failures >= rules.threshold
   end
@@ -118,16 +158,7 @@ local function count(failed)
   if failed then failures = failures + 1 end
   redis.call('HSET', key, names[1], int(current), names[2], int(total), names[3], int(failures))
 
-  local oldest = current - (rules.buckets - 1)
-  local in_window, failed_in_window = 0, 0
-  for other = 0, rules.buckets - 1 do
-    local b = redis.call('HMGET', key, 'slice' .. other, 'total' .. other, 'failed' .. other)
-    local at = tonumber(b[1]) or 0
-    if at >= oldest and at <= current and at ~= 0 then
-      in_window = in_window + (tonumber(b[2]) or 0)
-      failed_in_window = failed_in_window + (tonumber(b[3]) or 0)
-    end
-  end
+  local in_window, failed_in_window = window_sums(current)
   return in_window >= rules.minimum and failed_in_window * 100 >= rules.percent * in_window
 end
 
@@ -141,6 +172,8 @@ if call == 'acquire' then
   period = m.period
   if m.phase == CLOSED then
     sent = 1
+  elseif m.phase == ISOLATED then
+    retry_after = -1
   elseif m.phase == OPEN then
     retry_after = m['until'] - now
   elseif m.probe > 0 then
@@ -153,8 +186,8 @@ if call == 'acquire' then
     sent, probe = 1, m.probe
   end
 elseif call == 'record' then
-  local permit_period, permit_probe = tonumber(ARGV[12]), tonumber(ARGV[13])
-  local failed = tonumber(ARGV[14]) == 1
+  local permit_period, permit_probe = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local failed = tonumber(ARGV[15]) == 1
   expire()
   -- A result sent in an earlier period decides nothing.
   if permit_period == m.period then
@@ -176,7 +209,7 @@ elseif call == 'record' then
     end
   end
 elseif call == 'release' then
-  local permit_period, permit_probe = tonumber(ARGV[12]), tonumber(ARGV[13])
+  local permit_period, permit_probe = tonumber(ARGV[13]), tonumber(ARGV[14])
   -- A probe given back after its deadline failed: it reopens the breaker, as time says.
   expire()
   if exists and permit_period == m.period and m.phase == HALF_OPEN and m.probe > 0
@@ -184,6 +217,52 @@ elseif call == 'release' then
     m.probe = 0
     changed = true
   end
+elseif call == 'isolate' then
+  if m.phase == OPEN then
+    m.phase = ISOLATED -- open already: no change a listener could hear
+    changed = true
+  elseif m.phase ~= ISOLATED then
+    enter(ISOLATED)
+  end
+  period = m.period
+elseif call == 'reset' then
+  if m.phase ~= CLOSED then
+    enter(CLOSED)
+  elseif exists then
+    clear_counts()
+    m.period = m.period + 1
+    changed = true
+  end
+  m.streak = 0
+  period = m.period
+elseif call == 'snapshot' then
+  expire()
+  local failures, calls = m.failures, m.calls
+  if rules.error_rate then
+    calls, failures = window_sums(slice_at(now))
+  end
+  local after = -1
+  if m.phase == OPEN then
+    after = math.max(m['until'] - now, 0)
+  elseif m.phase == HALF_OPEN and m.probe > 0 then
+    after = math.max(m.deadline - now, 0)
+  end
+  local isolated = 0
+  if m.phase == ISOLATED then isolated = 1 end
+  if changed then
+    local values = {}
+    for _, field in ipairs(FIELDS) do
+      table.insert(values, field)
+      table.insert(values, int(m[field]))
+    end
+    redis.call('HSET', key, unpack(values))
+    redis.call('PEXPIRE', key, int(rules.expiry))
+  end
+  local reply = { visible(m.phase), isolated, failures, calls, after, m.streak }
+  for _, state in ipairs(transitions) do
+    table.insert(reply, state)
+  end
+  return reply
 else
   return redis.error_reply('mail-breaker: unknown call ' .. tostring(call))
 end
@@ -198,7 +277,7 @@ if changed then
   redis.call('PEXPIRE', key, int(rules.expiry))
 end
 
-local reply = { sent, period, probe, retry_after, m.phase }
+local reply = { sent, period, probe, retry_after, visible(m.phase) }
 for _, state in ipairs(transitions) do
   table.insert(reply, state)
 end

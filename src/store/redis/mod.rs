@@ -10,7 +10,7 @@ use ::redis::{RedisError, Script};
 use super::lru::BoundedMap;
 use super::memory::DEFAULT_MAX_KEYS;
 use super::{BreakerStore, MemoryStore, Reporter, StoreFuture};
-use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Snapshot, Transitions};
 use crate::{ConfigError, State};
 
 mod health;
@@ -454,6 +454,140 @@ impl BreakerStore for RedisStore {
 
     fn tracked_keys(&self) -> usize {
         self.seen().len().max(self.local.tracked_keys())
+    }
+
+    fn snapshot<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Snapshot> {
+        StoreFuture::pending(async move {
+            if self.health.should_ask() {
+                match self.read_snapshot(key, rules).await {
+                    Ok((snapshot, transitions)) => {
+                        late.report(key, transitions);
+                        return snapshot;
+                    }
+                    Err(failure) => self.health.failed(&self.namespace, &failure),
+                }
+            }
+            self.local.snapshot(key, rules, late).await
+        })
+    }
+
+    fn snapshots<'a>(
+        &'a self,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Vec<Snapshot>> {
+        StoreFuture::pending(async move {
+            if self.health.should_ask() {
+                match self.keys_in_namespace().await {
+                    Ok(keys) => {
+                        let mut snapshots = Vec::with_capacity(keys.len());
+                        for key in keys {
+                            snapshots.push(self.snapshot(&key, rules, late).await);
+                        }
+                        return snapshots;
+                    }
+                    Err(failure) => self.health.failed(&self.namespace, &failure),
+                }
+            }
+            self.local.snapshots(rules, late).await
+        })
+    }
+
+    fn isolate<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        StoreFuture::pending(self.by_hand(key, rules, Call::Isolate, late))
+    }
+
+    fn reset<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        StoreFuture::pending(self.by_hand(key, rules, Call::Reset, late))
+    }
+}
+
+impl RedisStore {
+    /// An isolate or reset: in Redis for every process, or, with Redis silent, here alone
+    /// (said in a warning, since the fleet does not hear of it). The local breaker changes
+    /// too, so that it holds if Redis stops answering later.
+    async fn by_hand(&self, key: &str, rules: &Rules, call: Call, late: &Reporter) -> Transitions {
+        let local = self.local.change(key, rules, |machine| match call {
+            Call::Isolate => machine.isolate(),
+            _ => machine.reset(),
+        });
+        if self.health.should_ask()
+            && let Some(reply) = self.ask(key, rules, call, late).await
+        {
+            return reply.transitions;
+        }
+        tracing::warn!(
+            namespace = %self.namespace,
+            key,
+            call = script::call_name(call),
+            "store.redis_unreachable: the breaker was changed in this process only; other processes sharing it do not know"
+        );
+        local
+    }
+
+    async fn read_snapshot(
+        &self,
+        key: &str,
+        rules: &Rules,
+    ) -> Result<(Snapshot, Transitions), Failure> {
+        // Not settled in the background if it times out: a snapshot's only change is a
+        // probe's expiry, which Redis then applies with no listener told.
+        let values = self
+            .remote(key, Call::Snapshot, rules)
+            .values(self.timeout)
+            .await?;
+        let read = script::parse_snapshot(key, rules, values)?;
+        self.health.answered(&self.namespace);
+        self.remember(key, read.0.state());
+        Ok(read)
+    }
+
+    /// Every breaker key of the namespace in Redis, found with SCAN (never KEYS, which would
+    /// block the server), each step within the timeout.
+    async fn keys_in_namespace(&self) -> Result<Vec<String>, Failure> {
+        let mut connection = self.connection.clone();
+        let pattern = script::namespace_pattern(&self.namespace);
+        let mut keys = Vec::new();
+        let mut cursor: u64 = 0;
+        loop {
+            let mut scan = ::redis::cmd("SCAN");
+            scan.arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500);
+            let step = scan.query_async::<(u64, Vec<String>)>(&mut connection);
+            let (next, names) = tokio::time::timeout(self.timeout, step)
+                .await
+                .map_err(|_| Failure::Timeout(self.timeout))??;
+            keys.extend(
+                names
+                    .iter()
+                    .filter_map(|name| script::key_of_name(&self.namespace, name)),
+            );
+            if next == 0 {
+                break;
+            }
+            cursor = next;
+        }
+        keys.sort_unstable();
+        keys.dedup(); // SCAN may return a key twice
+        Ok(keys)
     }
 }
 

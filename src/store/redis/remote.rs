@@ -47,17 +47,21 @@ impl RemoteCall {
     }
 
     async fn run(self, limit: Duration) -> Result<Reply, Failure> {
+        Ok(Reply::parse(self.values(limit).await?)?)
+    }
+
+    /// The script's reply as it came, within `limit`.
+    pub(super) async fn values(self, limit: Duration) -> Result<Vec<i64>, Failure> {
         let mut connection = self.connection;
         let mut invocation = self.script.key(self.name);
         invocation.arg(script::call_name(self.call));
         for argument in script::arguments(self.call, &self.rules, self.idle_expiry) {
             invocation.arg(argument);
         }
-        let values: Vec<i64> =
-            tokio::time::timeout(limit, invocation.invoke_async(&mut connection))
-                .await
-                .map_err(|_| Failure::Timeout(limit))??;
-        Ok(Reply::parse(values)?)
+        tokio::time::timeout(limit, invocation.invoke_async(&mut connection))
+            .await
+            .map_err(|_| Failure::Timeout(limit))?
+            .map_err(Failure::from)
     }
 
     /// Starts the call in a task of its own on `runtime`; see [`InFlight`].

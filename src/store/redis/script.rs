@@ -4,7 +4,9 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::State;
-use crate::machine::{Counting, Decision, Outcome, Permit, Rules, Transition, Transitions};
+use crate::machine::{
+    Counting, Decision, Outcome, Permit, Rules, Snapshot, Transition, Transitions,
+};
 
 /// The breaker's rules restated for Redis (`breaker.lua`).
 pub(super) const SOURCE: &str = include_str!("breaker.lua");
@@ -42,6 +44,9 @@ pub(super) enum Call {
     Acquire,
     Record(Permit, Outcome),
     Release(Permit),
+    Isolate,
+    Reset,
+    Snapshot,
 }
 
 /// The script's arguments (ARGV) for `call` under `rules`, keys kept `expiry` after their last write.
@@ -73,9 +78,10 @@ pub(super) fn arguments(call: Call, rules: &Rules, expiry: Duration) -> Vec<u64>
             .as_millis()
             .try_into()
             .unwrap_or(u64::MAX),
+        rules.max_reset_timeout.map_or(0, micros),
     ];
     match call {
-        Call::Acquire => {}
+        Call::Acquire | Call::Isolate | Call::Reset | Call::Snapshot => {}
         Call::Record(permit, outcome) => {
             args.extend([
                 permit.period(),
@@ -94,6 +100,9 @@ pub(super) fn call_name(call: Call) -> &'static str {
         Call::Acquire => "acquire",
         Call::Record(..) => "record",
         Call::Release(_) => "release",
+        Call::Isolate => "isolate",
+        Call::Reset => "reset",
+        Call::Snapshot => "snapshot",
     }
 }
 
@@ -150,29 +159,109 @@ impl Reply {
                     period,
                     Some(u64::try_from(*probe).ok()?).filter(|&n| n > 0),
                 )),
+                0 if *retry_after == -1 => Decision::Isolated,
                 0 => Decision::Refuse {
                     retry_after: Duration::from_micros(u64::try_from(*retry_after).ok()?),
                 },
                 _ => return None,
             };
-            if changes.len() % 2 != 0 || changes.len() > 4 {
-                return None;
-            }
-            let mut transitions = Transitions::NONE;
-            for pair in changes.chunks_exact(2) {
-                transitions.push(Transition {
-                    from: state_of(pair[0])?,
-                    to: state_of(pair[1])?,
-                });
-            }
             Some(Reply {
                 decision,
                 state: state_of(*state)?,
-                transitions,
+                transitions: transitions_of(changes)?,
             })
         };
         read(&values).ok_or(BadReply(values))
     }
+}
+
+/// The changes of state at the end of a reply: pairs of from and to.
+fn transitions_of(changes: &[i64]) -> Option<Transitions> {
+    if !changes.len().is_multiple_of(2) || changes.len() > 4 {
+        return None;
+    }
+    let mut transitions = Transitions::NONE;
+    for pair in changes.chunks_exact(2) {
+        transitions.push(Transition {
+            from: state_of(pair[0])?,
+            to: state_of(pair[1])?,
+        });
+    }
+    Some(transitions)
+}
+
+/// The script's answer to `snapshot`, read into a [`Snapshot`] of `key`, with the changes
+/// of state that time made.
+pub(super) fn parse_snapshot(
+    key: &str,
+    rules: &Rules,
+    values: Vec<i64>,
+) -> Result<(Snapshot, Transitions), BadReply> {
+    let read = |values: &[i64]| -> Option<(Snapshot, Transitions)> {
+        let [
+            state,
+            isolated,
+            failures,
+            calls,
+            retry_after,
+            streak,
+            changes @ ..,
+        ] = values
+        else {
+            return None;
+        };
+        let (failures, calls) = (u32::try_from(*failures).ok()?, u32::try_from(*calls).ok()?);
+        let failure_rate = match rules.counting {
+            Counting::ErrorRate(_) if calls > 0 => Some(f64::from(failures) / f64::from(calls)),
+            _ => None,
+        };
+        let retry_after = match *retry_after {
+            -1 => None,
+            micros => Some(Duration::from_micros(u64::try_from(micros).ok()?)),
+        };
+        let snapshot = Snapshot::new(
+            key,
+            state_of(*state)?,
+            *isolated == 1,
+            failures,
+            calls,
+            failure_rate,
+            retry_after,
+            u32::try_from(*streak).ok()?,
+        );
+        Some((snapshot, transitions_of(changes)?))
+    };
+    read(&values).ok_or(BadReply(values))
+}
+
+/// The breaker key a Redis key name holds, undoing [`key_name`]'s escapes; `None` for a
+/// name of another shape.
+pub(super) fn key_of_name(namespace: &str, name: &str) -> Option<String> {
+    let prefix = key_name(namespace, "");
+    let escaped = name
+        .strip_prefix(prefix.strip_suffix('}')?)?
+        .strip_suffix('}')?;
+    let mut bytes = Vec::with_capacity(escaped.len());
+    let mut rest = escaped.as_bytes();
+    while let Some((&first, tail)) = rest.split_first() {
+        if first == b'%' {
+            let hex = std::str::from_utf8(tail.get(..2)?).ok()?;
+            bytes.push(u8::from_str_radix(hex, 16).ok()?);
+            rest = &tail[2..];
+        } else {
+            bytes.push(first);
+            rest = tail;
+        }
+    }
+    String::from_utf8(bytes).ok()
+}
+
+/// The SCAN pattern that matches every breaker key of `namespace`.
+pub(super) fn namespace_pattern(namespace: &str) -> String {
+    let mut pattern = key_name(namespace, "");
+    pattern.pop(); // the closing brace
+    pattern.push_str("*}");
+    pattern
 }
 
 fn state_of(code: i64) -> Option<State> {
@@ -196,6 +285,18 @@ mod tests {
         );
         assert_eq!(key_name("a:b", "x}{y%"), "mail-breaker:a%3Ab:{x%7D%7By%25}");
         assert_eq!(key_name("", "é"), "mail-breaker::{%C3%A9}");
+    }
+
+    #[test]
+    fn a_key_name_gives_back_its_key() {
+        for key in ["Example.org", "x}{y%", "é", "", "a:b"] {
+            assert_eq!(
+                key_of_name("a:b", &key_name("a:b", key)).as_deref(),
+                Some(key)
+            );
+        }
+        assert_eq!(key_of_name("app", "mail-breaker:other:{x}"), None);
+        assert_eq!(namespace_pattern("a:b"), "mail-breaker:a%3Ab:{*}");
     }
 
     #[test]
