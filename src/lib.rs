@@ -12,6 +12,8 @@ pub mod store;
 mod time;
 mod transport;
 
+#[cfg(feature = "postmark")]
+pub use adapters::http::postmark::{PostmarkTransport, classify_postmark_error};
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};
