@@ -14,6 +14,8 @@ mod transport;
 
 #[cfg(feature = "postmark")]
 pub use adapters::http::postmark::{PostmarkTransport, classify_postmark_error};
+#[cfg(feature = "resend")]
+pub use adapters::http::resend::{ResendTransport, classify_resend_error};
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};

@@ -34,6 +34,8 @@ pub(crate) mod mime;
 
 #[cfg(feature = "postmark")]
 pub mod postmark;
+#[cfg(feature = "resend")]
+pub mod resend;
 
 /// How long a request may take unless the transport is given another timeout.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
