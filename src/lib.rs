@@ -16,6 +16,8 @@ mod transport;
 pub use adapters::http::postmark::{PostmarkTransport, classify_postmark_error};
 #[cfg(feature = "resend")]
 pub use adapters::http::resend::{ResendTransport, classify_resend_error};
+#[cfg(feature = "sendgrid")]
+pub use adapters::http::sendgrid::{SendGridTransport, classify_sendgrid_error};
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};

@@ -21,7 +21,7 @@
 //! the envelope is InvalidMessage: these APIs deliver to every address they are given, so it
 //! would receive a message the envelope does not send it.
 
-use std::collections::HashSet;
+use std::collections::{BTreeMap, HashSet};
 
 use mail_parser::{Address, Message, MessageParser, MessagePart, MimeHeaders, PartType};
 
@@ -74,8 +74,10 @@ pub(crate) struct Attachment {
     pub(crate) content_id: Option<String>,
 }
 
-/// Headers carried by the APIs' own fields, or rewritten by every provider: never passed on
-/// as custom headers. `Content-*` headers are left out too (the API builds the structure).
+/// Headers carried by the APIs' own fields, or written anew by every provider: never passed
+/// on as custom headers. `Content-*` headers are left out too (the API builds the
+/// structure), and so are `DKIM-Signature` (it would not match the message the provider
+/// builds, which signs it again) and `Received` (the providers refuse to take it).
 const STRUCTURAL_HEADERS: &[&str] = &[
     "from",
     "to",
@@ -86,6 +88,8 @@ const STRUCTURAL_HEADERS: &[&str] = &[
     "date",
     "mime-version",
     "return-path",
+    "dkim-signature",
+    "received",
 ];
 
 impl ReadMessage {
@@ -114,6 +118,31 @@ impl ReadMessage {
             headers: custom_headers(&message),
             message_id: message.message_id().map(str::to_owned),
         })
+    }
+
+    /// The custom headers with one value per name, for APIs whose `headers` field is a JSON
+    /// object; a name given twice (in any case) is InvalidMessage, since the object cannot
+    /// hold both.
+    pub(crate) fn headers_by_name(
+        &self,
+        provider: &str,
+    ) -> Result<BTreeMap<&str, &str>, SendError> {
+        let mut headers = BTreeMap::new();
+        for (name, value) in &self.headers {
+            if headers
+                .keys()
+                .any(|known: &&str| known.eq_ignore_ascii_case(name))
+            {
+                return Err(invalid(
+                    provider,
+                    format!(
+                        "the header {name} appears more than once; {provider}'s headers field takes each name once"
+                    ),
+                ));
+            }
+            headers.insert(name.as_str(), value.as_str());
+        }
+        Ok(headers)
     }
 
     /// InvalidMessage unless the message has a To recipient, which every JSON API requires.
@@ -573,6 +602,17 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
         let message = builder().multipart(body).expect("a message");
         let error = read(&message).expect_err("calendar is not expressible");
         assert!(error.message().contains("text/calendar"), "{error}");
+    }
+
+    #[test]
+    fn a_header_given_twice_cannot_be_a_json_object() {
+        let raw =
+            b"From: a@example.com\r\nTo: b@example.org\r\nX-Tag: one\r\nx-tag: two\r\n\r\nhi\r\n";
+        let envelope = Envelope::new(None, vec!["b@example.org".parse().expect("an address")])
+            .expect("an envelope");
+        let read = ReadMessage::read("test", &envelope, raw).expect("readable");
+        let error = read.headers_by_name("test").expect_err("X-Tag twice");
+        assert!(error.message().to_ascii_lowercase().contains("x-tag"), "{error}");
     }
 
     #[test]

@@ -36,6 +36,8 @@ pub(crate) mod mime;
 pub mod postmark;
 #[cfg(feature = "resend")]
 pub mod resend;
+#[cfg(feature = "sendgrid")]
+pub mod sendgrid;
 
 /// How long a request may take unless the transport is given another timeout.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);

@@ -12,7 +12,7 @@ use serde::{Deserialize, Serialize};
 
 use super::mime::{Mailbox, ReadMessage};
 use super::{HttpClient, base_url};
-use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
 mod classify;
 
@@ -223,22 +223,7 @@ fn header_forms(mailboxes: &[Mailbox]) -> Vec<String> {
 }
 
 fn email(message: &ReadMessage) -> Result<Email<'_>, SendError> {
-    let mut headers = BTreeMap::new();
-    for (name, value) in &message.headers {
-        let taken = headers
-            .keys()
-            .any(|known: &&str| known.eq_ignore_ascii_case(name));
-        if taken {
-            return Err(SendError::new(
-                Category::InvalidMessage,
-                format!("{PROVIDER}.message"),
-                format!(
-                    "the header {name} appears more than once; Resend's headers field takes each name once"
-                ),
-            ));
-        }
-        headers.insert(name.as_str(), value.as_str());
-    }
+    let headers = message.headers_by_name(PROVIDER)?;
     Ok(Email {
         from: message.from.to_header_form(),
         to: header_forms(&message.to),
