@@ -12,6 +12,8 @@ pub mod store;
 mod time;
 mod transport;
 
+#[cfg(feature = "mailgun")]
+pub use adapters::http::mailgun::{MailgunTransport, classify_mailgun_error};
 #[cfg(feature = "postmark")]
 pub use adapters::http::postmark::{PostmarkTransport, classify_postmark_error};
 #[cfg(feature = "resend")]

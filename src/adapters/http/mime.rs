@@ -612,7 +612,10 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
             .expect("an envelope");
         let read = ReadMessage::read("test", &envelope, raw).expect("readable");
         let error = read.headers_by_name("test").expect_err("X-Tag twice");
-        assert!(error.message().to_ascii_lowercase().contains("x-tag"), "{error}");
+        assert!(
+            error.message().to_ascii_lowercase().contains("x-tag"),
+            "{error}"
+        );
     }
 
     #[test]

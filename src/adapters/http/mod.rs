@@ -32,6 +32,8 @@ use crate::{Category, SendError};
 #[cfg(any(feature = "postmark", feature = "resend", feature = "sendgrid"))]
 pub(crate) mod mime;
 
+#[cfg(feature = "mailgun")]
+pub mod mailgun;
 #[cfg(feature = "postmark")]
 pub mod postmark;
 #[cfg(feature = "resend")]
