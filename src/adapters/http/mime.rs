@@ -21,7 +21,9 @@
 //! the envelope is InvalidMessage: these APIs deliver to every address they are given, so it
 //! would receive a message the envelope does not send it.
 
-use std::collections::{BTreeMap, HashSet};
+#[cfg(any(feature = "resend", feature = "sendgrid"))]
+use std::collections::BTreeMap;
+use std::collections::HashSet;
 
 use mail_parser::{Address, Message, MessageParser, MessagePart, MimeHeaders, PartType};
 
@@ -54,6 +56,7 @@ pub(crate) struct Mailbox {
 
 impl Mailbox {
     /// `"Name" <address>`, or the bare address: the form Postmark and Resend take.
+    #[cfg(any(feature = "postmark", feature = "resend"))]
     pub(crate) fn to_header_form(&self) -> String {
         match &self.name {
             Some(name) if !name.is_empty() => {
@@ -123,6 +126,7 @@ impl ReadMessage {
     /// The custom headers with one value per name, for APIs whose `headers` field is a JSON
     /// object; a name given twice (in any case) is InvalidMessage, since the object cannot
     /// hold both.
+    #[cfg(any(feature = "resend", feature = "sendgrid"))]
     pub(crate) fn headers_by_name(
         &self,
         provider: &str,
@@ -605,6 +609,7 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
     }
 
     #[test]
+    #[cfg(any(feature = "resend", feature = "sendgrid"))]
     fn a_header_given_twice_cannot_be_a_json_object() {
         let raw =
             b"From: a@example.com\r\nTo: b@example.org\r\nX-Tag: one\r\nx-tag: two\r\n\r\nhi\r\n";
@@ -624,6 +629,7 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
     }
 
     #[test]
+    #[cfg(any(feature = "postmark", feature = "resend"))]
     fn names_are_quoted_in_header_form() {
         let mailbox = Mailbox {
             name: Some("Doe, \"J\"".to_owned()),
