@@ -1,5 +1,5 @@
 //! [`MailgunTransport`]: Mailgun's `messages.mime` API, the formatted message uploaded as it
-//! is, its errors sorted into [`Category`](crate::Category)s by [`classify_mailgun_error`].
+//! is, its errors sorted into [`Category`]s by [`classify_mailgun_error`].
 
 use std::fmt;
 use std::time::Duration;

@@ -1,5 +1,5 @@
 //! [`SendGridTransport`]: SendGrid's v3 `/mail/send` API, the formatted message read back
-//! into its JSON fields, its errors sorted into [`Category`](crate::Category)s by
+//! into its JSON fields, its errors sorted into [`Category`]s by
 //! [`classify_sendgrid_error`].
 
 use std::collections::BTreeMap;
