@@ -147,6 +147,11 @@ mod tests {
     }
 
     #[test]
+    fn mailgun_other_statuses_are_configuration() {
+        assert_eq!(sorted(405, "").category(), Category::Configuration);
+    }
+
+    #[test]
     fn mailgun_outages_and_failed_requests_are_server_error_or_service_unavailable() {
         assert_eq!(sorted(500, "").category(), Category::ServerError);
         assert_eq!(

@@ -183,6 +183,22 @@ mod tests {
     }
 
     #[test]
+    fn resend_wrong_endpoints_and_other_statuses_are_configuration() {
+        assert_eq!(
+            sorted(404, "not_found", "").category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(405, "method_not_allowed", "").category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            classify_resend_error(418, &HeaderMap::new(), b"").category(),
+            Category::Configuration
+        );
+    }
+
+    #[test]
     fn resend_security_errors_are_rejected() {
         assert_eq!(
             sorted(451, "security_error", "").category(),

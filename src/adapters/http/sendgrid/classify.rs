@@ -166,6 +166,12 @@ mod tests {
     }
 
     #[test]
+    fn sendgrid_wrong_endpoints_are_configuration() {
+        assert_eq!(sorted(404, "not found").category(), Category::Configuration);
+        assert_eq!(sorted(406, "").category(), Category::Configuration);
+    }
+
+    #[test]
     fn sendgrid_outages_are_server_error_or_service_unavailable() {
         assert_eq!(sorted(500, "").category(), Category::ServerError);
         assert_eq!(sorted(502, "").category(), Category::ServerError);
