@@ -13,6 +13,14 @@ pub mod store;
 mod time;
 mod transport;
 
+#[cfg(feature = "mailgun")]
+pub use adapters::http::mailgun::{MailgunTransport, classify_mailgun_error};
+#[cfg(feature = "postmark")]
+pub use adapters::http::postmark::{PostmarkTransport, classify_postmark_error};
+#[cfg(feature = "resend")]
+pub use adapters::http::resend::{ResendTransport, classify_resend_error};
+#[cfg(feature = "sendgrid")]
+pub use adapters::http::sendgrid::{SendGridTransport, classify_sendgrid_error};
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};

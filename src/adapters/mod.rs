@@ -1,5 +1,13 @@
-//! Transports for real providers: SMTP through lettre, lettre's other transports, and SES.
+//! Transports for real providers: SMTP through lettre, lettre's other transports, SES, and
+//! the HTTP e-mail APIs (Postmark, Resend, SendGrid, Mailgun).
 
+#[cfg(any(
+    feature = "postmark",
+    feature = "resend",
+    feature = "sendgrid",
+    feature = "mailgun"
+))]
+pub mod http;
 pub mod lettre;
 #[cfg(feature = "ses")]
 pub mod ses;

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod flaky;
+pub mod http_api;
+pub mod http_checks;
 pub mod moto;
 pub mod raw_smtp;
 pub mod redis;

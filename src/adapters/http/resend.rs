@@ -1,0 +1,370 @@
+//! [`ResendTransport`]: Resend's `/emails` API with an idempotency key derived from the
+//! message, its errors sorted into [`Category`](crate::Category)s by
+//! [`classify_resend_error`].
+
+use std::collections::BTreeMap;
+use std::fmt;
+use std::time::Duration;
+
+use base64::Engine;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use serde::{Deserialize, Serialize};
+
+use super::mime::{Mailbox, ReadMessage};
+use super::{HttpClient, base_url};
+use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+
+mod classify;
+
+pub use classify::classify_resend_error;
+
+/// The name of the provider in codes (`resend.rate_limit_exceeded`) and logs.
+const PROVIDER: &str = "resend";
+
+/// Resend's API.
+const DEFAULT_ENDPOINT: &str = "https://api.resend.com";
+
+/// The longest idempotency key Resend takes.
+const MAX_KEY_CHARS: usize = 256;
+
+/// Sends through Resend's `/emails` API with an API key.
+///
+/// - **The message** is read back from its MIME form into Resend's fields: from, to, cc,
+///   bcc, reply_to, subject, text, html, attachments (inline ones with their `content_id`)
+///   and headers (every other header, Message-ID included). A structure Resend cannot
+///   express (a signed message, a calendar alternative, a header given twice, which its
+///   `headers` object cannot hold) is InvalidMessage, naming it; see
+///   [`adapters::http`](crate::adapters::http) for the rules.
+/// - **Recipients**: the envelope decides. Envelope recipients in neither To nor Cc go as
+///   bcc, so Bcc is kept. The envelope's sender is not sent: Resend sets its own bounce
+///   address for the sender's domain.
+/// - **Receipts** carry Resend's email `id`.
+/// - **Errors** are sorted by [`classify_resend_error`]; a request that got no answer as
+///   the [module table](crate::adapters::http) says.
+/// - **verify** lists the account's domains (`GET /domains`). A bad key is Authentication;
+///   a key restricted to sending (which may not list domains) is `Ok`: it is valid.
+///
+/// # Idempotency: a retry cannot deliver twice
+/// Every request carries an `Idempotency-Key`: the message's Message-ID (without its angle
+/// brackets; one longer than Resend's 256 characters is cut and a hash of the whole
+/// appended), or, for a message without one, a hash of the formatted message. Resend
+/// answers a request whose key it has seen in the last 24 hours with the first answer and
+/// sends nothing again, so a maybe-delivered error (a timeout, a dropped connection) may be
+/// retried safely, through this transport or any other `ResendTransport` on the same
+/// account. Give each new message a Message-ID of its own (lettre's
+/// `.message_id(None)` makes one): Resend refuses the same key with another message
+/// (`resend.invalid_idempotent_request`, InvalidMessage).
+///
+/// # Example
+/// ```no_run
+/// use mail_breaker::{CircuitBreakerTransport, ResendTransport, Transport};
+///
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let resend = ResendTransport::new("re_123");
+/// assert_eq!(resend.name(), "resend");
+/// resend.verify().await?;
+///
+/// let mailer = CircuitBreakerTransport::new(resend);
+/// let message = lettre::Message::builder()
+///     .from("app@example.com".parse()?)
+///     .to("user@example.org".parse()?)
+///     .subject("Welcome")
+///     .message_id(None)
+///     .body(String::from("hello"))?;
+/// let receipt = mailer.send(&message).await?;
+/// println!("Resend id {:?}", receipt.message_id());
+/// # Ok(())
+/// # }
+/// ```
+#[derive(Clone)]
+pub struct ResendTransport {
+    api_key: String,
+    endpoint: String,
+    client: HttpClient,
+    name: String,
+    concurrency: usize,
+}
+
+impl ResendTransport {
+    /// A transport sending with `api_key` to Resend's API, with a 30-second timeout, named
+    /// `resend`.
+    ///
+    /// ```
+    /// let resend = mail_breaker::ResendTransport::new("re_123");
+    /// # let _ = resend;
+    /// ```
+    pub fn new(api_key: impl Into<String>) -> Self {
+        ResendTransport {
+            api_key: api_key.into(),
+            endpoint: DEFAULT_ENDPOINT.to_owned(),
+            client: HttpClient::new(super::DEFAULT_TIMEOUT),
+            name: PROVIDER.to_owned(),
+            concurrency: 10,
+        }
+    }
+
+    /// Sends to another base URL than `https://api.resend.com` (a test server, a proxy).
+    ///
+    /// ```
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_endpoint("http://127.0.0.1:8080");
+    /// # let _ = resend;
+    /// ```
+    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
+        self.endpoint = base_url(url);
+        self
+    }
+
+    /// Bounds each request (default 30 s); connecting gets half of it (see the
+    /// [module table](crate::adapters::http)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_timeout(Duration::from_secs(5));
+    /// # let _ = resend;
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.client = HttpClient::new(timeout);
+        self
+    }
+
+    /// Sets the name used in logs, receipts and breaker keys (default `resend`).
+    ///
+    /// ```
+    /// use mail_breaker::Transport;
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_name("resend-marketing");
+    /// assert_eq!(resend.name(), "resend-marketing");
+    /// ```
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How many messages `send_many` sends at once (default 10; at least 1). Resend's
+    /// default rate limit is a few requests a second: keep it near yours.
+    ///
+    /// ```
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_concurrency(2);
+    /// # let _ = resend;
+    /// ```
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// The bound on each request.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(mail_breaker::ResendTransport::new("re_123").timeout(), Duration::from_secs(30));
+    /// ```
+    pub fn timeout(&self) -> Duration {
+        self.client.timeout()
+    }
+
+    fn request(
+        &self,
+        method: reqwest::Method,
+        path: &str,
+    ) -> Result<reqwest::RequestBuilder, SendError> {
+        Ok(self
+            .client
+            .request(PROVIDER, method, &format!("{}{path}", self.endpoint))?
+            .bearer_auth(&self.api_key))
+    }
+
+    fn failure(&self, answer: &super::Answer) -> SendError {
+        classify_resend_error(
+            answer.status,
+            &answer.headers,
+            &answer.body_without(&self.api_key),
+        )
+    }
+}
+
+/// The `/emails` request body.
+#[derive(Debug, Serialize)]
+struct Email<'a> {
+    from: String,
+    to: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    cc: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    bcc: Vec<String>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    reply_to: Vec<String>,
+    subject: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    text: Option<&'a str>,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    html: Option<&'a str>,
+    #[serde(skip_serializing_if = "BTreeMap::is_empty")]
+    headers: BTreeMap<&'a str, &'a str>,
+    #[serde(skip_serializing_if = "Vec::is_empty")]
+    attachments: Vec<Attachment<'a>>,
+}
+
+#[derive(Debug, Serialize)]
+struct Attachment<'a> {
+    filename: &'a str,
+    content: String,
+    content_type: &'a str,
+    #[serde(skip_serializing_if = "Option::is_none")]
+    content_id: Option<&'a str>,
+}
+
+/// What `/emails` answers on success.
+#[derive(Debug, Deserialize)]
+struct Sent {
+    id: Option<String>,
+}
+
+fn header_forms(mailboxes: &[Mailbox]) -> Vec<String> {
+    mailboxes.iter().map(Mailbox::to_header_form).collect()
+}
+
+fn email(message: &ReadMessage) -> Result<Email<'_>, SendError> {
+    let headers = message.headers_by_name(PROVIDER)?;
+    Ok(Email {
+        from: message.from.to_header_form(),
+        to: header_forms(&message.to),
+        cc: header_forms(&message.cc),
+        bcc: header_forms(&message.bcc),
+        reply_to: header_forms(&message.reply_to),
+        subject: message.subject.as_deref().unwrap_or(""),
+        text: message.text.as_deref(),
+        html: message.html.as_deref(),
+        headers,
+        attachments: message
+            .attachments
+            .iter()
+            .map(|attachment| Attachment {
+                filename: &attachment.filename,
+                content: BASE64.encode(&attachment.content),
+                content_type: &attachment.content_type,
+                content_id: attachment.content_id.as_deref(),
+            })
+            .collect(),
+    })
+}
+
+/// The `Idempotency-Key` of a message (see the type's docs): its Message-ID, or a hash of
+/// the formatted message when it has none.
+fn idempotency_key(message_id: Option<&str>, raw: &[u8]) -> String {
+    match message_id.map(|id| id.trim_matches(['<', '>', ' '])) {
+        Some(id) if !id.is_empty() => {
+            if id.chars().count() <= MAX_KEY_CHARS && id.is_ascii() {
+                id.to_owned()
+            } else {
+                let head: String = id
+                    .chars()
+                    .filter(char::is_ascii)
+                    .take(MAX_KEY_CHARS - 17)
+                    .collect();
+                format!("{head}-{:016x}", fnv1a(id.as_bytes()))
+            }
+        }
+        _ => format!("raw-{:016x}-{}", fnv1a(raw), raw.len()),
+    }
+}
+
+/// The 64-bit FNV-1a hash: stable across processes and releases, unlike std's hasher, so
+/// that two processes retrying one message derive one key.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[async_trait::async_trait]
+impl Transport for ResendTransport {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let tag = |error: SendError| error.with_transport(&self.name);
+        let message = ReadMessage::read(PROVIDER, envelope, raw).map_err(tag)?;
+        message.require_to(PROVIDER).map_err(tag)?;
+        let body = email(&message).map_err(tag)?;
+        let key = idempotency_key(message.message_id.as_deref(), raw);
+        let request = self
+            .request(reqwest::Method::POST, "/emails")
+            .map_err(tag)?
+            .header("Idempotency-Key", key)
+            .json(&body);
+        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
+        if !answer.is_success() {
+            return Err(tag(self.failure(&answer)));
+        }
+        let receipt = Receipt::new(&self.name);
+        match answer.json::<Sent>().and_then(|sent| sent.id) {
+            Some(id) => Ok(receipt.with_message_id(id)),
+            None => {
+                tracing::warn!(transport = %self.name, "Resend took the message but its answer had no id");
+                Ok(receipt)
+            }
+        }
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        crate::transport::send_concurrently(self, messages, self.concurrency)
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        let tag = |error: SendError| error.with_transport(&self.name);
+        let request = self
+            .request(reqwest::Method::GET, "/domains")
+            .map_err(tag)?;
+        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
+        if answer.is_success() {
+            return Ok(());
+        }
+        let error = self.failure(&answer);
+        // A sending-only key may not list domains, and says so: it is a valid key.
+        if error.code() == "resend.restricted_api_key" {
+            return Ok(());
+        }
+        Err(tag(error))
+    }
+}
+
+impl fmt::Debug for ResendTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ResendTransport")
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint)
+            .field("timeout", &self.client.timeout())
+            .field("concurrency", &self.concurrency)
+            .finish_non_exhaustive()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_key_is_the_message_id_without_brackets() {
+        assert_eq!(
+            idempotency_key(Some("<a.b@example.com>"), b"x"),
+            "a.b@example.com"
+        );
+    }
+
+    #[test]
+    fn a_long_message_id_is_cut_to_resends_limit_with_a_hash() {
+        let long = format!("<{}@example.com>", "x".repeat(400));
+        let key = idempotency_key(Some(&long), b"x");
+        assert_eq!(key.chars().count(), MAX_KEY_CHARS);
+        let other = format!("<{}y@example.com>", "x".repeat(400));
+        assert_ne!(key, idempotency_key(Some(&other), b"x"));
+    }
+
+    #[test]
+    fn a_message_without_an_id_is_keyed_by_its_bytes() {
+        let key = idempotency_key(None, b"same bytes");
+        assert_eq!(key, idempotency_key(None, b"same bytes"));
+        assert_ne!(key, idempotency_key(None, b"other bytes"));
+        assert!(key.starts_with("raw-"));
+    }
+}

@@ -1,0 +1,180 @@
+//! Sorting SendGrid's error answers into [`Category`]s.
+
+use serde::Deserialize;
+
+use crate::adapters::http::{HeaderMap, answer_error, category_of_status};
+use crate::{Category, SendError};
+
+/// SendGrid's error body: `{"errors": [{"message": "...", "field": "...", "help": ...}]}`.
+#[derive(Debug, Default, Deserialize)]
+struct ErrorBody {
+    #[serde(default)]
+    errors: Vec<ErrorItem>,
+}
+
+#[derive(Debug, Default, Deserialize)]
+struct ErrorItem {
+    #[serde(default)]
+    message: Option<String>,
+    #[serde(default)]
+    field: Option<String>,
+}
+
+/// Sorts an error answer of SendGrid's v3 API (its HTTP status, headers and body) into a
+/// [`Category`], with the code `sendgrid.<status>` (SendGrid names no error codes, only
+/// statuses and messages).
+///
+/// The status decides, and for 401 and 403 the message (SendGrid answers several account
+/// problems with them).
+///
+/// | what happened | category |
+/// |---|---|
+/// | HTTP 401: a key that is invalid, expired or revoked | Authentication |
+/// | HTTP 403: a key without the scope (`access forbidden`) | Authentication |
+/// | HTTP 403 "does not match a verified Sender Identity": an unverified sender or domain | Configuration |
+/// | HTTP 401 "Maximum credits exceeded"; HTTP 401 or 403 saying the account is suspended, disabled or banned | Configuration |
+/// | HTTP 403 "Too many bad requests" (a temporary block) | RateLimited |
+/// | HTTP 400 (a bad address, a missing field, a reserved header), HTTP 413 | InvalidMessage |
+/// | HTTP 429 | RateLimited |
+/// | HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
+/// | HTTP 503 | ServiceUnavailable |
+/// | HTTP 451 (data residency: the account's region), 404, 405, 406, 415 and any other status | Configuration |
+///
+/// A request that got no answer is sorted by the transport (see the
+/// [module table](crate::adapters::http)): connection failures are Network, timeouts
+/// Timeout.
+///
+/// A `Retry-After` header, in seconds or as an HTTP-date, becomes
+/// [`SendError::retry_after`], capped at a day. The error's message is SendGrid's messages
+/// joined (each with its field), addresses masked and cut at 300 characters.
+///
+/// ```
+/// use mail_breaker::{Category, classify_sendgrid_error};
+/// use mail_breaker::adapters::http::HeaderMap;
+///
+/// let body = br#"{"errors":[{"message":"The from address does not match a verified Sender Identity.","field":"from"}]}"#;
+/// let error = classify_sendgrid_error(403, &HeaderMap::new(), body);
+/// assert_eq!(error.category(), Category::Configuration);
+/// assert_eq!(error.code(), "sendgrid.403");
+/// ```
+pub fn classify_sendgrid_error(status: u16, headers: &HeaderMap, body: &[u8]) -> SendError {
+    let parsed: ErrorBody = serde_json::from_slice(body).unwrap_or_default();
+    let message = parsed
+        .errors
+        .iter()
+        .filter_map(|item| {
+            let message = item.message.as_deref()?;
+            Some(match item.field.as_deref() {
+                Some(field) if !field.is_empty() => format!("{field}: {message}"),
+                _ => message.to_owned(),
+            })
+        })
+        .collect::<Vec<_>>()
+        .join("; ");
+    let category = category_of(status, &message);
+    answer_error(
+        category,
+        format!("sendgrid.{status}"),
+        status,
+        &message,
+        headers,
+    )
+}
+
+/// The table of [`classify_sendgrid_error`].
+fn category_of(status: u16, message: &str) -> Category {
+    let lower = message.to_ascii_lowercase();
+    let says = |words: &[&str]| words.iter().any(|word| lower.contains(word));
+    match status {
+        401 | 403 if says(&["credits", "suspended", "disabled", "banned"]) => {
+            Category::Configuration
+        }
+        403 if says(&["sender identity", "not verified", "unverified"]) => Category::Configuration,
+        403 if says(&["too many bad requests", "temporar"]) => Category::RateLimited,
+        400 | 413 => Category::InvalidMessage,
+        451 => Category::Configuration,
+        _ => category_of_status(status),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::*;
+
+    fn sorted(status: u16, message: &str) -> SendError {
+        let body = format!(r#"{{"errors":[{{"message":"{message}","field":null}}]}}"#);
+        classify_sendgrid_error(status, &HeaderMap::new(), body.as_bytes())
+    }
+
+    #[test]
+    fn sendgrid_bad_keys_and_missing_scopes_are_authentication() {
+        let error = sorted(
+            401,
+            "The provided authorization grant is invalid, expired, or revoked",
+        );
+        assert_eq!(error.category(), Category::Authentication);
+        assert_eq!(error.code(), "sendgrid.401");
+        assert_eq!(
+            sorted(403, "access forbidden").category(),
+            Category::Authentication
+        );
+    }
+
+    #[test]
+    fn sendgrid_unverified_senders_and_stopped_accounts_are_configuration() {
+        assert_eq!(
+            sorted(
+                403,
+                "The from address does not match a verified Sender Identity."
+            )
+            .category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(401, "Maximum credits exceeded").category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(403, "Your account has been suspended").category(),
+            Category::Configuration
+        );
+        assert_eq!(sorted(451, "").category(), Category::Configuration);
+    }
+
+    #[test]
+    fn sendgrid_bad_requests_are_invalid_message_naming_the_field() {
+        let body = br#"{"errors":[{"message":"Does not contain a valid address.","field":"personalizations.0.to.0.email"}]}"#;
+        let error = classify_sendgrid_error(400, &HeaderMap::new(), body);
+        assert_eq!(error.category(), Category::InvalidMessage);
+        assert!(error.message().contains("personalizations.0.to.0.email"));
+        assert_eq!(sorted(413, "").category(), Category::InvalidMessage);
+    }
+
+    #[test]
+    fn sendgrid_rate_limits_and_temporary_blocks_are_rate_limited() {
+        let mut headers = HeaderMap::new();
+        headers.insert("retry-after", "30".parse().expect("a header value"));
+        let error = classify_sendgrid_error(429, &headers, b"");
+        assert_eq!(error.category(), Category::RateLimited);
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(30)));
+        assert_eq!(
+            sorted(403, "Too many bad requests. Temporary block").category(),
+            Category::RateLimited
+        );
+    }
+
+    #[test]
+    fn sendgrid_wrong_endpoints_are_configuration() {
+        assert_eq!(sorted(404, "not found").category(), Category::Configuration);
+        assert_eq!(sorted(406, "").category(), Category::Configuration);
+    }
+
+    #[test]
+    fn sendgrid_outages_are_server_error_or_service_unavailable() {
+        assert_eq!(sorted(500, "").category(), Category::ServerError);
+        assert_eq!(sorted(502, "").category(), Category::ServerError);
+        assert_eq!(sorted(503, "").category(), Category::ServiceUnavailable);
+    }
+}
