@@ -8,6 +8,10 @@
 //! event, whatever the event: that is how the rules read ("a probe that has not answered
 //! within probe_timeout is a failed probe"), and it is what caught a probe released after its
 //! deadline freeing its slot instead of reopening the breaker.
+//!
+//! Operating rules (DESIGN §8) are in it too: isolate holds the breaker open until reset, reset
+//! closes it and clears its counts, and each reopening without a close in between doubles the
+//! open time up to `max_reset_timeout`.
 
 use std::time::Duration;
 
@@ -21,8 +25,10 @@ use tokio::time::Instant;
 enum Standing {
     /// Every result since the breaker last closed (or was made): (time, failed).
     Closed { results: Vec<(u64, bool)> },
-    /// Opened at `since`; sends are refused until `since + reset_timeout`.
-    Open { since: u64 },
+    /// Opened at `since` for `open_for`; sends are refused until then.
+    Open { since: u64, open_for: u64 },
+    /// Held open by hand until reset.
+    Isolated,
     /// Probing: `probe` is the one send out, with the time it went; `successes` in a row.
     HalfOpen {
         probe: Option<(u64, u64)>,
@@ -40,6 +46,11 @@ struct Model {
     next_probe: u64,
     /// Changes of state made by the current event.
     heard: Vec<(State, State)>,
+    /// Openings since the breaker last closed.
+    openings: u32,
+    /// Resets of a breaker that was closed already: they change no state, but results sent
+    /// before them no longer count.
+    quiet_resets: u64,
 }
 
 /// A send the model let go: the period it went in, and its probe identity if it probes.
@@ -63,13 +74,45 @@ impl Model {
             changes_so_far: 0,
             next_probe: 1,
             heard: Vec::new(),
+            openings: 0,
+            quiet_resets: 0,
         }
+    }
+
+    /// The period a send is in: results count only in the one they were sent in.
+    fn period(&self) -> u64 {
+        self.changes_so_far + self.quiet_resets
+    }
+
+    /// Rule: the open time is `reset_timeout` at the first opening since the breaker closed,
+    /// twice the last at each reopening, and never more than `max_reset_timeout`.
+    fn open_time(&self) -> u64 {
+        let reset = ms(self.rules.reset_timeout);
+        match self.rules.max_reset_timeout {
+            None => reset,
+            Some(longest) => {
+                let mut time = reset;
+                for _ in 1..self.openings {
+                    time = time.saturating_mul(2);
+                }
+                time.min(ms(longest)).max(reset)
+            }
+        }
+    }
+
+    fn open_from(&mut self, since: u64) {
+        if self.state() == State::Closed {
+            self.openings = 0;
+        }
+        self.openings += 1;
+        let open_for = self.open_time();
+        self.change_to(Standing::Open { since, open_for });
     }
 
     fn state(&self) -> State {
         match self.standing {
             Standing::Closed { .. } => State::Closed,
-            Standing::Open { .. } => State::Open,
+            Standing::Open { .. } | Standing::Isolated => State::Open,
             Standing::HalfOpen { .. } => State::HalfOpen,
         }
     }
@@ -91,34 +134,35 @@ impl Model {
         {
             let deadline = sent_at + ms(self.rules.probe_timeout);
             if now >= deadline {
-                self.change_to(Standing::Open { since: deadline });
+                self.open_from(deadline);
             }
         }
     }
 
-    /// A send asks to go at `now`: `Ok(sent)` or `Err(retry_after in ms)`.
-    fn send(&mut self, now: u64) -> Result<Sent, u64> {
+    /// A send asks to go at `now`: `Ok(sent)` or why not.
+    fn send(&mut self, now: u64) -> Result<Sent, Refusal> {
         self.time_passes(now);
         // Rule: half-open is entered on the first send once reset_timeout has passed.
-        if let Standing::Open { since } = self.standing
-            && now >= since + ms(self.rules.reset_timeout)
+        if let Standing::Open { since, open_for } = self.standing
+            && now >= since + open_for
         {
             self.change_to(Standing::HalfOpen {
                 probe: None,
                 successes: 0,
             });
         }
-        let period = self.changes_so_far;
+        let period = self.period();
         match &mut self.standing {
             Standing::Closed { .. } => Ok(Sent {
                 period,
                 probe: None,
             }),
-            Standing::Open { since } => Err(*since + ms(self.rules.reset_timeout) - now),
+            Standing::Open { since, open_for } => Err(Refusal::For(*since + *open_for - now)),
+            Standing::Isolated => Err(Refusal::Isolated),
             Standing::HalfOpen {
                 probe: Some((_, sent_at)),
                 ..
-            } => Err(*sent_at + ms(self.rules.probe_timeout) - now),
+            } => Err(Refusal::For(*sent_at + ms(self.rules.probe_timeout) - now)),
             Standing::HalfOpen { probe, .. } => {
                 let id = self.next_probe;
                 self.next_probe += 1;
@@ -159,7 +203,7 @@ impl Model {
     fn answer(&mut self, now: u64, sent: Sent, failed: bool) {
         self.time_passes(now);
         // Rule: a result counts only in the period it was sent in.
-        if sent.period != self.changes_so_far {
+        if sent.period != self.period() {
             return;
         }
         let needed = self.rules.half_open_successes;
@@ -168,7 +212,7 @@ impl Model {
                 results.push((now, failed));
                 let results = std::mem::take(results);
                 if self.should_open(&results, now) {
-                    self.change_to(Standing::Open { since: now });
+                    self.open_from(now);
                 } else {
                     self.standing = Standing::Closed { results };
                 }
@@ -177,7 +221,7 @@ impl Model {
                 if sent.probe.is_some() && probe.map(|(id, _)| id) == sent.probe =>
             {
                 if failed {
-                    self.change_to(Standing::Open { since: now });
+                    self.open_from(now);
                 } else {
                     *successes += 1;
                     *probe = None;
@@ -199,7 +243,7 @@ impl Model {
             return; // holds nothing
         }
         self.time_passes(now);
-        if sent.period != self.changes_so_far {
+        if sent.period != self.period() {
             return;
         }
         if let Standing::HalfOpen { probe, .. } = &mut self.standing
@@ -213,6 +257,40 @@ impl Model {
     fn look(&mut self, now: u64) {
         self.time_passes(now);
     }
+
+    /// An operator isolates the breaker: open until reset. Already open, nothing is heard.
+    fn isolate(&mut self) {
+        match self.standing {
+            Standing::Isolated => {}
+            Standing::Open { .. } => self.standing = Standing::Isolated,
+            _ => self.change_to(Standing::Isolated),
+        }
+    }
+
+    /// An operator resets the breaker: closed, nothing counted, the open time back to the
+    /// reset timeout.
+    fn reset(&mut self) {
+        self.openings = 0;
+        if self.state() == State::Closed {
+            self.standing = Standing::Closed {
+                results: Vec::new(),
+            };
+            self.quiet_resets += 1;
+        } else {
+            self.change_to(Standing::Closed {
+                results: Vec::new(),
+            });
+        }
+    }
+}
+
+/// Why the rules refuse a send.
+#[derive(Debug, Clone, Copy, PartialEq)]
+enum Refusal {
+    /// For this many ms.
+    For(u64),
+    /// Until reset.
+    Isolated,
 }
 
 #[derive(Debug, Clone)]
@@ -222,6 +300,8 @@ enum Event {
     Answer { pick: usize, failed: bool },
     Drop { pick: usize },
     Look,
+    Isolate,
+    Reset,
 }
 
 fn event() -> impl Strategy<Value = Event> {
@@ -231,6 +311,8 @@ fn event() -> impl Strategy<Value = Event> {
         4 => (any::<usize>(), prop::bool::weighted(0.6)).prop_map(|(pick, failed)| Event::Answer { pick, failed }),
         2 => any::<usize>().prop_map(|pick| Event::Drop { pick }),
         1 => Just(Event::Look),
+        1 => prop_oneof![9 => Just(Event::Look), 1 => Just(Event::Isolate)],
+        1 => prop_oneof![4 => Just(Event::Look), 1 => Just(Event::Reset)],
     ]
 }
 
@@ -251,13 +333,17 @@ fn rules() -> impl Strategy<Value = Rules> {
             }
         ),
     ];
-    (counting, 1u64..30, 1u64..30, 1u32..4).prop_map(|(counting, reset, probe, successes)| Rules {
-        counting,
-        reset_timeout: Duration::from_secs(reset),
-        probe_timeout: Duration::from_secs(probe),
-        half_open_successes: successes,
-        max_reset_timeout: None,
-    })
+    let longest = prop::option::of(0u64..200);
+    (counting, 1u64..30, 1u64..30, 1u32..4, longest).prop_map(
+        |(counting, reset, probe, successes, longest)| Rules {
+            counting,
+            reset_timeout: Duration::from_secs(reset),
+            probe_timeout: Duration::from_secs(probe),
+            half_open_successes: successes,
+            // Never below the reset timeout: the builder refuses that.
+            max_reset_timeout: longest.map(|extra| Duration::from_secs(reset + extra)),
+        },
+    )
 }
 
 fn changes(transitions: impl Iterator<Item = Transition>) -> Vec<(State, State)> {
@@ -290,9 +376,10 @@ proptest! {
                             prop_assert_eq!(permit.is_probe(), sent.probe.is_some(), "step {}: probe", step);
                             outstanding.push((permit, sent));
                         }
-                        (Decision::Refuse { retry_after }, Err(wait)) => {
+                        (Decision::Refuse { retry_after }, Err(Refusal::For(wait))) => {
                             prop_assert_eq!(retry_after, Duration::from_millis(wait), "step {}", step);
                         }
+                        (Decision::Isolated, Err(Refusal::Isolated)) => {}
                         (got, want) => prop_assert!(false, "step {}: machine {:?}, rules {:?}", step, got, want),
                     }
                     transitions
@@ -318,10 +405,19 @@ proptest! {
                     model.look(now_ms);
                     machine.expire(&rules, now)
                 }
+                Event::Isolate => {
+                    model.isolate();
+                    machine.isolate()
+                }
+                Event::Reset => {
+                    model.reset();
+                    machine.reset()
+                }
             };
             prop_assert_eq!(changes(transitions.iter()), model.heard.clone(), "step {}", step);
             prop_assert_eq!(machine.state(), model.state(), "step {}", step);
-            prop_assert_eq!(machine.period(), model.changes_so_far, "step {}", step);
+            prop_assert_eq!(machine.period(), model.period(), "step {}", step);
+            prop_assert_eq!(machine.is_isolated(), matches!(model.standing, Standing::Isolated), "step {}", step);
         }
     }
 }

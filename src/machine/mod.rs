@@ -390,7 +390,8 @@ impl Machine {
         self.open_streak
     }
 
-    /// The current period: it moves on at every change of state.
+    /// The current period: it moves on at every change of state, and at a [`reset`](Self::reset)
+    /// of a closed breaker, so that results sent before it count for nothing.
     pub fn period(&self) -> u64 {
         self.period
     }
