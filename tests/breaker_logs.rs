@@ -66,3 +66,35 @@ async fn changes_and_refusals_are_logged_at_their_levels_with_transport_and_key(
         "{log}"
     );
 }
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_logs_what_it_would_refuse_once_per_change_of_state_not_once_per_send() {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    let _guard = tracing::subscriber::set_default(subscriber);
+    let inner = Scripted::answering("p", Reply::fail(Category::ServerError));
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .shadow(true)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let _ = breaker.send(&message()).await;
+    }
+    let log = String::from_utf8(captured.0.lock().unwrap().clone()).unwrap();
+    let shadow_lines: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("breaker.shadow"))
+        .collect();
+    assert_eq!(shadow_lines.len(), 1, "{log}");
+    assert!(shadow_lines[0].contains("INFO"), "{log}");
+    assert!(shadow_lines[0].contains("refuse every send"), "{log}");
+    assert!(!log.contains("breaker.refused"), "no line per send: {log}");
+    assert_eq!(inner.sends(), 10);
+}

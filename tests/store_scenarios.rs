@@ -34,6 +34,15 @@ enum Step {
     Wait(u64),
     /// The store's state for the key is now this.
     Is(State),
+    /// A send that is refused with a retry_after longer than this many ms (an open time
+    /// that grew).
+    RefusedOver(u64),
+    /// An operator isolates the breaker.
+    Isolate,
+    /// A send refused because the breaker is isolated.
+    Isolated,
+    /// An operator resets the breaker.
+    Reset,
 }
 
 use Step::*;
@@ -54,6 +63,14 @@ fn consecutive(threshold: u32, half_open_successes: u32) -> Rules {
         probe_timeout: RESET,
         half_open_successes,
         max_reset_timeout: None,
+    }
+}
+
+/// Opens on one failure; each reopening doubles the open time, up to four reset timeouts.
+fn escalating() -> Rules {
+    Rules {
+        max_reset_timeout: Some(RESET * 4),
+        ..consecutive(1, 1)
     }
 }
 
@@ -83,7 +100,7 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
     for (at, step) in scenario.steps.iter().enumerate() {
         let context = format!("step {at} ({step:?})");
         match *step {
-            Send | Probe | Refused => {
+            Send | Probe | Refused | RefusedOver(_) | Isolated => {
                 let (decision, changes) = store.acquire(KEY, rules, &late).await;
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
                 match (step, decision) {
@@ -93,6 +110,11 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
                         retry_after <= RESET,
                         "{context}: retry_after {retry_after:?} is longer than the reset timeout"
                     ),
+                    (RefusedOver(ms), Decision::Refuse { retry_after }) => assert!(
+                        retry_after > Duration::from_millis(*ms),
+                        "{context}: retry_after {retry_after:?} is not over {ms} ms"
+                    ),
+                    (Isolated, Decision::Isolated) => {}
                     (_, decision) => panic!("{context}: the store decided {decision:?}"),
                 }
             }
@@ -106,6 +128,14 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
             Wait(ms) => tokio::time::sleep(Duration::from_millis(ms)).await,
+            Isolate => {
+                let changes = store.isolate(KEY, rules, &late).await;
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+            }
+            Reset => {
+                let changes = store.reset(KEY, rules, &late).await;
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+            }
             Is(expected) => {
                 let (state, changes) = store.state(KEY, rules);
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
@@ -254,6 +284,47 @@ scenarios! {
         steps: &[Send, Result(0, FAIL), Wait(600), Send, Result(1, FAIL), Is(Closed),
                  Send, Result(2, FAIL), Is(Open)],
         transitions: &[(Closed, Open)],
+    };
+    an_isolated_breaker_refuses_as_isolated_and_lets_no_probe_go: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Isolate, Is(Open), Isolated, Wait(500), Isolated, Is(Open), Isolate],
+        transitions: &[(Closed, Open)],
+    };
+    isolating_an_open_breaker_holds_it_past_its_reset_timeout: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Isolate, Wait(500), Isolated],
+        transitions: &[(Closed, Open)],
+    };
+    isolating_a_half_open_breaker_makes_its_probe_count_for_nothing: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Isolate, Result(1, OK), Isolated],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open)],
+    };
+    reset_closes_an_isolated_breaker: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Isolate, Reset, Is(Closed), Send, Result(0, FAIL), Is(Open)],
+        transitions: &[(Closed, Open), (Open, Closed), (Closed, Open)],
+    };
+    reset_closes_an_open_breaker_and_forgets_the_results_sent_before_it: Scenario {
+        rules: consecutive(2, 1),
+        steps: &[Send, Send, Result(0, FAIL), Reset, Result(1, FAIL), Is(Closed),
+                 Send, Result(2, FAIL), Is(Closed), Send, Result(3, FAIL), Is(Open),
+                 Reset, Is(Closed), Send],
+        transitions: &[(Closed, Open), (Open, Closed)],
+    };
+    each_reopening_without_a_close_doubles_the_open_time: Scenario {
+        rules: escalating(),
+        steps: &[Send, Result(0, FAIL), Refused, Wait(500), Probe, Result(1, FAIL),
+                 RefusedOver(600), Wait(900), Probe, Result(2, FAIL), RefusedOver(1_400)],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open),
+                       (Open, HalfOpen), (HalfOpen, Open)],
+    };
+    a_close_or_a_reset_starts_the_open_time_again_from_the_reset_timeout: Scenario {
+        rules: escalating(),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Result(1, FAIL), RefusedOver(600),
+                 Reset, Send, Result(2, FAIL), Refused],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open), (Open, Closed),
+                       (Closed, Open)],
     };
     the_error_rate_forgets_failures_after_the_breaker_closes: Scenario {
         rules: error_rate(50, 2, 5_000, 5),
