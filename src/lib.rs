@@ -16,7 +16,7 @@ pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
-pub use adapters::smtp::{SmtpTransport, classify_smtp_error, classify_smtp_reply};
+pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};
 pub use config::ConfigError;
 pub use pool::{PoolBuilder, PoolTransport, Strategy};

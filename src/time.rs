@@ -59,7 +59,10 @@ mod tests {
     fn later_saturates_instead_of_panicking() {
         let now = tokio::time::Instant::now();
         assert!(later(now, Duration::MAX) > later(now, Duration::from_secs(3600)));
-        assert_eq!(later(now, Duration::from_secs(1)), now + Duration::from_secs(1));
+        assert_eq!(
+            later(now, Duration::from_secs(1)),
+            now + Duration::from_secs(1)
+        );
         let std_now = std::time::Instant::now();
         assert!(later_std(std_now, Duration::MAX) > std_now);
     }
@@ -68,7 +71,10 @@ mod tests {
     fn retry_after_in_seconds_is_read_and_capped() {
         let now = SystemTime::now();
         assert_eq!(parse_retry_after("7", now), Some(Duration::from_secs(7)));
-        assert_eq!(parse_retry_after(" 1.5 ", now), Some(Duration::from_millis(1500)));
+        assert_eq!(
+            parse_retry_after(" 1.5 ", now),
+            Some(Duration::from_millis(1500))
+        );
         assert_eq!(parse_retry_after("1e20", now), Some(MAX_PROVIDER_WAIT));
         assert_eq!(parse_retry_after("inf", now), None);
         assert_eq!(parse_retry_after("NaN", now), None);
