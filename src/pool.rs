@@ -214,7 +214,8 @@ impl PoolTransport {
             error.category(),
             Category::Rejected | Category::InvalidMessage
         );
-        !about_the_message && !(self.at_most_once && error.is_maybe_delivered())
+        let maybe_held = self.at_most_once && error.is_maybe_delivered();
+        !(about_the_message || maybe_held)
     }
 }
 

@@ -159,6 +159,16 @@ impl SmtpBuilder {
     /// send, and no Tokio runtime is needed to build it.
     pub fn build(self) -> Result<SmtpTransport, ConfigError> {
         at_least_one("max_connections", self.max_connections as u64)?;
+        if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {
+            return Err(ConfigError::new(
+                "max_connections",
+                format!(
+                    "must be at most {}, got {}",
+                    tokio::sync::Semaphore::MAX_PERMITS,
+                    self.max_connections
+                ),
+            ));
+        }
         at_least_one(
             "max_messages_per_connection",
             self.max_messages_per_connection.into(),
