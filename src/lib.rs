@@ -5,6 +5,7 @@ pub mod adapters;
 pub mod breaker;
 mod cascade;
 mod config;
+pub mod machine;
 pub mod pool;
 mod receipt;
 pub mod retry;
@@ -17,8 +18,9 @@ pub use adapters::lettre::LettreTransport;
 pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
 pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
-pub use breaker::{CircuitBreakerTransport, ErrorRate, Scope, State, StateChange};
+pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
 pub use config::ConfigError;
+pub use machine::{ErrorRate, State};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use receipt::{Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};

@@ -94,7 +94,7 @@ mod tests {
             Some(Duration::ZERO)
         );
         assert_eq!(
-            parse_retry_after("Fri, 06 Nov 2094 08:00:00 GMT", now),
+            parse_retry_after("Sat, 06 Nov 2094 08:00:00 GMT", now),
             Some(MAX_PROVIDER_WAIT)
         );
     }

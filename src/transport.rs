@@ -71,9 +71,17 @@ pub trait Transport: Send + Sync {
 
     /// Sends a batch read lazily from `messages`; yields exactly one item per message it
     /// read, in the order read (default: one at a time through [`send`](Transport::send)).
+    ///
+    /// A `send` answers one message: an error it returns marked as a
+    /// [batch failure](SendError::batch_failure) (a wrapper's `send` may pass one on) is
+    /// yielded without the mark, since this batch goes on after it.
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
         messages
-            .then(move |message| async move { self.send(&message).await })
+            .then(move |message| async move {
+                self.send(&message)
+                    .await
+                    .map_err(SendError::for_one_message)
+            })
             .boxed()
     }
 
@@ -138,7 +146,12 @@ pub(crate) fn send_concurrently<'a, T: Transport + ?Sized>(
     concurrency: usize,
 ) -> ReceiptStream<'a> {
     messages
-        .map(move |message| async move { transport.send(&message).await })
+        .map(move |message| async move {
+            transport
+                .send(&message)
+                .await
+                .map_err(SendError::for_one_message)
+        })
         .buffered(concurrency)
         .boxed()
 }

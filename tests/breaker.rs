@@ -437,6 +437,43 @@ async fn a_probe_past_its_deadline_reopens_the_breaker_and_its_late_success_does
     assert_eq!(refused.retry_after(), Some(RESET - Duration::from_secs(3)));
 }
 
+#[tokio::test(start_paused = true)]
+async fn a_probe_dropped_after_its_deadline_reopens_the_breaker_from_that_deadline_and_the_listener_hears_it()
+ {
+    let inner = Scripted::new("p");
+    let (heard, listener) = recorder();
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .probe_timeout(Duration::from_secs(5))
+        .on_state_change(listener)
+        .build()
+        .expect("valid settings");
+    fail_times(&breaker, 1).await;
+    advance(RESET).await;
+    inner.then([Reply::Hang]);
+    {
+        let message = message();
+        let mut probe = Box::pin(breaker.send(&message));
+        assert!(futures::poll!(&mut probe).is_pending());
+        // The caller gives up 7 s later, 2 s after the probe's deadline.
+        advance(Duration::from_secs(7)).await;
+    }
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [
+            (State::Closed, State::Open),
+            (State::Open, State::HalfOpen),
+            (State::HalfOpen, State::Open),
+        ],
+        "the reopening was heard when the probe was given back"
+    );
+    let refused = breaker.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "breaker.open", "no second probe goes");
+    assert_eq!(refused.retry_after(), Some(RESET - Duration::from_secs(2)));
+    assert_eq!(inner.sends(), 2);
+}
+
 // ---- periods ----
 
 #[tokio::test(start_paused = true)]

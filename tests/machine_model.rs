@@ -1,6 +1,13 @@
-//! Property test: the breaker's state machine agrees with a small reference model on every
-//! decision, state and change of state, over random sequences of time steps, sends, results
-//! and drops.
+//! Property test: the breaker's state machine agrees with a reference model on every
+//! decision, retry_after, state, period and change of state, over random sequences of time
+//! steps, sends, results, drops and looks.
+//!
+//! The model is written from the rules of DESIGN §3, not from `Machine`: it keeps the history
+//! the rules speak of (when the breaker opened, when the probe went, every result since the
+//! breaker last closed) and asks each rule of it in turn. Time rules apply before every
+//! event, whatever the event: that is how the rules read ("a probe that has not answered
+//! within probe_timeout is a failed probe"), and it is what caught a probe released after its
+//! deadline freeing its slot instead of reopening the breaker.
 
 use std::time::Duration;
 
@@ -9,128 +16,175 @@ use mail_breaker::breaker::{Counting, Decision, Machine, Outcome, Permit, Rules,
 use proptest::prelude::*;
 use tokio::time::Instant;
 
-/// The reference model: the rules of DESIGN §3 written as plainly as possible, with time in
-/// whole milliseconds and every result of the current closed period kept in a list.
+/// What the rules keep track of, in whole milliseconds since the breaker was made.
+#[derive(Debug)]
+enum Standing {
+    /// Every result since the breaker last closed (or was made): (time, failed).
+    Closed { results: Vec<(u64, bool)> },
+    /// Opened at `since`; sends are refused until `since + reset_timeout`.
+    Open { since: u64 },
+    /// Probing: `probe` is the one send out, with the time it went; `successes` in a row.
+    HalfOpen {
+        probe: Option<(u64, u64)>,
+        successes: u32,
+    },
+}
+
 #[derive(Debug)]
 struct Model {
     rules: Rules,
-    state: State,
-    open_until: u64,
-    probe: Option<(u64, u64)>, // (number, deadline)
-    probes_given: u64,
-    successes: u32,
-    results: Vec<(u64, bool)>, // (time, failed) since the breaker last closed
+    standing: Standing,
+    /// Changes of state so far: a result counts only if sent in the current one.
+    changes_so_far: u64,
+    /// The identity of the next probe (the model's own numbering).
+    next_probe: u64,
+    /// Changes of state made by the current event.
+    heard: Vec<(State, State)>,
+}
+
+/// A send the model let go: the period it went in, and its probe identity if it probes.
+#[derive(Debug, Clone, Copy)]
+struct Sent {
     period: u64,
-    changes: Vec<(State, State)>,
+    probe: Option<u64>,
+}
+
+fn ms(d: Duration) -> u64 {
+    d.as_millis() as u64
 }
 
 impl Model {
     fn new(rules: Rules) -> Self {
         Model {
             rules,
-            state: State::Closed,
-            open_until: 0,
-            probe: None,
-            probes_given: 0,
-            successes: 0,
-            results: Vec::new(),
-            period: 0,
-            changes: Vec::new(),
+            standing: Standing::Closed {
+                results: Vec::new(),
+            },
+            changes_so_far: 0,
+            next_probe: 1,
+            heard: Vec::new(),
         }
     }
 
-    fn ms(d: Duration) -> u64 {
-        d.as_millis() as u64
-    }
-
-    fn go(&mut self, to: State) {
-        self.changes.push((self.state, to));
-        self.state = to;
-        self.period += 1;
-        self.probe = None;
-        self.successes = 0;
-        if to == State::Closed {
-            self.results.clear();
+    fn state(&self) -> State {
+        match self.standing {
+            Standing::Closed { .. } => State::Closed,
+            Standing::Open { .. } => State::Open,
+            Standing::HalfOpen { .. } => State::HalfOpen,
         }
     }
 
-    fn open(&mut self, from: u64) {
-        self.go(State::Open);
-        self.open_until = from + Self::ms(self.rules.reset_timeout);
+    fn change_to(&mut self, standing: Standing) {
+        let from = self.state();
+        self.standing = standing;
+        self.heard.push((from, self.state()));
+        self.changes_so_far += 1;
     }
 
-    fn expire(&mut self, now: u64) {
-        if let (State::HalfOpen, Some((_, deadline))) = (self.state, self.probe)
-            && now >= deadline
+    /// Rule: a probe that has not answered within `probe_timeout` failed; the breaker opens
+    /// again from that deadline. Applies before anything else at every event.
+    fn time_passes(&mut self, now: u64) {
+        if let Standing::HalfOpen {
+            probe: Some((_, sent_at)),
+            ..
+        } = self.standing
         {
-            self.open(deadline);
-        }
-    }
-
-    /// `Some((period, probe))` to send, or `None` with the wait in ms.
-    fn acquire(&mut self, now: u64) -> Result<(u64, Option<u64>), u64> {
-        self.expire(now);
-        if self.state == State::Open && now >= self.open_until {
-            self.go(State::HalfOpen);
-        }
-        match (self.state, self.probe) {
-            (State::Closed, _) => Ok((self.period, None)),
-            (State::Open, _) => Err(self.open_until - now),
-            (State::HalfOpen, Some((_, deadline))) => Err(deadline - now),
-            (State::HalfOpen, None) => {
-                self.probes_given += 1;
-                self.probe = Some((self.probes_given, now + Self::ms(self.rules.probe_timeout)));
-                Ok((self.period, Some(self.probes_given)))
+            let deadline = sent_at + ms(self.rules.probe_timeout);
+            if now >= deadline {
+                self.change_to(Standing::Open { since: deadline });
             }
         }
     }
 
-    fn tripped(&self, now: u64) -> bool {
+    /// A send asks to go at `now`: `Ok(sent)` or `Err(retry_after in ms)`.
+    fn send(&mut self, now: u64) -> Result<Sent, u64> {
+        self.time_passes(now);
+        // Rule: half-open is entered on the first send once reset_timeout has passed.
+        if let Standing::Open { since } = self.standing
+            && now >= since + ms(self.rules.reset_timeout)
+        {
+            self.change_to(Standing::HalfOpen {
+                probe: None,
+                successes: 0,
+            });
+        }
+        let period = self.changes_so_far;
+        match &mut self.standing {
+            Standing::Closed { .. } => Ok(Sent {
+                period,
+                probe: None,
+            }),
+            Standing::Open { since } => Err(*since + ms(self.rules.reset_timeout) - now),
+            Standing::HalfOpen {
+                probe: Some((_, sent_at)),
+                ..
+            } => Err(*sent_at + ms(self.rules.probe_timeout) - now),
+            Standing::HalfOpen { probe, .. } => {
+                let id = self.next_probe;
+                self.next_probe += 1;
+                *probe = Some((id, now));
+                Ok(Sent {
+                    period,
+                    probe: Some(id),
+                })
+            }
+        }
+    }
+
+    /// Rule: the breaker of a closed period opens on failures in a row or on the rate.
+    fn should_open(&self, results: &[(u64, bool)], now: u64) -> bool {
         match self.rules.counting {
             Counting::Consecutive { threshold } => {
-                let in_a_row = self
-                    .results
-                    .iter()
-                    .rev()
-                    .take_while(|(_, failed)| *failed)
-                    .count();
+                let in_a_row = results.iter().rev().take_while(|(_, f)| *f).count();
                 in_a_row >= threshold as usize
             }
             Counting::ErrorRate(rate) => {
-                let width = Self::ms(rate.window) / u64::from(rate.buckets);
-                let current = now / width;
-                let live: Vec<_> = self
-                    .results
+                // The window is `buckets` slices of equal width, counted from the start.
+                let width = ms(rate.window) / u64::from(rate.buckets);
+                let slice_now = now / width;
+                let in_window: Vec<bool> = results
                     .iter()
-                    .filter(|(t, _)| t / width + u64::from(rate.buckets) > current)
+                    .filter(|(t, _)| slice_now - t / width < u64::from(rate.buckets))
+                    .map(|(_, failed)| *failed)
                     .collect();
-                let failures = live.iter().filter(|(_, failed)| *failed).count() as u64;
-                live.len() as u64 >= u64::from(rate.minimum_requests)
-                    && failures * 100 >= u64::from(rate.threshold_percent) * live.len() as u64
+                let failures = in_window.iter().filter(|f| **f).count() as u64;
+                let total = in_window.len() as u64;
+                total >= u64::from(rate.minimum_requests)
+                    && failures * 100 >= u64::from(rate.threshold_percent) * total
             }
         }
     }
 
-    fn record(&mut self, now: u64, period: u64, probe: Option<u64>, failed: bool) {
-        self.expire(now);
-        if period != self.period {
+    /// The send `sent` answered at `now`.
+    fn answer(&mut self, now: u64, sent: Sent, failed: bool) {
+        self.time_passes(now);
+        // Rule: a result counts only in the period it was sent in.
+        if sent.period != self.changes_so_far {
             return;
         }
-        match (self.state, probe) {
-            (State::Closed, None) => {
-                self.results.push((now, failed));
-                if self.tripped(now) {
-                    self.open(now);
+        let needed = self.rules.half_open_successes;
+        match &mut self.standing {
+            Standing::Closed { results } if sent.probe.is_none() => {
+                results.push((now, failed));
+                let results = std::mem::take(results);
+                if self.should_open(&results, now) {
+                    self.change_to(Standing::Open { since: now });
+                } else {
+                    self.standing = Standing::Closed { results };
                 }
             }
-            (State::HalfOpen, Some(number)) if self.probe.map(|p| p.0) == Some(number) => {
+            Standing::HalfOpen { probe, successes }
+                if sent.probe.is_some() && probe.map(|(id, _)| id) == sent.probe =>
+            {
                 if failed {
-                    self.open(now);
+                    self.change_to(Standing::Open { since: now });
                 } else {
-                    self.successes += 1;
-                    self.probe = None;
-                    if self.successes >= self.rules.half_open_successes {
-                        self.go(State::Closed);
+                    *successes += 1;
+                    *probe = None;
+                    if *successes >= needed {
+                        self.change_to(Standing::Closed {
+                            results: Vec::new(),
+                        });
                     }
                 }
             }
@@ -138,10 +192,26 @@ impl Model {
         }
     }
 
-    fn release(&mut self, period: u64, probe: Option<u64>) {
-        if period == self.period && probe.is_some() && self.probe.map(|p| p.0) == probe {
-            self.probe = None;
+    /// The caller of `sent` stopped waiting at `now`: it decides nothing, and a probe frees
+    /// its slot.
+    fn drop_send(&mut self, now: u64, sent: Sent) {
+        if sent.probe.is_none() {
+            return; // holds nothing
         }
+        self.time_passes(now);
+        if sent.period != self.changes_so_far {
+            return;
+        }
+        if let Standing::HalfOpen { probe, .. } = &mut self.standing
+            && probe.map(|(id, _)| id) == sent.probe
+        {
+            *probe = None;
+        }
+    }
+
+    /// Someone looks at the state at `now`.
+    fn look(&mut self, now: u64) {
+        self.time_passes(now);
     }
 }
 
@@ -159,7 +229,7 @@ fn event() -> impl Strategy<Value = Event> {
         3 => (0u64..6_000).prop_map(Event::Wait),
         4 => Just(Event::Send),
         4 => (any::<usize>(), prop::bool::weighted(0.6)).prop_map(|(pick, failed)| Event::Answer { pick, failed }),
-        1 => any::<usize>().prop_map(|pick| Event::Drop { pick }),
+        2 => any::<usize>().prop_map(|pick| Event::Drop { pick }),
         1 => Just(Event::Look),
     ]
 }
@@ -172,7 +242,7 @@ fn rules() -> impl Strategy<Value = Rules> {
                 Counting::ErrorRate(mail_breaker::ErrorRate {
                     threshold_percent,
                     minimum_requests,
-                    // Whole milliseconds per bucket, so the model's integer time slices line up.
+                    // Whole milliseconds per bucket, so the model's integer slices line up.
                     window: Duration::from_millis(
                         secs * 1000 / u64::from(buckets) * u64::from(buckets),
                     ),
@@ -197,15 +267,15 @@ proptest! {
     #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
 
     #[test]
-    fn the_machine_agrees_with_the_reference_model(rules in rules(), events in prop::collection::vec(event(), 1..120)) {
+    fn the_machine_agrees_with_the_rules(rules in rules(), events in prop::collection::vec(event(), 1..120)) {
         let start = Instant::now();
         let mut machine = Machine::new(&rules, start);
         let mut model = Model::new(rules);
         let mut now_ms = 0u64;
-        let mut outstanding: Vec<Permit> = Vec::new();
+        let mut outstanding: Vec<(Permit, Sent)> = Vec::new();
         for (step, event) in events.into_iter().enumerate() {
             let now = start + Duration::from_millis(now_ms);
-            model.changes.clear();
+            model.heard.clear();
             let transitions = match event {
                 Event::Wait(ms) => {
                     now_ms += ms;
@@ -213,16 +283,16 @@ proptest! {
                 }
                 Event::Send => {
                     let (decision, transitions) = machine.acquire(&rules, now);
-                    let expected = model.acquire(now_ms);
-                    match (decision, expected) {
-                        (Decision::Send(permit), Ok((period, probe))) => {
-                            prop_assert_eq!((permit.period(), permit.probe()), (period, probe), "step {}", step);
-                            outstanding.push(permit);
+                    match (decision, model.send(now_ms)) {
+                        (Decision::Send(permit), Ok(sent)) => {
+                            prop_assert_eq!(permit.period(), sent.period, "step {}: period", step);
+                            prop_assert_eq!(permit.is_probe(), sent.probe.is_some(), "step {}: probe", step);
+                            outstanding.push((permit, sent));
                         }
                         (Decision::Refuse { retry_after }, Err(wait)) => {
                             prop_assert_eq!(retry_after, Duration::from_millis(wait), "step {}", step);
                         }
-                        (got, want) => prop_assert!(false, "step {}: machine {:?}, model {:?}", step, got, want),
+                        (got, want) => prop_assert!(false, "step {}: machine {:?}, rules {:?}", step, got, want),
                     }
                     transitions
                 }
@@ -230,28 +300,27 @@ proptest! {
                     if outstanding.is_empty() {
                         continue;
                     }
-                    let permit = outstanding.remove(pick % outstanding.len());
+                    let (permit, sent) = outstanding.remove(pick % outstanding.len());
                     let outcome = if failed { Outcome::Failure } else { Outcome::Success };
-                    model.record(now_ms, permit.period(), permit.probe(), failed);
+                    model.answer(now_ms, sent, failed);
                     machine.record(&rules, now, permit, outcome)
                 }
                 Event::Drop { pick } => {
                     if outstanding.is_empty() {
                         continue;
                     }
-                    let permit = outstanding.remove(pick % outstanding.len());
-                    model.release(permit.period(), permit.probe());
-                    machine.release(permit);
-                    Default::default()
+                    let (permit, sent) = outstanding.remove(pick % outstanding.len());
+                    model.drop_send(now_ms, sent);
+                    machine.release(&rules, now, permit)
                 }
                 Event::Look => {
-                    model.expire(now_ms);
+                    model.look(now_ms);
                     machine.expire(&rules, now)
                 }
             };
-            prop_assert_eq!(changes(transitions.iter()), model.changes.clone(), "step {}", step);
-            prop_assert_eq!(machine.state(), model.state, "step {}", step);
-            prop_assert_eq!(machine.period(), model.period, "step {}", step);
+            prop_assert_eq!(changes(transitions.iter()), model.heard.clone(), "step {}", step);
+            prop_assert_eq!(machine.state(), model.state(), "step {}", step);
+            prop_assert_eq!(machine.period(), model.changes_so_far, "step {}", step);
         }
     }
 }

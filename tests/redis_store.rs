@@ -9,6 +9,7 @@ use std::time::{Duration, Instant};
 
 use futures::future::join_all;
 use mail_breaker::breaker::{Decision, Rules};
+use mail_breaker::store::Reporter;
 use mail_breaker::{
     BreakerStore, Category, CircuitBreakerTransport, RedisStore, State, StateChange, Transport,
 };
@@ -407,7 +408,7 @@ async fn a_decision_on_redis_takes_well_under_the_timeout() {
     let mut took = Vec::with_capacity(1000);
     for _ in 0..1000 {
         let start = Instant::now();
-        let (decision, _) = store.acquire("provider", &rules).await;
+        let (decision, _) = store.acquire("provider", &rules, &Reporter::none()).await;
         took.push(start.elapsed());
         assert!(matches!(decision, Decision::Send(_)));
     }
@@ -433,7 +434,10 @@ async fn a_breakers_key_is_escaped_hash_tagged_and_expires_when_idle() {
     };
     let store = store(&server).await;
     let rules = Rules::default();
-    let (Decision::Send(permit), _) = store.acquire("Evil}{:%.example", &rules).await else {
+    let (Decision::Send(permit), _) = store
+        .acquire("Evil}{:%.example", &rules, &Reporter::none())
+        .await
+    else {
         panic!("a closed breaker lets the send go");
     };
     store
@@ -442,6 +446,7 @@ async fn a_breakers_key_is_escaped_hash_tagged_and_expires_when_idle() {
             &rules,
             permit,
             mail_breaker::breaker::Outcome::Failure,
+            &Reporter::none(),
         )
         .await;
 
@@ -489,7 +494,8 @@ async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back
         probe_timeout: Duration::from_secs(60),
         half_open_successes: 1,
     };
-    let (Decision::Send(permit), _) = store.acquire("provider", &rules).await else {
+    let (Decision::Send(permit), _) = store.acquire("provider", &rules, &Reporter::none()).await
+    else {
         panic!("a closed breaker lets the first send through");
     };
     store
@@ -498,16 +504,18 @@ async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back
             &rules,
             permit,
             mail_breaker::breaker::Outcome::Failure,
+            &Reporter::none(),
         )
         .await;
     tokio::time::sleep(RESET).await;
     {
-        let mut abandoned = store.acquire("provider", &rules);
+        let late = Reporter::none();
+        let mut abandoned = store.acquire("provider", &rules, &late);
         // One poll sends the acquire to Redis, which grants the probe; then the caller leaves.
         assert!(futures::poll!(&mut abandoned).is_pending());
     }
     tokio::time::sleep(Duration::from_millis(200)).await;
-    let (decision, _) = store.acquire("provider", &rules).await;
+    let (decision, _) = store.acquire("provider", &rules, &Reporter::none()).await;
     assert!(
         matches!(decision, Decision::Send(permit) if permit.is_probe()),
         "the abandoned probe was given back, so this send probes: {decision:?}"

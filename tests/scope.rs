@@ -178,3 +178,36 @@ async fn a_million_recipient_domains_keep_at_most_max_keys_breakers() {
     }
     assert_eq!(breaker.tracked_keys(), 10_000);
 }
+
+#[tokio::test(start_paused = true)]
+async fn messages_to_the_same_domains_in_any_order_take_their_probes_in_one_order_so_one_of_them_probes()
+ {
+    // A store whose answers take a moment, so that two messages' decisions cross.
+    let store = std::sync::Arc::new(support::slow_store::SlowStore::answering_late(
+        Duration::from_millis(10),
+    ));
+    let inner = Scripted::new("p");
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(Duration::from_secs(30))
+        .scope(Scope::RecipientDomain)
+        .store(store)
+        .build()
+        .expect("valid settings");
+    inner.then([Reply::fail(Category::Network)]);
+    let _ = breaker.send(&message_to_all(&["a@x.org", "b@y.org"])).await;
+    assert_eq!(breaker.state_of("x.org"), State::Open);
+    assert_eq!(breaker.state_of("y.org"), State::Open);
+    tokio::time::advance(Duration::from_secs(30)).await;
+
+    let (x_then_y, y_then_x) = (
+        message_to_all(&["a@x.org", "b@y.org"]),
+        message_to_all(&["b@y.org", "a@x.org"]),
+    );
+    let (one, other) = tokio::join!(breaker.send(&x_then_y), breaker.send(&y_then_x));
+    assert!(
+        one.is_ok() || other.is_ok(),
+        "one message took both probes: {one:?} / {other:?}"
+    );
+    assert_eq!(inner.sends(), 2, "the first failure, then one probe");
+}

@@ -5,9 +5,11 @@
 
 mod support;
 
+use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
 use mail_breaker::breaker::{Counting, Decision, Outcome, Permit, Rules};
+use mail_breaker::store::Reporter;
 use mail_breaker::{BreakerStore, ErrorRate, MemoryStore, State};
 
 use State::{Closed, HalfOpen, Open};
@@ -69,12 +71,19 @@ fn error_rate(percent: u8, minimum: u32, window_ms: u64, buckets: u32) -> Rules 
 async fn run(store: &dyn BreakerStore, scenario: Scenario) {
     let rules = &scenario.rules;
     let mut permits: Vec<Permit> = Vec::new();
-    let mut transitions = Vec::new();
+    let heard = Arc::new(Mutex::new(Vec::new()));
+    let sink = Arc::clone(&heard);
+    let late = Reporter::new(move |_key, changes| {
+        sink.lock()
+            .unwrap()
+            .extend(changes.iter().map(|t| (t.from, t.to)));
+    });
+    let transitions = Changes(&heard);
     for (at, step) in scenario.steps.iter().enumerate() {
         let context = format!("step {at} ({step:?})");
         match *step {
             Send | Probe | Refused => {
-                let (decision, changes) = store.acquire(KEY, rules).await;
+                let (decision, changes) = store.acquire(KEY, rules, &late).await;
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
                 match (step, decision) {
                     (Send, Decision::Send(permit)) if !permit.is_probe() => permits.push(permit),
@@ -87,11 +96,11 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
                 }
             }
             Result(n, outcome) => {
-                let changes = store.record(KEY, rules, permits[n], outcome).await;
+                let changes = store.record(KEY, rules, permits[n], outcome, &late).await;
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
             }
             Release(n) => {
-                store.release(KEY, permits[n]);
+                store.release(KEY, rules, permits[n], &late);
                 // A remote store releases in the background.
                 tokio::time::sleep(Duration::from_millis(50)).await;
             }
@@ -103,7 +112,20 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
             }
         }
     }
-    assert_eq!(transitions, scenario.transitions, "the changes of state");
+    assert_eq!(
+        *heard.lock().unwrap(),
+        scenario.transitions,
+        "the changes of state"
+    );
+}
+
+/// The changes of state heard so far, returned or reported late, in the order heard.
+struct Changes<'a>(&'a Mutex<Vec<(State, State)>>);
+
+impl Changes<'_> {
+    fn extend(&self, changes: impl Iterator<Item = (State, State)>) {
+        self.0.lock().unwrap().extend(changes);
+    }
 }
 
 async fn run_on_memory(scenario: Scenario) {

@@ -4,12 +4,12 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::CircuitBreakerTransport;
-use super::events::{Listener, StateChange};
+use super::events::{self, Listener, StateChange};
 use super::gate::{FailurePredicate, Gate};
-use super::machine::Rules;
-use super::policy::{Counting, ErrorRate};
 use super::scope::Scope;
 use crate::config::{at_least_one, non_zero_duration};
+use crate::machine::Rules;
+use crate::machine::{Counting, ErrorRate};
 use crate::store::{BreakerStore, MemoryStore, memory::DEFAULT_MAX_KEYS};
 use crate::{ConfigError, SendError, Transport};
 
@@ -157,7 +157,8 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 (memory.clone(), Some(memory))
             }
         };
-        let transport_name = Arc::from(self.inner.name());
+        let transport_name: Arc<str> = Arc::from(self.inner.name());
+        let late = events::reporter(self.listener.clone(), Arc::clone(&transport_name));
         Ok(CircuitBreakerTransport {
             inner: self.inner,
             gate: Gate {
@@ -173,6 +174,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 is_failure: self.is_failure,
                 listener: self.listener,
                 transport_name,
+                late,
             },
         })
     }

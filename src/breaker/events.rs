@@ -3,7 +3,8 @@
 use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::Arc;
 
-use super::machine::{State, Transitions};
+use crate::machine::{State, Transitions};
+use crate::store::Reporter;
 
 /// A listener for changes of state, set with
 /// [`CircuitBreakerBuilder::on_state_change`](crate::breaker::CircuitBreakerBuilder::on_state_change).
@@ -36,6 +37,12 @@ pub struct StateChange {
     pub to: State,
     /// The name of the transport the breaker guards.
     pub transport: String,
+}
+
+/// The reporter a breaker gives its store for changes it learns of late (see [`Reporter`]):
+/// they are logged and told to the listener like any other.
+pub(crate) fn reporter(listener: Option<Listener>, transport: Arc<str>) -> Reporter {
+    Reporter::new(move |key, transitions| announce(listener.as_ref(), &transport, key, transitions))
 }
 
 /// Logs each change and tells the listener, which may panic without stopping anything.

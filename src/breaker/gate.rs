@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::{Listener, announce};
-use super::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use super::scope::{Keys, Scope};
-use crate::store::{BreakerStore, MemoryStore};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::store::{BreakerStore, MemoryStore, Reporter};
 use crate::{Category, Envelope, Receipt, SendError};
 
 /// What decides a result is the provider failing.
@@ -27,6 +27,8 @@ pub(crate) struct Gate {
     /// The guarded transport's name when the breaker was built, shared by every refusal so
     /// that refusing allocates nothing.
     pub(crate) transport_name: Arc<str>,
+    /// Tells the listener and the logs of changes the store learns of after a call returned.
+    pub(crate) late: Reporter,
 }
 
 /// Leave to send one message: the permits of each of its breakers. Dropped unused, it
@@ -68,7 +70,7 @@ impl Gate {
     {
         let (decision, transitions) = match &self.memory {
             Some(memory) => memory.acquire_now(key, &self.rules),
-            None => self.store.acquire(key, &self.rules).await,
+            None => self.store.acquire(key, &self.rules, &self.late).await,
         };
         self.announce(transport, key, transitions);
         let permit = match decision {
@@ -89,7 +91,11 @@ impl Gate {
             let outcome = self.outcome(&result);
             let transitions = match &self.memory {
                 Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
-                None => self.store.record(key, &self.rules, permit, outcome).await,
+                None => {
+                    self.store
+                        .record(key, &self.rules, permit, outcome, &self.late)
+                        .await
+                }
             };
             unspent.permit = None;
             self.announce(transport, key, transitions);
@@ -141,7 +147,7 @@ impl Gate {
     }
 
     async fn acquire(&self, transport: &str, key: &str) -> Result<Permit, HeldBack> {
-        let (decision, transitions) = self.store.acquire(key, &self.rules).await;
+        let (decision, transitions) = self.store.acquire(key, &self.rules, &self.late).await;
         self.announce(transport, key, transitions);
         match decision {
             Decision::Send(permit) => Ok(permit),
@@ -185,7 +191,10 @@ impl Gate {
 
     /// Counts one result in the breaker of `key`.
     async fn report(&self, transport: &str, key: &str, permit: Permit, outcome: Outcome) {
-        let transitions = self.store.record(key, &self.rules, permit, outcome).await;
+        let transitions = self
+            .store
+            .record(key, &self.rules, permit, outcome, &self.late)
+            .await;
         self.announce(transport, key, transitions);
     }
 
@@ -241,7 +250,9 @@ struct Unspent<'a> {
 impl Drop for Unspent<'_> {
     fn drop(&mut self) {
         if let Some(permit) = self.permit.take() {
-            self.gate.store.release(self.key, permit);
+            let gate = self.gate;
+            gate.store
+                .release(self.key, &gate.rules, permit, &gate.late);
         }
     }
 }
@@ -251,7 +262,7 @@ impl Drop for Ticket<'_> {
         let gate = self.gate;
         for (key, permit) in self.unspent() {
             if let Some(permit) = permit.take() {
-                gate.store.release(key, permit);
+                gate.store.release(key, &gate.rules, permit, &gate.late);
             }
         }
     }

@@ -36,19 +36,21 @@ impl Scope {
         Scope::Custom(Arc::new(key_of))
     }
 
-    /// The keys of the breakers that `envelope` answers to, without repeats.
+    /// The keys of the breakers that `envelope` answers to, without repeats, sorted.
     pub(crate) fn keys<'a>(&self, transport: &'a str, envelope: &Envelope) -> Keys<'a> {
         match self {
             Scope::Transport => Keys::One(Cow::Borrowed(transport)),
             Scope::Custom(key_of) => Keys::One(Cow::Owned(key_of(envelope))),
             Scope::RecipientDomain => {
-                let mut domains: Vec<String> = Vec::with_capacity(envelope.to().len());
-                for address in envelope.to() {
-                    let domain = address.domain().to_lowercase();
-                    if !domains.contains(&domain) {
-                        domains.push(domain);
-                    }
-                }
+                let mut domains: Vec<String> = envelope
+                    .to()
+                    .iter()
+                    .map(|address| address.domain().to_lowercase())
+                    .collect();
+                // Always acquired in one order, as locks are: two messages to the same
+                // domains in half-open never each hold one probe the other needs.
+                domains.sort_unstable();
+                domains.dedup();
                 Keys::Many(domains)
             }
         }

@@ -82,6 +82,7 @@ pub(crate) fn send_many<'a, S: Stages<'a>>(
     Cascade {
         shared,
         running: Vec::new(),
+        not_yet: Vec::new(),
     }
     .boxed()
 }

@@ -100,6 +100,9 @@ impl<N> State<'_, N> {
     }
 
     pub(super) fn answer(&mut self, seq: u64, result: Result<Receipt, SendError>) {
+        // The cascade answers every message and its stream goes on: no answer of it is the end
+        // of its batch, whatever the stage that failed said of its own.
+        let result = result.map_err(SendError::for_one_message);
         let slot = seq
             .checked_sub(self.first_unemitted)
             .and_then(|index| usize::try_from(index).ok())

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::{Stream, StreamExt, stream};
-use tokio::time::Instant;
+use tokio::time::{Instant, Sleep};
 
 use super::Stages;
 use super::state::{Item, Shared, Status, enter, fail_stage, settle, wake};
@@ -85,6 +85,35 @@ fn poll_input<'a, S: Stages<'a>>(
 pub(super) struct Cascade<'a, S: Stages<'a>> {
     pub(super) shared: Arc<Shared<'a, S>>,
     pub(super) running: Vec<Option<ReceiptStream<'a>>>,
+    /// For each stage not running, the wait until the first message of its inbox is due: a
+    /// batch starts only then, so a provider is not asked before the time a retry named.
+    pub(super) not_yet: Vec<Option<Pin<Box<Sleep>>>>,
+}
+
+/// Whether `first`, the first message of an idle stage's inbox, may be sent now; if not, a
+/// timer in `wait` wakes the output when it may.
+fn is_due<N>(
+    wait: &mut Option<Pin<Box<Sleep>>>,
+    first: Option<&Item<N>>,
+    cx: &mut Context<'_>,
+) -> bool {
+    let Some(at) = first.and_then(|item| item.not_before) else {
+        *wait = None;
+        return true;
+    };
+    if at <= Instant::now() {
+        *wait = None;
+        return true;
+    }
+    let sleep = wait.get_or_insert_with(|| Box::pin(tokio::time::sleep_until(at)));
+    if sleep.deadline() != at {
+        sleep.as_mut().reset(at);
+    }
+    if sleep.as_mut().poll(cx).is_ready() {
+        *wait = None;
+        return true;
+    }
+    false
 }
 
 enum Event {
@@ -109,18 +138,30 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
                 }
                 state.output_waker = Some(cx.waker().clone());
                 this.running.resize_with(state.stages.len(), || None);
+                this.not_yet.resize_with(state.stages.len(), || None);
                 for index in 0..this.running.len() {
                     let stage = &state.stages[index];
                     let idle = this.running[index].is_none();
                     let open = matches!(stage.status, Status::Open);
-                    let waiting = !stage.inbox.is_empty();
-                    if idle && open && (waiting || state.reads_source(index)) {
+                    let waiting = !stage.inbox.is_empty()
+                        && is_due(&mut this.not_yet[index], stage.inbox.front(), cx);
+                    // The first stage starts on the caller's messages; a later one once a
+                    // message is due in its inbox (after the wait a retry named).
+                    let first_reads = index == 0 && state.reads_source(index);
+                    if idle && open && (waiting || first_reads) {
                         state.stages[index].read_in_batch = 0;
                         to_start.push(index);
                     }
                 }
-                if state.source_stage().is_none() && !state.source_done {
-                    // Every stage failed as a whole: the caller's messages are judged here.
+                let source_unread = match state.source_stage() {
+                    None => true,
+                    Some(stage) => {
+                        stage > 0 && this.running[stage].is_none() && !to_start.contains(&stage)
+                    }
+                };
+                if source_unread && !state.source_done {
+                    // No running batch reads the caller's messages (every stage failed as a
+                    // whole, or the next is not due yet): they are judged here.
                     match state.source.poll_next_unpin(cx) {
                         Poll::Ready(Some(message)) => {
                             let item = Item {
@@ -153,6 +194,7 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
                         continue;
                     }
                     if this.running.iter().all(Option::is_none)
+                        && this.not_yet.iter().all(Option::is_none)
                         && (state.source_done || state.source_stage().is_some())
                     {
                         // Nothing is left that could answer the messages still waiting: a
@@ -188,6 +230,16 @@ impl<'a, S: Stages<'a>> Cascade<'a, S> {
         let stages = &self.shared.stages;
         let mut state = self.shared.lock();
         let Some(item) = state.stages[stage].pending.pop_front() else {
+            if let Err(error) = result
+                && error.is_batch_failure()
+            {
+                // The batch failed before it read a message: the stage failed as a whole, and
+                // its error, as it is, judges every message sent its way.
+                self.running[stage] = None;
+                fail_stage(stages, &mut state, stage, error);
+                state.wake_inputs();
+                return;
+            }
             tracing::warn!(
                 transport = stages.name(stage),
                 "a batch answered more messages than it read; the extra answer is dropped"

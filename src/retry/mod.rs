@@ -177,7 +177,7 @@ impl Policy {
                 );
                 Verdict::Next {
                     error,
-                    not_before: Some(Instant::now() + wait),
+                    not_before: Some(crate::time::later(Instant::now(), wait)),
                 }
             }
             None => Verdict::Answer(Err(error)),

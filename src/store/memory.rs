@@ -6,9 +6,9 @@ use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
 use tokio::time::Instant;
 
 use super::lru::BoundedMap;
-use super::{BreakerStore, StoreFuture};
+use super::{BreakerStore, Reporter, StoreFuture};
 use crate::State;
-use crate::breaker::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Transitions};
 
 /// The default number of keys a [`MemoryStore`] tracks.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -134,13 +134,25 @@ impl MemoryStore {
         )
     }
 
-    /// Opens the breaker of `key` if it is closed (see [`Machine::trip`]).
+    /// Starts the breaker of `key` again from `state`: closed with nothing counted, or opened
+    /// for a new reset timeout. For a store that falls back to local state, at the start of
+    /// each outage, from the state it last saw elsewhere. Returns the changes, which the
+    /// caller does not announce (they mirror changes already reported).
     #[cfg_attr(not(feature = "redis"), allow(dead_code))]
-    pub(crate) fn trip(&self, key: &str, rules: &Rules) -> Transitions {
+    pub(crate) fn restart_from(&self, key: &str, rules: &Rules, state: State) -> Transitions {
         let now = Instant::now();
+        let restart = |machine: &mut Machine| {
+            let mut transitions = machine.reset();
+            if state != State::Closed {
+                for change in machine.trip(rules, now).iter() {
+                    transitions.push(change);
+                }
+            }
+            transitions
+        };
         match self.first(key, rules, true) {
-            Some(first) => first.trip(rules, now),
-            None => self.with_machine(key, rules, |machine| machine.trip(rules, now)),
+            Some(first) => first.update(rules, restart),
+            None => self.with_machine(key, rules, restart),
         }
     }
 
@@ -175,6 +187,23 @@ impl MemoryStore {
         self.with_machine(key, rules, |machine| {
             machine.record(rules, now, permit, outcome)
         })
+    }
+}
+
+impl MemoryStore {
+    /// [`BreakerStore::release`], returning the changes it made.
+    pub(crate) fn release_now(&self, key: &str, rules: &Rules, permit: Permit) -> Transitions {
+        if !permit.is_probe() {
+            return Transitions::NONE; // only a probe holds anything to give back
+        }
+        let now = Instant::now();
+        match self.first.get().filter(|first| first.key.is(key)) {
+            Some(first) => lock(&first.machine).release(rules, now, permit),
+            None => self
+                .lock()
+                .peek_mut(key, |machine| machine.release(rules, now, permit))
+                .unwrap_or(Transitions::NONE),
+        }
     }
 }
 
@@ -272,11 +301,20 @@ impl FirstKey {
         transitions
     }
 
-    fn trip(&self, rules: &Rules, now: Instant) -> Transitions {
+    /// Changes the machine by `change`, then sets the word to what the machine now says.
+    fn update<R>(&self, rules: &Rules, change: impl FnOnce(&mut Machine) -> R) -> R {
         let mut machine = lock(&self.machine);
-        let transitions = machine.trip(rules, now);
-        self.clean.store(0, Ordering::Release);
-        transitions
+        let result = change(&mut machine);
+        let clean = if machine.state() == State::Closed
+            && counts_in_a_row(rules)
+            && machine.has_nothing_counted()
+        {
+            machine.period() + 1
+        } else {
+            0
+        };
+        self.clean.store(clean, Ordering::Release);
+        result
     }
 
     fn state(&self, rules: &Rules, now: Instant) -> (State, Transitions) {
@@ -294,6 +332,7 @@ impl BreakerStore for MemoryStore {
         &'a self,
         key: &'a str,
         rules: &'a Rules,
+        _late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
         StoreFuture::ready(self.acquire_now(key, rules))
     }
@@ -304,20 +343,13 @@ impl BreakerStore for MemoryStore {
         rules: &'a Rules,
         permit: Permit,
         outcome: Outcome,
+        _late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions> {
         StoreFuture::ready(self.record_now(key, rules, permit, outcome))
     }
 
-    fn release(&self, key: &str, permit: Permit) {
-        if !permit.is_probe() {
-            return; // only a probe holds anything to give back
-        }
-        match self.first.get().filter(|first| first.key.is(key)) {
-            Some(first) => lock(&first.machine).release(permit),
-            None => {
-                self.lock().peek_mut(key, |machine| machine.release(permit));
-            }
-        }
+    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
+        late.report(key, self.release_now(key, rules, permit));
     }
 
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
@@ -364,7 +396,7 @@ mod tests {
                         .entry(key)
                         .or_insert_with(|| Machine::new(&rules, now));
                     let expected = machine.acquire(&rules, now);
-                    let got = store.acquire(key, &rules).await;
+                    let got = store.acquire(key, &rules, &Reporter::none()).await;
                     assert_eq!(got, expected, "acquire {key}");
                     if let (Decision::Send(permit), _) = got {
                         out.push((key, permit));
@@ -384,13 +416,22 @@ mod tests {
                     };
                     let machine = machines.get_mut(key).expect("acquired before");
                     let expected = machine.record(&rules, now, permit, outcome);
-                    let got = store.record(key, &rules, permit, outcome).await;
+                    let got = store
+                        .record(key, &rules, permit, outcome, &Reporter::none())
+                        .await;
                     assert_eq!(got, expected, "record {key} {outcome:?}");
                 }
                 8 if !out.is_empty() => {
                     let (key, permit) = out.swap_remove(rng.usize(..out.len()));
-                    machines.get_mut(key).expect("acquired").release(permit);
-                    store.release(key, permit);
+                    let expected = machines
+                        .get_mut(key)
+                        .expect("acquired")
+                        .release(&rules, now, permit);
+                    assert_eq!(
+                        store.release_now(key, &rules, permit),
+                        expected,
+                        "release {key}"
+                    );
                 }
                 _ => {
                     let expected = match machines.get_mut(key) {
@@ -445,7 +486,7 @@ mod tests {
         let long = "x".repeat(INLINE_KEY + 1);
         let store = MemoryStore::new();
         for key in [long.as_str(), "short"] {
-            futures::executor::block_on(store.acquire(key, &rules));
+            futures::executor::block_on(store.acquire(key, &rules, &Reporter::none()));
         }
         assert!(store.first(&long, &rules, false).is_some());
         assert!(store.first(&long[1..], &rules, false).is_none());
@@ -457,12 +498,12 @@ mod tests {
         let rules = Rules::default();
         let store = MemoryStore::with_max_keys(3);
         for key in ["a", "b", "c", "d", "e"] {
-            futures::executor::block_on(store.acquire(key, &rules));
+            futures::executor::block_on(store.acquire(key, &rules, &Reporter::none()));
         }
         assert_eq!(store.tracked_keys(), 3);
         let alone = MemoryStore::with_max_keys(1);
         for key in ["a", "b"] {
-            futures::executor::block_on(alone.acquire(key, &rules));
+            futures::executor::block_on(alone.acquire(key, &rules, &Reporter::none()));
         }
         assert_eq!(alone.tracked_keys(), 1);
     }

@@ -4,12 +4,13 @@
 use std::fmt;
 use std::future::Future;
 use std::pin::Pin;
+use std::sync::Arc;
 use std::task::{Context, Poll};
 
 use futures::future::BoxFuture;
 
 use crate::State;
-use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 
 mod lru;
 pub(crate) mod memory;
@@ -17,11 +18,13 @@ pub(crate) mod memory;
 mod redis;
 
 #[cfg(feature = "redis")]
-pub use self::redis::{DEFAULT_IDLE_EXPIRY, DEFAULT_RETRY_INTERVAL, DEFAULT_TIMEOUT, RedisStore};
+pub use self::redis::{
+    DEFAULT_IDLE_EXPIRY, DEFAULT_RETRY_INTERVAL, DEFAULT_TIMEOUT, MAX_EXPIRY, RedisStore,
+};
 pub use memory::MemoryStore;
 
 /// The state behind a [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): one
-/// breaker [`Machine`](crate::breaker::Machine) per key, and the decisions made on it.
+/// breaker [`Machine`](crate::machine::Machine) per key, and the decisions made on it.
 ///
 /// A store may be shared by several breakers, and by several processes. The breaker asks it
 /// for a decision before each send ([`acquire`](BreakerStore::acquire)) and tells it each
@@ -42,13 +45,14 @@ pub use memory::MemoryStore;
 ///   once: through `record` with the send's [`Outcome`] when the send answered, or through
 ///   `release` when it did not (its caller dropped the future, another key refused the
 ///   message, or a batch was abandoned). `release` is called from `Drop`.
-/// - It passes the same [`Rules`] with every call, and reports every [`Transitions`] it is
-///   given to the listener and the logs.
+/// - It passes the same [`Rules`] and [`Reporter`] with every call, and reports every
+///   [`Transitions`] it is given, returned or through the reporter, to the listener and
+///   the logs.
 ///
 /// # Implementing a store
 /// - **Atomic per key.** Each call decides on the key's state as one step: two acquires in
 ///   half-open never both get the probe, and two results never both close the breaker.
-/// - **The rules of [`Machine`](crate::breaker::Machine).** A store that keeps state in
+/// - **The rules of [`Machine`](crate::machine::Machine).** A store that keeps state in
 ///   this process holds one `Machine` per key and calls its methods (as [`MemoryStore`]
 ///   does). A store that keeps it elsewhere restates them (as `RedisStore`'s script does);
 ///   the crate's `tests/store_scenarios.rs` runs one table of scenarios against each store.
@@ -57,7 +61,9 @@ pub use memory::MemoryStore;
 ///   period to ignore results from an earlier period. A store may use the period's bits to
 ///   tell its own permits apart (`RedisStore` marks the permits of its local fallback).
 /// - **Transitions once.** Return exactly the changes of state that this call made, and no
-///   change that another caller made, or listeners hear a change twice or never.
+///   change that another caller made, or listeners hear a change twice or never. A change
+///   that a call made but could not return (its caller went away; the store stopped waiting
+///   for a remote answer that came later) goes to the call's [`Reporter`].
 /// - **Never fail a send.** When the backend cannot be reached, decide from local state and
 ///   say so in the logs, once; a store outage must not turn the protection off, nor make a
 ///   send wait longer than the store's timeout.
@@ -73,13 +79,15 @@ pub use memory::MemoryStore;
 /// use std::sync::Arc;
 /// use mail_breaker::{BreakerStore, MemoryStore, State};
 /// use mail_breaker::breaker::{Decision, Outcome, Rules};
+/// use mail_breaker::store::Reporter;
 ///
 /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
 /// let store: Arc<dyn BreakerStore> = Arc::new(MemoryStore::new());
 /// let rules = Rules::default();
-/// let (decision, _) = store.acquire("smtp://relay", &rules).await;
+/// let late = Reporter::none();
+/// let (decision, _) = store.acquire("smtp://relay", &rules, &late).await;
 /// let Decision::Send(permit) = decision else { unreachable!() };
-/// store.record("smtp://relay", &rules, permit, Outcome::Success).await;
+/// store.record("smtp://relay", &rules, permit, Outcome::Success, &late).await;
 /// assert_eq!(store.state("smtp://relay", &rules).0, State::Closed);
 /// # });
 /// ```
@@ -90,7 +98,7 @@ pub use memory::MemoryStore;
 /// use std::sync::atomic::{AtomicU64, Ordering};
 /// use mail_breaker::{BreakerStore, CircuitBreakerTransport, LettreTransport, MemoryStore, State};
 /// use mail_breaker::breaker::{Decision, Outcome, Permit, Rules, Transitions};
-/// use mail_breaker::store::StoreFuture;
+/// use mail_breaker::store::{Reporter, StoreFuture};
 /// # use lettre::transport::stub::AsyncStubTransport;
 ///
 /// #[derive(Debug, Default)]
@@ -100,22 +108,22 @@ pub use memory::MemoryStore;
 /// }
 ///
 /// impl BreakerStore for CountingStore {
-///     fn acquire<'a>(&'a self, key: &'a str, rules: &'a Rules)
+///     fn acquire<'a>(&'a self, key: &'a str, rules: &'a Rules, late: &'a Reporter)
 ///         -> StoreFuture<'a, (Decision, Transitions)> {
 ///         StoreFuture::pending(async move {
-///             let (decision, transitions) = self.inner.acquire(key, rules).await;
+///             let (decision, transitions) = self.inner.acquire(key, rules, late).await;
 ///             if let Decision::Refuse { .. } = decision {
 ///                 self.refused.fetch_add(1, Ordering::Relaxed);
 ///             }
 ///             (decision, transitions)
 ///         })
 ///     }
-///     fn record<'a>(&'a self, key: &'a str, rules: &'a Rules, permit: Permit, outcome: Outcome)
-///         -> StoreFuture<'a, Transitions> {
-///         self.inner.record(key, rules, permit, outcome)
+///     fn record<'a>(&'a self, key: &'a str, rules: &'a Rules, permit: Permit,
+///                   outcome: Outcome, late: &'a Reporter) -> StoreFuture<'a, Transitions> {
+///         self.inner.record(key, rules, permit, outcome, late)
 ///     }
-///     fn release(&self, key: &str, permit: Permit) {
-///         self.inner.release(key, permit)
+///     fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
+///         self.inner.release(key, rules, permit, late)
 ///     }
 ///     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
 ///         self.inner.state(key, rules)
@@ -135,26 +143,33 @@ pub use memory::MemoryStore;
 pub trait BreakerStore: Send + Sync + fmt::Debug {
     /// Decides whether a send for `key` may go now, and as the probe or not. Returns the
     /// decision and the changes of state this call made (open to half-open, or a probe past
-    /// its deadline reopening the breaker).
+    /// its deadline reopening the breaker). A remote store whose caller stopped waiting, or
+    /// that gave up waiting itself, reports what the call made to `late` when it learns it.
     fn acquire<'a>(
         &'a self,
         key: &'a str,
         rules: &'a Rules,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)>;
 
     /// Counts the result of a send for `key` made with `permit`, which this store gave. A
-    /// permit from an earlier period counts for nothing. Returns the changes this call made.
+    /// permit from an earlier period counts for nothing. Returns the changes this call made;
+    /// those a remote store learns of only after it stopped waiting go to `late`.
     fn record<'a>(
         &'a self,
         key: &'a str,
         rules: &'a Rules,
         permit: Permit,
         outcome: Outcome,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions>;
 
-    /// Forgets a send whose caller stopped waiting; a probe frees its slot at once. Called
-    /// from `Drop`, so it must not block: a remote store sends it in the background.
-    fn release(&self, key: &str, permit: Permit);
+    /// Forgets a send whose caller stopped waiting; a probe frees its slot at once, unless
+    /// its deadline has passed, when the breaker reopens from that deadline (see
+    /// [`Machine::release`](crate::machine::Machine::release)). Called from `Drop`, so it
+    /// must not block: a remote store sends it in the background. Every change of state it
+    /// makes goes to `late`, at once or when the background call answers.
+    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter);
 
     /// The state of `key` as this store last knew it, after what time alone does (a probe
     /// past its deadline reopens the breaker), with the changes that made. A key the store
@@ -165,10 +180,67 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
     fn tracked_keys(&self) -> usize;
 }
 
+/// Where a [`BreakerStore`] reports the changes of state that a call made but could not
+/// return: a release (called from `Drop`), or a remote call whose answer came after its
+/// caller stopped waiting. The breaker gives each call one that tells its listener and its
+/// logs, so that every change is heard exactly once.
+///
+/// ```
+/// use std::sync::{Arc, Mutex};
+/// use mail_breaker::State;
+/// use mail_breaker::breaker::{Transition, Transitions};
+/// use mail_breaker::store::Reporter;
+///
+/// let heard = Arc::new(Mutex::new(Vec::new()));
+/// let sink = Arc::clone(&heard);
+/// let late = Reporter::new(move |key, transitions| {
+///     sink.lock().unwrap().extend(transitions.iter().map(|t| (key.to_owned(), t.to)));
+/// });
+/// let mut reopened = Transitions::NONE;
+/// reopened.push(Transition { from: State::HalfOpen, to: State::Open });
+/// late.report("smtp://relay", reopened);
+/// assert_eq!(*heard.lock().unwrap(), [("smtp://relay".to_owned(), State::Open)]);
+/// ```
+#[derive(Clone, Default)]
+pub struct Reporter {
+    report: Option<Arc<dyn Fn(&str, Transitions) + Send + Sync>>,
+}
+
+impl Reporter {
+    /// A reporter that hands each key's changes to `report`.
+    pub fn new(report: impl Fn(&str, Transitions) + Send + Sync + 'static) -> Self {
+        Reporter {
+            report: Some(Arc::new(report)),
+        }
+    }
+
+    /// A reporter that drops what it is told (for using a store directly).
+    pub fn none() -> Self {
+        Reporter::default()
+    }
+
+    /// Reports the changes `transitions` of the breaker of `key`; nothing if there are none.
+    pub fn report(&self, key: &str, transitions: Transitions) {
+        if let Some(report) = &self.report
+            && !transitions.is_empty()
+        {
+            report(key, transitions);
+        }
+    }
+}
+
+impl fmt::Debug for Reporter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Reporter")
+            .field("reports", &self.report.is_some())
+            .finish()
+    }
+}
+
 /// The answer of a [`BreakerStore`]: ready at once, or a future to wait for.
 ///
 /// ```
-/// use mail_breaker::store::StoreFuture;
+/// use mail_breaker::store::{Reporter, StoreFuture};
 ///
 /// # futures::executor::block_on(async {
 /// assert_eq!(StoreFuture::ready(7).await, 7);

@@ -4,7 +4,7 @@
 use std::time::Duration;
 
 use mail_breaker::breaker::{Decision, Outcome, Permit, Rules, Transitions};
-use mail_breaker::store::StoreFuture;
+use mail_breaker::store::{Reporter, StoreFuture};
 use mail_breaker::{BreakerStore, MemoryStore, State};
 
 /// A [`MemoryStore`] that waits `delay` before each `acquire` and `record`, then decides: a
@@ -14,6 +14,7 @@ use mail_breaker::{BreakerStore, MemoryStore, State};
 pub struct SlowStore {
     inner: MemoryStore,
     delay: Duration,
+    decides_first: bool,
 }
 
 impl SlowStore {
@@ -22,6 +23,16 @@ impl SlowStore {
         SlowStore {
             inner: MemoryStore::new(),
             delay,
+            decides_first: false,
+        }
+    }
+
+    /// A store that decides each `acquire` at once and answers `delay` later, as a remote
+    /// store whose reply is on its way: two callers' decisions can then cross.
+    pub fn answering_late(delay: Duration) -> Self {
+        SlowStore {
+            decides_first: true,
+            ..SlowStore::new(delay)
         }
     }
 }
@@ -31,10 +42,16 @@ impl BreakerStore for SlowStore {
         &'a self,
         key: &'a str,
         rules: &'a Rules,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
         StoreFuture::pending(async move {
+            if self.decides_first {
+                let answer = self.inner.acquire(key, rules, late).await;
+                tokio::time::sleep(self.delay).await;
+                return answer;
+            }
             tokio::time::sleep(self.delay).await;
-            self.inner.acquire(key, rules).await
+            self.inner.acquire(key, rules, late).await
         })
     }
 
@@ -44,15 +61,16 @@ impl BreakerStore for SlowStore {
         rules: &'a Rules,
         permit: Permit,
         outcome: Outcome,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions> {
         StoreFuture::pending(async move {
             tokio::time::sleep(self.delay).await;
-            self.inner.record(key, rules, permit, outcome).await
+            self.inner.record(key, rules, permit, outcome, late).await
         })
     }
 
-    fn release(&self, key: &str, permit: Permit) {
-        self.inner.release(key, permit);
+    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
+        self.inner.release(key, rules, permit, late);
     }
 
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {

@@ -177,6 +177,8 @@ elseif call == 'record' then
   end
 elseif call == 'release' then
   local permit_period, permit_probe = tonumber(ARGV[12]), tonumber(ARGV[13])
+  -- A probe given back after its deadline failed: it reopens the breaker, as time says.
+  expire()
   if exists and permit_period == m.period and m.phase == HALF_OPEN and m.probe > 0
       and permit_probe == m.probe then
     m.probe = 0

@@ -2,6 +2,7 @@
 //! and tries it again every so often. One warning when it stops answering, not one per send.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
@@ -9,6 +10,8 @@ use std::time::{Duration, Instant};
 pub(super) struct Health {
     state: Mutex<Reach>,
     retry_interval: Duration,
+    /// How many times Redis stopped answering: outage 1 is the first.
+    outages: AtomicU64,
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -25,6 +28,7 @@ impl Health {
         Health {
             state: Mutex::new(Reach::Answering),
             retry_interval,
+            outages: AtomicU64::new(0),
         }
     }
 
@@ -37,6 +41,11 @@ impl Health {
 
     pub(super) fn retry_interval(&self) -> Duration {
         self.retry_interval
+    }
+
+    /// The number of the current outage, or of the last one while Redis answers.
+    pub(super) fn outage(&self) -> u64 {
+        self.outages.load(Ordering::Acquire)
     }
 
     /// Whether Redis answered the last call made to it.
@@ -57,7 +66,7 @@ impl Health {
                     return false;
                 }
                 *state = Reach::Silent {
-                    retry_at: now + self.retry_interval,
+                    retry_at: crate::time::later_std(now, self.retry_interval),
                 };
                 true
             }
@@ -81,8 +90,11 @@ impl Health {
     pub(super) fn failed(&self, namespace: &str, why: &dyn fmt::Display) {
         let mut state = self.lock();
         let was_answering = matches!(*state, Reach::Answering);
+        if was_answering {
+            self.outages.fetch_add(1, Ordering::AcqRel);
+        }
         *state = Reach::Silent {
-            retry_at: Instant::now() + self.retry_interval,
+            retry_at: crate::time::later_std(Instant::now(), self.retry_interval),
         };
         drop(state);
         if was_answering {

@@ -9,8 +9,8 @@ use ::redis::{RedisError, Script};
 
 use super::lru::BoundedMap;
 use super::memory::DEFAULT_MAX_KEYS;
-use super::{BreakerStore, MemoryStore, StoreFuture};
-use crate::breaker::{Decision, Outcome, Permit, Rules, Transitions};
+use super::{BreakerStore, MemoryStore, Reporter, StoreFuture};
+use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::{ConfigError, State};
 
 mod health;
@@ -18,7 +18,7 @@ mod remote;
 mod script;
 
 use health::Health;
-use remote::{GiveBack, RemoteCall};
+use remote::RemoteCall;
 use script::{BadReply, Call, Reply};
 
 /// The bit that marks a permit the local store gave while Redis was silent. Redis periods
@@ -33,6 +33,11 @@ pub const DEFAULT_RETRY_INTERVAL: Duration = Duration::from_secs(1);
 /// not before a send.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(1);
 
+/// The longest time the store hands to Redis: expiries and the breaker's timeouts beyond it
+/// (`Duration::MAX` for "for ever") are taken as this, about a hundred years, which keeps
+/// every time the script computes exact in Lua's numbers and within Redis's range.
+pub const MAX_EXPIRY: Duration = Duration::from_secs(100 * 365 * 24 * 60 * 60);
+
 /// How long a breaker's keys stay in Redis after their last write (default).
 pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 
@@ -44,7 +49,7 @@ pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 /// Each decision before a send, each result after it and each abandoned probe is one call
 /// of a Lua script on the server, atomic, and timed by the server's clock (`TIME`), so
 /// processes whose clocks disagree still agree on the breaker. The script restates the rules
-/// of [`Machine`](crate::breaker::Machine): consecutive or error-rate counting, one probe
+/// of [`Machine`](crate::machine::Machine): consecutive or error-rate counting, one probe
 /// token with a deadline, `half_open_successes`, and periods, so a late result from an
 /// earlier period changes nothing in any process. Each change of state is reported by the
 /// one process whose call made it.
@@ -103,9 +108,12 @@ pub struct RedisStore {
 #[derive(Debug, Clone, Copy)]
 struct Seen {
     state: State,
-    /// Whether the local fallback was already opened to match it.
-    mirrored: bool,
+    /// The outage in which the local fallback last started again from `state`.
+    mirrored_in: u64,
 }
+
+/// No outage: [`Health`] numbers them from 1.
+const NOT_MIRRORED: u64 = 0;
 
 /// Why a call to Redis was decided locally.
 #[derive(Debug, thiserror::Error)]
@@ -224,8 +232,12 @@ impl RedisStore {
     ///     .with_idle_expiry(Duration::from_secs(600));
     /// # Ok(()) }
     /// ```
+    ///
+    /// Redis keeps a key at most [`MAX_EXPIRY`] (about a hundred years): a longer expiry,
+    /// such as `Duration::MAX` for "never", is taken as that, since Redis refuses an
+    /// expiry past its clock's range and would then refuse every write.
     pub fn with_idle_expiry(mut self, expiry: Duration) -> Self {
-        self.idle_expiry = expiry;
+        self.idle_expiry = expiry.min(MAX_EXPIRY);
         self
     }
 
@@ -285,9 +297,14 @@ impl RedisStore {
         }
     }
 
-    /// One call of the script, within the timeout; notes whether Redis answered.
-    async fn ask(&self, key: &str, rules: &Rules, call: Call) -> Option<Reply> {
-        let result = self.invoke(key, rules, call).await;
+    /// One call of the script, within the timeout; notes whether Redis answered. An answer
+    /// that comes after this call stopped waiting is settled through `late`.
+    async fn ask(&self, key: &str, rules: &Rules, call: Call, late: &Reporter) -> Option<Reply> {
+        let remote = self.remote(key, call, rules);
+        let result = match tokio::runtime::Handle::try_current() {
+            Ok(runtime) => remote.start(&runtime, late.clone()).answer().await,
+            Err(_) => remote.run_within_timeout().await,
+        };
         match result {
             Ok(reply) => {
                 self.health.answered(&self.namespace);
@@ -301,48 +318,29 @@ impl RedisStore {
         }
     }
 
-    async fn invoke(&self, key: &str, rules: &Rules, call: Call) -> Result<Reply, Failure> {
-        let remote = self.remote(key, call, rules);
-        if !matches!(call, Call::Acquire) {
-            return remote.run().await;
-        }
-        let Ok(runtime) = tokio::runtime::Handle::try_current() else {
-            return remote.run().await;
-        };
-        // An acquire runs in a task of its own, so that a caller who stops waiting cannot
-        // strand a probe that Redis granted meanwhile: `GiveBack` returns it.
-        let acquire = remote.clone();
-        GiveBack {
-            answer: Some(runtime.spawn(remote.run())),
-            acquire,
-        }
-        .answer()
-        .await
-    }
-
     /// One call of the script on `key`, owned so that it can run in a task of its own.
     fn remote(&self, key: &str, call: Call, rules: &Rules) -> RemoteCall {
         RemoteCall {
             connection: self.connection.clone(),
             script: Arc::clone(&self.script),
+            key: key.to_owned(),
             name: script::key_name(&self.namespace, key),
             call,
-            arguments: script::arguments(call, rules, self.idle_expiry),
+            rules: *rules,
             timeout: self.timeout,
             idle_expiry: self.idle_expiry,
         }
     }
 
     fn remember(&self, key: &str, state: State) {
-        let seen = Seen {
-            state,
-            mirrored: false,
-        };
         self.seen().with(
             key,
-            || seen,
+            || Seen {
+                state,
+                mirrored_in: NOT_MIRRORED,
+            },
             |seen| seen.state == State::Closed,
-            |entry| *entry = seen,
+            |entry| entry.state = state,
         );
     }
 
@@ -352,21 +350,29 @@ impl RedisStore {
     }
 
     async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
-        // A breaker last seen open or half-open in Redis starts open here too, once per
-        // outage, rather than letting sends through to a provider the fleet saw failing.
-        let mirror = self
-            .seen()
-            .peek_mut(key, |seen| {
-                let mirror = seen.state != State::Closed && !seen.mirrored;
-                seen.mirrored = true;
-                mirror
-            })
-            .unwrap_or(false);
-        if mirror {
+        // At the start of each outage, a key's local breaker starts again from the state this
+        // process last saw in Redis: one last seen open or half-open starts open, rather than
+        // letting sends through to a provider the fleet saw failing; one last seen closed, or
+        // never seen, starts closed, whatever it did in an earlier outage.
+        let outage = self.health.outage();
+        let restart = self.seen().with(
+            key,
+            || Seen {
+                state: State::Closed,
+                mirrored_in: NOT_MIRRORED,
+            },
+            |seen| seen.state == State::Closed,
+            |seen| {
+                let restart = seen.mirrored_in != outage;
+                seen.mirrored_in = outage;
+                restart.then_some(seen.state)
+            },
+        );
+        if let Some(state) = restart {
             // Not announced: the change was reported by the process whose call made it.
-            let _ = self.local.trip(key, rules);
+            let _ = self.local.restart_from(key, rules, state);
         }
-        let (decision, transitions) = self.local.acquire(key, rules).await;
+        let (decision, transitions) = self.local.acquire_now(key, rules);
         let decision = match decision {
             Decision::Send(permit) => {
                 Decision::Send(Permit::new(permit.period() | LOCAL_PERIOD, permit.probe()))
@@ -388,10 +394,11 @@ impl BreakerStore for RedisStore {
         &'a self,
         key: &'a str,
         rules: &'a Rules,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
         StoreFuture::pending(async move {
             if self.health.should_ask()
-                && let Some(reply) = self.ask(key, rules, Call::Acquire).await
+                && let Some(reply) = self.ask(key, rules, Call::Acquire, late).await
             {
                 return (reply.decision, reply.transitions);
             }
@@ -405,24 +412,25 @@ impl BreakerStore for RedisStore {
         rules: &'a Rules,
         permit: Permit,
         outcome: Outcome,
+        late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions> {
         if let Some(permit) = local_permit(permit) {
-            return self.local.record(key, rules, permit, outcome);
+            return StoreFuture::ready(self.local.record_now(key, rules, permit, outcome));
         }
         StoreFuture::pending(async move {
             if !self.health.should_ask() {
                 // Given by Redis, which is silent now: the result is lost, not miscounted.
                 return Transitions::NONE;
             }
-            self.ask(key, rules, Call::Record(permit, outcome))
+            self.ask(key, rules, Call::Record(permit, outcome), late)
                 .await
                 .map_or(Transitions::NONE, |reply| reply.transitions)
         })
     }
 
-    fn release(&self, key: &str, permit: Permit) {
+    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
         if let Some(permit) = local_permit(permit) {
-            return self.local.release(key, permit);
+            return late.report(key, self.local.release_now(key, rules, permit));
         }
         if permit.probe().is_none() || !self.health.is_answering() {
             return; // only a probe holds anything; a silent Redis frees it at its deadline
@@ -431,9 +439,9 @@ impl BreakerStore for RedisStore {
             return; // no runtime to send it on: the probe's deadline frees the slot
         };
         // Called from Drop: the call goes on in the background and nothing waits for it.
-        // The rules only set the key's expiry here, which a release does not renew.
-        let release = self.remote(key, Call::Release(permit), &Rules::default());
-        runtime.spawn(release.run_in_background());
+        // It carries the breaker's own rules, so the expiry it sets is the one every call sets.
+        let release = self.remote(key, Call::Release(permit), rules);
+        runtime.spawn(remote::release_in_background(release, late.clone()));
     }
 
     fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {

@@ -4,7 +4,7 @@ use std::fmt::Write as _;
 use std::time::Duration;
 
 use crate::State;
-use crate::breaker::{Counting, Decision, Outcome, Permit, Rules, Transition, Transitions};
+use crate::machine::{Counting, Decision, Outcome, Permit, Rules, Transition, Transitions};
 
 /// The breaker's rules restated for Redis (`breaker.lua`).
 pub(super) const SOURCE: &str = include_str!("breaker.lua");
@@ -67,7 +67,9 @@ pub(super) fn arguments(call: Call, rules: &Rules, expiry: Duration) -> Vec<u64>
         micros(rules.reset_timeout),
         micros(rules.probe_timeout),
         u64::from(rules.half_open_successes),
+        // Within MAX_EXPIRY, so the number fits Redis's range whatever the settings.
         key_expiry(rules, expiry)
+            .min(super::MAX_EXPIRY)
             .as_millis()
             .try_into()
             .unwrap_or(u64::MAX),
@@ -102,15 +104,21 @@ fn key_expiry(rules: &Rules, idle: Duration) -> Duration {
         Counting::Consecutive { .. } => Duration::ZERO,
         Counting::ErrorRate(rate) => rate.window,
     };
-    let needed = (rules.reset_timeout + rules.probe_timeout)
+    let needed = (rules.reset_timeout.saturating_add(rules.probe_timeout))
         .saturating_mul(2)
         .saturating_add(window)
         .saturating_add(Duration::from_secs(1));
     idle.max(needed)
 }
 
+/// A setting in microseconds, at most [`MAX_EXPIRY`](super::MAX_EXPIRY): the script adds
+/// it to the server's clock, and Lua's numbers are exact only below 2^53.
 fn micros(duration: Duration) -> u64 {
-    duration.as_micros().try_into().unwrap_or(u64::MAX)
+    duration
+        .min(super::MAX_EXPIRY)
+        .as_micros()
+        .try_into()
+        .unwrap_or(u64::MAX)
 }
 
 /// What one call of the script answered.
@@ -201,6 +209,25 @@ mod tests {
         assert!(Reply::parse(vec![1, 0, 0, 0, 7]).is_err());
         assert!(Reply::parse(vec![1, 0, 0]).is_err());
         assert!(Reply::parse(vec![0, 3, 0, 5, 1, 0, 1]).is_ok());
+    }
+
+    #[test]
+    fn settings_of_any_length_reach_redis_within_its_range() {
+        let forever = Rules {
+            reset_timeout: Duration::MAX,
+            probe_timeout: Duration::MAX,
+            ..Rules::default()
+        };
+        let args = arguments(Call::Acquire, &forever, Duration::MAX);
+        let max_micros = super::super::MAX_EXPIRY.as_micros() as u64;
+        assert_eq!(args[6], max_micros, "reset timeout");
+        assert_eq!(args[7], max_micros, "probe timeout");
+        assert_eq!(
+            args[9],
+            super::super::MAX_EXPIRY.as_millis() as u64,
+            "expiry"
+        );
+        assert!(max_micros < 1 << 53, "exact in Lua");
     }
 
     #[test]

@@ -56,6 +56,12 @@ impl ErrorRate {
         }
         at_least_one("error_rate.minimum_requests", self.minimum_requests.into())?;
         at_least_one("error_rate.buckets", self.buckets.into())?;
+        if self.buckets > MAX_BUCKETS {
+            return Err(ConfigError::new(
+                "error_rate.buckets",
+                format!("must be at most {MAX_BUCKETS}, got {}", self.buckets),
+            ));
+        }
         non_zero_duration("error_rate.window", self.window)?;
         if self.window < Duration::from_millis(self.buckets.into()) {
             return Err(ConfigError::new(
@@ -73,6 +79,10 @@ impl ErrorRate {
         self.window / self.buckets
     }
 }
+
+/// The most buckets a window may have: each breaker keeps them all, and the Redis script
+/// reads them all on every result.
+pub const MAX_BUCKETS: u32 = 1_000;
 
 /// How a closed breaker decides to open.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -122,6 +132,14 @@ impl Counter {
                 *counter = Counter::new(counting, now);
                 counter.record(counting, now, failed)
             }
+        }
+    }
+
+    /// Whether nothing is counted: no failure in a row, no result in any bucket.
+    pub(crate) fn is_empty(&self) -> bool {
+        match self {
+            Counter::Consecutive(failures) => *failures == 0,
+            Counter::Window(window) => window.buckets.iter().all(|b| b.total == 0),
         }
     }
 

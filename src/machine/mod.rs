@@ -1,13 +1,20 @@
-//! The breaker's rules as a pure state machine: it takes the time and an event and returns
-//! the decision and the changes of state. No I/O, no locks, no async: the transport, the
-//! stores and the listeners sit around it.
+//! The pure core: the breaker's rules as a state machine that takes the time and an event
+//! and returns the decision and the changes of state. No I/O, no locks, no async.
+//!
+//! The layers build on it, each depending only downward: the stores ([`crate::store`]) hold
+//! machines, the breaker's shell ([`crate::breaker`]) asks a store before each send, and the
+//! wrappers (pool, retry) compose breakers.
 
 use std::fmt;
 use std::time::Duration;
 
 use tokio::time::Instant;
 
-use super::policy::{Counter, Counting};
+mod policy;
+
+use self::policy::Counter;
+pub use self::policy::{Counting, ErrorRate, MAX_BUCKETS};
+use crate::time::later;
 
 /// Where a breaker stands.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -235,6 +242,11 @@ impl Machine {
         self.period
     }
 
+    /// Whether the closed breaker's count is empty: no failure in a row, nothing in the window.
+    pub fn has_nothing_counted(&self) -> bool {
+        self.counter.is_empty()
+    }
+
     /// Whether a probe is out and has not answered.
     pub fn has_probe_in_flight(&self) -> bool {
         matches!(self.phase, Phase::HalfOpen { probe: Some(_), .. })
@@ -271,7 +283,7 @@ impl Machine {
                 self.probes_given += 1;
                 *probe = Some(Probe {
                     number: self.probes_given,
-                    deadline: now + rules.probe_timeout,
+                    deadline: later(now, rules.probe_timeout),
                 });
                 Decision::Send(Permit::new(self.period, Some(self.probes_given)))
             }
@@ -298,7 +310,7 @@ impl Machine {
             {
                 self.enter(
                     Phase::Open {
-                        until: now + rules.reset_timeout,
+                        until: later(now, rules.reset_timeout),
                     },
                     &mut transitions,
                 );
@@ -307,7 +319,7 @@ impl Machine {
                 if failed {
                     self.enter(
                         Phase::Open {
-                            until: now + rules.reset_timeout,
+                            until: later(now, rules.reset_timeout),
                         },
                         &mut transitions,
                     );
@@ -324,16 +336,25 @@ impl Machine {
         transitions
     }
 
-    /// Forgets the send made with `permit`: its caller stopped waiting. A probe frees its slot.
-    pub fn release(&mut self, permit: Permit) {
+    /// Forgets the send made with `permit` at `now`: its caller stopped waiting. A probe
+    /// frees its slot, so the next send probes, unless its deadline has already passed: then
+    /// it failed, as [`expire`](Self::expire) says, and the breaker reopens from that deadline.
+    ///
+    /// A permit that is not a probe holds nothing: its release changes nothing.
+    pub fn release(&mut self, rules: &Rules, now: Instant, permit: Permit) -> Transitions {
+        if !permit.is_probe() {
+            return Transitions::NONE;
+        }
+        let transitions = self.expire(rules, now);
         if permit.period != self.period {
-            return;
+            return transitions;
         }
         if let Phase::HalfOpen { probe, .. } = &mut self.phase
             && is_current_probe(probe, permit)
         {
             *probe = None;
         }
+        transitions
     }
 
     /// Opens a closed breaker at `now` for `reset_timeout`, as a failure would. For a store
@@ -353,8 +374,34 @@ impl Machine {
     pub fn trip(&mut self, rules: &Rules, now: Instant) -> Transitions {
         let mut transitions = Transitions::NONE;
         if let Phase::Closed = self.phase {
-            let until = now + rules.reset_timeout;
+            let until = later(now, rules.reset_timeout);
             self.enter(Phase::Open { until }, &mut transitions);
+        }
+        transitions
+    }
+
+    /// Closes the breaker and clears its counts, whatever its state; a result of a send made
+    /// before changes nothing. Returns the change, if it was not closed.
+    ///
+    /// ```
+    /// use tokio::time::Instant;
+    /// use mail_breaker::breaker::{Machine, Rules};
+    /// use mail_breaker::State;
+    ///
+    /// let rules = Rules::default();
+    /// let mut machine = Machine::new(&rules, Instant::now());
+    /// machine.trip(&rules, Instant::now());
+    /// let changes = machine.reset();
+    /// assert_eq!(machine.state(), State::Closed);
+    /// assert_eq!(changes.iter().count(), 1);
+    /// ```
+    pub fn reset(&mut self) -> Transitions {
+        let mut transitions = Transitions::NONE;
+        if matches!(self.phase, Phase::Closed) {
+            self.counter.reset();
+            self.period += 1;
+        } else {
+            self.enter(Phase::Closed, &mut transitions);
         }
         transitions
     }
@@ -368,7 +415,7 @@ impl Machine {
         } = self.phase
             && now >= probe.deadline
         {
-            let until = probe.deadline + rules.reset_timeout;
+            let until = later(probe.deadline, rules.reset_timeout);
             self.enter(Phase::Open { until }, &mut transitions);
         }
         transitions
