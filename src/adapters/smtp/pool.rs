@@ -6,8 +6,9 @@
 //!   the server answered its whole transaction. A send cut off anywhere (its timeout, its
 //!   caller dropping it, an I/O error) drops its connection instead, which closes it: a
 //!   connection with a reply still on its way is never used again.
-//! - An idle connection older than `idle_timeout` is closed when next met, and one that
-//!   carried `max_messages_per_connection` transactions is closed instead of handed back.
+//! - An idle connection older than `idle_timeout` is closed when a send next meets it (there
+//!   is no timer task), and one that carried `max_messages_per_connection` transactions is
+//!   closed instead of handed back.
 //! - No NOOP on checkout: a connection the server closed while idle fails at RSET or MAIL,
 //!   before anything of the message was sent, and the send then opens a fresh one.
 
@@ -103,6 +104,15 @@ impl ConnectionPool {
             return;
         }
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
+        // The oldest are first; those past their time would otherwise linger while the
+        // newer ones take all the sends.
+        let expired = idle
+            .iter()
+            .take_while(|old| old.since.elapsed() >= self.limits.idle_timeout)
+            .count();
+        for old in idle.drain(..expired) {
+            old.connection.retire();
+        }
         idle.push(Idle {
             connection,
             since: Instant::now(),
