@@ -82,6 +82,15 @@ impl SmtpBuilder {
 
     /// Authenticates each connection with these credentials (AUTH PLAIN or LOGIN, whichever
     /// the server offers); default: no AUTH.
+    ///
+    /// ```
+    /// use lettre::transport::smtp::authentication::Credentials;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::starttls_relay("smtp.example.com")?
+    ///     .credentials(Credentials::new("user".into(), "secret".into()))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn credentials(mut self, credentials: Credentials) -> Self {
         self.credentials = Some(credentials);
         self
@@ -89,6 +98,13 @@ impl SmtpBuilder {
 
     /// Bounds each whole send: waiting for a connection, connecting, TLS, AUTH and the
     /// transaction (default 60 s). A send cut off by it answers `smtp.timeout`.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").timeout(Duration::from_secs(10)).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn timeout(mut self, timeout: Duration) -> Self {
         self.timeout = timeout;
         self
@@ -96,24 +112,56 @@ impl SmtpBuilder {
 
     /// How many sends may hold a connection at once (default 10); further sends wait their
     /// turn within their timeout. Also how many messages `send_many` sends at once.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").max_connections(4).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn max_connections(mut self, connections: usize) -> Self {
         self.max_connections = connections;
         self
     }
 
     /// A connection idle longer than this is closed rather than used (default 30 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+    ///     .idle_timeout(Duration::from_secs(10))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn idle_timeout(mut self, timeout: Duration) -> Self {
         self.idle_timeout = timeout;
         self
     }
 
     /// After this many messages a connection is closed and a fresh one opened (default 100).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+    ///     .max_messages_per_connection(1000)
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn max_messages_per_connection(mut self, messages: u32) -> Self {
         self.max_messages_per_connection = messages;
         self
     }
 
     /// The server's port (the constructor's default: 465, 587 or 25).
+    ///
+    /// ```
+    /// # use mail_breaker::{SmtpTransport, Transport};
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").port(2525).build()?;
+    /// assert_eq!(smtp.name(), "smtp://127.0.0.1:2525");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn port(mut self, port: u16) -> Self {
         self.port = port;
         self
@@ -143,6 +191,15 @@ impl SmtpBuilder {
     }
 
     /// The name said in EHLO (default: this host's name).
+    ///
+    /// ```
+    /// use lettre::transport::smtp::extension::ClientId;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+    ///     .hello_name(ClientId::Domain("app.example.com".to_owned()))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn hello_name(mut self, name: ClientId) -> Self {
         self.hello_name = Some(name);
         self
@@ -150,6 +207,13 @@ impl SmtpBuilder {
 
     /// The transport's name in logs, receipts and errors (default `smtp://host:port`, or
     /// `smtps://host:port` with implicit TLS).
+    ///
+    /// ```
+    /// # use mail_breaker::{SmtpTransport, Transport};
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").name("local relay").build()?;
+    /// assert_eq!(smtp.name(), "local relay");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn name(mut self, name: impl Into<String>) -> Self {
         self.name = Some(name.into());
         self
@@ -157,6 +221,12 @@ impl SmtpBuilder {
 
     /// Checks the settings and builds the transport. No connection is opened until the first
     /// send, and no Tokio runtime is needed to build it.
+    ///
+    /// ```
+    /// # use mail_breaker::SmtpTransport;
+    /// let err = SmtpTransport::builder_dangerous("127.0.0.1").timeout(std::time::Duration::ZERO).build().unwrap_err();
+    /// assert_eq!(err.to_string(), "invalid timeout: must be longer than zero");
+    /// ```
     pub fn build(self) -> Result<SmtpTransport, ConfigError> {
         at_least_one("max_connections", self.max_connections as u64)?;
         if self.max_connections > tokio::sync::Semaphore::MAX_PERMITS {

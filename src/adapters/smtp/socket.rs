@@ -123,3 +123,35 @@ impl AsyncTokioStream for WatchedSocket {
         self.tcp.peer_addr()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_read_while_the_body_is_written_means_the_final_dot_went_out() {
+        let watch = DotWatch::default();
+        watch.transaction_begins();
+        watch.body_begins();
+        assert!(!watch.final_dot_written());
+        watch.reading();
+        assert!(watch.final_dot_written());
+    }
+
+    #[test]
+    fn a_read_before_the_body_says_nothing_about_a_dot() {
+        let watch = DotWatch::default();
+        watch.transaction_begins();
+        watch.reading();
+        assert!(!watch.final_dot_written());
+    }
+
+    #[test]
+    fn a_new_transaction_forgets_the_last_ones_dot() {
+        let watch = DotWatch::default();
+        watch.body_begins();
+        watch.reading();
+        watch.transaction_begins();
+        assert!(!watch.final_dot_written());
+    }
+}
