@@ -13,19 +13,16 @@ pub const MAX_PROVIDER_WAIT: Duration = Duration::from_secs(24 * 60 * 60);
 /// About thirty years: what "later" saturates to when the sum overflows.
 const FAR_FUTURE: Duration = Duration::from_secs(30 * 365 * 24 * 60 * 60);
 
-/// `now + by`, or a point about thirty years on when that overflows (and `now` itself when
-/// even that does, which no clock reaches).
+/// `now + by`, with `by` taken as at most about thirty years: longer is "for ever" to any
+/// process, and a timer set millions of years ahead would make Tokio's timer wheel wake every
+/// two years for nothing. (`now` itself if even that overflows, which no clock reaches.)
 pub(crate) fn later(now: tokio::time::Instant, by: Duration) -> tokio::time::Instant {
-    now.checked_add(by)
-        .or_else(|| now.checked_add(FAR_FUTURE))
-        .unwrap_or(now)
+    now.checked_add(by.min(FAR_FUTURE)).unwrap_or(now)
 }
 
 /// [`later`] for `std::time::Instant`.
 pub(crate) fn later_std(now: std::time::Instant, by: Duration) -> std::time::Instant {
-    now.checked_add(by)
-        .or_else(|| now.checked_add(FAR_FUTURE))
-        .unwrap_or(now)
+    now.checked_add(by.min(FAR_FUTURE)).unwrap_or(now)
 }
 
 /// A wait a provider asked for, capped at [`MAX_PROVIDER_WAIT`].

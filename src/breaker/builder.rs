@@ -75,13 +75,18 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
     }
 
     /// How long the breaker stays open before a probe may go (default 30 s).
+    ///
+    /// Zero is a [`ConfigError`]. Any longer time is accepted: a time past about thirty years
+    /// (up to `Duration::MAX`) means "until a person resets it" and is taken as thirty years,
+    /// so no sum of times can overflow.
     pub fn reset_timeout(mut self, timeout: Duration) -> Self {
         self.reset_timeout = timeout;
         self
     }
 
     /// How long a probe may take before it counts as failed (default: the reset timeout).
-    /// The probe's send is not cancelled; its late result is ignored.
+    /// The probe's send is not cancelled; its late result is ignored. Zero is a
+    /// [`ConfigError`]; a time past about thirty years is taken as thirty years.
     pub fn probe_timeout(mut self, timeout: Duration) -> Self {
         self.probe_timeout = Some(timeout);
         self
