@@ -125,7 +125,7 @@ fn bench_raw_connection(
         b.to_async(rt).iter(|| async {
             let mut connection = connection.lock().await;
             // Each message formatted as it goes, as the transports do.
-            for message in messages.iter().cloned() {
+            for message in messages {
                 connection
                     .send(message.envelope(), &message.formatted())
                     .await
