@@ -1,23 +1,29 @@
-//! 2,000 messages to a local smtp-sink: bare lettre against `SmtpTransport::send_many` against
-//! a breaker around it, all over one lettre connection pool at the same concurrency.
+//! Messages to one local smtp-sink, in the same process, at 1, 8 and 50 in flight: bare lettre
+//! 0.11.23 (its pooled `AsyncSmtpTransport`) against `SmtpTransport::unencrypted` (the crate's
+//! own connections) against a breaker around it; and, as the limit, lettre's raw
+//! `AsyncSmtpConnection` on one socket with TCP_NODELAY, one message at a time.
 //!
-//! lettre leaves Nagle's algorithm on, so one message at a time waits ~40 ms for a delayed
-//! ACK from the server; the messages therefore go `CONCURRENCY` at a time, as a bulk sender
-//! would send them. Skipped, with a message, where smtp-sink is not installed.
+//! Each iteration sends 20 messages per message in flight, so that bare lettre, which waits
+//! some 40 ms per message for Nagle and the server's delayed ACK, takes about a second.
+//! Skipped, with a message, where smtp-sink is not installed.
 
 mod support;
 
 use std::time::Duration;
 
-use criterion::{Criterion, Throughput, criterion_group, criterion_main};
+use criterion::{BenchmarkId, Criterion, Throughput, criterion_group, criterion_main};
 use futures::{StreamExt, stream};
 use lettre::transport::smtp::PoolConfig;
+use lettre::transport::smtp::client::AsyncSmtpConnection;
+use lettre::transport::smtp::extension::ClientId;
 use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 use mail_breaker::{CircuitBreakerTransport, Message, SmtpTransport, Transport};
 use support::smtp_sink::SmtpSink;
 
-const MESSAGES: usize = 2_000;
-const CONCURRENCY: usize = 50;
+/// Messages in flight at once.
+const IN_FLIGHT: [usize; 3] = [1, 8, 50];
+/// Messages per iteration, per message in flight.
+const MESSAGES_PER_SLOT: usize = 20;
 
 fn smtp_throughput(c: &mut Criterion) {
     if !support::installed("smtp-sink", "smtp_throughput") {
@@ -32,59 +38,101 @@ fn smtp_throughput(c: &mut Criterion) {
         .build()
         .expect("a Tokio runtime");
     let _entered = rt.enter(); // lettre's pool starts a task when it is built
-    let lettre = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
-        .port(sink.port())
-        .pool_config(PoolConfig::new().max_size(CONCURRENCY as u32))
-        .build();
-    // One pool for all three: SmtpTransport keeps a clone of the same lettre transport.
-    let smtp = SmtpTransport::new(lettre.clone())
-        .with_name(format!("smtp://127.0.0.1:{}", sink.port()))
-        .with_concurrency(CONCURRENCY)
-        .with_timeout(Duration::from_secs(30));
-    let breaker = CircuitBreakerTransport::new(smtp.clone());
-    let messages: Vec<Message> = (0..MESSAGES)
-        .map(|i| support::message_to(&format!("user{i}@example.org")))
-        .collect();
+    let port = sink.port();
 
-    let mut group = c.benchmark_group("smtp_throughput");
-    group
-        .throughput(Throughput::Elements(MESSAGES as u64))
-        .sample_size(10)
-        .warm_up_time(Duration::from_secs(2))
-        .measurement_time(Duration::from_secs(20));
-    group.bench_function("bare_lettre", |b| {
-        b.to_async(&rt).iter(|| async {
-            let sent = stream::iter(messages.iter().cloned())
-                .map(|message| {
-                    let lettre = &lettre;
-                    async move { lettre.send(message).await }
-                })
-                .buffered(CONCURRENCY)
-                .filter(|result| futures::future::ready(result.is_ok()))
-                .count()
-                .await;
-            assert_eq!(sent, MESSAGES, "bare lettre lost messages");
+    for in_flight in IN_FLIGHT {
+        let count = in_flight * MESSAGES_PER_SLOT;
+        let messages: Vec<Message> = (0..count)
+            .map(|i| support::message_to(&format!("user{i}@example.org")))
+            .collect();
+        let lettre = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1")
+            .port(port)
+            .pool_config(PoolConfig::new().max_size(in_flight as u32))
+            .build();
+        let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+            .port(port)
+            .max_connections(in_flight)
+            .max_messages_per_connection(u32::MAX)
+            .timeout(Duration::from_secs(30))
+            .build()
+            .expect("valid settings");
+        let breaker = CircuitBreakerTransport::new(smtp.clone());
+
+        let mut group = c.benchmark_group("smtp_throughput");
+        group
+            .throughput(Throughput::Elements(count as u64))
+            .sample_size(10)
+            .warm_up_time(Duration::from_secs(1))
+            .measurement_time(Duration::from_secs(3));
+        if in_flight == 1 {
+            bench_raw_connection(&mut group, &rt, port, &messages);
+        }
+        group.bench_function(BenchmarkId::new("bare_lettre", in_flight), |b| {
+            b.to_async(&rt).iter(|| async {
+                let sent = stream::iter(messages.iter().cloned())
+                    .map(|message| {
+                        let lettre = &lettre;
+                        async move { lettre.send(message).await }
+                    })
+                    .buffered(in_flight)
+                    .filter(|result| futures::future::ready(result.is_ok()))
+                    .count()
+                    .await;
+                assert_eq!(sent, count, "bare lettre lost messages");
+            })
+        });
+        group.bench_function(BenchmarkId::new("smtp_transport", in_flight), |b| {
+            b.to_async(&rt).iter(|| async {
+                let input = stream::iter(messages.iter().cloned()).boxed();
+                let sent = smtp
+                    .send_many(input)
+                    .filter(|r| futures::future::ready(r.is_ok()));
+                assert_eq!(sent.count().await, count, "SmtpTransport lost messages");
+            })
+        });
+        group.bench_function(BenchmarkId::new("breaker", in_flight), |b| {
+            b.to_async(&rt).iter(|| async {
+                let input = stream::iter(messages.iter().cloned()).boxed();
+                let sent = breaker
+                    .send_many(input)
+                    .filter(|r| futures::future::ready(r.is_ok()));
+                assert_eq!(sent.count().await, count, "the breaker lost messages");
+            })
+        });
+        group.finish();
+    }
+}
+
+/// The limit: lettre's own connection on one socket with TCP_NODELAY, one message after
+/// another, no pool, no timeout, no breaker.
+fn bench_raw_connection(
+    group: &mut criterion::BenchmarkGroup<'_, criterion::measurement::WallTime>,
+    rt: &tokio::runtime::Runtime,
+    port: u16,
+    messages: &[Message],
+) {
+    let connection = rt.block_on(async {
+        let socket = tokio::net::TcpStream::connect(("127.0.0.1", port))
+            .await
+            .expect("connecting to smtp-sink");
+        socket.set_nodelay(true).expect("setting TCP_NODELAY");
+        AsyncSmtpConnection::connect_with_transport(Box::new(socket), &ClientId::default())
+            .await
+            .expect("greeted by smtp-sink")
+    });
+    let connection = tokio::sync::Mutex::new(connection);
+    group.bench_function(BenchmarkId::new("raw_connection_nodelay", 1), |b| {
+        b.to_async(rt).iter(|| async {
+            let mut connection = connection.lock().await;
+            // Each message formatted as it goes, as the transports do.
+            for message in messages {
+                connection
+                    .send(message.envelope(), &message.formatted())
+                    .await
+                    .expect("smtp-sink accepts");
+            }
         })
     });
-    group.bench_function("smtp_transport", |b| {
-        b.to_async(&rt).iter(|| async {
-            let input = stream::iter(messages.iter().cloned()).boxed();
-            let sent = smtp
-                .send_many(input)
-                .filter(|r| futures::future::ready(r.is_ok()));
-            assert_eq!(sent.count().await, MESSAGES, "SmtpTransport lost messages");
-        })
-    });
-    group.bench_function("breaker", |b| {
-        b.to_async(&rt).iter(|| async {
-            let input = stream::iter(messages.iter().cloned()).boxed();
-            let sent = breaker
-                .send_many(input)
-                .filter(|r| futures::future::ready(r.is_ok()));
-            assert_eq!(sent.count().await, MESSAGES, "the breaker lost messages");
-        })
-    });
-    group.finish();
 }
 
 criterion_group!(benches, smtp_throughput);

@@ -25,7 +25,7 @@ pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
 pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
-pub use adapters::smtp::{SmtpTransport, classify_smtp_error, classify_smtp_reply};
+pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
 pub use config::ConfigError;
 pub use machine::{ErrorRate, Snapshot, State};

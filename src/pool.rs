@@ -32,7 +32,9 @@ pub enum Strategy {
 /// A send tries the members in the [`Strategy`]'s order. An error that says the provider
 /// cannot serve (any [`Category`] but `Rejected` and `InvalidMessage`) moves on to the next
 /// member; `Rejected` and `InvalidMessage` are about the message, so they are returned as
-/// they are and no other member sees it. Wrap each member in a
+/// they are and no other member sees it. Built with
+/// [`at_most_once`](PoolBuilder::at_most_once), an error marked
+/// [`is_maybe_delivered`](SendError::is_maybe_delivered) is returned as it is too. Wrap each member in a
 /// [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): a member whose breaker is open
 /// answers at once and the pool moves on without waiting.
 ///
@@ -83,6 +85,8 @@ pub struct PoolTransport {
     groups: Vec<(usize, usize)>,
     strategy: Strategy,
     turn: AtomicUsize,
+    /// Maybe-delivered errors are answers, not failed over.
+    at_most_once: bool,
 }
 
 struct Member {
@@ -97,6 +101,7 @@ impl PoolTransport {
             name: String::from("pool"),
             members: Vec::new(),
             strategy: Strategy::Priority,
+            at_most_once: false,
         }
     }
 
@@ -169,7 +174,7 @@ impl PoolTransport {
             let member = &*self.members[index].transport;
             match send(member).await {
                 Ok(receipt) => return Ok(receipt),
-                Err(error) if !fails_over(&error) => return Err(error),
+                Err(error) if !self.fails_over(&error) => return Err(error),
                 Err(error) => {
                     tracing::debug!(
                         pool = %self.name,
@@ -201,12 +206,17 @@ impl PoolTransport {
     }
 }
 
-/// Whether `error` says the member cannot serve now, so that the next member should try.
-fn fails_over(error: &SendError) -> bool {
-    !matches!(
-        error.category(),
-        Category::Rejected | Category::InvalidMessage
-    )
+impl PoolTransport {
+    /// Whether `error` says the member cannot serve now, so that the next member should try:
+    /// not when it is about the message, nor, at most once, when the member may hold it.
+    fn fails_over(&self, error: &SendError) -> bool {
+        let about_the_message = matches!(
+            error.category(),
+            Category::Rejected | Category::InvalidMessage
+        );
+        let maybe_held = self.at_most_once && error.is_maybe_delivered();
+        !(about_the_message || maybe_held)
+    }
 }
 
 #[async_trait::async_trait]
@@ -309,7 +319,7 @@ impl<'a> Stages<'a> for Failover<'a> {
     ) -> Verdict {
         match result {
             Ok(receipt) => Verdict::Answer(Ok(receipt)),
-            Err(error) if !fails_over(&error) => Verdict::Answer(Err(error)),
+            Err(error) if !self.pool.fails_over(&error) => Verdict::Answer(Err(error)),
             Err(error) => {
                 errors.push(error.clone());
                 if stage + 1 >= self.count() {
@@ -338,6 +348,7 @@ pub struct PoolBuilder {
     name: String,
     members: Vec<Member>,
     strategy: Strategy,
+    at_most_once: bool,
 }
 
 impl PoolBuilder {
@@ -353,6 +364,24 @@ impl PoolBuilder {
     /// How to order the members (default [`Strategy::Priority`]).
     pub fn strategy(mut self, strategy: Strategy) -> Self {
         self.strategy = strategy;
+        self
+    }
+
+    /// Never hands a message to the next member while the member that failed may already
+    /// hold it: an error marked [`is_maybe_delivered`](SendError::is_maybe_delivered) (the
+    /// connection dropped or timed out after SMTP's final dot) is returned as it is. The
+    /// default is at-least-once: such an error fails over like any other of its category,
+    /// and the message may arrive twice.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, PoolTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let stub = |name: &str| LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name(name);
+    /// let pool = PoolTransport::builder().add(stub("a"), 1).add(stub("b"), 2).at_most_once().build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
         self
     }
 
@@ -385,6 +414,7 @@ impl PoolBuilder {
             groups,
             strategy: self.strategy,
             turn: AtomicUsize::new(0),
+            at_most_once: self.at_most_once,
         })
     }
 }
@@ -396,6 +426,7 @@ impl fmt::Debug for PoolBuilder {
             .field("name", &self.name)
             .field("members", &members)
             .field("strategy", &self.strategy)
+            .field("at_most_once", &self.at_most_once)
             .finish()
     }
 }

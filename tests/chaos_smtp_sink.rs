@@ -8,8 +8,13 @@
 //! A watching proxy in front of each server notes every transaction whose final `.` reached
 //! the server but whose reply never reached the client: the one place where SMTP itself can
 //! duplicate a message (the server may have accepted it; the client saw a lost connection and
-//! sent it again). The test proves that no message was lost, and that every duplicate is one
-//! of those, and prints each one.
+//! sent it again). The SMTP transport marks exactly those sends
+//! [`maybe_delivered`](mail_breaker::SendError::maybe_delivered): a Network error or Timeout
+//! after the final dot was written. The test notes every maybe-delivered error each server's
+//! transport gave, proves that no message was lost, that every duplicate is one of those sends
+//! (and one the proxy saw lose its reply after the `.`), and prints each one. With
+//! `at_most_once()` on the retry and the pool, such a send would be answered as it is instead,
+//! and there would be no duplicates.
 //!
 //! The randomness comes from a seed printed at the start; `CHAOS_SEED=<n>` runs another.
 
@@ -23,8 +28,8 @@ use std::time::{Duration, Instant};
 
 use futures::StreamExt;
 use mail_breaker::{
-    Backoff, CircuitBreakerTransport, Message, PoolTransport, RetryTransport, SmtpTransport,
-    Strategy, Transport,
+    Backoff, CircuitBreakerTransport, Envelope, Message, MessageStream, PoolTransport, Receipt,
+    ReceiptStream, RetryTransport, SendError, SmtpTransport, Strategy, Transport,
 };
 use support::smtp_sink::SmtpSink;
 use support::smtp_watch::{SmtpWatch, Watched};
@@ -113,12 +118,87 @@ fn unleash(
     })
 }
 
-fn member(port: u16, name: &str) -> CircuitBreakerTransport<SmtpTransport> {
-    CircuitBreakerTransport::builder(
-        SmtpTransport::unencrypted("127.0.0.1", port)
+/// How many maybe-delivered errors each subject got from one server.
+type MaybeDelivered = Arc<Mutex<HashMap<String, u32>>>;
+
+/// A transport that notes, per subject, each maybe-delivered error its inner transport gives.
+struct NotingMaybeDelivered<T> {
+    inner: T,
+    noted: MaybeDelivered,
+}
+
+impl<T> NotingMaybeDelivered<T> {
+    fn note(&self, subject: &str, answer: &Result<Receipt, SendError>) {
+        if answer.as_ref().is_err_and(SendError::is_maybe_delivered) {
+            *self
+                .noted
+                .lock()
+                .unwrap_or_else(PoisonError::into_inner)
+                .entry(subject.to_owned())
+                .or_default() += 1;
+        }
+    }
+}
+
+fn subject_of(raw: &[u8]) -> String {
+    String::from_utf8_lossy(raw)
+        .lines()
+        .find_map(|line| line.strip_prefix("Subject: ").map(str::to_owned))
+        .unwrap_or_default()
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for NotingMaybeDelivered<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let answer = self.inner.send_raw(envelope, raw).await;
+        self.note(&subject_of(raw), &answer);
+        answer
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        // The inner transport answers in the order it read the messages, one each.
+        let subjects = Arc::new(Mutex::new(std::collections::VecDeque::new()));
+        let read = Arc::clone(&subjects);
+        let messages = messages
+            .inspect(move |message| {
+                read.lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .push_back(subject_of(&message.formatted()));
+            })
+            .boxed();
+        self.inner
+            .send_many(messages)
+            .inspect(move |answer| {
+                let subject = subjects
+                    .lock()
+                    .unwrap_or_else(PoisonError::into_inner)
+                    .pop_front()
+                    .unwrap_or_default();
+                self.note(&subject, answer);
+            })
+            .boxed()
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        self.inner.verify().await
+    }
+}
+
+fn member(
+    port: u16,
+    name: &str,
+    noted: MaybeDelivered,
+) -> CircuitBreakerTransport<NotingMaybeDelivered<SmtpTransport>> {
+    CircuitBreakerTransport::builder(NotingMaybeDelivered {
+        inner: SmtpTransport::unencrypted("127.0.0.1", port)
             .with_name(name)
             .with_timeout(Duration::from_secs(3)),
-    )
+        noted,
+    })
     .failure_threshold(3)
     .reset_timeout(Duration::from_millis(200))
     .probe_timeout(Duration::from_secs(3))
@@ -143,9 +223,16 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
     let watch_b = SmtpWatch::start(sink_b.address()).await;
     let sinks = [Arc::new(Mutex::new(sink_a)), Arc::new(Mutex::new(sink_b))];
 
+    let maybe_delivered: [MaybeDelivered; 2] = Default::default();
     let pool = PoolTransport::builder()
-        .add(member(watch_a.port(), "A"), 1)
-        .add(member(watch_b.port(), "B"), 1)
+        .add(
+            member(watch_a.port(), "A", Arc::clone(&maybe_delivered[0])),
+            1,
+        )
+        .add(
+            member(watch_b.port(), "B", Arc::clone(&maybe_delivered[1])),
+            1,
+        )
         .strategy(Strategy::RoundRobin)
         .build()
         .expect("a pool with members");
@@ -231,8 +318,11 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
         dumps.iter().flatten().next()
     );
 
-    // Every copy past the one the receipt stands for is a transaction whose `.` reached that
-    // server and whose reply never came back.
+    // Every copy past the one the receipt stands for is a send that server's transport
+    // answered maybe-delivered, and a transaction whose `.` reached that server and whose
+    // reply never came back.
+    let maybe_delivered = maybe_delivered
+        .map(|noted| std::mem::take(&mut *noted.lock().unwrap_or_else(PoisonError::into_inner)));
     let mut duplicates = Vec::new();
     for id in 0..MESSAGES {
         for server in 0..2 {
@@ -240,6 +330,17 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
             let expected = u32::from(receipt_server(id) == server);
             if copies > expected {
                 let extra = copies - expected;
+                let marked = maybe_delivered[server]
+                    .get(&subject(id))
+                    .copied()
+                    .unwrap_or(0);
+                assert!(
+                    extra <= marked,
+                    "seed {seed}: message {id} has {copies} copies on {} (receipt from {}), \
+                     but only {marked} of its sends there were answered maybe-delivered",
+                    names[server],
+                    names[receipt_server(id)]
+                );
                 let unanswered = watched[server]
                     .unanswered_after_dot
                     .get(&subject(id))
@@ -275,7 +376,8 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
         let seen = &watched[server];
         println!(
             "{}: {} connections ({} refused while down), {} transactions answered, \
-             {} lost their reply after the '.', {} cut off before it; {} files cut short by a kill",
+             {} lost their reply after the '.', {} cut off before it; {} files cut short by a \
+             kill; {} sends answered maybe-delivered",
             names[server],
             seen.connections,
             seen.refused,
@@ -283,18 +385,20 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
             seen.unanswered_after_dot.values().sum::<u32>(),
             seen.cut_before_dot,
             cut_short[server],
+            maybe_delivered[server].values().sum::<u32>(),
         );
     }
     println!(
-        "lost: 0; duplicates: {} (each a transaction whose connection was lost after the \
-         final '.' and before the server's reply, so the client could not know it was accepted)",
+        "lost: 0; duplicates: {} (each a send answered maybe-delivered: its connection was lost \
+         after the final '.' and before the server's reply, so the client could not know it \
+         was accepted, and at-least-once sent it again)",
         duplicates.iter().map(|(_, _, extra)| extra).sum::<u32>()
     );
     for (id, server, extra) in &duplicates {
         println!(
             "  duplicate: '{}' {extra} extra on {}: its '.' reached {} and the server was \
-             killed before its reply reached the client; the retry then delivered it to {} \
-             (the receipt)",
+             killed before its reply reached the client (answered maybe-delivered); it was \
+             then sent again and delivered by {} (the receipt)",
             subject(*id),
             names[*server],
             names[*server],

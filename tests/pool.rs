@@ -530,3 +530,88 @@ async fn a_member_that_ends_its_batch_without_reading_is_passed_over() {
     let answers = send_all(&pool, numbered_messages(3)).await;
     assert_eq!(transports(&answers), ["backup"; 3]);
 }
+
+// ---- at most once (issue 10) ----
+
+/// A network error after SMTP's final dot: the member may hold the message.
+fn maybe_delivered_network_error() -> Reply {
+    Reply::Err(
+        SendError::new(
+            Category::Network,
+            "smtp.network",
+            "hung up after the final dot",
+        )
+        .maybe_delivered(),
+    )
+}
+
+fn at_most_once_pool_of(primary: &Scripted, backup: &Scripted) -> PoolTransport {
+    PoolTransport::builder()
+        .add(primary.clone(), 1)
+        .add(backup.clone(), 2)
+        .at_most_once()
+        .build()
+        .expect("a pool with members")
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_returns_a_maybe_delivered_error_without_failing_over() {
+    let primary = Scripted::answering("primary", maybe_delivered_network_error());
+    let backup = Scripted::new("backup");
+
+    let error = at_most_once_pool_of(&primary, &backup)
+        .send(&message())
+        .await
+        .unwrap_err();
+
+    assert_eq!(error.code(), "smtp.network");
+    assert!(error.is_maybe_delivered());
+    assert_eq!(error.transport(), Some("primary"));
+    assert_eq!(backup.sends(), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_still_fails_over_an_error_that_was_surely_not_delivered() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup");
+
+    let receipt = at_most_once_pool_of(&primary, &backup)
+        .send(&message())
+        .await
+        .unwrap();
+
+    assert_eq!(receipt.transport(), "backup");
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_maybe_delivered_error_fails_over_at_least_once() {
+    let primary = Scripted::answering("primary", maybe_delivered_network_error());
+    let backup = Scripted::new("backup");
+
+    let receipt = pool_of(&primary, &backup).send(&message()).await.unwrap();
+
+    assert_eq!(receipt.transport(), "backup");
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_keeps_a_maybe_delivered_message_of_a_batch_on_its_member() {
+    let primary = Scripted::new("primary");
+    primary.then([
+        Reply::fail(Category::ServerError),
+        maybe_delivered_network_error(),
+        Reply::Ok,
+    ]);
+    let backup = Scripted::new("backup");
+
+    let answers = send_all(
+        &at_most_once_pool_of(&primary, &backup),
+        numbered_messages(3),
+    )
+    .await;
+
+    assert_eq!(
+        transports(&answers),
+        ["backup", "error:smtp.network", "primary"]
+    );
+    assert_eq!(backup.sends(), 1);
+}

@@ -507,3 +507,79 @@ async fn unbounded_attempts_retry_until_max_elapsed_in_a_batch_too() {
         "tries at 0, 1, ..., 10 s for each message"
     );
 }
+
+// ---- at most once (issue 10) ----
+
+/// A timeout after SMTP's final dot: the provider may hold the message.
+fn maybe_delivered_timeout() -> Reply {
+    Reply::Err(
+        SendError::new(
+            Category::Timeout,
+            "smtp.timeout",
+            "no reply after the final dot",
+        )
+        .maybe_delivered(),
+    )
+}
+
+fn at_most_once(inner: &Scripted, attempts: u32) -> RetryTransport<Scripted> {
+    RetryTransport::builder(inner.clone())
+        .max_attempts(attempts)
+        .backoff(Backoff::constant(Duration::from_secs(1)))
+        .at_most_once()
+        .build()
+        .expect("valid settings")
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_returns_a_maybe_delivered_error_at_once_without_a_retry() {
+    let inner = Scripted::new("p");
+    inner.then([maybe_delivered_timeout()]);
+    let started = Instant::now();
+
+    let error = at_most_once(&inner, 5).send(&message()).await.unwrap_err();
+
+    assert_eq!(error.code(), "smtp.timeout");
+    assert!(error.is_maybe_delivered());
+    assert_eq!(inner.sends(), 1);
+    assert_eq!(started.elapsed(), Duration::ZERO);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_still_retries_an_error_that_was_surely_not_delivered() {
+    let inner = Scripted::new("p");
+    inner.then([
+        Reply::fail(Category::Timeout),
+        Reply::fail(Category::Network),
+    ]);
+
+    let receipt = at_most_once(&inner, 5).send(&message()).await.unwrap();
+
+    assert_eq!(receipt.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_maybe_delivered_error_is_retried_at_least_once() {
+    let inner = Scripted::new("p");
+    inner.then([maybe_delivered_timeout()]);
+
+    let receipt = retry(&inner, 3).send(&message()).await.unwrap();
+
+    assert_eq!(receipt.attempts(), 2);
+    assert_eq!(inner.sends(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_returns_a_maybe_delivered_error_in_a_batch_and_retries_the_others() {
+    let inner = Scripted::new("p").naming_subjects_in_receipts();
+    inner.then([
+        Reply::fail(Category::Network),
+        maybe_delivered_timeout(),
+        Reply::Ok,
+    ]);
+
+    let answers = send_all(&at_most_once(&inner, 3), numbered_messages(3)).await;
+
+    assert_eq!(attempts(&answers), ["2", "smtp.timeout", "1"]);
+    assert_eq!(inner.sends(), 4);
+}

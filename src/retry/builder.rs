@@ -31,6 +31,7 @@ pub struct RetryBuilder<T> {
     backoff: Backoff,
     max_elapsed: Option<Duration>,
     budget: Option<Arc<RetryBudget>>,
+    at_most_once: bool,
 }
 
 impl<T> RetryBuilder<T> {
@@ -41,6 +42,7 @@ impl<T> RetryBuilder<T> {
             backoff: Backoff::default(),
             max_elapsed: None,
             budget: None,
+            at_most_once: false,
         }
     }
 
@@ -70,6 +72,24 @@ impl<T> RetryBuilder<T> {
         self
     }
 
+    /// Never sends a message again that the provider may already hold: an error marked
+    /// [`is_maybe_delivered`](crate::SendError::is_maybe_delivered) (the connection dropped
+    /// or timed out after SMTP's final dot) is returned as it is, not retried. The default is
+    /// at-least-once: such an error is retried like any other of its category, and the
+    /// message may arrive twice.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, RetryTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let provider = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// let transport = RetryTransport::builder(provider).at_most_once().build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
     /// Checks the settings and builds the transport.
     pub fn build(self) -> Result<RetryTransport<T>, ConfigError> {
         at_least_one("max_attempts", self.max_attempts.into())?;
@@ -84,6 +104,7 @@ impl<T> RetryBuilder<T> {
                 backoff: self.backoff,
                 max_elapsed: self.max_elapsed,
                 budget: self.budget,
+                at_most_once: self.at_most_once,
             },
         })
     }

@@ -29,6 +29,9 @@ pub use builder::RetryBuilder;
 /// - It gives up, returning the last error at once, after `max_attempts` tries, when that
 ///   wait would end past `max_elapsed` from the first try, or when the
 ///   [`RetryBudget`] throttles retries.
+/// - Built with [`at_most_once`](RetryBuilder::at_most_once), it returns an error marked
+///   [`is_maybe_delivered`](SendError::is_maybe_delivered) as it is: the provider may hold
+///   the message, and a retry could deliver it twice. By default it retries such errors.
 /// - [`Receipt::attempts`] says how many tries the delivery took.
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
@@ -133,6 +136,8 @@ pub(crate) struct Policy {
     pub(crate) backoff: Backoff,
     pub(crate) max_elapsed: Option<Duration>,
     pub(crate) budget: Option<Arc<RetryBudget>>,
+    /// Maybe-delivered errors are answers, not retried.
+    pub(crate) at_most_once: bool,
 }
 
 impl Policy {
@@ -153,6 +158,9 @@ impl Policy {
                 return Verdict::Answer(Ok(receipt.with_attempts(attempt)));
             }
             Err(error) if !error.is_retryable() => return Verdict::Answer(Err(error)),
+            Err(error) if self.at_most_once && error.is_maybe_delivered() => {
+                return Verdict::Answer(Err(error));
+            }
             Err(error) => error,
         };
         if let (Some(budget), false) = (&self.budget, repeated) {
@@ -243,6 +251,7 @@ impl<T: fmt::Debug> fmt::Debug for RetryTransport<T> {
             .field("backoff", &self.policy.backoff)
             .field("max_elapsed", &self.policy.max_elapsed)
             .field("budget", &self.policy.budget)
+            .field("at_most_once", &self.policy.at_most_once)
             .finish()
     }
 }

@@ -3,6 +3,7 @@
 //! fail under CI (`CI=true`).
 #![allow(dead_code)]
 
+pub mod aiosmtpd;
 pub mod flaky;
 pub mod http_api;
 pub mod http_checks;

@@ -12,6 +12,8 @@
 //! ```
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
 
 use tokio::io::{AsyncBufReadExt, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
@@ -28,6 +30,8 @@ pub enum Answer {
     Silence,
     /// Closes the connection without a word.
     HangUp,
+    /// Waits, then answers (a server slow to reply).
+    After(Duration, Box<Answer>),
 }
 
 impl Answer {
@@ -44,12 +48,14 @@ impl Answer {
     }
 }
 
-type Script = Arc<dyn Fn(&str) -> Answer + Send + Sync>;
+/// The script: the command's name (`MAIL`, `.`, …) and its whole line.
+type Script = Arc<dyn Fn(&str, &str) -> Answer + Send + Sync>;
 
 /// A scripted server, stopped when dropped.
 #[derive(Debug)]
 pub struct RawSmtp {
     port: u16,
+    connections: Arc<AtomicUsize>,
     task: JoinHandle<()>,
 }
 
@@ -60,14 +66,26 @@ impl RawSmtp {
         greeting: Vec<u8>,
         answer: impl Fn(&str) -> Answer + Send + Sync + 'static,
     ) -> RawSmtp {
+        RawSmtp::start_reading_lines(greeting, move |command, _line| answer(command)).await
+    }
+
+    /// Like [`start`](Self::start), the script also reading each command's whole line
+    /// (`RCPT TO:<bob@example.org>`), e.g. to refuse one recipient.
+    pub async fn start_reading_lines(
+        greeting: Vec<u8>,
+        answer: impl Fn(&str, &str) -> Answer + Send + Sync + 'static,
+    ) -> RawSmtp {
         let listener = TcpListener::bind("127.0.0.1:0")
             .await
             .expect("binding a loopback port");
         let port = listener.local_addr().expect("a bound address").port();
         let script: Script = Arc::new(answer);
         let greeting: Arc<[u8]> = greeting.into();
+        let connections = Arc::new(AtomicUsize::new(0));
+        let accepted = Arc::clone(&connections);
         let task = tokio::spawn(async move {
             while let Ok((stream, _)) = listener.accept().await {
+                accepted.fetch_add(1, Ordering::SeqCst);
                 let (script, greeting) = (Arc::clone(&script), Arc::clone(&greeting));
                 tokio::spawn(async move {
                     // A client that goes away mid-conversation is not the test's concern.
@@ -75,12 +93,21 @@ impl RawSmtp {
                 });
             }
         });
-        RawSmtp { port, task }
+        RawSmtp {
+            port,
+            connections,
+            task,
+        }
     }
 
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// How many connections it has accepted so far.
+    pub fn connections(&self) -> usize {
+        self.connections.load(Ordering::SeqCst)
     }
 }
 
@@ -93,7 +120,7 @@ impl Drop for RawSmtp {
 async fn converse(
     stream: TcpStream,
     greeting: &[u8],
-    answer: &(dyn Fn(&str) -> Answer + Send + Sync),
+    answer: &(dyn Fn(&str, &str) -> Answer + Send + Sync),
 ) -> std::io::Result<()> {
     let _ = stream.set_nodelay(true);
     let (reader, mut writer) = stream.into_split();
@@ -122,7 +149,11 @@ async fn converse(
                 .unwrap_or_default()
                 .to_ascii_uppercase()
         };
-        let reply = answer(&command);
+        let mut reply = answer(&command, String::from_utf8_lossy(&line).trim_end());
+        while let Answer::After(delay, then) = reply {
+            tokio::time::sleep(delay).await;
+            reply = *then;
+        }
         if command == "DATA" && matches!(&reply, Answer::Say(bytes) if bytes.starts_with(b"354")) {
             in_data = true;
         }
@@ -134,6 +165,7 @@ async fn converse(
             }
             Answer::Silence => {}
             Answer::HangUp => return Ok(()),
+            Answer::After(..) => unreachable!("waited for above"),
         }
     }
 }

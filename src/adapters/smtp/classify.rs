@@ -1,162 +1,11 @@
-//! [`SmtpTransport`]: lettre's async SMTP transport, each send bounded in time, its errors
-//! sorted into [`Category`]s by [`classify_smtp_error`].
-
-use std::fmt;
-use std::time::Duration;
+//! Reading a server's answers: the [`Category`] of an SMTP error or reply, and the queue id in
+//! a `250` after the final dot.
 
 use lettre::transport::smtp::Error as SmtpError;
 use lettre::transport::smtp::response::Response;
-use lettre::{AsyncSmtpTransport, AsyncTransport, Tokio1Executor};
 
 use crate::receipt::SourceText;
-use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
-
-/// Sends over SMTP with lettre's pooled async transport.
-///
-/// lettre's own timeout bounds only the TCP connect: a server that stalls after its greeting
-/// would hold a send for as long as it stalls. [`with_timeout`](Self::with_timeout) (default
-/// 60 s) bounds each whole send, connect to final reply, and answers `smtp.timeout`.
-///
-/// `send_many` sends up to [`with_concurrency`](Self::with_concurrency) messages at once over
-/// lettre's connection pool (default 10, the pool's default size) and answers in message order.
-///
-/// lettre's connection pool starts a Tokio task when the lettre transport is built, so build it
-/// (and call [`unencrypted`](Self::unencrypted)) inside a Tokio runtime: outside one, lettre
-/// panics.
-///
-/// ```
-/// use std::time::Duration;
-/// use lettre::{AsyncSmtpTransport, Tokio1Executor};
-/// use mail_breaker::SmtpTransport;
-///
-/// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-/// let relay = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1").port(2525).build();
-/// let smtp = SmtpTransport::new(relay)
-///     .with_name("smtp://127.0.0.1:2525")
-///     .with_timeout(Duration::from_secs(10));
-/// # let _ = smtp;
-/// # });
-/// ```
-#[derive(Clone)]
-pub struct SmtpTransport {
-    inner: AsyncSmtpTransport<Tokio1Executor>,
-    name: String,
-    timeout: Duration,
-    concurrency: usize,
-}
-
-impl SmtpTransport {
-    /// Wraps a lettre SMTP transport, named `"smtp"` until [`with_name`](Self::with_name).
-    pub fn new(inner: AsyncSmtpTransport<Tokio1Executor>) -> Self {
-        SmtpTransport {
-            inner,
-            name: "smtp".to_owned(),
-            timeout: Duration::from_secs(60),
-            concurrency: 10,
-        }
-    }
-
-    /// A transport to a server on `host:port` without TLS or authentication (a local relay,
-    /// a test server), named `smtp://host:port`. Call it inside a Tokio runtime (see above).
-    ///
-    /// ```
-    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
-    /// let smtp = mail_breaker::SmtpTransport::unencrypted("127.0.0.1", 2525);
-    /// # use mail_breaker::Transport;
-    /// assert_eq!(smtp.name(), "smtp://127.0.0.1:2525");
-    /// # });
-    /// ```
-    pub fn unencrypted(host: &str, port: u16) -> Self {
-        let relay = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous(host)
-            .port(port)
-            .build();
-        SmtpTransport::new(relay).with_name(format!("smtp://{host}:{port}"))
-    }
-
-    /// Sets the name used in logs, receipts and breaker keys.
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// Bounds each whole send, connect to final reply (default 60 s).
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.timeout = timeout;
-        self
-    }
-
-    /// How many messages `send_many` sends at once (default 10; at least 1).
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
-        self
-    }
-
-    /// The lettre transport it sends with.
-    pub fn inner(&self) -> &AsyncSmtpTransport<Tokio1Executor> {
-        &self.inner
-    }
-
-    fn receipt(&self, response: &Response) -> Receipt {
-        let text = reply_text(response);
-        let receipt = Receipt::new(&self.name);
-        match queue_id(&text) {
-            Some(id) => receipt.with_message_id(id).with_response(text),
-            None => receipt.with_response(text),
-        }
-    }
-
-    fn timed_out(&self) -> SendError {
-        SendError::fixed(
-            Category::Timeout,
-            "smtp.timeout",
-            "the server did not finish the send in time",
-        )
-        .with_transport(&self.name)
-    }
-}
-
-#[async_trait::async_trait]
-impl Transport for SmtpTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        match tokio::time::timeout(self.timeout, self.inner.send_raw(envelope, raw)).await {
-            Ok(Ok(response)) => Ok(self.receipt(&response)),
-            Ok(Err(error)) => Err(classify_smtp_error(&error).with_transport(&self.name)),
-            Err(_elapsed) => Err(self.timed_out()),
-        }
-    }
-
-    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        crate::transport::send_concurrently(self, messages, self.concurrency)
-    }
-
-    async fn verify(&self) -> Result<(), SendError> {
-        match tokio::time::timeout(self.timeout, self.inner.test_connection()).await {
-            Ok(Ok(true)) => Ok(()),
-            Ok(Ok(false)) => Err(SendError::fixed(
-                Category::ServiceUnavailable,
-                "smtp.unreachable",
-                "the server did not accept a connection",
-            )
-            .with_transport(&self.name)),
-            Ok(Err(error)) => Err(classify_smtp_error(&error).with_transport(&self.name)),
-            Err(_elapsed) => Err(self.timed_out()),
-        }
-    }
-}
-
-impl fmt::Debug for SmtpTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SmtpTransport")
-            .field("name", &self.name)
-            .field("timeout", &self.timeout)
-            .field("concurrency", &self.concurrency)
-            .finish_non_exhaustive()
-    }
-}
+use crate::{Category, Receipt, SendError};
 
 /// Sorts a lettre SMTP error into a [`Category`], with the code `smtp.<reply code>` for a
 /// server's reply, else `smtp.timeout`, `smtp.network`, `smtp.tls`, `smtp.client` or
@@ -282,6 +131,24 @@ fn enhanced_status(text: &str) -> Option<(u16, u16, u16)> {
 
 fn error_source(error: &SmtpError) -> Option<SourceText> {
     std::error::Error::source(error).map(|source| SourceText::masked(source.to_string()))
+}
+
+/// The receipt for a message the server accepted with `response`: its reply text, and the
+/// queue id when the reply names one.
+pub(super) fn receipt_for(transport: &str, response: &Response) -> Receipt {
+    let text = reply_text(response);
+    let receipt = Receipt::new(transport);
+    match queue_id(&text) {
+        Some(id) => receipt.with_message_id(id).with_response(text),
+        None => receipt.with_response(text),
+    }
+}
+
+/// Whether the connection that gave `error` can carry another transaction: the server answered
+/// with a refusal of this command, not a `421` (which closes the connection) and not something
+/// unreadable or a broken socket.
+pub(super) fn leaves_connection_usable(error: &SmtpError) -> bool {
+    error.status().is_some_and(|code| u16::from(code) != 421)
 }
 
 fn reply_text(response: &Response) -> String {

@@ -1,0 +1,333 @@
+//! [`SmtpTransport`]: SMTP on connections the crate opens (TCP_NODELAY set) and pools itself,
+//! spoken by lettre's `AsyncSmtpConnection`; or through a caller's own lettre transport. Each
+//! send is bounded in time, its errors sorted into [`Category`]s by [`classify_smtp_error`].
+//!
+//! - `builder.rs`: the constructors and [`SmtpBuilder`].
+//! - `connection.rs`: one connection: socket, TLS, greeting, EHLO, AUTH.
+//! - `socket.rs`: the socket, and the watch that tells whether a final dot went out.
+//! - `pool.rs`: the connection pool and its limits.
+//! - `transaction.rs`: one transaction, each recipient answered on its own.
+//! - `classify.rs`: the category of a server's answer.
+//! - `lettre_pool.rs`: sending through a caller's lettre transport without desyncing it.
+
+mod builder;
+mod classify;
+mod connection;
+mod implicit_tls;
+mod lettre_pool;
+mod pool;
+mod socket;
+mod transaction;
+
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+use lettre::{AsyncSmtpTransport, Tokio1Executor};
+use tokio::time::Instant;
+
+pub use builder::SmtpBuilder;
+pub use classify::{classify_smtp_error, classify_smtp_reply};
+
+use crate::time::later;
+use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use connection::{Connection, ConnectionSettings};
+use lettre_pool::Unfinished;
+use pool::{ConnectionPool, PoolLimits};
+use transaction::{Ending, Progress};
+
+/// Sends over SMTP, each whole send bounded in time.
+///
+/// # On the crate's own connections
+/// [`relay`](Self::relay), [`starttls_relay`](Self::starttls_relay),
+/// [`builder_dangerous`](Self::builder_dangerous), [`from_url`](Self::from_url) and
+/// [`unencrypted`](Self::unencrypted) make a transport that opens its own sockets, with
+/// TCP_NODELAY set, and keeps them in a pool of its own:
+///
+/// - **A connection is reused only after its whole transaction was answered.** A send cut off
+///   anywhere (by its timeout, by its caller dropping it, by an I/O error) closes its
+///   connection, so a late reply can never be read as the answer to another message. After a
+///   refused transaction the connection says RSET before the next.
+/// - **No NOOP per message.** A pooled connection the server closed while it was idle fails at
+///   RSET or MAIL, before anything of the message was sent; the send then goes on a fresh
+///   connection without an error. Each send opens at most one connection.
+/// - **Each recipient is answered on its own.** The message goes to the recipients the server
+///   accepted, and the others are in [`Receipt::rejected_recipients`], each with its error.
+///   When every recipient is refused, that refusal is the answer.
+/// - **Maybe delivered.** A Network error or Timeout after the final dot was written is marked
+///   [`SendError::maybe_delivered`]: the server may hold the message. Never before that point.
+/// - [`SmtpBuilder::max_connections`] sends hold a connection at once; others wait their turn
+///   within their timeout. `send_many` sends that many messages at once, answers in order.
+///
+/// # Through a lettre transport
+/// [`new`](Self::new) wraps a caller's `lettre::AsyncSmtpTransport`. lettre's pool would take
+/// back a connection whose send was cut off, so each send runs as a task that finishes in the
+/// background; a send that timed out may still deliver, and its `smtp.timeout` is marked
+/// maybe-delivered. lettre builds its pool with a Tokio task, so build the lettre transport
+/// inside a Tokio runtime.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{SmtpTransport, Transport};
+///
+/// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+///     .port(2525)
+///     .timeout(Duration::from_secs(10))
+///     .max_connections(4)
+///     .build()?;
+/// assert_eq!(smtp.name(), "smtp://127.0.0.1:2525");
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct SmtpTransport {
+    sender: Sender,
+    name: String,
+    timeout: Duration,
+    concurrency: usize,
+}
+
+/// What a send goes through.
+#[derive(Clone)]
+enum Sender {
+    Own(Arc<ConnectionPool>),
+    Lettre(AsyncSmtpTransport<Tokio1Executor>),
+}
+
+impl SmtpTransport {
+    /// Wraps a lettre SMTP transport, named `"smtp"` until [`with_name`](Self::with_name).
+    ///
+    /// ```
+    /// use std::time::Duration;
+    /// use lettre::{AsyncSmtpTransport, Tokio1Executor};
+    /// use mail_breaker::SmtpTransport;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let relay = AsyncSmtpTransport::<Tokio1Executor>::builder_dangerous("127.0.0.1").port(2525).build();
+    /// let smtp = SmtpTransport::new(relay)
+    ///     .with_name("smtp://127.0.0.1:2525")
+    ///     .with_timeout(Duration::from_secs(10));
+    /// # let _ = smtp;
+    /// # });
+    /// ```
+    pub fn new(inner: AsyncSmtpTransport<Tokio1Executor>) -> Self {
+        SmtpTransport {
+            sender: Sender::Lettre(inner),
+            name: "smtp".to_owned(),
+            timeout: Duration::from_secs(60),
+            concurrency: 10,
+        }
+    }
+
+    /// A transport on the crate's own connections; made by the builder.
+    fn own(
+        settings: ConnectionSettings,
+        limits: PoolLimits,
+        name: String,
+        timeout: Duration,
+    ) -> Self {
+        SmtpTransport {
+            concurrency: limits.max_connections,
+            sender: Sender::Own(Arc::new(ConnectionPool::new(settings, limits))),
+            name,
+            timeout,
+        }
+    }
+
+    /// Sets the name used in logs, receipts and breaker keys.
+    ///
+    /// ```
+    /// # use mail_breaker::{SmtpTransport, Transport};
+    /// let smtp = SmtpTransport::unencrypted("127.0.0.1", 2525).with_name("local relay");
+    /// assert_eq!(smtp.name(), "local relay");
+    /// ```
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// Bounds each whole send, waiting for a connection to final reply (default 60 s).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::unencrypted("127.0.0.1", 2525).with_timeout(Duration::from_secs(5));
+    /// # let _ = smtp;
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.timeout = timeout;
+        self
+    }
+
+    /// How many messages `send_many` sends at once (default: `max_connections`, 10 for
+    /// [`new`](Self::new); at least 1).
+    ///
+    /// ```
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::unencrypted("127.0.0.1", 2525).with_concurrency(4);
+    /// # let _ = smtp;
+    /// ```
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// The lettre transport it sends with, for a transport made by [`new`](Self::new);
+    /// `None` on the crate's own connections.
+    ///
+    /// ```
+    /// # use mail_breaker::SmtpTransport;
+    /// assert!(SmtpTransport::unencrypted("127.0.0.1", 2525).inner().is_none());
+    /// ```
+    pub fn inner(&self) -> Option<&AsyncSmtpTransport<Tokio1Executor>> {
+        match &self.sender {
+            Sender::Lettre(transport) => Some(transport),
+            Sender::Own(_) => None,
+        }
+    }
+
+    fn timed_out(&self) -> SendError {
+        SendError::fixed(
+            Category::Timeout,
+            "smtp.timeout",
+            "the server did not finish the send in time",
+        )
+    }
+
+    /// One send on the pool, until `deadline`.
+    async fn send_on_pool(
+        &self,
+        pool: &ConnectionPool,
+        envelope: &Envelope,
+        raw: &[u8],
+        deadline: Instant,
+    ) -> Result<Receipt, SendError> {
+        let progress = Progress::default();
+        let attempt = self.transaction_on_pool(pool, envelope, raw, &progress);
+        match tokio::time::timeout_at(deadline, attempt).await {
+            Ok(result) => result,
+            // The cut-off transaction's connection was dropped with it, and so closed.
+            Err(_elapsed) if progress.final_dot_written() => {
+                Err(self.timed_out().maybe_delivered())
+            }
+            Err(_elapsed) => Err(self.timed_out()),
+        }
+    }
+
+    /// Takes a connection, idle or fresh, runs the transaction on it, and hands the connection
+    /// back if the server answered the whole transaction. A pooled connection found closed
+    /// before the transaction began is replaced by one fresh connection.
+    async fn transaction_on_pool(
+        &self,
+        pool: &ConnectionPool,
+        envelope: &Envelope,
+        raw: &[u8],
+        progress: &Progress,
+    ) -> Result<Receipt, SendError> {
+        let _turn = pool.turn().await?;
+        let (mut connection, mut reused) = match pool.take_idle() {
+            Some(connection) => (connection, true),
+            None => (pool.open().await?, false),
+        };
+        loop {
+            let ending =
+                transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
+                    .await;
+            match ending {
+                Ending::Answered(result) => {
+                    pool.give_back(connection);
+                    return result;
+                }
+                Ending::NotBegun(error) if reused => {
+                    tracing::debug!(
+                        transport = %self.name,
+                        code = error.code(),
+                        "smtp.stale_connection_replaced"
+                    );
+                    drop(connection);
+                    connection = pool.open().await?;
+                    reused = false;
+                }
+                Ending::NotBegun(error) | Ending::Broken(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Opens a connection on the pool (connect, TLS, AUTH) and keeps it for the next send.
+    async fn verify_on_pool(&self, pool: &ConnectionPool) -> Result<(), SendError> {
+        let _turn = pool.turn().await?;
+        let connection: Connection = pool.open().await?;
+        pool.give_back(connection);
+        Ok(())
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SmtpTransport {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let deadline = later(Instant::now(), self.timeout);
+        let result = match &self.sender {
+            Sender::Own(pool) => self.send_on_pool(pool, envelope, raw, deadline).await,
+            Sender::Lettre(transport) => {
+                match lettre_pool::send(transport, envelope, raw, deadline).await {
+                    Ok(response) => Ok(classify::receipt_for(&self.name, &response)),
+                    Err(Unfinished::Failed(error)) => Err(error),
+                    // The send goes on in the background and may yet deliver.
+                    Err(Unfinished::TimedOut) => Err(self.timed_out().maybe_delivered()),
+                }
+            }
+        };
+        result.map_err(|error| error.with_transport(&self.name))
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        crate::transport::send_concurrently(self, messages, self.concurrency)
+    }
+
+    /// Opens a connection (connect, TLS, greeting, AUTH) within the timeout; on the crate's
+    /// own connections the pool keeps it for the next send.
+    async fn verify(&self) -> Result<(), SendError> {
+        let deadline = later(Instant::now(), self.timeout);
+        let result = match &self.sender {
+            Sender::Own(pool) => {
+                match tokio::time::timeout_at(deadline, self.verify_on_pool(pool)).await {
+                    Ok(result) => result,
+                    Err(_elapsed) => Err(self.timed_out()),
+                }
+            }
+            Sender::Lettre(transport) => {
+                match lettre_pool::test_connection(transport, deadline).await {
+                    Ok(true) => Ok(()),
+                    Ok(false) => Err(SendError::fixed(
+                        Category::ServiceUnavailable,
+                        "smtp.unreachable",
+                        "the server did not accept a connection",
+                    )),
+                    Err(Unfinished::Failed(error)) => Err(error),
+                    Err(Unfinished::TimedOut) => Err(self.timed_out()),
+                }
+            }
+        };
+        result.map_err(|error| error.with_transport(&self.name))
+    }
+}
+
+impl fmt::Debug for SmtpTransport {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let mut debug = f.debug_struct("SmtpTransport");
+        debug
+            .field("name", &self.name)
+            .field("timeout", &self.timeout)
+            .field("concurrency", &self.concurrency);
+        if let Sender::Own(pool) = &self.sender {
+            debug
+                .field("server", pool.settings())
+                .field("limits", &pool.limits());
+        }
+        debug.finish_non_exhaustive()
+    }
+}

@@ -1,0 +1,306 @@
+//! A launcher for a real SMTP server with TLS and AUTH: Python's `aiosmtpd`, run by a small
+//! script on a free loopback port, with a certificate the test makes with the `openssl`
+//! command for `localhost` and `127.0.0.1`, signed by a test CA that the client is told to
+//! trust.
+//!
+//! ```ignore
+//! let Some(server) = Aiosmtpd::start(test, Mode::StartTls, Mechanisms::PlainAndLogin) else {
+//!     return; // not installed: SKIPPED was printed (under CI=true it panicked instead)
+//! };
+//! let tls = Tls::Required(server.tls_parameters());
+//! ```
+//!
+//! The server accepts the user [`USER`] with the password [`PASSWORD`], requires AUTH before
+//! MAIL, and answers each message `250 2.0.0 Ok: queued as AIO1`. It is killed on drop.
+
+use std::fs;
+use std::net::{SocketAddr, TcpStream};
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::thread;
+use std::time::{Duration, Instant};
+
+use lettre::transport::smtp::client::{Certificate, TlsParameters};
+
+use super::servers::{free_port, report_skip, require_program, under_ci};
+
+/// The user the server accepts.
+pub const USER: &str = "mailer";
+/// That user's password.
+pub const PASSWORD: &str = "s3cret pass";
+
+/// How long a freshly started server has to accept connections.
+const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
+
+/// How the server speaks TLS.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mode {
+    /// Clear text first; STARTTLS offered and required before AUTH and MAIL.
+    StartTls,
+    /// TLS from the first byte (SMTPS).
+    Implicit,
+}
+
+/// Which AUTH mechanisms the server offers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Mechanisms {
+    PlainAndLogin,
+    /// Only LOGIN, so that a client must use it.
+    LoginOnly,
+}
+
+const SCRIPT: &str = r#"
+import argparse, ssl, threading
+from aiosmtpd.controller import Controller
+from aiosmtpd.smtp import AuthResult
+
+parser = argparse.ArgumentParser()
+parser.add_argument("--port", type=int, required=True)
+parser.add_argument("--mode", choices=["starttls", "implicit"], required=True)
+parser.add_argument("--mechanisms", choices=["plain-and-login", "login-only"], required=True)
+parser.add_argument("--cert", required=True)
+parser.add_argument("--key", required=True)
+parser.add_argument("--user", required=True)
+parser.add_argument("--password", required=True)
+args = parser.parse_args()
+
+class Handler:
+    async def handle_DATA(self, server, session, envelope):
+        return "250 2.0.0 Ok: queued as AIO1"
+
+def authenticator(server, session, envelope, mechanism, auth_data):
+    ok = auth_data.login == args.user.encode() and auth_data.password == args.password.encode()
+    # handled=False: aiosmtpd then answers a failure with its own 535.
+    return AuthResult(success=ok, handled=False)
+
+context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
+context.load_cert_chain(args.cert, args.key)
+options = dict(
+    hostname="127.0.0.1",
+    port=args.port,
+    authenticator=authenticator,
+    auth_required=True,
+    auth_exclude_mechanism=["PLAIN"] if args.mechanisms == "login-only" else [],
+)
+if args.mode == "starttls":
+    controller = Controller(Handler(), tls_context=context, require_starttls=True,
+                            auth_require_tls=True, **options)
+else:
+    controller = Controller(Handler(), ssl_context=context, auth_require_tls=False, **options)
+controller.start()
+print("ready", flush=True)
+threading.Event().wait()
+"#;
+
+/// A running aiosmtpd on `127.0.0.1:<port>`, killed on drop.
+#[derive(Debug)]
+pub struct Aiosmtpd {
+    port: u16,
+    dir: PathBuf,
+    child: Child,
+}
+
+impl Aiosmtpd {
+    /// Starts the server on a free loopback port and waits until it accepts connections.
+    ///
+    /// Returns `None` after printing `SKIPPED <test>` when python3, aiosmtpd or openssl is
+    /// missing; under `CI=true` that panics instead.
+    pub fn start(test: &str, mode: Mode, mechanisms: Mechanisms) -> Option<Aiosmtpd> {
+        let python = require_program("python3", test)?;
+        let openssl = require_program("openssl", test)?;
+        if !has_aiosmtpd(&python) {
+            assert!(
+                !under_ci(),
+                "{test}: the Python module aiosmtpd is not installed, and CI=true requires it \
+                 (bash .ci/run installs it)"
+            );
+            report_skip(&format!(
+                "SKIPPED {test}: the Python module aiosmtpd is not installed (bash .ci/run installs it)"
+            ));
+            return None;
+        }
+        let dir = scratch_dir();
+        make_certificates(&openssl, &dir);
+        fs::write(dir.join("server.py"), SCRIPT).expect("writing the aiosmtpd script");
+        let port = free_port();
+        let log = fs::File::create(dir.join("server.log")).expect("creating the server log");
+        let child = Command::new(&python)
+            .arg(dir.join("server.py"))
+            .args(["--port", &port.to_string()])
+            .args([
+                "--mode",
+                match mode {
+                    Mode::StartTls => "starttls",
+                    Mode::Implicit => "implicit",
+                },
+            ])
+            .args([
+                "--mechanisms",
+                match mechanisms {
+                    Mechanisms::PlainAndLogin => "plain-and-login",
+                    Mechanisms::LoginOnly => "login-only",
+                },
+            ])
+            .arg("--cert")
+            .arg(dir.join("server.pem"))
+            .arg("--key")
+            .arg(dir.join("server.key"))
+            .args(["--user", USER, "--password", PASSWORD])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(log)
+            .spawn()
+            .expect("spawning python3");
+        let mut server = Aiosmtpd { port, dir, child };
+        server.wait_until_listening(test);
+        Some(server)
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.port
+    }
+
+    /// TLS for `localhost` that trusts the test CA which signed the server's certificate.
+    pub fn tls_parameters(&self) -> TlsParameters {
+        let pem = fs::read(self.dir.join("ca.pem")).expect("reading the test CA");
+        TlsParameters::builder("localhost".to_owned())
+            .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
+            .build()
+            .expect("valid TLS parameters")
+    }
+
+    /// What the server wrote to stderr, for failure messages.
+    pub fn log(&self) -> String {
+        fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    fn wait_until_listening(&mut self, test: &str) {
+        let address = SocketAddr::from(([127, 0, 0, 1], self.port));
+        let deadline = Instant::now() + STARTUP_TIMEOUT;
+        loop {
+            if let Ok(Some(status)) = self.child.try_wait() {
+                panic!(
+                    "{test}: aiosmtpd exited at start with {status}: {}",
+                    self.log()
+                );
+            }
+            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "{test}: aiosmtpd did not listen within {STARTUP_TIMEOUT:?}: {}",
+                self.log()
+            );
+            thread::sleep(Duration::from_millis(20));
+        }
+    }
+}
+
+impl Drop for Aiosmtpd {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+        let _ = fs::remove_dir_all(&self.dir);
+    }
+}
+
+fn has_aiosmtpd(python: &Path) -> bool {
+    Command::new(python)
+        .args(["-c", "import aiosmtpd"])
+        .stdout(Stdio::null())
+        .stderr(Stdio::null())
+        .status()
+        .is_ok_and(|status| status.success())
+}
+
+/// Makes a test CA (`ca.pem`) and a server certificate it signed (`server.pem`,
+/// `server.key`) for `localhost` and `127.0.0.1`, valid for two days.
+fn make_certificates(openssl: &Path, dir: &Path) {
+    let run = |args: &[&str]| {
+        let output = Command::new(openssl)
+            .args(args)
+            .current_dir(dir)
+            .stdin(Stdio::null())
+            .output()
+            .expect("running openssl");
+        assert!(
+            output.status.success(),
+            "openssl {args:?} failed: {}",
+            String::from_utf8_lossy(&output.stderr)
+        );
+    };
+    let ec = [
+        "-newkey",
+        "ec",
+        "-pkeyopt",
+        "ec_paramgen_curve:prime256v1",
+        "-nodes",
+    ];
+    run(&[
+        &["req", "-x509"][..],
+        &ec,
+        &[
+            "-keyout",
+            "ca.key",
+            "-out",
+            "ca.pem",
+            "-days",
+            "2",
+            "-subj",
+            "/CN=mail-breaker test CA",
+        ],
+    ]
+    .concat());
+    run(&[
+        &["req"][..],
+        &ec,
+        &[
+            "-keyout",
+            "server.key",
+            "-out",
+            "server.csr",
+            "-subj",
+            "/CN=localhost",
+        ],
+    ]
+    .concat());
+    fs::write(
+        dir.join("server.ext"),
+        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
+         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
+    )
+    .expect("writing the certificate's extensions");
+    run(&[
+        "x509",
+        "-req",
+        "-in",
+        "server.csr",
+        "-CA",
+        "ca.pem",
+        "-CAkey",
+        "ca.key",
+        "-CAcreateserial",
+        "-out",
+        "server.pem",
+        "-days",
+        "2",
+        "-extfile",
+        "server.ext",
+    ]);
+}
+
+/// A fresh folder for one server's certificates, script and log.
+fn scratch_dir() -> PathBuf {
+    static NEXT: AtomicUsize = AtomicUsize::new(0);
+    let dir = std::env::temp_dir().join(format!(
+        "mail-breaker-aiosmtpd-{}-{}",
+        std::process::id(),
+        NEXT.fetch_add(1, Ordering::Relaxed)
+    ));
+    let _ = fs::remove_dir_all(&dir);
+    fs::create_dir_all(&dir).expect("creating a scratch folder for aiosmtpd");
+    dir
+}
