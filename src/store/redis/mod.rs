@@ -350,6 +350,19 @@ impl RedisStore {
     }
 
     async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        self.start_locally(key, rules);
+        let (decision, transitions) = self.local.acquire_now(key, rules);
+        let decision = match decision {
+            Decision::Send(permit) => {
+                Decision::Send(Permit::new(permit.period() | LOCAL_PERIOD, permit.probe()))
+            }
+            refuse => refuse,
+        };
+        (decision, transitions)
+    }
+
+    /// Readies the local breaker of `key` for a decision while Redis is silent.
+    fn start_locally(&self, key: &str, rules: &Rules) {
         // At the start of each outage, a key's local breaker starts again from the state this
         // process last saw in Redis: one last seen open or half-open starts open, rather than
         // letting sends through to a provider the fleet saw failing; one last seen closed, or
@@ -372,14 +385,6 @@ impl RedisStore {
             // Not announced: the change was reported by the process whose call made it.
             let _ = self.local.restart_from(key, rules, state);
         }
-        let (decision, transitions) = self.local.acquire_now(key, rules);
-        let decision = match decision {
-            Decision::Send(permit) => {
-                Decision::Send(Permit::new(permit.period() | LOCAL_PERIOD, permit.probe()))
-            }
-            refuse => refuse,
-        };
-        (decision, transitions)
     }
 }
 
@@ -472,6 +477,7 @@ impl BreakerStore for RedisStore {
                     Err(failure) => self.health.failed(&self.namespace, &failure),
                 }
             }
+            self.start_locally(key, rules);
             self.local.snapshot(key, rules, late).await
         })
     }
@@ -519,18 +525,18 @@ impl BreakerStore for RedisStore {
 
 impl RedisStore {
     /// An isolate or reset: in Redis for every process, or, with Redis silent, here alone
-    /// (said in a warning, since the fleet does not hear of it). The local breaker changes
-    /// too, so that it holds if Redis stops answering later.
+    /// (said in a warning, since the fleet does not hear of it).
     async fn by_hand(&self, key: &str, rules: &Rules, call: Call, late: &Reporter) -> Transitions {
-        let local = self.local.change(key, rules, |machine| match call {
-            Call::Isolate => machine.isolate(),
-            _ => machine.reset(),
-        });
         if self.health.should_ask()
             && let Some(reply) = self.ask(key, rules, call, late).await
         {
             return reply.transitions;
         }
+        self.start_locally(key, rules);
+        let local = self.local.change(key, rules, |machine| match call {
+            Call::Isolate => machine.isolate(),
+            _ => machine.reset(),
+        });
         tracing::warn!(
             namespace = %self.namespace,
             key,
