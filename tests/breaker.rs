@@ -291,7 +291,17 @@ async fn the_breaker_stays_open_until_the_reset_timeout() {
 #[tokio::test(start_paused = true)]
 async fn verify_goes_through_while_open() {
     let breaker = opened(Scripted::new("p")).await;
-    assert!(breaker.verify().await.is_ok());
+    breaker
+        .inner()
+        .fail_verify_with(Reply::fail(Category::Authentication));
+    let answer = breaker.verify().await.unwrap_err();
+    assert_eq!(
+        answer.category(),
+        Category::Authentication,
+        "the provider's own answer"
+    );
+    assert_eq!(breaker.inner().verifies(), 1, "it reached the provider");
+    assert_eq!(breaker.state(), State::Open, "and counted for nothing");
 }
 
 // ---- half-open ----
@@ -488,6 +498,29 @@ async fn a_late_success_from_before_the_breaker_opened_does_not_close_it() {
     assert_eq!(breaker.state(), State::Open);
     late.await.unwrap().unwrap();
     assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_late_success_from_before_the_breaker_opened_does_not_clear_the_count_after_it_closed_again()
+ {
+    let inner = Scripted::new("p");
+    let breaker = Arc::new(breaker(inner.clone()));
+    inner.then([Reply::after(Duration::from_secs(100), Reply::Ok)]);
+    let slow = Arc::clone(&breaker);
+    let late = tokio::spawn(async move { slow.send(&message()).await });
+    sleep(Duration::from_millis(1)).await;
+    fail_times(&breaker, 3).await;
+    advance(RESET).await;
+    breaker.send(&message()).await.expect("the probe closes it");
+    fail_times(&breaker, 2).await;
+    late.await.unwrap().expect("the slow send's late success");
+    assert_eq!(breaker.state(), State::Closed);
+    fail_times(&breaker, 1).await;
+    assert_eq!(
+        breaker.state(),
+        State::Open,
+        "the late success, from an earlier period, did not clear the two failures"
+    );
 }
 
 #[tokio::test(start_paused = true)]
@@ -818,4 +851,55 @@ async fn boxed_and_shared_transports_are_transports_too() {
     let borrowed: &dyn Transport = &wrapped;
     assert_eq!(boxed.send(&message()).await.unwrap().transport(), "p");
     assert_eq!(borrowed.send(&message()).await.unwrap().transport(), "q");
+}
+
+// ---- several threads ----
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 4)]
+async fn sends_racing_on_several_threads_all_go_through_while_closed_and_failures_open_it_once() {
+    const TASKS: usize = 8;
+    let inner = Scripted::new("p");
+    let (heard, listener) = recorder();
+    let breaker = Arc::new(
+        CircuitBreakerTransport::builder(inner.clone())
+            .failure_threshold(5)
+            .reset_timeout(Duration::from_secs(3600))
+            .on_state_change(listener)
+            .build()
+            .expect("valid settings"),
+    );
+    let race = |sends: usize| {
+        let tasks: Vec<_> = (0..TASKS)
+            .map(|_| {
+                let breaker = Arc::clone(&breaker);
+                tokio::spawn(async move {
+                    let mut refused = 0;
+                    for _ in 0..sends {
+                        if let Err(error) = breaker.send(&message()).await
+                            && error.code() == "breaker.open"
+                        {
+                            refused += 1;
+                        }
+                    }
+                    refused
+                })
+            })
+            .collect();
+        futures::future::join_all(tasks)
+    };
+
+    let refused: usize = race(1_000).await.into_iter().map(Result::unwrap).sum();
+    assert_eq!((refused, inner.sends()), (0, TASKS * 1_000));
+    assert_eq!(breaker.state(), State::Closed);
+    assert!(heard.lock().unwrap().is_empty());
+
+    inner.set_default(failure());
+    let refused: usize = race(100).await.into_iter().map(Result::unwrap).sum();
+    let failures_sent = inner.sends() - TASKS * 1_000;
+    assert_eq!(*heard.lock().unwrap(), [(State::Closed, State::Open)]);
+    assert!(
+        (5..5 + TASKS).contains(&failures_sent),
+        "only the failures in flight when it opened passed the threshold: {failures_sent}"
+    );
+    assert_eq!(refused + failures_sent, TASKS * 100);
 }

@@ -140,6 +140,14 @@ mod tests {
         let backoff = Backoff::exponential(Duration::from_secs(1), Duration::MAX);
         assert_eq!(backoff.ceiling(u32::MAX), Duration::MAX);
         assert_eq!(backoff.ceiling(40), Duration::from_secs(1 << 39));
-        assert!(backoff.delay(u32::MAX) <= Duration::MAX);
+        // Past what nanoseconds in a u64 hold, the jitter is drawn in whole seconds.
+        let delays: Vec<Duration> = (0..64).map(|_| backoff.delay(u32::MAX)).collect();
+        assert!(delays.iter().all(|delay| delay.subsec_nanos() == 0));
+        assert!(
+            delays
+                .iter()
+                .any(|delay| *delay > Duration::from_secs(1 << 40)),
+            "full jitter over the whole range: {delays:?}"
+        );
     }
 }

@@ -45,6 +45,8 @@ struct Script {
     sends: usize,
     batches: Vec<usize>,
     subjects: Vec<String>,
+    verify: Option<SendError>,
+    verifies: usize,
 }
 
 /// A transport that answers each send with the next scripted reply, then with its default.
@@ -75,6 +77,8 @@ impl Scripted {
                 sends: 0,
                 batches: Vec::new(),
                 subjects: Vec::new(),
+                verify: None,
+                verifies: 0,
             })),
             batched: false,
             receipts_name_subjects: false,
@@ -108,6 +112,19 @@ impl Scripted {
     /// Sets the reply once the queue is empty.
     pub fn set_default(&self, reply: Reply) {
         self.lock().default = reply;
+    }
+
+    /// Makes `verify` answer with `reply`'s error (an `Ok` reply makes it succeed).
+    pub fn fail_verify_with(&self, reply: Reply) {
+        self.lock().verify = match reply {
+            Reply::Err(error) => Some(error),
+            _ => None,
+        };
+    }
+
+    /// How many times `verify` reached this transport.
+    pub fn verifies(&self) -> usize {
+        self.lock().verifies
     }
 
     /// How many sends reached this transport.
@@ -175,6 +192,15 @@ impl Transport for Scripted {
     async fn send_raw(&self, _envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let reply = self.next_reply(raw);
         self.play(reply).await
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        let mut script = self.lock();
+        script.verifies += 1;
+        match &script.verify {
+            Some(error) => Err(error.clone()),
+            None => Ok(()),
+        }
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

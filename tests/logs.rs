@@ -1,0 +1,165 @@
+//! The logs the README promises (DESIGN §3, tracing): the breaker's changes and refusals,
+//! shadow mode, a panicking listener, the SES sandbox warning. Alone in their own test binary:
+//! tracing caches whether a call site is wanted per process, so a test in another thread with
+//! no subscriber could hide these events from the scoped subscribers below.
+
+mod support;
+
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mail_breaker::{Category, CircuitBreakerTransport, Transport};
+use support::message;
+use support::scripted::{Reply, Scripted};
+use tokio::time::advance;
+
+const RESET: Duration = Duration::from_secs(30);
+
+/// A writer that keeps what the tracing subscriber writes.
+#[derive(Clone, Default)]
+struct Captured(Arc<Mutex<Vec<u8>>>);
+
+impl std::io::Write for Captured {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.lock().unwrap().extend_from_slice(bytes);
+        Ok(bytes.len())
+    }
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+impl Captured {
+    /// What was logged so far.
+    fn text(&self) -> String {
+        String::from_utf8(self.0.lock().unwrap().clone()).unwrap()
+    }
+}
+
+/// Captures everything logged on this thread, at DEBUG and above, until the guard drops.
+fn capture() -> (Captured, tracing::subscriber::DefaultGuard) {
+    let captured = Captured::default();
+    let writer = captured.clone();
+    let subscriber = tracing_subscriber::fmt()
+        .with_max_level(tracing::Level::DEBUG)
+        .with_ansi(false)
+        .with_writer(move || writer.clone())
+        .finish();
+    (captured, tracing::subscriber::set_default(subscriber))
+}
+
+#[tokio::test(start_paused = true)]
+async fn changes_and_refusals_are_logged_at_their_levels_with_transport_and_key() {
+    let (captured, _guard) = capture();
+    let inner = Scripted::new("p");
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .build()
+        .unwrap();
+    inner.then([Reply::fail(Category::ServerError)]);
+    let _ = breaker.send(&message()).await;
+    let _ = breaker.send(&message()).await;
+    advance(RESET).await;
+    breaker.send(&message()).await.unwrap();
+    let log = captured.text();
+    let line = |event: &str| {
+        log.lines()
+            .find(|l| l.contains(event))
+            .unwrap_or_default()
+            .to_owned()
+    };
+    assert!(line("breaker.open").contains("WARN"), "{log}");
+    assert!(line("breaker.refused").contains("DEBUG"), "{log}");
+    assert!(line("breaker.half_open").contains("INFO"), "{log}");
+    assert!(line("breaker.closed").contains("INFO"), "{log}");
+    assert!(
+        line("breaker.open").contains("transport=\"p\"")
+            && line("breaker.open").contains("key=\"p\""),
+        "{log}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn shadow_mode_logs_what_it_would_refuse_once_per_change_of_state_not_once_per_send() {
+    let (captured, _guard) = capture();
+    let inner = Scripted::answering("p", Reply::fail(Category::ServerError));
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .shadow(true)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let _ = breaker.send(&message()).await;
+    }
+    let log = captured.text();
+    let shadow_lines: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("breaker.shadow"))
+        .collect();
+    assert_eq!(shadow_lines.len(), 1, "{log}");
+    assert!(shadow_lines[0].contains("INFO"), "{log}");
+    assert!(shadow_lines[0].contains("refuse every send"), "{log}");
+    assert!(!log.contains("breaker.refused"), "no line per send: {log}");
+    assert_eq!(inner.sends(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_listener_that_panics_is_logged_at_error_and_sending_goes_on() {
+    let (captured, _guard) = capture();
+    let inner = Scripted::new("p");
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .on_state_change(|_| panic!("a listener's bug"))
+        .build()
+        .unwrap();
+    inner.then([Reply::fail(Category::ServerError)]);
+    let _ = breaker.send(&message()).await;
+    advance(RESET).await;
+    breaker.send(&message()).await.expect("sending goes on");
+    let log = captured.text();
+    let panics: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("breaker.listener_panicked"))
+        .collect();
+    assert_eq!(
+        panics.len(),
+        3,
+        "one per change the listener was told: {log}"
+    );
+    assert!(
+        panics
+            .iter()
+            .all(|l| l.contains("ERROR") && l.contains("transport=\"p\""))
+    );
+}
+
+#[cfg(feature = "ses")]
+#[tokio::test]
+async fn an_ses_account_in_the_sandbox_passes_verify_with_one_warning() {
+    use aws_sdk_sesv2::config::{BehaviorVersion, Credentials, Region};
+    use support::ses_faults::{Fault, FaultServer};
+
+    let (captured, _guard) = capture();
+    let server = FaultServer::start(Fault::json(
+        200,
+        r#"{"DedicatedIpAutoWarmupEnabled":false,"EnforcementStatus":"HEALTHY","ProductionAccessEnabled":false,"SendingEnabled":true}"#,
+    ))
+    .await;
+    let config = aws_sdk_sesv2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("test", "test", None, None, "test"))
+        .endpoint_url(server.endpoint())
+        .build();
+    let ses = mail_breaker::SesTransport::new(aws_sdk_sesv2::Client::from_conf(config));
+    ses.verify()
+        .await
+        .expect("the sandbox is allowed by default");
+    let log = captured.text();
+    let warnings: Vec<_> = log.lines().filter(|l| l.contains("ses.sandbox")).collect();
+    assert_eq!(warnings.len(), 1, "{log}");
+    assert!(warnings[0].contains("WARN"), "{log}");
+}
