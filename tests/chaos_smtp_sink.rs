@@ -38,6 +38,8 @@ const TEST: &str = "five_thousand_messages_survive_servers_killed_at_random_with
 const MESSAGES: usize = 5_000;
 /// Messages per `send_many`; two batches run at once, so both servers take load.
 const BATCH: usize = 250;
+/// The time between the starts of two batches: 20 batches span about 14 s of chaos.
+const BATCH_PACE: Duration = Duration::from_millis(700);
 const DEFAULT_SEED: u64 = 0xc4a0_5007;
 
 /// Each message's subject, and the last line of its body that shows the server got it whole.
@@ -259,7 +261,14 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
                 .collect()
         })
         .collect();
-    let answers: Vec<_> = futures::stream::iter(batches)
+    // Batches go out at a steady pace, so the run outlasts enough kills to prove something
+    // (a fast transport would otherwise finish between two of them).
+    let answers: Vec<_> = futures::stream::iter(batches.into_iter().enumerate())
+        .then(|(index, batch)| async move {
+            let due = tokio::time::Instant::from_std(started) + BATCH_PACE * index as u32;
+            tokio::time::sleep_until(due).await;
+            batch
+        })
         .map(|batch| {
             transport
                 .send_many(futures::stream::iter(batch).boxed())
@@ -274,6 +283,13 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
     let chaos = tokio::task::spawn_blocking(move || chaos.join().expect("the chaos thread"))
         .await
         .expect("joining the chaos thread");
+
+    // The chaos happened: a broken killer would pass everything below while testing nothing.
+    // A run kills each server about a dozen times, and both are down together several times.
+    assert!(
+        chaos.kills.iter().all(|&kills| kills >= 3) && chaos.both_down >= 1,
+        "seed {seed}: too little chaos to prove anything: {chaos:?}"
+    );
 
     // Every message has exactly one answer, a receipt naming the server that took it.
     assert_eq!(answers.len(), MESSAGES);
@@ -304,6 +320,16 @@ async fn five_thousand_messages_survive_servers_killed_at_random_with_none_lost(
     });
     let (whole, cut_short): (Vec<_>, Vec<_>) = dumps.iter().map(|d| whole_messages(d)).unzip();
     let watched: [Watched; 2] = [watch_a.watched(), watch_b.watched()];
+    assert!(
+        watched.iter().all(|seen| seen.refused >= 1),
+        "seed {seed}: the kills never turned a connection away"
+    );
+    assert!(
+        answers
+            .iter()
+            .any(|a| a.as_ref().is_ok_and(|r| r.attempts() > 1)),
+        "seed {seed}: no message needed a retry: the faults never reached a send"
+    );
     let names = ["A", "B"];
 
     // None lost: the server named by each receipt holds the message whole.

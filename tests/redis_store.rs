@@ -94,7 +94,7 @@ async fn open_pair(server: &RedisServer) -> (Member, Member, impl Fn()) {
     }
     let both_shared = move || {
         assert!(
-            stores.iter().all(|store| store.is_shared()),
+            stores.iter().all(|store| store.local_decisions() == 0),
             "every decision came from Redis"
         );
     };
@@ -376,26 +376,47 @@ async fn when_redis_restarts_the_breakers_share_state_again() {
     let Some(mut server) = RedisServer::start("redis_restarted_shared_again") else {
         return;
     };
-    let (a, _) = breaker(&Scripted::new("provider"), &store(&server).await, 4);
-    let (b, _) = breaker(&Scripted::new("provider"), &store(&server).await, 4);
+    let (a_store, b_store) = (store(&server).await, store(&server).await);
+    let (a, _) = breaker(&Scripted::new("provider"), &a_store, 4);
+    let (b, _) = breaker(&Scripted::new("provider"), &b_store, 4);
     server.stop();
     timed_sends(&a, 3, Duration::ZERO).await;
     timed_sends(&b, 3, Duration::ZERO).await;
+    assert!(!a_store.is_shared() && !b_store.is_shared());
 
     server.restart();
-    tokio::time::sleep(Duration::from_millis(500)).await; // past the retry interval
-    a.inner().set_default(Reply::fail(Category::ServerError));
-    b.inner().set_default(Reply::fail(Category::ServerError));
-    // Redis may need a try or two to reconnect; then failures from both count together.
+    // Redis may need a try or two to reconnect: healthy sends until both stores use it.
     let deadline = Instant::now() + Duration::from_secs(10);
-    while !(is_refused(&a.send(&message()).await) && is_refused(&b.send(&message()).await)) {
+    while !(a_store.is_shared() && b_store.is_shared()) {
         assert!(
             Instant::now() < deadline,
-            "the breakers never shared state again"
+            "the stores never used Redis again"
         );
-        tokio::time::sleep(Duration::from_millis(20)).await;
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        a.send(&message()).await.expect("healthy");
+        b.send(&message()).await.expect("healthy");
     }
-    assert_eq!((a.state(), b.state()), (State::Open, State::Open));
+    // Two failures each: only a count shared through Redis reaches the threshold of 4.
+    let local = (a_store.local_decisions(), b_store.local_decisions());
+    a.inner().set_default(Reply::fail(Category::ServerError));
+    b.inner().set_default(Reply::fail(Category::ServerError));
+    for _ in 0..2 {
+        assert!(!is_refused(&a.send(&message()).await));
+        assert!(!is_refused(&b.send(&message()).await));
+    }
+    assert!(
+        is_refused(&a.send(&message()).await),
+        "A opened on B's failures too"
+    );
+    assert!(
+        is_refused(&b.send(&message()).await),
+        "B opened on A's failures too"
+    );
+    assert_eq!(
+        (a_store.local_decisions(), b_store.local_decisions()),
+        local,
+        "every decision since came from Redis"
+    );
 }
 
 #[tokio::test]

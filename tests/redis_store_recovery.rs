@@ -276,3 +276,52 @@ async fn an_idle_expiry_of_duration_max_still_shares_state() {
     );
     assert!(pttl(&server).await > 0, "the key still expires, far ahead");
 }
+
+/// A provider that freezes the Redis server (SIGSTOP) while it sends, so the breaker's
+/// record meets a Redis that does not answer.
+struct FreezesRedis(Arc<RedisServer>);
+
+#[async_trait::async_trait]
+impl mail_breaker::Transport for FreezesRedis {
+    fn name(&self) -> &str {
+        KEY
+    }
+
+    async fn send_raw(
+        &self,
+        _: &mail_breaker::Envelope,
+        _: &[u8],
+    ) -> Result<mail_breaker::Receipt, mail_breaker::SendError> {
+        self.0.freeze();
+        Ok(mail_breaker::Receipt::new(KEY))
+    }
+}
+
+#[tokio::test]
+async fn redis_frozen_between_acquire_and_record_holds_the_send_one_timeout_at_most() {
+    let Some(server) = RedisServer::start("redis_frozen_before_record") else {
+        return;
+    };
+    let server = Arc::new(server);
+    let timeout = Duration::from_millis(250);
+    let store = Arc::new(store(&server, timeout).await);
+    let breaker = mail_breaker::CircuitBreakerTransport::builder(FreezesRedis(Arc::clone(&server)))
+        .store(Arc::clone(&store) as Arc<dyn BreakerStore>)
+        .build()
+        .expect("valid settings");
+    let took = {
+        use mail_breaker::Transport;
+        let started = std::time::Instant::now();
+        breaker
+            .send(&support::message())
+            .await
+            .expect("delivered; the record is lost, not the send");
+        started.elapsed()
+    };
+    server.thaw();
+    assert!(!store.is_shared(), "the record met a frozen Redis");
+    assert!(
+        took <= timeout + timeout / 5,
+        "the send waited {took:?}: one timeout ({timeout:?}) plus at most 20 %"
+    );
+}

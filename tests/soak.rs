@@ -312,6 +312,55 @@ async fn a_hundred_thousand_messages_through_bursts_and_cancellations_get_one_an
     let ledger = ledger.into_inner().unwrap_or_else(PoisonError::into_inner);
     let (primary_books, backup_books) = (primary.books(), backup.books());
 
+    // The faults happened: a broken fault injector would pass everything below while testing
+    // nothing. The floors are about a fifth of what a run injects (any seed comes near the
+    // default's: ~2,400 and ~9,100 faults, 18 and 12 bursts, 175 sends and 250 batches dropped).
+    for (name, books) in [("primary", &primary_books), ("backup", &backup_books)] {
+        assert!(
+            books.bursts >= 3,
+            "seed {seed}: {name} went through {} bursts",
+            books.bursts
+        );
+        assert!(
+            books.faults() >= 400,
+            "seed {seed}: {name} injected {} faults",
+            books.faults()
+        );
+        assert!(
+            books.batch_failures >= 100,
+            "seed {seed}: {name} failed {} batches",
+            books.batch_failures
+        );
+        assert!(
+            books.slow >= 5,
+            "seed {seed}: {name} was slow {} times",
+            books.slow
+        );
+        assert!(
+            books.rejections >= 40,
+            "seed {seed}: {name} rejected {}",
+            books.rejections
+        );
+        for code in [
+            "test.network",
+            "test.server_error",
+            "test.service_unavailable",
+            "test.timeout",
+        ] {
+            let count = books.failures.get(code).copied().unwrap_or(0);
+            assert!(
+                count >= 50,
+                "seed {seed}: {name} answered {code} {count} times"
+            );
+        }
+    }
+    assert!(
+        ledger.cancelled_sends >= 30 && ledger.cancelled_batches >= 50,
+        "seed {seed}: the caller dropped {} sends and {} batches mid-flight",
+        ledger.cancelled_sends,
+        ledger.cancelled_batches
+    );
+
     // Every message not cancelled has exactly one answer, and a receipt names its own message.
     let unanswered: Vec<_> = (0..MESSAGES)
         .filter(|&id| !ledger.cancelled[id] && ledger.answers[id] != 1)

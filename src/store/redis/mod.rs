@@ -1,6 +1,7 @@
 //! [`RedisStore`]: breaker state shared through Redis by every process of a fleet.
 
 use std::fmt;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
@@ -102,6 +103,8 @@ pub struct RedisStore {
     seen: Mutex<BoundedMap<Seen>>,
     /// Decides while Redis is silent.
     local: MemoryStore,
+    /// How many sends were decided here rather than in Redis.
+    local_decisions: AtomicU64,
 }
 
 /// A key's state as this process last saw it in Redis.
@@ -169,6 +172,7 @@ impl RedisStore {
             health: Health::new(DEFAULT_RETRY_INTERVAL),
             seen: Mutex::new(BoundedMap::new(DEFAULT_MAX_KEYS)),
             local: MemoryStore::with_max_keys(DEFAULT_MAX_KEYS),
+            local_decisions: AtomicU64::new(0),
         };
         store.load_script().await;
         Ok(store)
@@ -284,6 +288,19 @@ impl RedisStore {
         self.health.is_answering()
     }
 
+    /// How many sends this store decided from local state rather than in Redis, since it
+    /// was made: 0 means every decision was shared with the fleet.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// assert_eq!(store.local_decisions(), 0);
+    /// # Ok(()) }
+    /// ```
+    pub fn local_decisions(&self) -> u64 {
+        self.local_decisions.load(Ordering::Relaxed)
+    }
+
     /// Loads the script into Redis's cache, which also tells whether Redis answers.
     async fn load_script(&self) {
         let mut connection = self.connection.clone();
@@ -350,6 +367,7 @@ impl RedisStore {
     }
 
     async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+        self.local_decisions.fetch_add(1, Ordering::Relaxed);
         self.start_locally(key, rules);
         let (decision, transitions) = self.local.acquire_now(key, rules);
         let decision = match decision {
