@@ -29,7 +29,9 @@
 //! the process whose call made the change. With a shared
 //! [`RedisStore`](crate::store) only that process hears it, so one process's value may be
 //! off (even below zero) while the sum over all processes (`sum by (transport)`) is the
-//! number of keys open. `half_open` does not count as open.
+//! number of keys open. `half_open` does not count as open. An open breaker that a full
+//! [`MemoryStore`](crate::MemoryStore) forgets (only when every key it keeps is open) is
+//! still counted: no change of state says it went.
 
 #[cfg(feature = "metrics")]
 use std::time::Duration;
@@ -131,7 +133,7 @@ pub fn describe() {
 pub(crate) const TIMES_SENDS: bool = cfg!(feature = "metrics");
 
 /// A breaker held a send back.
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn send_refused(transport: &str) {
     #[cfg(feature = "metrics")]
@@ -141,7 +143,7 @@ pub(crate) fn send_refused(transport: &str) {
 
 /// A send a breaker let go has its answer: `counted` is how the breaker counted it (`None`:
 /// not at all), `started` when it went (read when [`TIMES_SENDS`]).
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn send_finished(transport: &str, counted: Option<Outcome>, started: Option<Instant>) {
     #[cfg(feature = "metrics")]
@@ -160,7 +162,7 @@ pub(crate) fn send_finished(transport: &str, counted: Option<Outcome>, started: 
 }
 
 /// A breaker of `transport` changed state.
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn transition(transport: &str, transition: Transition) {
     #[cfg(feature = "metrics")]
@@ -183,7 +185,7 @@ pub(crate) fn transition(transport: &str, transition: Transition) {
 }
 
 /// `pool` moved on from its member `from`.
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn failover(pool: &str, from: &str) {
     #[cfg(feature = "metrics")]
@@ -192,7 +194,7 @@ pub(crate) fn failover(pool: &str, from: &str) {
 }
 
 /// A retry through `transport` was scheduled.
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn retry(transport: &str) {
     #[cfg(feature = "metrics")]
@@ -200,7 +202,7 @@ pub(crate) fn retry(transport: &str) {
 }
 
 /// The retry budget refused a retry through `transport`.
-#[inline(always)]
+#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
 pub(crate) fn retry_throttled(transport: &str) {
     #[cfg(feature = "metrics")]
