@@ -6,6 +6,7 @@ pub mod breaker;
 mod cascade;
 mod config;
 pub mod machine;
+pub mod metrics;
 pub mod pool;
 mod receipt;
 pub mod retry;

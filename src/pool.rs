@@ -170,7 +170,8 @@ impl PoolTransport {
         Fut: Future<Output = Result<Receipt, SendError>>,
     {
         let mut errors = Vec::new();
-        for index in self.order() {
+        let order = self.order();
+        for (tried, &index) in order.iter().enumerate() {
             let member = &*self.members[index].transport;
             match send(member).await {
                 Ok(receipt) => return Ok(receipt),
@@ -182,6 +183,9 @@ impl PoolTransport {
                         code = error.code(),
                         "pool.failover"
                     );
+                    if tried + 1 < order.len() {
+                        crate::metrics::failover(&self.name, member.name());
+                    }
                     errors.push(error);
                 }
             }
@@ -325,6 +329,7 @@ impl<'a> Stages<'a> for Failover<'a> {
                 if stage + 1 >= self.count() {
                     Verdict::Answer(Err(self.pool.exhausted(std::mem::take(errors))))
                 } else {
+                    crate::metrics::failover(&self.pool.name, self.name(stage));
                     Verdict::Next {
                         error,
                         not_before: None,

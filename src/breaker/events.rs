@@ -58,6 +58,7 @@ pub(crate) fn announce(
     shadow: bool,
 ) {
     for transition in transitions.iter() {
+        crate::metrics::transition(transport, transition);
         let (from, to) = (transition.from.as_str(), transition.to.as_str());
         match transition.to {
             State::Open => tracing::warn!(transport, key, from, to, "breaker.open"),

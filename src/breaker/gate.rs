@@ -8,6 +8,7 @@ use std::time::Duration;
 use super::events::{Listener, announce};
 use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
+use crate::metrics;
 use crate::store::{BreakerStore, MemoryStore, Reporter};
 use crate::{Category, Envelope, Receipt, SendError};
 use tokio::time::Instant;
@@ -93,12 +94,13 @@ impl Gate {
             key,
             permit,
         };
-        let started = self.slow_call.map(|_| Instant::now());
+        let started = self.started();
         let result = send().await;
+        let counted = unspent.permit.map(|_| self.outcome(&result, started));
+        metrics::send_finished(transport, counted, started);
         // Spent only once recorded: dropped while a remote store records, `unspent` gives
         // the permit back, so a probe's slot is not held until its deadline.
-        if let Some(permit) = unspent.permit {
-            let outcome = self.outcome(&result, started);
+        if let (Some(permit), Some(outcome)) = (unspent.permit, counted) {
             let transitions = match &self.memory {
                 Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
                 None => {
@@ -136,7 +138,7 @@ impl Gate {
                     gate: self,
                     transport,
                     permits: Permits::One(key, permit),
-                    started: self.slow_call.map(|_| Instant::now()),
+                    started: self.started(),
                 })
             }
             Keys::Many(keys) => {
@@ -153,7 +155,7 @@ impl Gate {
                         permits.push((key, permit));
                     }
                 }
-                ticket.started = self.slow_call.map(|_| Instant::now());
+                ticket.started = self.started();
                 Ok(ticket)
             }
         }
@@ -207,6 +209,7 @@ impl Gate {
 
     /// The answer to a send the breaker held back.
     pub(crate) fn refusal(&self, transport: &str, held: HeldBack) -> SendError {
+        metrics::send_refused(transport);
         let error = match held.retry_after {
             Some(retry_after) => SendError::fixed(
                 Category::ServiceUnavailable,
@@ -251,6 +254,11 @@ impl Gate {
         }
     }
 
+    /// When a send let go now started, read only if slow calls or metrics need it.
+    fn started(&self) -> Option<Instant> {
+        (self.slow_call.is_some() || metrics::TIMES_SENDS).then(Instant::now)
+    }
+
     fn is_slow(&self, started: Option<Instant>) -> bool {
         match (self.slow_call, started) {
             (Some(limit), Some(started)) => started.elapsed() > limit,
@@ -268,6 +276,8 @@ impl Ticket<'_> {
     pub(crate) async fn finish(mut self, result: &Result<Receipt, SendError>) {
         let (gate, transport) = (self.gate, self.transport);
         let outcome = gate.outcome(result, self.started);
+        let counted = self.unspent().any(|(_, permit)| permit.is_some());
+        metrics::send_finished(transport, counted.then_some(outcome), self.started);
         for (key, permit) in self.unspent() {
             if let Some(granted) = *permit {
                 gate.report(transport, key, granted, outcome).await;

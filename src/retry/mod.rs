@@ -116,7 +116,10 @@ impl<T: Transport> RetryTransport<T> {
         let mut attempt = 1;
         loop {
             let result = send().await;
-            match self.policy.judge(attempt, first_try, result, false) {
+            match self
+                .policy
+                .judge(self.inner.name(), attempt, first_try, result, false)
+            {
                 Verdict::Answer(result) => return result,
                 Verdict::Next { not_before, .. } => {
                     if let Some(at) = not_before {
@@ -145,6 +148,7 @@ impl Policy {
     /// failure, which the budget has already counted once.
     fn judge(
         &self,
+        transport: &str,
         attempt: u32,
         first_try: Instant,
         result: Result<Receipt, SendError>,
@@ -166,8 +170,9 @@ impl Policy {
         if let (Some(budget), false) = (&self.budget, repeated) {
             budget.on_retry_failure();
         }
-        match self.wait_before_retry(&error, attempt, first_try) {
+        match self.wait_before_retry(transport, &error, attempt, first_try) {
             Some(wait) => {
+                crate::metrics::retry(transport);
                 tracing::debug!(
                     transport = error.transport().unwrap_or_default(),
                     code = error.code(),
@@ -187,6 +192,7 @@ impl Policy {
     /// The wait before the try after `attempt`, or `None` to give up now.
     fn wait_before_retry(
         &self,
+        transport: &str,
         error: &SendError,
         attempt: u32,
         first_try: Instant,
@@ -198,6 +204,7 @@ impl Policy {
             && budget.throttle_retry_attempt()
         {
             tracing::debug!(code = error.code(), "retry.throttled");
+            crate::metrics::retry_throttled(transport);
             return None;
         }
         let wait = self
@@ -290,8 +297,7 @@ impl<'a, T: Transport> Stages<'a> for Attempts<'a, T> {
         repeated: bool,
     ) -> Verdict {
         let attempt = u32::try_from(stage + 1).unwrap_or(u32::MAX);
-        self.retry
-            .policy
-            .judge(attempt, *first_try, result, repeated)
+        let retry = self.retry;
+        (retry.policy).judge(retry.inner.name(), attempt, *first_try, result, repeated)
     }
 }

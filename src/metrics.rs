@@ -1,0 +1,210 @@
+//! What the breakers, pools and retries count, under the `metrics` feature: the names below,
+//! recorded through the [`metrics`](https://docs.rs/metrics) facade into whatever recorder
+//! the application installs (Prometheus, StatsD, ...). Without the feature nothing is
+//! recorded and nothing of it is compiled into the send path.
+//!
+//! | name | kind | labels | what it counts |
+//! | --- | --- | --- | --- |
+//! | [`mail_breaker_sends_total`](SENDS_TOTAL) | counter | `transport`, `outcome` | sends through a breaker, by how the breaker took them |
+//! | [`mail_breaker_transitions_total`](TRANSITIONS_TOTAL) | counter | `transport`, `from`, `to` | changes of state |
+//! | [`mail_breaker_open`](OPEN) | gauge | `transport` | the breaker's keys open now |
+//! | [`mail_breaker_send_seconds`](SEND_SECONDS) | histogram | `transport` | how long the sends that went took |
+//! | [`mail_breaker_pool_failovers_total`](POOL_FAILOVERS_TOTAL) | counter | `pool`, `from` | a pool moving on from a member |
+//! | [`mail_breaker_retries_total`](RETRIES_TOTAL) | counter | `transport` | retries scheduled |
+//! | [`mail_breaker_retries_throttled_total`](RETRIES_THROTTLED_TOTAL) | counter | `transport` | retries the budget refused |
+//!
+//! `outcome` is one of `success` and `failure` (the result counted as such), `ignored` (the
+//! send went, but the breaker counted nothing: shadow mode let it through without leave) and
+//! `refused` (the breaker held it back; nothing was sent). `from` and `to` are
+//! [`State::as_str`](crate::State::as_str) names. An answer that comes after its breaker
+//! moved on (a probe past its deadline) is labelled by its result, though the breaker no
+//! longer counts it: the stores do not say which results they counted.
+//!
+//! No label carries a recipient domain or an address: a breaker under
+//! [`Scope::RecipientDomain`](crate::Scope::RecipientDomain) is labelled with its transport's
+//! name, never its key, so the number of series stays bounded by the number of transports.
+//!
+//! # The open gauge across processes
+//! `mail_breaker_open` goes up on a change into `open` and down on a change out of it, in
+//! the process whose call made the change. With a shared
+//! [`RedisStore`](crate::store) only that process hears it, so one process's value may be
+//! off (even below zero) while the sum over all processes (`sum by (transport)`) is the
+//! number of keys open. `half_open` does not count as open. An open breaker that a full
+//! [`MemoryStore`](crate::MemoryStore) forgets (only when every key it keeps is open) is
+//! still counted: no change of state says it went.
+
+#[cfg(feature = "metrics")]
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+#[cfg(feature = "metrics")]
+use crate::machine::State;
+use crate::machine::{Outcome, Transition};
+
+/// Counter of sends through a breaker; labels `transport` and `outcome`
+/// (`success`, `failure`, `ignored` or `refused`).
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::SENDS_TOTAL, "mail_breaker_sends_total");
+/// ```
+pub const SENDS_TOTAL: &str = "mail_breaker_sends_total";
+
+/// Counter of changes of state; labels `transport`, `from` and `to`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::TRANSITIONS_TOTAL, "mail_breaker_transitions_total");
+/// ```
+pub const TRANSITIONS_TOTAL: &str = "mail_breaker_transitions_total";
+
+/// Gauge of the breaker's keys open now, as this process heard it; label `transport`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OPEN, "mail_breaker_open");
+/// ```
+pub const OPEN: &str = "mail_breaker_open";
+
+/// Histogram of how long each send that went took, in seconds; label `transport`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::SEND_SECONDS, "mail_breaker_send_seconds");
+/// ```
+pub const SEND_SECONDS: &str = "mail_breaker_send_seconds";
+
+/// Counter of a pool moving on from a member that could not serve; labels `pool` and `from`
+/// (the member's name). The last member's failure is no failover: the pool gives up.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::POOL_FAILOVERS_TOTAL, "mail_breaker_pool_failovers_total");
+/// ```
+pub const POOL_FAILOVERS_TOTAL: &str = "mail_breaker_pool_failovers_total";
+
+/// Counter of retries a [`RetryTransport`](crate::RetryTransport) scheduled; label `transport`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::RETRIES_TOTAL, "mail_breaker_retries_total");
+/// ```
+pub const RETRIES_TOTAL: &str = "mail_breaker_retries_total";
+
+/// Counter of retries the [`RetryBudget`](crate::RetryBudget) refused; label `transport`.
+///
+/// ```
+/// assert_eq!(
+///     mail_breaker::metrics::RETRIES_THROTTLED_TOTAL,
+///     "mail_breaker_retries_throttled_total"
+/// );
+/// ```
+pub const RETRIES_THROTTLED_TOTAL: &str = "mail_breaker_retries_throttled_total";
+
+/// Gives each metric its description and unit, for exporters that show them (Prometheus'
+/// `# HELP` lines). Call it once, after installing the recorder; the metrics are recorded
+/// whether it is called or not.
+///
+/// ```
+/// let recorder = metrics_util::debugging::DebuggingRecorder::new();
+/// metrics::with_local_recorder(&recorder, mail_breaker::metrics::describe);
+/// ```
+#[cfg(feature = "metrics")]
+pub fn describe() {
+    use ::metrics::{Unit, describe_counter, describe_gauge, describe_histogram};
+    describe_counter!(
+        SENDS_TOTAL,
+        "Sends through a breaker, by outcome: success, failure, ignored (sent, not counted) or refused (held back)"
+    );
+    describe_counter!(TRANSITIONS_TOTAL, "Changes of a breaker's state");
+    describe_gauge!(
+        OPEN,
+        "Keys of the breaker open now, as changed by this process's calls"
+    );
+    describe_histogram!(
+        SEND_SECONDS,
+        Unit::Seconds,
+        "How long each send that went through a breaker took"
+    );
+    describe_counter!(
+        POOL_FAILOVERS_TOTAL,
+        "Times a pool moved on from a member that could not serve"
+    );
+    describe_counter!(RETRIES_TOTAL, "Retries scheduled");
+    describe_counter!(RETRIES_THROTTLED_TOTAL, "Retries the retry budget refused");
+}
+
+/// Whether a send needs its start time read even when slow calls do not count.
+pub(crate) const TIMES_SENDS: bool = cfg!(feature = "metrics");
+
+/// A breaker held a send back.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn send_refused(transport: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => "refused")
+        .increment(1);
+}
+
+/// A send a breaker let go has its answer: `counted` is how the breaker counted it (`None`:
+/// not at all), `started` when it went (read when [`TIMES_SENDS`]).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn send_finished(transport: &str, counted: Option<Outcome>, started: Option<Instant>) {
+    #[cfg(feature = "metrics")]
+    {
+        let outcome = match counted {
+            Some(Outcome::Success) => "success",
+            Some(Outcome::Failure) => "failure",
+            None => "ignored",
+        };
+        ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
+            .increment(1);
+        let took = started.map_or(Duration::ZERO, |started| started.elapsed());
+        ::metrics::histogram!(SEND_SECONDS, "transport" => transport.to_owned())
+            .record(took.as_secs_f64());
+    }
+}
+
+/// A breaker of `transport` changed state.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn transition(transport: &str, transition: Transition) {
+    #[cfg(feature = "metrics")]
+    {
+        let Transition { from, to } = transition;
+        ::metrics::counter!(
+            TRANSITIONS_TOTAL,
+            "transport" => transport.to_owned(),
+            "from" => from.as_str(),
+            "to" => to.as_str()
+        )
+        .increment(1);
+        let open = ::metrics::gauge!(OPEN, "transport" => transport.to_owned());
+        match (from, to) {
+            (_, State::Open) => open.increment(1.0),
+            (State::Open, _) => open.decrement(1.0),
+            _ => {}
+        }
+    }
+}
+
+/// `pool` moved on from its member `from`.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn failover(pool: &str, from: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(POOL_FAILOVERS_TOTAL, "pool" => pool.to_owned(), "from" => from.to_owned())
+        .increment(1);
+}
+
+/// A retry through `transport` was scheduled.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn retry(transport: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(RETRIES_TOTAL, "transport" => transport.to_owned()).increment(1);
+}
+
+/// The retry budget refused a retry through `transport`.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn retry_throttled(transport: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(RETRIES_THROTTLED_TOTAL, "transport" => transport.to_owned()).increment(1);
+}

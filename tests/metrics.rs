@@ -1,0 +1,453 @@
+//! The metrics of DESIGN §8, read back through `metrics-util`'s `DebuggingRecorder` after
+//! scripted outages under paused time. Each test records into a recorder of its own, set for
+//! its thread only, so tests running side by side do not see each other's counts.
+#![cfg(feature = "metrics")]
+
+mod support;
+
+use std::collections::BTreeMap;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::StreamExt;
+use mail_breaker::metrics::{
+    OPEN, POOL_FAILOVERS_TOTAL, RETRIES_THROTTLED_TOTAL, RETRIES_TOTAL, SEND_SECONDS, SENDS_TOTAL,
+    TRANSITIONS_TOTAL,
+};
+use mail_breaker::{
+    Backoff, Category, CircuitBreakerTransport, PoolTransport, RetryBudget, RetryTransport, Scope,
+    State, Transport,
+};
+use metrics::LocalRecorderGuard;
+use metrics_util::MetricKind;
+use metrics_util::debugging::{DebugValue, DebuggingRecorder, Snapshotter};
+use support::scripted::{Reply, Scripted};
+use support::{message, message_to, numbered_messages};
+use tokio::time::advance;
+
+const RESET: Duration = Duration::from_secs(30);
+
+/// One metric's series: its kind, name and labels (sorted by label name).
+type Series = (MetricKind, String, Vec<(String, String)>);
+
+/// Everything recorded since the test began. The debugging recorder's snapshot hands over
+/// what was recorded since the last one (a gauge's increments too), so each reading is
+/// added to the totals kept here.
+struct Recorded {
+    snapshotter: Snapshotter,
+    counters: BTreeMap<Series, u64>,
+    gauges: BTreeMap<Series, f64>,
+    histograms: BTreeMap<Series, Vec<f64>>,
+}
+
+impl Recorded {
+    /// A recorder set as this thread's own until the guard drops. `#[tokio::test]` runs its
+    /// tasks on the test's thread, so every send of the test records here.
+    fn start() -> (Recorded, LocalRecorderGuard<'static>) {
+        let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
+        let guard = metrics::set_default_local_recorder(recorder);
+        let recorded = Recorded {
+            snapshotter: recorder.snapshotter(),
+            counters: BTreeMap::new(),
+            gauges: BTreeMap::new(),
+            histograms: BTreeMap::new(),
+        };
+        (recorded, guard)
+    }
+
+    /// Adds what was recorded since the last reading.
+    fn read(&mut self) -> &mut Self {
+        for (key, _unit, _description, value) in self.snapshotter.snapshot().into_vec() {
+            let (kind, key) = key.into_parts();
+            let mut labels: Vec<(String, String)> = key
+                .labels()
+                .map(|label| (label.key().to_owned(), label.value().to_owned()))
+                .collect();
+            labels.sort();
+            let series = (kind, key.name().to_owned(), labels);
+            match value {
+                DebugValue::Counter(count) => *self.counters.entry(series).or_default() += count,
+                DebugValue::Gauge(delta) => *self.gauges.entry(series).or_default() += *delta,
+                DebugValue::Histogram(values) => self
+                    .histograms
+                    .entry(series)
+                    .or_default()
+                    .extend(values.into_iter().map(|value| *value)),
+            }
+        }
+        self
+    }
+
+    fn counter(&mut self, name: &str, labels: &[(&str, &str)]) -> u64 {
+        let series = series(MetricKind::Counter, name, labels);
+        self.read().counters.get(&series).copied().unwrap_or(0)
+    }
+
+    fn gauge(&mut self, name: &str, labels: &[(&str, &str)]) -> f64 {
+        let series = series(MetricKind::Gauge, name, labels);
+        self.read().gauges.get(&series).copied().unwrap_or(0.0)
+    }
+
+    fn histogram(&mut self, name: &str, labels: &[(&str, &str)]) -> Vec<f64> {
+        let series = series(MetricKind::Histogram, name, labels);
+        self.read()
+            .histograms
+            .get(&series)
+            .cloned()
+            .unwrap_or_default()
+    }
+
+    /// `mail_breaker_sends_total` of `transport` for `outcome`.
+    fn sends(&mut self, transport: &str, outcome: &str) -> u64 {
+        self.counter(
+            SENDS_TOTAL,
+            &[("transport", transport), ("outcome", outcome)],
+        )
+    }
+
+    /// `mail_breaker_transitions_total` of `transport` from `from` to `to`.
+    fn transitions(&mut self, transport: &str, from: State, to: State) -> u64 {
+        self.counter(
+            TRANSITIONS_TOTAL,
+            &[
+                ("transport", transport),
+                ("from", from.as_str()),
+                ("to", to.as_str()),
+            ],
+        )
+    }
+
+    /// Every label of every series recorded, as `name=value`.
+    fn all_labels(&mut self) -> Vec<String> {
+        self.read();
+        let names = self.counters.keys().chain(self.gauges.keys());
+        names
+            .chain(self.histograms.keys())
+            .flat_map(|(_, _, labels)| labels.iter().map(|(key, value)| format!("{key}={value}")))
+            .collect()
+    }
+}
+
+fn series(kind: MetricKind, name: &str, labels: &[(&str, &str)]) -> Series {
+    let mut labels: Vec<(String, String)> = labels
+        .iter()
+        .map(|(key, value)| ((*key).to_owned(), (*value).to_owned()))
+        .collect();
+    labels.sort();
+    (kind, name.to_owned(), labels)
+}
+
+/// A breaker that opens after three failures in a row and probes after 30 s.
+fn breaker(inner: &Scripted) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(3)
+        .reset_timeout(RESET)
+        .build()
+        .expect("valid settings")
+}
+
+fn down_for(delay: Duration) -> Reply {
+    Reply::after(delay, Reply::fail(Category::ServiceUnavailable))
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_an_outage_and_a_probe_that_closes_the_breaker_the_counters_and_the_gauge_hold_what_happened()
+ {
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::new("primary");
+    provider.then([
+        Reply::Ok,
+        down_for(Duration::from_secs(2)),
+        down_for(Duration::from_secs(2)),
+        down_for(Duration::from_secs(2)),
+    ]);
+    let breaker = breaker(&provider);
+
+    breaker.send(&message()).await.expect("delivered");
+    for _ in 0..3 {
+        breaker
+            .send(&message())
+            .await
+            .expect_err("the provider is down");
+    }
+    for _ in 0..2 {
+        let refused = breaker.send(&message()).await.expect_err("refused");
+        assert_eq!(refused.code(), "breaker.open");
+    }
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 1.0);
+
+    advance(RESET).await;
+    breaker.send(&message()).await.expect("the probe delivers");
+    breaker.send(&message()).await.expect("delivered");
+
+    assert_eq!(provider.sends(), 6);
+    assert_eq!(recorded.sends("primary", "success"), 3);
+    assert_eq!(recorded.sends("primary", "failure"), 3);
+    assert_eq!(recorded.sends("primary", "refused"), 2);
+    assert_eq!(recorded.sends("primary", "ignored"), 0);
+    assert_eq!(
+        recorded.transitions("primary", State::Closed, State::Open),
+        1
+    );
+    assert_eq!(
+        recorded.transitions("primary", State::Open, State::HalfOpen),
+        1
+    );
+    assert_eq!(
+        recorded.transitions("primary", State::HalfOpen, State::Closed),
+        1
+    );
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 0.0);
+    assert_eq!(
+        recorded.histogram(SEND_SECONDS, &[("transport", "primary")]),
+        [0.0, 2.0, 2.0, 2.0, 0.0, 0.0],
+        "one duration per send that went, none for the refused"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_that_fails_counts_a_second_opening_and_the_gauge_stays_at_one() {
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::answering("primary", Reply::fail(Category::Network));
+    let breaker = breaker(&provider);
+
+    for _ in 0..3 {
+        breaker
+            .send(&message())
+            .await
+            .expect_err("the provider is down");
+    }
+    advance(RESET).await;
+    breaker.send(&message()).await.expect_err("the probe fails");
+
+    assert_eq!(recorded.sends("primary", "failure"), 4);
+    assert_eq!(
+        recorded.transitions("primary", State::Closed, State::Open),
+        1
+    );
+    assert_eq!(
+        recorded.transitions("primary", State::Open, State::HalfOpen),
+        1
+    );
+    assert_eq!(
+        recorded.transitions("primary", State::HalfOpen, State::Open),
+        1
+    );
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn in_shadow_mode_the_sends_an_open_breaker_would_refuse_go_and_count_as_ignored() {
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::answering("primary", Reply::fail(Category::Timeout));
+    let breaker = CircuitBreakerTransport::builder(provider.clone())
+        .failure_threshold(3)
+        .reset_timeout(RESET)
+        .shadow(true)
+        .build()
+        .expect("valid settings");
+
+    for _ in 0..5 {
+        let error = breaker
+            .send(&message())
+            .await
+            .expect_err("the provider is down");
+        assert_eq!(error.code(), "test.timeout", "shadow mode never refuses");
+    }
+
+    assert_eq!(provider.sends(), 5);
+    assert_eq!(recorded.sends("primary", "failure"), 3);
+    assert_eq!(recorded.sends("primary", "ignored"), 2);
+    assert_eq!(recorded.sends("primary", "refused"), 0);
+    assert_eq!(
+        recorded.transitions("primary", State::Closed, State::Open),
+        1
+    );
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 1.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn isolating_counts_an_opening_and_its_refusals_and_reset_brings_the_gauge_back_to_zero() {
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::new("primary");
+    let breaker = breaker(&provider);
+
+    breaker.isolate().await;
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 1.0);
+    advance(Duration::from_secs(3600)).await;
+    let refused = breaker.send(&message()).await.expect_err("isolated");
+    assert_eq!(refused.code(), "breaker.isolated");
+    breaker.reset().await;
+    breaker.send(&message()).await.expect("delivered");
+
+    assert_eq!(recorded.sends("primary", "refused"), 1);
+    assert_eq!(recorded.sends("primary", "success"), 1);
+    assert_eq!(
+        recorded.transitions("primary", State::Closed, State::Open),
+        1
+    );
+    assert_eq!(
+        recorded.transitions("primary", State::Open, State::Closed),
+        1
+    );
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "primary")]), 0.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_counts_each_message_once_whether_it_went_or_was_refused() {
+    let (mut recorded, _guard) = Recorded::start();
+    // One message at a time, so that each answer is counted before the next is admitted.
+    let provider = Scripted::answering("primary", Reply::fail(Category::ServerError));
+    let breaker = breaker(&provider);
+
+    let messages = futures::stream::iter(numbered_messages(5)).boxed();
+    let answers: Vec<_> = breaker.send_many(messages).collect().await;
+
+    assert_eq!(answers.len(), 5);
+    assert_eq!(provider.sends(), 3);
+    assert_eq!(recorded.sends("primary", "failure"), 3);
+    assert_eq!(recorded.sends("primary", "refused"), 2);
+    assert_eq!(recorded.sends("primary", "success"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_counts_each_move_to_the_next_member_but_not_giving_up_after_the_last() {
+    let (mut recorded, _guard) = Recorded::start();
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .name("outbound")
+        .add(breaker(&primary), 1)
+        .add(breaker(&backup), 2)
+        .build()
+        .expect("a pool with members");
+
+    for _ in 0..5 {
+        let receipt = pool.send(&message()).await.expect("the backup delivers");
+        assert_eq!(receipt.transport(), "backup");
+    }
+    backup.set_default(Reply::fail(Category::Network));
+    pool.send(&message())
+        .await
+        .expect_err("every member failed");
+
+    let from_primary = [("pool", "outbound"), ("from", "primary")];
+    let from_backup = [("pool", "outbound"), ("from", "backup")];
+    assert_eq!(recorded.counter(POOL_FAILOVERS_TOTAL, &from_primary), 6);
+    assert_eq!(recorded.counter(POOL_FAILOVERS_TOTAL, &from_backup), 0);
+    assert_eq!(recorded.sends("primary", "failure"), 3);
+    assert_eq!(recorded.sends("primary", "refused"), 3);
+    assert_eq!(recorded.sends("backup", "success"), 5);
+    assert_eq!(recorded.sends("backup", "failure"), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pools_batch_counts_a_failover_from_each_member_it_leaves() {
+    let (mut recorded, _guard) = Recorded::start();
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network)).batched();
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(primary.clone(), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .expect("a pool with members");
+
+    let messages = futures::stream::iter(numbered_messages(3)).boxed();
+    let answers: Vec<_> = pool.send_many(messages).collect().await;
+
+    assert!(answers.iter().all(Result::is_ok));
+    let from_primary = [("pool", "pool"), ("from", "primary")];
+    assert_eq!(recorded.counter(POOL_FAILOVERS_TOTAL, &from_primary), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn retries_are_counted_under_the_retried_transports_name_and_so_are_those_the_budget_refuses()
+{
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::answering("primary", Reply::fail(Category::ServerError));
+    provider.then([Reply::fail(Category::ServerError), Reply::Ok]);
+    let retrying = RetryTransport::builder(provider.clone())
+        .max_attempts(5)
+        .backoff(Backoff::constant(Duration::from_secs(1)))
+        .build()
+        .expect("valid settings");
+    retrying
+        .send(&message())
+        .await
+        .expect("the second try delivers");
+    assert_eq!(
+        recorded.counter(RETRIES_TOTAL, &[("transport", "primary")]),
+        1
+    );
+
+    // 20 tokens, a floor of 5, 10 a failure: the first failure leaves 10 and is retried,
+    // the second leaves 0 and is not.
+    let budget = Arc::new(RetryBudget::new(20, 5, 10).expect("a valid budget"));
+    let throttled = RetryTransport::builder(Scripted::answering(
+        "backup",
+        Reply::fail(Category::ServerError),
+    ))
+    .max_attempts(5)
+    .backoff(Backoff::constant(Duration::from_secs(1)))
+    .budget(budget)
+    .build()
+    .expect("valid settings");
+    throttled
+        .send(&message())
+        .await
+        .expect_err("the budget stops the retries");
+
+    assert_eq!(
+        recorded.counter(RETRIES_TOTAL, &[("transport", "backup")]),
+        1
+    );
+    assert_eq!(
+        recorded.counter(RETRIES_THROTTLED_TOTAL, &[("transport", "backup")]),
+        1
+    );
+    assert_eq!(
+        recorded.counter(RETRIES_THROTTLED_TOTAL, &[("transport", "primary")]),
+        0
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_per_recipient_domain_labels_its_metrics_with_the_transport_and_never_a_domain() {
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::answering("primary", Reply::fail(Category::ServiceUnavailable));
+    let breaker = CircuitBreakerTransport::builder(provider)
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .scope(Scope::RecipientDomain)
+        .build()
+        .expect("valid settings");
+
+    for to in [
+        "user@example.org",
+        "user@another.net",
+        "other@example.org",
+        "a@third.example",
+    ] {
+        breaker
+            .send(&message_to(to))
+            .await
+            .expect_err("failed or refused");
+    }
+
+    assert_eq!(breaker.state_of("example.org"), State::Open);
+    assert_eq!(
+        recorded.gauge(OPEN, &[("transport", "primary")]),
+        3.0,
+        "one per domain open"
+    );
+    assert_eq!(recorded.sends("primary", "failure"), 3);
+    assert_eq!(recorded.sends("primary", "refused"), 1);
+    let labels = recorded.all_labels();
+    assert!(!labels.is_empty());
+    for label in labels {
+        assert!(
+            !label.contains("example") && !label.contains("another") && !label.contains('@'),
+            "a label carries a domain or an address: {label}"
+        );
+    }
+}
