@@ -21,11 +21,22 @@ pub(crate) fn later(now: tokio::time::Instant, by: Duration) -> tokio::time::Ins
 }
 
 /// [`later`] for `std::time::Instant`.
+#[cfg_attr(not(feature = "redis"), allow(dead_code))] // the Redis store's retry clock
 pub(crate) fn later_std(now: std::time::Instant, by: Duration) -> std::time::Instant {
     now.checked_add(by.min(FAR_FUTURE)).unwrap_or(now)
 }
 
 /// A wait a provider asked for, capped at [`MAX_PROVIDER_WAIT`].
+#[cfg_attr(
+    not(any(
+        feature = "ses",
+        feature = "postmark",
+        feature = "resend",
+        feature = "sendgrid",
+        feature = "mailgun"
+    )),
+    allow(dead_code)
+)] // read from SES and the HTTP providers
 pub(crate) fn provider_wait(wait: Duration) -> Duration {
     wait.min(MAX_PROVIDER_WAIT)
 }
@@ -33,6 +44,16 @@ pub(crate) fn provider_wait(wait: Duration) -> Duration {
 /// An HTTP `Retry-After` value as a wait from `now`: a number of seconds (fractions allowed,
 /// as some providers send them) or an HTTP-date. Capped at [`MAX_PROVIDER_WAIT`]; a date in
 /// the past is no wait; anything else (negative, not a number, not a date) is `None`.
+#[cfg_attr(
+    not(any(
+        feature = "ses",
+        feature = "postmark",
+        feature = "resend",
+        feature = "sendgrid",
+        feature = "mailgun"
+    )),
+    allow(dead_code)
+)] // read from SES and the HTTP providers
 pub(crate) fn parse_retry_after(value: &str, now: SystemTime) -> Option<Duration> {
     let value = value.trim();
     if let Ok(seconds) = value.parse::<f64>() {
