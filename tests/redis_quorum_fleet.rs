@@ -11,9 +11,10 @@
 //! - from `BOTH_BROKEN`: member 1's route is broken too. Members 2 to 4 hold their mail:
 //!   a success starts the count again (DESIGN §4), so while three members deliver, two
 //!   sick ones cannot open the fleet's breaker. The parent watches the fleet's breaker in
-//!   Redis and, once it is open, tells the three (a file) to send again: they must be
-//!   refused, and the fleet must let one probe through per half-open period until a
-//!   healthy member's probe closes it.
+//!   Redis and, once it is open, tells the three (a file) to send once: they must be
+//!   refused. They hold their mail a while longer, and the fleet must let one probe through
+//!   per half-open period (the sick members' probes fail) until a healthy member's probe
+//!   closes it.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -33,7 +34,10 @@ const MEMBERS: usize = 5;
 const RESET: Duration = Duration::from_secs(1);
 const THRESHOLD: u32 = 3;
 const BOTH_BROKEN: Duration = Duration::from_secs(2);
-const RUN_FOR: Duration = Duration::from_millis(7_000);
+const RUN_FOR: Duration = Duration::from_millis(8_000);
+/// How long the healthy members hold their mail again after their first refusal, so that
+/// the sick members probe the fleet's breaker through a few half-open periods on their own.
+const HOLD_AFTER_TOLD: Duration = Duration::from_millis(2_500);
 const NAMESPACE: &str = "quorum-fleet";
 /// How far the clocks of the processes and Redis's may seem apart in the gaps between probes.
 const SLACK: Duration = Duration::from_millis(50);
@@ -140,6 +144,7 @@ fn quorum_fleet_member() {
                 let result = breaker.send(&message).await;
                 let held = matches!(&result, Err(error) if error.code() == "breaker.open");
                 println!("told {} {held} {}", unix_micros(), breaker.state());
+                tokio::time::sleep(HOLD_AFTER_TOLD).await;
                 continue;
             }
             if let Err(error) = breaker.send(&message).await
@@ -323,6 +328,10 @@ async fn five_processes_with_a_quorum_of_two_open_the_fleets_breaker_only_when_t
         .expect("a healthy member's probe closed the fleet's breaker");
     let probes = &sends[..=closed];
     println!("{} probes while the fleet's breaker was open", probes.len());
+    assert!(
+        probes.len() >= 2,
+        "the sick members probed the fleet's breaker while the others held their mail"
+    );
     for pair in probes.windows(2) {
         let gap = Duration::from_micros((pair[1].0 - pair[0].0) as u64);
         assert!(gap >= RESET - SLACK, "two probes {gap:?} apart");

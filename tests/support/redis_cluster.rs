@@ -1,6 +1,8 @@
 //! A real Redis Cluster on loopback: `redis-server --cluster-enabled yes` nodes on free ports,
 //! joined with `redis-cli --cluster create`, killed and their files removed when dropped.
 
+use std::io::{Read, Write};
+use std::net::{SocketAddr, TcpStream};
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
 use std::time::{Duration, Instant};
@@ -203,6 +205,7 @@ impl RedisCluster {
     }
 
     fn spawn(&self, server: &PathBuf, node_timeout: Duration) -> Node {
+        let mut why = String::new();
         for _ in 0..5 {
             let (port, bus) = (free_port(), free_port());
             let mut child = Command::new(server)
@@ -223,20 +226,26 @@ impl RedisCluster {
                 .args(["--repl-diskless-sync-delay", "0"])
                 .args(["--cluster-replica-validity-factor", "0"])
                 .args(["--appendonly", "no"])
+                .args(["--logfile", &format!("node-{port}.log")])
                 .stdin(Stdio::null())
                 .stdout(Stdio::null())
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawning redis-server");
-            let deadline = Instant::now() + Duration::from_secs(5);
+            // Patient: other tests start their servers on the same two cores.
+            let deadline = Instant::now() + Duration::from_secs(15);
             loop {
-                if self.cli(port, &["PING"]).trim() == "PONG" {
+                if ping(port) {
                     return Node {
                         port,
                         child: Some(child),
                     };
                 }
                 if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
+                    let log = std::fs::read_to_string(self.dir.join(format!("node-{port}.log")))
+                        .unwrap_or_default();
+                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
+                    why = format!("port {port}: {tail:?}");
                     let _ = child.kill();
                     let _ = child.wait();
                     break; // another process took a port: try others
@@ -244,8 +253,22 @@ impl RedisCluster {
                 std::thread::sleep(Duration::from_millis(20));
             }
         }
-        panic!("a cluster node did not start on any of 5 pairs of free ports");
+        panic!("a cluster node did not start on any of 5 pairs of free ports; last: {why}");
     }
+}
+
+/// Whether a Redis on `port` answers PING.
+fn ping(port: u16) -> bool {
+    let address = SocketAddr::from(([127, 0, 0, 1], port));
+    let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_millis(200)) else {
+        return false;
+    };
+    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
+    if stream.write_all(b"PING\r\n").is_err() {
+        return false;
+    }
+    let mut reply = [0u8; 7];
+    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
 
 impl Drop for RedisCluster {

@@ -76,6 +76,13 @@ pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 /// sends in between do not wait for it at all. Results of sends that Redis allowed are
 /// dropped while it is silent. A send never waits on a dead store beyond the timeout.
 ///
+/// # A fleet
+/// [`connect_cluster`](Self::connect_cluster) puts the breakers on a Redis Cluster, each on
+/// the master that owns its slot. [`with_quorum`](Self::with_quorum) keeps one sick member
+/// from opening everyone's breaker: a member whose own failures meet the rule opens for
+/// itself only, and the fleet's breaker opens once failures from that many distinct members
+/// ([`with_member`](Self::with_member)) meet it.
+///
 /// # Example
 /// ```no_run
 /// use std::sync::Arc;
