@@ -1,6 +1,7 @@
 //! The rules of the breaker (DESIGN §3) as one table of scenarios, run against every store:
 //! `MemoryStore` on tokio's clock and, with the `redis` feature, `RedisStore` on a real
-//! redis-server's clock. Both run in real time with short durations (a 400 ms reset timeout)
+//! redis-server's clock and on a real three-master Redis Cluster (one cluster for the whole
+//! table, each scenario in a namespace of its own). Both run in real time with short durations (a 400 ms reset timeout)
 //! and waits that leave 100 ms of slack on either side of each deadline.
 
 mod support;
@@ -182,11 +183,42 @@ async fn run_on_redis(test: &str, scenario: Scenario) {
     assert_eq!(store.local_decisions(), 0, "every decision came from Redis");
 }
 
-/// Each scenario becomes a module with one test per store.
+#[cfg(feature = "redis")]
+async fn run_on_redis_cluster(
+    cluster: &support::redis_cluster::RedisCluster,
+    name: &str,
+    scenario: Scenario,
+) {
+    let store = mail_breaker::RedisStore::connect_cluster(&cluster.urls())
+        .await
+        .expect("valid URLs")
+        .with_namespace(name)
+        .with_timeout(Duration::from_secs(2));
+    assert!(
+        store.is_shared(),
+        "{name}: the store reaches the test's cluster"
+    );
+    run(&store, scenario).await;
+    assert!(
+        store.is_shared(),
+        "{name}: every decision came from the cluster"
+    );
+}
+
+/// Each scenario becomes a module with one test per store, and a row of `ALL` for the
+/// cluster, whose one test runs them in turn on one cluster.
 macro_rules! scenarios {
-    ($($name:ident: $scenario:expr;)*) => {$(
+    ($($name:ident: $scenario:expr;)*) => {
+        #[cfg(feature = "redis")]
+        const ALL: &[(&str, fn() -> Scenario)] = &[$((stringify!($name), $name::scenario)),*];
+        $(
         mod $name {
             use super::*;
+
+            #[cfg_attr(not(feature = "redis"), allow(dead_code))]
+            pub(super) fn scenario() -> Scenario {
+                $scenario
+            }
 
             // Time is Tokio's here, paused, so the table's waits are exact.
             #[tokio::test(start_paused = true)]
@@ -201,6 +233,18 @@ macro_rules! scenarios {
             }
         }
     )*};
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn every_scenario_on_the_redis_cluster_store() {
+    let Some(cluster) = support::redis_cluster::RedisCluster::start("scenarios_on_a_cluster")
+    else {
+        return;
+    };
+    for (name, scenario) in ALL {
+        run_on_redis_cluster(&cluster, name, scenario()).await;
+    }
 }
 
 scenarios! {

@@ -10,6 +10,7 @@ pub mod http_checks;
 pub mod moto;
 pub mod raw_smtp;
 pub mod redis;
+pub mod redis_cluster;
 pub mod scripted;
 pub mod servers;
 pub mod ses_faults;

@@ -1,13 +1,18 @@
 -- One breaker's rules (src/breaker/machine.rs and policy.rs) restated for Redis, so that
 -- every process sharing the breaker decides on one state, atomically, by the server's clock.
 --
--- KEYS[1]  the breaker's hash (see key_name in mod.rs)
+-- KEYS[1]  the breaker's hash (see key_name in script.rs)
+-- KEYS[2]  the sorted set of the members whose failures are in the current count (score:
+--          the slice of the member's last failure under error-rate counting, else 0), under
+--          the same hash tag
 -- ARGV[1]  the call: acquire | record | release | isolate | reset | snapshot
--- ARGV[2..12]  the rules: counting (0 consecutive, 1 error rate), failure threshold,
+-- ARGV[2]  the calling member's name in the fleet
+-- ARGV[3..13]  the rules: counting (0 consecutive, 1 error rate), failure threshold,
 --          threshold percent, minimum requests, window (us), buckets, reset timeout (us),
 --          probe timeout (us), half-open successes, idle expiry (ms), longest reset
 --          timeout (us; 0 when the open time does not grow)
--- ARGV[13..15]  record and release: the permit's period and probe (0 for none), and for
+-- ARGV[14] the quorum: how many distinct members' failures it takes to open (1: any)
+-- ARGV[15..17]  record and release: the permit's period and probe (0 for none), and for
 --          record the outcome (1 failure, 0 success)
 --
 -- Reply: { sent (1|0), period, probe (0 for none), retry_after (us; -1 while isolated),
@@ -28,19 +33,22 @@ local time = redis.call('TIME')
 local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 local key = KEYS[1]
+local members_key = KEYS[2]
 local call = ARGV[1]
+local member = ARGV[2]
 local rules = {
-  error_rate = tonumber(ARGV[2]) == 1,
-  threshold = tonumber(ARGV[3]),
-  percent = tonumber(ARGV[4]),
-  minimum = tonumber(ARGV[5]),
-  window = tonumber(ARGV[6]),
-  buckets = tonumber(ARGV[7]),
-  reset = tonumber(ARGV[8]),
-  probe_timeout = tonumber(ARGV[9]),
-  successes = tonumber(ARGV[10]),
-  expiry = tonumber(ARGV[11]),
-  max_reset = tonumber(ARGV[12]),
+  error_rate = tonumber(ARGV[3]) == 1,
+  threshold = tonumber(ARGV[4]),
+  percent = tonumber(ARGV[5]),
+  minimum = tonumber(ARGV[6]),
+  window = tonumber(ARGV[7]),
+  buckets = tonumber(ARGV[8]),
+  reset = tonumber(ARGV[9]),
+  probe_timeout = tonumber(ARGV[10]),
+  successes = tonumber(ARGV[11]),
+  expiry = tonumber(ARGV[12]),
+  max_reset = tonumber(ARGV[13]),
+  quorum = tonumber(ARGV[14]),
 }
 
 local FIELDS = { 'phase', 'period', 'until', 'probe', 'deadline', 'successes', 'probes',
@@ -65,8 +73,33 @@ local function int(x)
   return string.format('%.0f', x)
 end
 
+-- Forgets which members failed: their failures are no longer counted.
+local function forget_members()
+  redis.call('DEL', members_key)
+end
+
+-- Notes that this call's member failed, in slice `slice` (0 when counting in a row).
+-- With a quorum of 1 any member opens the breaker, so nobody is noted.
+local function note_member(slice)
+  if rules.quorum > 1 then
+    redis.call('ZADD', members_key, slice, member)
+    redis.call('PEXPIRE', members_key, int(rules.expiry))
+  end
+end
+
+-- Whether enough distinct members failed for the rule to open the shared breaker; under
+-- error-rate counting, members whose last failure left the window are forgotten first.
+local function quorum_reached(oldest_slice)
+  if rules.quorum <= 1 then return true end
+  if oldest_slice then
+    redis.call('ZREMRANGEBYSCORE', members_key, '-inf', '(' .. int(oldest_slice))
+  end
+  return redis.call('ZCARD', members_key) >= rules.quorum
+end
+
 -- Forgets every counted result.
 local function clear_counts()
+  forget_members()
   m.failures = 0
   m.calls = 0
   m.origin = now
@@ -142,8 +175,16 @@ local function count(failed)
     end
     changed = true
     m.calls = m.calls + 1
-    if failed then m.failures = m.failures + 1 else m.failures = 0 end
-    return m.failures >= rules.threshold
+    if failed then
+      m.failures = m.failures + 1
+      note_member(0)
+    else
+      -- A success starts the count again, and with it the set of members in it.
+      m.failures = 0
+      forget_members()
+      return false
+    end
+    return m.failures >= rules.threshold and quorum_reached(nil)
   end
   changed = true
   local current = slice_at(now)
@@ -157,9 +198,11 @@ local function count(failed)
   total = total + 1
   if failed then failures = failures + 1 end
   redis.call('HSET', key, names[1], int(current), names[2], int(total), names[3], int(failures))
+  if failed then note_member(current) end
 
   local in_window, failed_in_window = window_sums(current)
   return in_window >= rules.minimum and failed_in_window * 100 >= rules.percent * in_window
+    and quorum_reached(current - (rules.buckets - 1))
 end
 
 local sent, period, probe, retry_after = 0, 0, 0, 0
@@ -186,8 +229,8 @@ if call == 'acquire' then
     sent, probe = 1, m.probe
   end
 elseif call == 'record' then
-  local permit_period, permit_probe = tonumber(ARGV[13]), tonumber(ARGV[14])
-  local failed = tonumber(ARGV[15]) == 1
+  local permit_period, permit_probe = tonumber(ARGV[15]), tonumber(ARGV[16])
+  local failed = tonumber(ARGV[17]) == 1
   expire()
   -- A result sent in an earlier period decides nothing.
   if permit_period == m.period then
@@ -209,7 +252,7 @@ elseif call == 'record' then
     end
   end
 elseif call == 'release' then
-  local permit_period, permit_probe = tonumber(ARGV[13]), tonumber(ARGV[14])
+  local permit_period, permit_probe = tonumber(ARGV[15]), tonumber(ARGV[16])
   -- A probe given back after its deadline failed: it reopens the breaker, as time says.
   expire()
   if exists and permit_period == m.period and m.phase == HALF_OPEN and m.probe > 0

@@ -5,7 +5,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::Duration;
 
-use ::redis::aio::{ConnectionManager, ConnectionManagerConfig};
+use ::redis::aio::ConnectionManagerConfig;
 use ::redis::{RedisError, Script};
 
 use super::lru::BoundedMap;
@@ -14,10 +14,13 @@ use super::{BreakerStore, MemoryStore, Reporter, StoreFuture};
 use crate::machine::{Decision, Outcome, Permit, Rules, Snapshot, Transitions};
 use crate::{ConfigError, State};
 
+mod connection;
 mod health;
+mod quorum;
 mod remote;
 mod script;
 
+use connection::Connection;
 use health::Health;
 use remote::RemoteCall;
 use script::{BadReply, Call, Reply};
@@ -74,6 +77,13 @@ pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 /// sends in between do not wait for it at all. Results of sends that Redis allowed are
 /// dropped while it is silent. A send never waits on a dead store beyond the timeout.
 ///
+/// # A fleet
+/// [`connect_cluster`](Self::connect_cluster) puts the breakers on a Redis Cluster, each on
+/// the master that owns its slot. [`with_quorum`](Self::with_quorum) keeps one sick member
+/// from opening everyone's breaker: a member whose own failures meet the rule opens for
+/// itself only, and the fleet's breaker opens once failures from that many distinct members
+/// ([`with_member`](Self::with_member)) meet it.
+///
 /// # Example
 /// ```no_run
 /// use std::sync::Arc;
@@ -93,9 +103,15 @@ pub const DEFAULT_IDLE_EXPIRY: Duration = Duration::from_secs(3600);
 /// # Ok(()) }
 /// ```
 pub struct RedisStore {
-    connection: ConnectionManager,
+    connection: Connection,
     script: Arc<Script>,
     namespace: String,
+    /// This process's name in the fleet.
+    member: Arc<str>,
+    /// How many distinct members' failures open the fleet's breaker.
+    quorum: u32,
+    /// With a quorum above 1, this member's own breakers, fed with its own results.
+    own: MemoryStore,
     timeout: Duration,
     idle_expiry: Duration,
     health: Health,
@@ -163,10 +179,63 @@ impl RedisStore {
         let connection = client
             .get_connection_manager_lazy(config)
             .map_err(|_| not_a_url())?;
+        Ok(RedisStore::on(Connection::Single(connection)).await)
+    }
+
+    /// A store on the Redis Cluster that `urls` lead to (one or more of its nodes, each
+    /// `redis://[user:password@]host:port/`), in the namespace `default`, with every setting
+    /// of [`connect`](Self::connect).
+    ///
+    /// Each breaker's keys share one hash tag, so each decision is one script call on the
+    /// master that owns the slot; the script is loaded on each node, and a node that lost it
+    /// (a replica promoted, a restart) is given it again (EVALSHA, falling back to EVAL).
+    /// [`snapshots`](BreakerStore::snapshots) scans every master. While a master fails and
+    /// until its replica takes over, the breakers whose keys it held decide locally, as for
+    /// a silent Redis (see [`RedisStore`]), and share again once the cluster answers.
+    ///
+    /// As for one server, a cluster that cannot be reached yet is not an error: the store
+    /// decides locally and uses the cluster as soon as it answers.
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for the setting `urls` when it is empty or holds something other
+    /// than a Redis URL.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect_cluster(&[
+    ///     "redis://10.0.0.1:6379/",
+    ///     "redis://10.0.0.2:6379/",
+    /// ])
+    /// .await?
+    /// .with_namespace("myapp");
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster<S: AsRef<str>>(urls: &[S]) -> Result<RedisStore, ConfigError> {
+        if urls.is_empty() {
+            return Err(ConfigError::new(
+                "urls",
+                "no node given: name at least one node of the cluster",
+            ));
+        }
+        let urls: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
+        let connection = Connection::cluster(&urls, CONNECT_TIMEOUT).map_err(|_| {
+            ConfigError::new(
+                "urls",
+                "not Redis URLs of one cluster: expected redis://host:port/ for each node",
+            )
+        })?;
+        Ok(RedisStore::on(connection).await)
+    }
+
+    /// A store on `connection` with the default settings, its script loaded.
+    async fn on(connection: Connection) -> RedisStore {
         let store = RedisStore {
             connection,
             script: Arc::new(Script::new(script::SOURCE)),
             namespace: String::from("default"),
+            member: Arc::from(quorum::default_member()),
+            quorum: 1,
+            own: MemoryStore::with_max_keys(DEFAULT_MAX_KEYS),
             timeout: DEFAULT_TIMEOUT,
             idle_expiry: DEFAULT_IDLE_EXPIRY,
             health: Health::new(DEFAULT_RETRY_INTERVAL),
@@ -175,7 +244,80 @@ impl RedisStore {
             local_decisions: AtomicU64::new(0),
         };
         store.load_script().await;
-        Ok(store)
+        store
+    }
+
+    /// How many members of the fleet must see failures before the fleet's breaker opens
+    /// (default 1: any member's failures open it for everyone). A quorum of 0 is taken as 1.
+    ///
+    /// With a quorum above 1, each member also keeps a breaker of its own, fed with its own
+    /// results by the same rules:
+    /// - a member whose own failures meet the rule opens **for itself only**: its
+    ///   [`state`](crate::CircuitBreakerTransport::state) is `Open`, its sends are refused
+    ///   with `breaker.open`, and it lets its own probe through once its reset timeout has
+    ///   passed, while the other members go on sending;
+    /// - the fleet's breaker counts every member's results, as with a quorum of 1, and
+    ///   keeps the set of members whose failures are in its count (a success clears both);
+    ///   it opens, for every member, once the rule is met and `quorum` distinct members
+    ///   are in that set. Its probe, reopening and closing work as with a quorum of 1.
+    ///
+    /// A send goes when both breakers let it. The listener hears the changes of both: the
+    /// member's own, and the fleet's that this member's calls made. Every member of a fleet
+    /// should use the same quorum and a [name](Self::with_member) of its own.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_quorum(2)
+    ///     .with_member("web-7");
+    /// assert_eq!(store.quorum(), 2);
+    /// # Ok(()) }
+    /// ```
+    pub fn with_quorum(mut self, quorum: u32) -> Self {
+        self.quorum = quorum.max(1);
+        self
+    }
+
+    /// This process's name in the fleet, which the [quorum](Self::with_quorum) counts
+    /// (default: the host name and the process id, `web-7:4242`). Two processes with one name
+    /// count as one member.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/")
+    ///     .await?
+    ///     .with_member("web-7");
+    /// assert_eq!(store.member(), "web-7");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_member(mut self, member: impl Into<String>) -> Self {
+        self.member = Arc::from(member.into());
+        self
+    }
+
+    /// How many distinct members' failures open the fleet's breaker.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// assert_eq!(store.quorum(), 1);
+    /// # Ok(()) }
+    /// ```
+    pub fn quorum(&self) -> u32 {
+        self.quorum
+    }
+
+    /// This process's name in the fleet.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let store = mail_breaker::RedisStore::connect("redis://127.0.0.1:6379/").await?;
+    /// println!("this process counts in the quorum as {}", store.member());
+    /// # Ok(()) }
+    /// ```
+    pub fn member(&self) -> &str {
+        &self.member
     }
 
     /// Keeps this store's breakers apart from those of other applications on the same Redis
@@ -259,6 +401,7 @@ impl RedisStore {
     pub fn with_max_keys(mut self, max_keys: usize) -> Self {
         self.seen = Mutex::new(BoundedMap::new(max_keys));
         self.local = MemoryStore::with_max_keys(max_keys);
+        self.own = MemoryStore::with_max_keys(max_keys);
         self
     }
 
@@ -342,6 +485,9 @@ impl RedisStore {
             script: Arc::clone(&self.script),
             key: key.to_owned(),
             name: script::key_name(&self.namespace, key),
+            members: script::members_name(&self.namespace, key),
+            member: Arc::clone(&self.member),
+            quorum: self.quorum,
             call,
             rules: *rules,
             timeout: self.timeout,
@@ -412,24 +558,23 @@ fn local_permit(permit: Permit) -> Option<Permit> {
         .then(|| Permit::new(permit.period() & !LOCAL_PERIOD, permit.probe()))
 }
 
-impl BreakerStore for RedisStore {
-    fn acquire<'a>(
-        &'a self,
-        key: &'a str,
-        rules: &'a Rules,
-        late: &'a Reporter,
-    ) -> StoreFuture<'a, (Decision, Transitions)> {
-        StoreFuture::pending(async move {
-            if self.health.should_ask()
-                && let Some(reply) = self.ask(key, rules, Call::Acquire, late).await
-            {
-                return (reply.decision, reply.transitions);
-            }
-            self.acquire_locally(key, rules).await
-        })
+/// The shared breaker alone: Redis's, or the local fallback's while Redis is silent.
+impl RedisStore {
+    async fn acquire_shared(
+        &self,
+        key: &str,
+        rules: &Rules,
+        late: &Reporter,
+    ) -> (Decision, Transitions) {
+        if self.health.should_ask()
+            && let Some(reply) = self.ask(key, rules, Call::Acquire, late).await
+        {
+            return (reply.decision, reply.transitions);
+        }
+        self.acquire_locally(key, rules).await
     }
 
-    fn record<'a>(
+    fn record_shared<'a>(
         &'a self,
         key: &'a str,
         rules: &'a Rules,
@@ -451,7 +596,7 @@ impl BreakerStore for RedisStore {
         })
     }
 
-    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
+    fn release_shared(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
         if let Some(permit) = local_permit(permit) {
             return late.report(key, self.local.release_now(key, rules, permit));
         }
@@ -467,7 +612,7 @@ impl BreakerStore for RedisStore {
         runtime.spawn(remote::release_in_background(release, late.clone()));
     }
 
-    fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
+    fn state_shared(&self, key: &str, rules: &Rules) -> (State, Transitions) {
         if !self.health.is_answering() {
             return self.local.state(key, rules);
         }
@@ -475,8 +620,94 @@ impl BreakerStore for RedisStore {
         (state.unwrap_or(State::Closed), Transitions::NONE)
     }
 
+    /// Whether this member keeps a breaker of its own beside the fleet's.
+    fn has_own_breaker(&self) -> bool {
+        self.quorum > 1
+    }
+}
+
+impl BreakerStore for RedisStore {
+    fn acquire<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        StoreFuture::pending(async move {
+            if !self.has_own_breaker() {
+                return self.acquire_shared(key, rules, late).await;
+            }
+            // The member's own breaker first: one it holds open costs no call to Redis.
+            let (own, changes) = self.own.acquire_now(key, rules);
+            late.report(key, changes);
+            let Decision::Send(own) = own else {
+                return (own, Transitions::NONE);
+            };
+            let mut own = OwnPermit {
+                store: self,
+                key,
+                rules,
+                late,
+                permit: Some(own),
+            };
+            let (shared, transitions) = self.acquire_shared(key, rules, late).await;
+            match (shared, own.permit.take()) {
+                (Decision::Send(shared), Some(own)) => {
+                    (Decision::Send(quorum::join(shared, own)), transitions)
+                }
+                (shared, own_permit) => {
+                    own.permit = own_permit; // refused by the fleet: dropping `own` frees it
+                    (shared, transitions)
+                }
+            }
+        })
+    }
+
+    fn record<'a>(
+        &'a self,
+        key: &'a str,
+        rules: &'a Rules,
+        permit: Permit,
+        outcome: Outcome,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, Transitions> {
+        match quorum::split(permit) {
+            Some((shared, own)) => {
+                late.report(key, self.own.record_now(key, rules, own, outcome));
+                self.record_shared(key, rules, shared, outcome, late)
+            }
+            None => self.record_shared(key, rules, permit, outcome, late),
+        }
+    }
+
+    fn release(&self, key: &str, rules: &Rules, permit: Permit, late: &Reporter) {
+        match quorum::split(permit) {
+            Some((shared, own)) => {
+                late.report(key, self.own.release_now(key, rules, own));
+                self.release_shared(key, rules, shared, late);
+            }
+            None => self.release_shared(key, rules, permit, late),
+        }
+    }
+
+    fn state(&self, key: &str, rules: &Rules) -> (State, Transitions) {
+        let (shared, mut transitions) = self.state_shared(key, rules);
+        if !self.has_own_breaker() {
+            return (shared, transitions);
+        }
+        let (own, changes) = self.own.state(key, rules);
+        // Each is at most the one change time makes: a probe past its deadline.
+        for change in changes.iter() {
+            transitions.push(change);
+        }
+        (quorum::stricter(shared, own), transitions)
+    }
+
     fn tracked_keys(&self) -> usize {
-        self.seen().len().max(self.local.tracked_keys())
+        self.seen()
+            .len()
+            .max(self.local.tracked_keys())
+            .max(self.own.tracked_keys())
     }
 
     fn snapshot<'a>(
@@ -486,17 +717,17 @@ impl BreakerStore for RedisStore {
         late: &'a Reporter,
     ) -> StoreFuture<'a, Snapshot> {
         StoreFuture::pending(async move {
-            if self.health.should_ask() {
-                match self.read_snapshot(key, rules).await {
-                    Ok((snapshot, transitions)) => {
-                        late.report(key, transitions);
-                        return snapshot;
-                    }
-                    Err(failure) => self.health.failed(&self.namespace, &failure),
-                }
+            let shared = self.snapshot_shared(key, rules, late).await;
+            if !self.has_own_breaker() {
+                return shared;
             }
-            self.start_locally(key, rules);
-            self.local.snapshot(key, rules, late).await
+            // A member held open by its own breaker shows that one, as its state does.
+            let own = self.own.snapshot(key, rules, late).await;
+            if quorum::stricter(shared.state(), own.state()) != shared.state() {
+                own
+            } else {
+                shared
+            }
         })
     }
 
@@ -537,11 +768,48 @@ impl BreakerStore for RedisStore {
         rules: &'a Rules,
         late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions> {
+        if self.has_own_breaker() {
+            late.report(key, self.own.change(key, rules, |machine| machine.reset()));
+        }
         StoreFuture::pending(self.by_hand(key, rules, Call::Reset, late))
     }
 }
 
+/// The member's own permit while the fleet's breaker is asked: given back if the fleet
+/// refuses, or if the caller stops waiting before it answers.
+struct OwnPermit<'a> {
+    store: &'a RedisStore,
+    key: &'a str,
+    rules: &'a Rules,
+    late: &'a Reporter,
+    permit: Option<Permit>,
+}
+
+impl Drop for OwnPermit<'_> {
+    fn drop(&mut self) {
+        if let Some(permit) = self.permit.take() {
+            let changes = self.store.own.release_now(self.key, self.rules, permit);
+            self.late.report(self.key, changes);
+        }
+    }
+}
+
 impl RedisStore {
+    /// The fleet's snapshot of `key`: from Redis, or from local state while it is silent.
+    async fn snapshot_shared(&self, key: &str, rules: &Rules, late: &Reporter) -> Snapshot {
+        if self.health.should_ask() {
+            match self.read_snapshot(key, rules).await {
+                Ok((snapshot, transitions)) => {
+                    late.report(key, transitions);
+                    return snapshot;
+                }
+                Err(failure) => self.health.failed(&self.namespace, &failure),
+            }
+        }
+        self.start_locally(key, rules);
+        self.local.snapshot(key, rules, late).await
+    }
+
     /// An isolate or reset: in Redis for every process, or, with Redis silent, here alone
     /// (said in a warning, since the fleet does not hear of it).
     async fn by_hand(&self, key: &str, rules: &Rules, call: Call, late: &Reporter) -> Transitions {
@@ -583,31 +851,31 @@ impl RedisStore {
 
     /// Every breaker key of the namespace in Redis, found with SCAN (never KEYS, which would
     /// block the server), each step within the timeout.
+    /// On a cluster, each master is scanned in turn.
     async fn keys_in_namespace(&self) -> Result<Vec<String>, Failure> {
         let mut connection = self.connection.clone();
         let pattern = script::namespace_pattern(&self.namespace);
+        let targets = tokio::time::timeout(self.timeout, connection.scan_targets())
+            .await
+            .map_err(|_| Failure::Timeout(self.timeout))??;
         let mut keys = Vec::new();
-        let mut cursor: u64 = 0;
-        loop {
-            let mut scan = ::redis::cmd("SCAN");
-            scan.arg(cursor)
-                .arg("MATCH")
-                .arg(&pattern)
-                .arg("COUNT")
-                .arg(500);
-            let step = scan.query_async::<(u64, Vec<String>)>(&mut connection);
-            let (next, names) = tokio::time::timeout(self.timeout, step)
-                .await
-                .map_err(|_| Failure::Timeout(self.timeout))??;
-            keys.extend(
-                names
-                    .iter()
-                    .filter_map(|name| script::key_of_name(&self.namespace, name)),
-            );
-            if next == 0 {
-                break;
+        for target in &targets {
+            let mut cursor: u64 = 0;
+            loop {
+                let step = connection.scan(target, cursor, &pattern);
+                let (next, names) = tokio::time::timeout(self.timeout, step)
+                    .await
+                    .map_err(|_| Failure::Timeout(self.timeout))??;
+                keys.extend(
+                    names
+                        .iter()
+                        .filter_map(|name| script::key_of_name(&self.namespace, name)),
+                );
+                if next == 0 {
+                    break;
+                }
+                cursor = next;
             }
-            cursor = next;
         }
         keys.sort_unstable();
         keys.dedup(); // SCAN may return a key twice
@@ -619,6 +887,8 @@ impl fmt::Debug for RedisStore {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("RedisStore")
             .field("namespace", &self.namespace)
+            .field("member", &self.member)
+            .field("quorum", &self.quorum)
             .field("timeout", &self.timeout)
             .field("retry_interval", &self.health.retry_interval())
             .field("idle_expiry", &self.idle_expiry)

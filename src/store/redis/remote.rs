@@ -11,10 +11,10 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use ::redis::Script;
-use ::redis::aio::ConnectionManager;
 use tokio::task::JoinHandle;
 
 use super::Failure;
+use super::connection::Connection;
 use super::script::{self, Call, Reply};
 use crate::machine::{Decision, Permit, Rules};
 use crate::store::Reporter;
@@ -26,10 +26,16 @@ const LATE_ANSWER_LIMIT: Duration = Duration::from_secs(10);
 /// One call of the script, owned, to run where nothing borrows the store.
 #[derive(Clone)]
 pub(super) struct RemoteCall {
-    pub(super) connection: ConnectionManager,
+    pub(super) connection: Connection,
     pub(super) script: Arc<Script>,
     pub(super) key: String,
+    /// The breaker's hash in Redis.
     pub(super) name: String,
+    /// The set of members beside it.
+    pub(super) members: String,
+    /// This process's name in the fleet.
+    pub(super) member: Arc<str>,
+    pub(super) quorum: u32,
     pub(super) call: Call,
     pub(super) rules: Rules,
     pub(super) timeout: Duration,
@@ -54,8 +60,11 @@ impl RemoteCall {
     pub(super) async fn values(self, limit: Duration) -> Result<Vec<i64>, Failure> {
         let mut connection = self.connection;
         let mut invocation = self.script.key(self.name);
-        invocation.arg(script::call_name(self.call));
-        for argument in script::arguments(self.call, &self.rules, self.idle_expiry) {
+        invocation
+            .key(self.members)
+            .arg(script::call_name(self.call))
+            .arg(&*self.member);
+        for argument in script::arguments(self.call, &self.rules, self.idle_expiry, self.quorum) {
             invocation.arg(argument);
         }
         tokio::time::timeout(limit, invocation.invoke_async(&mut connection))

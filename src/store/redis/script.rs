@@ -27,6 +27,14 @@ pub(super) fn key_name(namespace: &str, key: &str) -> String {
     name
 }
 
+/// The name of the set of members whose failures are in the current count of the breaker of
+/// `key`: beside its hash, under the same hash tag, so a cluster keeps both in one slot.
+pub(super) fn members_name(namespace: &str, key: &str) -> String {
+    let mut name = key_name(namespace, key);
+    name.push_str(":members");
+    name
+}
+
 fn escape_into(out: &mut String, part: &str) {
     for byte in part.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
@@ -49,8 +57,9 @@ pub(super) enum Call {
     Snapshot,
 }
 
-/// The script's arguments (ARGV) for `call` under `rules`, keys kept `expiry` after their last write.
-pub(super) fn arguments(call: Call, rules: &Rules, expiry: Duration) -> Vec<u64> {
+/// The script's number arguments (ARGV[3] on) for `call` under `rules`, keys kept `expiry`
+/// after their last write, the shared breaker opening once `quorum` members failed.
+pub(super) fn arguments(call: Call, rules: &Rules, expiry: Duration, quorum: u32) -> Vec<u64> {
     let (error_rate, threshold, percent, minimum, window, buckets) = match rules.counting {
         Counting::Consecutive { threshold } => (0, u64::from(threshold), 0, 0, 0, 1),
         Counting::ErrorRate(rate) => (
@@ -79,6 +88,7 @@ pub(super) fn arguments(call: Call, rules: &Rules, expiry: Duration) -> Vec<u64>
             .try_into()
             .unwrap_or(u64::MAX),
         rules.max_reset_timeout.map_or(0, micros),
+        u64::from(quorum),
     ];
     match call {
         Call::Acquire | Call::Isolate | Call::Reset | Call::Snapshot => {}
@@ -297,6 +307,8 @@ mod tests {
         }
         assert_eq!(key_of_name("app", "mail-breaker:other:{x}"), None);
         assert_eq!(namespace_pattern("a:b"), "mail-breaker:a%3Ab:{*}");
+        // The set of members beside each hash is not taken for a breaker.
+        assert_eq!(key_of_name("a:b", &members_name("a:b", "x")), None);
     }
 
     #[test]
@@ -319,7 +331,7 @@ mod tests {
             probe_timeout: Duration::MAX,
             ..Rules::default()
         };
-        let args = arguments(Call::Acquire, &forever, Duration::MAX);
+        let args = arguments(Call::Acquire, &forever, Duration::MAX, 1);
         let max_micros = super::super::MAX_EXPIRY.as_micros() as u64;
         assert_eq!(args[6], max_micros, "reset timeout");
         assert_eq!(args[7], max_micros, "probe timeout");
