@@ -205,6 +205,26 @@ local function count(failed)
     and quorum_reached(current - (rules.buckets - 1))
 end
 
+-- Writes the breaker back, renewing its expiry, if this call changed it.
+local function save()
+  if not changed then return end
+  local values = {}
+  for _, field in ipairs(FIELDS) do
+    table.insert(values, field)
+    table.insert(values, int(m[field]))
+  end
+  redis.call('HSET', key, unpack(values))
+  redis.call('PEXPIRE', key, int(rules.expiry))
+end
+
+-- The reply, with the changes of state this call made after it.
+local function with_transitions(reply)
+  for _, state in ipairs(transitions) do
+    table.insert(reply, state)
+  end
+  return reply
+end
+
 local sent, period, probe, retry_after = 0, 0, 0, 0
 
 if call == 'acquire' then
@@ -292,36 +312,11 @@ elseif call == 'snapshot' then
   end
   local isolated = 0
   if m.phase == ISOLATED then isolated = 1 end
-  if changed then
-    local values = {}
-    for _, field in ipairs(FIELDS) do
-      table.insert(values, field)
-      table.insert(values, int(m[field]))
-    end
-    redis.call('HSET', key, unpack(values))
-    redis.call('PEXPIRE', key, int(rules.expiry))
-  end
-  local reply = { visible(m.phase), isolated, failures, calls, after, m.streak }
-  for _, state in ipairs(transitions) do
-    table.insert(reply, state)
-  end
-  return reply
+  save()
+  return with_transitions({ visible(m.phase), isolated, failures, calls, after, m.streak })
 else
   return redis.error_reply('mail-breaker: unknown call ' .. tostring(call))
 end
 
-if changed then
-  local values = {}
-  for _, field in ipairs(FIELDS) do
-    table.insert(values, field)
-    table.insert(values, int(m[field]))
-  end
-  redis.call('HSET', key, unpack(values))
-  redis.call('PEXPIRE', key, int(rules.expiry))
-end
-
-local reply = { sent, period, probe, retry_after, visible(m.phase) }
-for _, state in ipairs(transitions) do
-  table.insert(reply, state)
-end
-return reply
+save()
+return with_transitions({ sent, period, probe, retry_after, visible(m.phase) })
