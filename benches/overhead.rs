@@ -1,32 +1,53 @@
-//! What a breaker costs on one send, against the bare transport and against wrapping the same
-//! send in failsafe's `StateMachine` or recloser's `AsyncRecloser`.
+//! What a breaker costs, against the bare transport and against failsafe's `StateMachine` and
+//! recloser's `AsyncRecloser`, each both wrapped around the send's future inline and wrapped
+//! as a [`Transport`] the way a user composing it into a pool would write it.
 //!
 //! The transport answers at once, so every figure above the bare one is the guard's own cost.
-//! Groups: `closed` (one task), `open` (a refusal), `closed_2_tasks` (two tasks on a 2-worker
-//! runtime sending through one shared guard; the figure is the time per send of each task).
+//! Groups:
+//! - `closed`: one send on one task; `open`: a refusal.
+//! - `scaling_<n>`: n tasks on an n-worker runtime sending through one shared guard, for n =
+//!   1, 2, 4, … up to the machine's cores; the figure is the time per send of each task.
+//! - `domains`: one send under `Scope::RecipientDomain` with 100,000 domains cycling through
+//!   `max_keys` 10,000 (every send a new key), against the per-transport breaker.
+//! - `send_many`: a batch of 10,000 through `retry(pool(breaker, breaker))` against the bare
+//!   transport's `send_many`; the figure is the whole batch.
 
 use std::hint::black_box;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
-use criterion::{Criterion, criterion_group, criterion_main};
+use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use failsafe::StateMachine;
 use failsafe::backoff::{self, Constant};
 use failsafe::failure_policy::{self, ConsecutiveFailures};
+use futures::StreamExt;
 use mail_breaker::{
-    Category, CircuitBreakerTransport, Envelope, Message, Receipt, SendError, Transport,
+    Category, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport,
+    Scope, SendError, Transport,
 };
 use recloser::{AsyncRecloser, Recloser};
 use tokio::runtime::{Builder, Runtime};
 
 /// A transport that answers every send at once, as success or as a Network failure.
 struct Immediate {
+    name: &'static str,
     fail: bool,
 }
+
+const OK: Immediate = Immediate {
+    name: "immediate",
+    fail: false,
+};
+
+const FAILING: Immediate = Immediate {
+    name: "immediate",
+    fail: true,
+};
 
 #[async_trait::async_trait]
 impl Transport for Immediate {
     fn name(&self) -> &str {
-        "immediate"
+        self.name
     }
 
     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
@@ -43,18 +64,22 @@ impl Immediate {
         if self.fail {
             Err(SendError::new(Category::Network, "test.down", "down"))
         } else {
-            Ok(Receipt::new("immediate"))
+            Ok(Receipt::new(self.name))
         }
     }
 }
 
-fn message() -> Message {
+fn message_to(to: &str) -> Message {
     Message::builder()
         .from("app@example.com".parse().expect("a valid sender"))
-        .to("user@example.org".parse().expect("a valid recipient"))
+        .to(to.parse().expect("a valid recipient"))
         .subject("bench")
         .body(String::from("hello"))
         .expect("a valid message")
+}
+
+fn message() -> Message {
+    message_to("user@example.org")
 }
 
 /// failsafe's state machine: 5 failures in a row open it for 30 s, like the breaker's default.
@@ -75,13 +100,15 @@ fn recloser() -> AsyncRecloser {
     )
 }
 
-/// Sends `message` through failsafe's state machine the way its futures API does: ask, send,
-/// record (here only Network-like errors fail, as in the breaker's default).
-async fn through_failsafe(
+/// Sends through failsafe's state machine the way its futures API does: ask, send, record
+/// (here only Network-like errors fail, as in the breaker's default).
+async fn through_failsafe<F>(
     machine: &Failsafe,
-    transport: &Immediate,
-    message: &Message,
-) -> Result<Receipt, SendError> {
+    send: impl FnOnce() -> F,
+) -> Result<Receipt, SendError>
+where
+    F: Future<Output = Result<Receipt, SendError>>,
+{
     if !machine.is_call_permitted() {
         return Err(SendError::new(
             Category::ServiceUnavailable,
@@ -89,7 +116,7 @@ async fn through_failsafe(
             "rejected",
         ));
     }
-    let result = transport.send(message).await;
+    let result = send().await;
     match &result {
         Err(error) if error.category().is_breaker_failure() => machine.on_error(),
         _ => machine.on_success(),
@@ -97,15 +124,14 @@ async fn through_failsafe(
     result
 }
 
-async fn through_recloser(
-    recloser: &AsyncRecloser,
-    transport: &Immediate,
-    message: &Message,
-) -> Result<Receipt, SendError> {
+async fn through_recloser<F>(recloser: &AsyncRecloser, send: F) -> Result<Receipt, SendError>
+where
+    F: Future<Output = Result<Receipt, SendError>>,
+{
     recloser
         .call_with(
             |error: &SendError| error.category().is_breaker_failure(),
-            transport.send(message),
+            send,
         )
         .await
         .map_err(|error| match error {
@@ -118,6 +144,75 @@ async fn through_recloser(
         })
 }
 
+/// failsafe as a [`Transport`]: what a user writes to put it in a pool.
+struct FailsafeTransport<T> {
+    inner: T,
+    machine: Failsafe,
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for FailsafeTransport<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        through_failsafe(&self.machine, || self.inner.send_raw(envelope, raw)).await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        through_failsafe(&self.machine, || self.inner.send(message)).await
+    }
+}
+
+/// recloser as a [`Transport`], the same way.
+struct RecloserTransport<T> {
+    inner: T,
+    recloser: AsyncRecloser,
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for RecloserTransport<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        through_recloser(&self.recloser, self.inner.send_raw(envelope, raw)).await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        through_recloser(&self.recloser, self.inner.send(message)).await
+    }
+}
+
+/// The guards under test, each over its own copy of `inner`.
+struct Guards {
+    breaker: CircuitBreakerTransport<Immediate>,
+    failsafe: Failsafe,
+    recloser: AsyncRecloser,
+    failsafe_transport: FailsafeTransport<Immediate>,
+    recloser_transport: RecloserTransport<Immediate>,
+}
+
+impl Guards {
+    fn over(inner: fn() -> Immediate) -> Self {
+        Guards {
+            breaker: CircuitBreakerTransport::new(inner()),
+            failsafe: failsafe(),
+            recloser: recloser(),
+            failsafe_transport: FailsafeTransport {
+                inner: inner(),
+                machine: failsafe(),
+            },
+            recloser_transport: RecloserTransport {
+                inner: inner(),
+                recloser: recloser(),
+            },
+        }
+    }
+}
+
 fn current_thread() -> Runtime {
     Builder::new_current_thread()
         .enable_all()
@@ -125,76 +220,77 @@ fn current_thread() -> Runtime {
         .expect("a Tokio runtime")
 }
 
-fn closed(c: &mut Criterion) {
+/// The one-task groups: `closed` over a transport that delivers, `open` over one that fails.
+fn one_task(c: &mut Criterion, group: &str, inner: fn() -> Immediate) {
     let rt = current_thread();
     let message = message();
-    let bare = Immediate { fail: false };
-    let breaker = CircuitBreakerTransport::new(Immediate { fail: false });
-    let failsafe = failsafe();
-    let recloser = recloser();
+    let bare = inner();
+    let guards = Guards::over(inner);
+    if inner().fail {
+        rt.block_on(async {
+            for _ in 0..10 {
+                let _ = guards.breaker.send(&message).await;
+                let _ = through_failsafe(&guards.failsafe, || bare.send(&message)).await;
+                let _ = through_recloser(&guards.recloser, bare.send(&message)).await;
+                let _ = guards.failsafe_transport.send(&message).await;
+                let _ = guards.recloser_transport.send(&message).await;
+            }
+        });
+        assert_eq!(guards.breaker.state(), mail_breaker::State::Open);
+        assert!(!guards.failsafe.is_call_permitted());
+        assert!(!guards.failsafe_transport.machine.is_call_permitted());
+    }
 
-    let mut group = c.benchmark_group("closed");
-    group.bench_function("bare", |b| {
-        b.to_async(&rt)
-            .iter(|| async { black_box(bare.send(&message).await) })
-    });
+    let mut group = c.benchmark_group(group);
+    if !inner().fail {
+        group.bench_function("bare", |b| {
+            b.to_async(&rt)
+                .iter(|| async { black_box(bare.send(&message).await) })
+        });
+    }
     group.bench_function("breaker", |b| {
         b.to_async(&rt)
-            .iter(|| async { black_box(breaker.send(&message).await) })
+            .iter(|| async { black_box(guards.breaker.send(&message).await) })
     });
-    group.bench_function("failsafe", |b| {
-        b.to_async(&rt)
-            .iter(|| async { black_box(through_failsafe(&failsafe, &bare, &message).await) })
+    group.bench_function("failsafe_inline", |b| {
+        b.to_async(&rt).iter(|| async {
+            black_box(through_failsafe(&guards.failsafe, || bare.send(&message)).await)
+        })
     });
-    group.bench_function("recloser", |b| {
+    group.bench_function("recloser_inline", |b| {
+        b.to_async(&rt).iter(|| async {
+            black_box(through_recloser(&guards.recloser, bare.send(&message)).await)
+        })
+    });
+    group.bench_function("failsafe_transport", |b| {
         b.to_async(&rt)
-            .iter(|| async { black_box(through_recloser(&recloser, &bare, &message).await) })
+            .iter(|| async { black_box(guards.failsafe_transport.send(&message).await) })
+    });
+    group.bench_function("recloser_transport", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(guards.recloser_transport.send(&message).await) })
     });
     group.finish();
+}
+
+fn closed(c: &mut Criterion) {
+    one_task(c, "closed", || OK);
 }
 
 fn open(c: &mut Criterion) {
-    let rt = current_thread();
-    let message = message();
-    let failing = Immediate { fail: true };
-    let breaker = CircuitBreakerTransport::new(Immediate { fail: true });
-    let failsafe = failsafe();
-    let recloser = recloser();
-    rt.block_on(async {
-        for _ in 0..10 {
-            let _ = breaker.send(&message).await;
-            let _ = through_failsafe(&failsafe, &failing, &message).await;
-            let _ = through_recloser(&recloser, &failing, &message).await;
-        }
-    });
-    assert_eq!(breaker.state(), mail_breaker::State::Open);
-    assert!(!failsafe.is_call_permitted());
-
-    let mut group = c.benchmark_group("open");
-    group.bench_function("breaker", |b| {
-        b.to_async(&rt)
-            .iter(|| async { black_box(breaker.send(&message).await) })
-    });
-    group.bench_function("failsafe", |b| {
-        b.to_async(&rt)
-            .iter(|| async { black_box(through_failsafe(&failsafe, &failing, &message).await) })
-    });
-    group.bench_function("recloser", |b| {
-        b.to_async(&rt)
-            .iter(|| async { black_box(through_recloser(&recloser, &failing, &message).await) })
-    });
-    group.finish();
+    one_task(c, "open", || FAILING);
 }
 
-/// Runs `send` `iters` times in each of two tasks at once; returns the wall time.
-fn two_tasks<F, Fut>(rt: &Runtime, iters: u64, send: F) -> Duration
+/// Runs `send` `iters` times in each of `tasks` tasks at once; returns the wall time, which
+/// is the time per send of each task times `iters`.
+fn in_tasks<F, Fut>(rt: &Runtime, tasks: usize, iters: u64, send: F) -> Duration
 where
     F: Fn() -> Fut + Copy + Send + 'static,
     Fut: Future<Output = Result<Receipt, SendError>> + Send,
 {
     rt.block_on(async {
         let start = Instant::now();
-        let tasks: Vec<_> = (0..2)
+        let handles: Vec<_> = (0..tasks)
             .map(|_| {
                 tokio::spawn(async move {
                     for _ in 0..iters {
@@ -203,50 +299,166 @@ where
                 })
             })
             .collect();
-        for task in tasks {
-            task.await.expect("a bench task");
+        for handle in handles {
+            handle.await.expect("a bench task");
         }
         start.elapsed()
     })
 }
 
-/// Leaked so that both tasks borrow it without touching a shared reference count per send.
+/// Leaked so that the tasks borrow it without touching a shared reference count per send.
 fn shared<T>(value: T) -> &'static T {
     Box::leak(Box::new(value))
 }
 
-fn closed_2_tasks(c: &mut Criterion) {
-    let rt = Builder::new_multi_thread()
-        .worker_threads(2)
-        .enable_all()
-        .build()
-        .expect("a Tokio runtime");
-    let message = shared(message());
-    let bare = shared(Immediate { fail: false });
-    let breaker = shared(CircuitBreakerTransport::new(Immediate { fail: false }));
-    let failsafe = shared(failsafe());
-    let recloser = shared(recloser());
+/// 1, 2, 4, … up to the machine's cores, and the number of cores itself.
+fn task_counts() -> Vec<usize> {
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let mut counts: Vec<usize> = (0..)
+        .map(|power| 1 << power)
+        .take_while(|&n| n <= cores)
+        .collect();
+    if counts.last() != Some(&cores) {
+        counts.push(cores);
+    }
+    counts
+}
 
-    let mut group = c.benchmark_group("closed_2_tasks");
+fn scaling(c: &mut Criterion) {
+    let message = shared(message());
+    let bare = shared(OK);
+    let guards = shared(Guards::over(|| OK));
+    for tasks in task_counts() {
+        let rt = Builder::new_multi_thread()
+            .worker_threads(tasks)
+            .enable_all()
+            .build()
+            .expect("a Tokio runtime");
+        let mut group = c.benchmark_group(format!("scaling_{tasks}"));
+        group.bench_function("bare", |b| {
+            b.iter_custom(|iters| in_tasks(&rt, tasks, iters, move || bare.send(message)))
+        });
+        group.bench_function("breaker", |b| {
+            b.iter_custom(|iters| in_tasks(&rt, tasks, iters, move || guards.breaker.send(message)))
+        });
+        group.bench_function("failsafe_transport", |b| {
+            b.iter_custom(|iters| {
+                in_tasks(&rt, tasks, iters, move || {
+                    guards.failsafe_transport.send(message)
+                })
+            })
+        });
+        group.bench_function("recloser_transport", |b| {
+            b.iter_custom(|iters| {
+                in_tasks(&rt, tasks, iters, move || {
+                    guards.recloser_transport.send(message)
+                })
+            })
+        });
+        group.finish();
+    }
+}
+
+/// How many recipient domains the churn cycles through, and how many the breaker keeps.
+const DOMAINS: usize = 100_000;
+const MAX_KEYS: usize = 10_000;
+
+fn domains(c: &mut Criterion) {
+    let rt = current_thread();
+    // Envelopes and `send_raw`: 100,000 whole messages would measure the memory more than
+    // the breaker. Every candidate reads the same envelopes in the same order.
+    let envelopes: Vec<Envelope> = (0..DOMAINS)
+        .map(|i| {
+            Envelope::new(
+                Some("app@example.com".parse().expect("a valid sender")),
+                vec![
+                    format!("user@d{i}.example")
+                        .parse()
+                        .expect("a valid recipient"),
+                ],
+            )
+            .expect("a valid envelope")
+        })
+        .collect();
+    let raw = b"Subject: bench\r\n\r\nhello\r\n";
+    let bare = OK;
+    let per_transport = CircuitBreakerTransport::new(OK);
+    let per_domain = CircuitBreakerTransport::builder(OK)
+        .scope(Scope::RecipientDomain)
+        .max_keys(MAX_KEYS)
+        .build()
+        .expect("a valid breaker");
+    let next = AtomicUsize::new(0);
+    let envelope = || &envelopes[next.fetch_add(1, Ordering::Relaxed) % DOMAINS];
+
+    let mut group = c.benchmark_group("domains");
     group.bench_function("bare", |b| {
-        b.iter_custom(|iters| two_tasks(&rt, iters, move || bare.send(message)))
+        b.to_async(&rt)
+            .iter(|| async { black_box(bare.send_raw(envelope(), raw).await) })
     });
-    group.bench_function("breaker", |b| {
-        b.iter_custom(|iters| two_tasks(&rt, iters, move || breaker.send(message)))
+    group.bench_function("per_transport", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(per_transport.send_raw(envelope(), raw).await) })
     });
-    group.bench_function("failsafe", |b| {
-        b.iter_custom(|iters| {
-            two_tasks(&rt, iters, move || {
-                through_failsafe(failsafe, bare, message)
-            })
-        })
+    group.bench_function("per_domain_churn", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(per_domain.send_raw(envelope(), raw).await) })
     });
-    group.bench_function("recloser", |b| {
-        b.iter_custom(|iters| {
-            two_tasks(&rt, iters, move || {
-                through_recloser(recloser, bare, message)
-            })
-        })
+    group.finish();
+    assert_eq!(per_domain.tracked_keys(), MAX_KEYS);
+}
+
+/// How many messages one `send_many` batch holds.
+const BATCH: usize = 10_000;
+
+fn send_many(c: &mut Criterion) {
+    let rt = current_thread();
+    let messages: Vec<Message> = (0..BATCH)
+        .map(|i| message_to(&format!("user{i}@example.org")))
+        .collect();
+    let bare = OK;
+    let member = |name| CircuitBreakerTransport::new(Immediate { name, fail: false });
+    let stack = RetryTransport::new(
+        PoolTransport::builder()
+            .add(member("primary"), 1)
+            .add(member("backup"), 2)
+            .build()
+            .expect("a valid pool"),
+    );
+    let batch = || futures::stream::iter(messages.clone()).boxed();
+    let count = |receipts: Vec<Result<Receipt, SendError>>| {
+        assert_eq!(receipts.len(), BATCH);
+        black_box(receipts)
+    };
+
+    let mut group = c.benchmark_group("send_many");
+    group.sample_size(10);
+    group.bench_function("bare", |b| {
+        b.to_async(&rt).iter_batched(
+            batch,
+            |input| async { count(bare.send_many(input).collect().await) },
+            BatchSize::PerIteration,
+        )
+    });
+    group.bench_function("stack", |b| {
+        b.to_async(&rt).iter_batched(
+            batch,
+            |input| async { count(stack.send_many(input).collect().await) },
+            BatchSize::PerIteration,
+        )
+    });
+    group.finish();
+
+    // `send` through the same stack, one message at a time, for comparison.
+    let message = message();
+    let mut group = c.benchmark_group("stack_send");
+    group.bench_function("bare", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(bare.send(&message).await) })
+    });
+    group.bench_function("stack", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(stack.send(&message).await) })
     });
     group.finish();
 }
@@ -255,7 +467,7 @@ criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
-        .measurement_time(Duration::from_secs(3));
-    targets = closed, open, closed_2_tasks
+        .measurement_time(Duration::from_secs(2));
+    targets = closed, open, scaling, domains, send_many
 }
 criterion_main!(benches);

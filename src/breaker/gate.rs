@@ -49,7 +49,7 @@ pub(crate) struct Ticket<'a> {
 
 enum Permits<'a> {
     One(Cow<'a, str>, Option<Permit>),
-    Many(Vec<(String, Option<Permit>)>),
+    Many(Vec<(Cow<'a, str>, Option<Permit>)>),
 }
 
 /// A breaker held a send back; `retry_after` is the time until it may let one through.
@@ -121,8 +121,12 @@ impl Gate {
         transport: &'a str,
         envelope: &Envelope,
     ) -> Result<Ticket<'a>, HeldBack> {
-        self.admit_keys(transport, self.scope.keys(transport, envelope))
-            .await
+        let keys = match &self.scope {
+            Scope::Transport => Keys::One(Cow::Borrowed(transport)),
+            // A batch keeps its tickets after the inner transport took the message.
+            scope => scope.keys(transport, envelope).into_owned(),
+        };
+        self.admit_keys(transport, keys).await
     }
 
     /// Asks the breaker of each of `keys` for leave; the first refusal answers for all.
@@ -292,11 +296,7 @@ impl Ticket<'_> {
             Permits::One(key, permit) => (Some((&**key, permit)), None),
             Permits::Many(permits) => (
                 None,
-                Some(
-                    permits
-                        .iter_mut()
-                        .map(|(key, permit)| (key.as_str(), permit)),
-                ),
+                Some(permits.iter_mut().map(|(key, permit)| (&**key, permit))),
             ),
         };
         one.into_iter().chain(many.into_iter().flatten())

@@ -37,23 +37,40 @@ impl Scope {
     }
 
     /// The keys of the breakers that `envelope` answers to, without repeats, sorted.
-    pub(crate) fn keys<'a>(&self, transport: &'a str, envelope: &Envelope) -> Keys<'a> {
+    ///
+    /// A domain already in lower case (nearly all are) is borrowed from the envelope, and a
+    /// message to one domain has one key: a send to a tracked domain allocates nothing.
+    pub(crate) fn keys<'a>(&self, transport: &'a str, envelope: &'a Envelope) -> Keys<'a> {
         match self {
             Scope::Transport => Keys::One(Cow::Borrowed(transport)),
             Scope::Custom(key_of) => Keys::One(Cow::Owned(key_of(envelope))),
-            Scope::RecipientDomain => {
-                let mut domains: Vec<String> = envelope
-                    .to()
-                    .iter()
-                    .map(|address| address.domain().to_lowercase())
-                    .collect();
-                // Always acquired in one order, as locks are: two messages to the same
-                // domains in half-open never each hold one probe the other needs.
-                domains.sort_unstable();
-                domains.dedup();
-                Keys::Many(domains)
-            }
+            Scope::RecipientDomain => match envelope.to() {
+                [one] => Keys::One(lower_case(one.domain())),
+                many => {
+                    let mut domains: Vec<Cow<'a, str>> = many
+                        .iter()
+                        .map(|address| lower_case(address.domain()))
+                        .collect();
+                    // Always acquired in one order, as locks are: two messages to the same
+                    // domains in half-open never each hold one probe the other needs.
+                    domains.sort_unstable();
+                    domains.dedup();
+                    match domains.len() {
+                        1 => Keys::One(domains.swap_remove(0)),
+                        _ => Keys::Many(domains),
+                    }
+                }
+            },
         }
+    }
+}
+
+/// `domain` in lower case, borrowed when it already is.
+fn lower_case(domain: &str) -> Cow<'_, str> {
+    if domain.is_ascii() && !domain.bytes().any(|byte| byte.is_ascii_uppercase()) {
+        Cow::Borrowed(domain)
+    } else {
+        Cow::Owned(domain.to_lowercase())
     }
 }
 
@@ -71,5 +88,19 @@ impl fmt::Debug for Scope {
 #[derive(Debug)]
 pub(crate) enum Keys<'a> {
     One(Cow<'a, str>),
-    Many(Vec<String>),
+    Many(Vec<Cow<'a, str>>),
+}
+
+impl Keys<'_> {
+    /// The same keys, owning what they borrowed: for a ticket that outlives its envelope.
+    pub(crate) fn into_owned(self) -> Keys<'static> {
+        match self {
+            Keys::One(key) => Keys::One(Cow::Owned(key.into_owned())),
+            Keys::Many(keys) => Keys::Many(
+                keys.into_iter()
+                    .map(|key| Cow::Owned(key.into_owned()))
+                    .collect(),
+            ),
+        }
+    }
 }

@@ -1,46 +1,92 @@
 //! A map with a bound on its size that forgets the least recently used entries first, and
 //! of those, the ones its owner marks as cheap to forget (closed breakers) before the others.
+//!
+//! Built for recipient domains that come and go by the thousand: a lookup hashes its key
+//! once; a new key takes the place of the forgotten one and reuses its buffer, so a full map
+//! allocates nothing; and an entry used again while it is in the newer half of its list stays
+//! where it is, so a hit writes no links.
 
 use std::collections::HashMap;
+use std::collections::hash_map::RandomState;
+use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 const NIL: usize = usize::MAX;
 
 #[derive(Debug)]
 struct Entry<V> {
-    key: Box<str>,
+    key: String,
+    /// The key's hash, kept so that forgetting the entry needs no second hash.
+    hash: u64,
     value: V,
     cheap: bool,
     newer: usize,
     older: usize,
+    /// The next entry whose key has the same hash (almost never one).
+    same_hash: usize,
+    /// Its list's clock when it was linked as the newest.
+    linked_at: u64,
 }
 
 /// Two recency lists threaded through one slab: index 0 for entries cheap to forget, 1 for the rest.
 #[derive(Debug)]
 pub(crate) struct BoundedMap<V> {
-    index: HashMap<Box<str>, usize>,
+    /// From a key's hash to the first entry with that hash: the keys live once, in the slab.
+    index: HashMap<u64, usize, BuildHasherDefault<AlreadyHashed>>,
+    /// Keyed per map, so that no sender can choose domains that collide.
+    hasher: RandomState,
     slab: Vec<Entry<V>>,
     newest: [usize; 2],
     oldest: [usize; 2],
+    /// How many entries each list holds, and how many times each linked a newest entry.
+    lengths: [usize; 2],
+    clocks: [u64; 2],
     capacity: usize,
+}
+
+/// The hasher of `index`, whose keys are hashes already.
+#[derive(Debug, Default)]
+struct AlreadyHashed(u64);
+
+impl Hasher for AlreadyHashed {
+    fn finish(&self) -> u64 {
+        self.0
+    }
+
+    fn write(&mut self, bytes: &[u8]) {
+        // Only `write_u64` is ever called; this keeps the hasher whole all the same.
+        for &byte in bytes {
+            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
+        }
+    }
+
+    fn write_u64(&mut self, hash: u64) {
+        self.0 = hash;
+    }
 }
 
 impl<V> BoundedMap<V> {
     pub(crate) fn new(capacity: usize) -> Self {
         BoundedMap {
-            index: HashMap::new(),
+            index: HashMap::default(),
+            hasher: RandomState::new(),
             slab: Vec::new(),
             newest: [NIL; 2],
             oldest: [NIL; 2],
+            lengths: [0; 2],
+            clocks: [0; 2],
             capacity: capacity.max(1),
         }
     }
 
     pub(crate) fn len(&self) -> usize {
-        self.index.len()
+        self.slab.len()
     }
 
-    /// Runs `f` on the entry for `key`, made with `make` if missing, and marks it most
-    /// recently used. `is_cheap` says, after `f`, whether the entry may be forgotten first.
+    /// Runs `f` on the entry for `key`, made with `make` if missing, and marks it recently
+    /// used. `is_cheap` says, after `f`, whether the entry may be forgotten first.
+    ///
+    /// An entry already in the newer half of its list is left in place: it is not the next
+    /// to be forgotten, and moving it would write to three entries on every hit.
     pub(crate) fn with<R>(
         &mut self,
         key: &str,
@@ -49,15 +95,16 @@ impl<V> BoundedMap<V> {
         f: impl FnOnce(&mut V) -> R,
     ) -> R {
         let at = match self.find(key) {
-            Some(at) => at,
-            None => self.insert(key, make()),
+            Ok(at) => at,
+            Err(hash) => self.insert(key, hash, make()),
         };
         let result = f(&mut self.slab[at].value);
         let cheap = is_cheap(&self.slab[at].value);
         let entry = &self.slab[at];
-        // A key used again and again (one breaker per transport) is already the newest of its
-        // list: leave the links alone.
-        if entry.cheap != cheap || self.newest[usize::from(!cheap)] != at {
+        let list = usize::from(!entry.cheap);
+        let links_since = self.clocks[list] - entry.linked_at;
+        let in_newer_half = links_since < (self.lengths[list] / 2) as u64;
+        if entry.cheap != cheap || (self.newest[list] != at && !in_newer_half) {
             self.unlink(at);
             self.slab[at].cheap = cheap;
             self.link_newest(at);
@@ -67,12 +114,10 @@ impl<V> BoundedMap<V> {
 
     /// Runs `f` on the entry for `key` if there is one, without changing its recency.
     pub(crate) fn peek_mut<R>(&mut self, key: &str, f: impl FnOnce(&mut V) -> R) -> Option<R> {
-        let at = self.find(key)?;
+        let at = self.find(key).ok()?;
         Some(f(&mut self.slab[at].value))
     }
 
-    /// Where `key` is. The newest entry of each list is compared first, which spares hashing
-    /// the key when one key takes most of the traffic.
     /// Runs `f` on every entry, oldest first or not: in no promised order, recency unchanged.
     pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&str, &mut V)) {
         for entry in &mut self.slab {
@@ -80,30 +125,41 @@ impl<V> BoundedMap<V> {
         }
     }
 
-    fn find(&self, key: &str) -> Option<usize> {
+    /// Where `key` is, or its hash if it is missing. The newest entry of each list is
+    /// compared first, which spares hashing the key when one key takes most of the traffic
+    /// and when a result is recorded for the key just decided on.
+    fn find(&self, key: &str) -> Result<usize, u64> {
         for newest in self.newest {
-            if newest != NIL && *self.slab[newest].key == *key {
-                return Some(newest);
+            if newest != NIL && self.slab[newest].key == key {
+                return Ok(newest);
             }
         }
-        self.index.get(key).copied()
+        let hash = self.hasher.hash_one(key);
+        let mut at = self.index.get(&hash).copied().unwrap_or(NIL);
+        while at != NIL {
+            if self.slab[at].key == key {
+                return Ok(at);
+            }
+            at = self.slab[at].same_hash;
+        }
+        Err(hash)
     }
 
-    /// Puts a new entry in a free place, forgetting the oldest entry when full, and links it
-    /// as the newest of the cheap list.
-    fn insert(&mut self, key: &str, value: V) -> usize {
-        let entry = Entry {
-            key: key.into(),
-            value,
-            cheap: true,
-            newer: NIL,
-            older: NIL,
-        };
-        let at = if self.index.len() < self.capacity {
-            self.slab.push(entry);
-            let at = self.slab.len() - 1;
-            self.index.insert(key.into(), at);
-            at
+    /// Puts a new entry in a free place, or in the place of the oldest entry when full, and
+    /// links it as the newest of the cheap list.
+    fn insert(&mut self, key: &str, hash: u64, value: V) -> usize {
+        let at = if self.slab.len() < self.capacity {
+            self.slab.push(Entry {
+                key: key.to_owned(),
+                hash,
+                value,
+                cheap: true,
+                newer: NIL,
+                older: NIL,
+                same_hash: NIL,
+                linked_at: 0,
+            });
+            self.slab.len() - 1
         } else {
             let victim = if self.oldest[0] != NIL {
                 self.oldest[0]
@@ -111,13 +167,43 @@ impl<V> BoundedMap<V> {
                 self.oldest[1]
             };
             self.unlink(victim);
-            self.index.remove(&self.slab[victim].key);
-            self.slab[victim] = entry;
-            self.index.insert(key.into(), victim);
+            self.unindex(victim);
+            let entry = &mut self.slab[victim];
+            // The forgotten key's buffer holds the new one: domains are of much a length.
+            entry.key.clear();
+            entry.key.push_str(key);
+            entry.hash = hash;
+            entry.value = value;
+            entry.cheap = true;
             victim
         };
+        self.slab[at].same_hash = self.index.insert(hash, at).unwrap_or(NIL);
         self.link_newest(at);
         at
+    }
+
+    /// Takes the entry at `at` out of the index.
+    fn unindex(&mut self, at: usize) {
+        let (hash, next) = (self.slab[at].hash, self.slab[at].same_hash);
+        let Some(first) = self.index.get_mut(&hash) else {
+            return;
+        };
+        if *first == at {
+            if next == NIL {
+                self.index.remove(&hash);
+            } else {
+                *first = next;
+            }
+            return;
+        }
+        let mut before = *first;
+        while before != NIL {
+            if self.slab[before].same_hash == at {
+                self.slab[before].same_hash = next;
+                return;
+            }
+            before = self.slab[before].same_hash;
+        }
     }
 
     fn unlink(&mut self, at: usize) {
@@ -133,18 +219,23 @@ impl<V> BoundedMap<V> {
         }
         self.slab[at].newer = NIL;
         self.slab[at].older = NIL;
+        self.lengths[list] -= 1;
     }
 
     fn link_newest(&mut self, at: usize) {
         let list = usize::from(!self.slab[at].cheap);
         let previous = self.newest[list];
-        self.slab[at].older = previous;
-        self.slab[at].newer = NIL;
+        self.clocks[list] += 1;
+        let entry = &mut self.slab[at];
+        entry.older = previous;
+        entry.newer = NIL;
+        entry.linked_at = self.clocks[list];
         match previous {
             NIL => self.oldest[list] = at,
             p => self.slab[p].newer = at,
         }
         self.newest[list] = at;
+        self.lengths[list] += 1;
     }
 }
 
@@ -186,6 +277,50 @@ mod tests {
         touch(&mut map, "c", 1);
         assert_eq!(map.len(), 2);
         assert!(map.peek_mut("a", |_| ()).is_none());
+    }
+
+    #[test]
+    fn keys_of_one_hash_are_found_and_forgotten_one_by_one() {
+        let mut map = BoundedMap::new(8);
+        let slots: Vec<usize> = ["a", "b", "c"]
+            .iter()
+            .map(|key| map.insert(key, 7, 0u32))
+            .collect();
+        let chain = |map: &BoundedMap<u32>| {
+            let mut keys = Vec::new();
+            let mut at = map.index.get(&7).copied().unwrap_or(NIL);
+            while at != NIL {
+                keys.push(map.slab[at].key.clone());
+                at = map.slab[at].same_hash;
+            }
+            keys
+        };
+        assert_eq!(chain(&map), ["c", "b", "a"]);
+        map.unindex(slots[1]);
+        assert_eq!(chain(&map), ["c", "a"]);
+        map.unindex(slots[2]);
+        assert_eq!(chain(&map), ["a"]);
+        map.unindex(slots[0]);
+        assert!(map.index.is_empty());
+    }
+
+    #[test]
+    fn a_hit_in_the_newer_half_moves_nothing_and_the_oldest_still_goes_first() {
+        let mut map = BoundedMap::new(8);
+        for key in ["a", "b", "c", "d", "e", "f", "g", "h"] {
+            touch(&mut map, key, 0);
+        }
+        let before = map.slab[map.find("g").unwrap_or(NIL)].linked_at;
+        touch(&mut map, "g", 0);
+        assert_eq!(map.slab[map.find("g").unwrap_or(NIL)].linked_at, before);
+        // "b" is in the older half: a hit makes it the newest, so "a" goes first, then "c".
+        touch(&mut map, "b", 0);
+        touch(&mut map, "new1", 0);
+        touch(&mut map, "new2", 0);
+        assert!(map.peek_mut("a", |_| ()).is_none());
+        assert!(map.peek_mut("c", |_| ()).is_none());
+        assert!(map.peek_mut("b", |_| ()).is_some());
+        assert!(map.peek_mut("g", |_| ()).is_some());
     }
 
     #[test]

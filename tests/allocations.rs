@@ -1,0 +1,187 @@
+//! How many heap allocations a send through a breaker makes, counted by a global allocator
+//! of this test binary alone. A count is stable where a time is not: a change that adds an
+//! allocation to the hot path fails here, on any machine, under any load.
+
+use std::alloc::{GlobalAlloc, Layout, System};
+use std::cell::Cell;
+
+use mail_breaker::{
+    Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, State,
+    Transport,
+};
+
+/// Counts the allocations of the thread that makes them, so that tests running beside each
+/// other do not count each other's.
+struct Counting;
+
+thread_local! {
+    static ALLOCATIONS: Cell<u64> = const { Cell::new(0) };
+}
+
+unsafe impl GlobalAlloc for Counting {
+    unsafe fn alloc(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: the caller's contract for `layout` is passed on as it is.
+        unsafe { System.alloc(layout) }
+    }
+
+    unsafe fn alloc_zeroed(&self, layout: Layout) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: as for `alloc`.
+        unsafe { System.alloc_zeroed(layout) }
+    }
+
+    unsafe fn realloc(&self, ptr: *mut u8, layout: Layout, new_size: usize) -> *mut u8 {
+        let _ = ALLOCATIONS.try_with(|count| count.set(count.get() + 1));
+        // SAFETY: as for `alloc`; `ptr` was allocated by `System` through this allocator.
+        unsafe { System.realloc(ptr, layout, new_size) }
+    }
+
+    unsafe fn dealloc(&self, ptr: *mut u8, layout: Layout) {
+        // SAFETY: `ptr` was allocated by `System` through this allocator.
+        unsafe { System.dealloc(ptr, layout) }
+    }
+}
+
+#[global_allocator]
+static COUNTING: Counting = Counting;
+
+fn allocations() -> u64 {
+    ALLOCATIONS.with(Cell::get)
+}
+
+/// A transport that answers every send at once: delivered (one `Receipt`, one allocation
+/// for its transport name) or down.
+struct Immediate {
+    fail: bool,
+}
+
+#[async_trait::async_trait]
+impl Transport for Immediate {
+    fn name(&self) -> &str {
+        "immediate"
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        if self.fail {
+            Err(SendError::new(Category::Network, "test.down", "down"))
+        } else {
+            Ok(Receipt::new("immediate"))
+        }
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.send_raw(message.envelope(), b"").await
+    }
+}
+
+const ROUNDS: u64 = 1_000;
+
+/// The allocations of one `send_raw` of each envelope through `transport`, averaged over
+/// [`ROUNDS`] rounds after one round to warm up; the thread's own count, on one thread.
+fn per_send(transport: &dyn Transport, envelopes: &[Envelope]) -> f64 {
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a Tokio runtime");
+    runtime.block_on(async {
+        for envelope in envelopes {
+            let _ = transport.send_raw(envelope, b"hello").await;
+        }
+        let before = allocations();
+        for _ in 0..ROUNDS {
+            for envelope in envelopes {
+                let _ = transport.send_raw(envelope, b"hello").await;
+            }
+        }
+        (allocations() - before) as f64 / (ROUNDS * envelopes.len() as u64) as f64
+    })
+}
+
+fn envelope_to(to: &str) -> Envelope {
+    Envelope::new(
+        Some("app@example.com".parse().expect("a valid sender")),
+        vec![to.parse().expect("a valid recipient")],
+    )
+    .expect("a valid envelope")
+}
+
+/// What the bare transport allocates per send: its future (boxed by `async_trait`) and its
+/// receipt. The breaker's own cost is counted above it.
+fn bare() -> f64 {
+    per_send(
+        &Immediate { fail: false },
+        &[envelope_to("user@example.org")],
+    )
+}
+
+#[test]
+fn the_bare_transport_allocates_its_future_and_its_receipt() {
+    assert_eq!(bare(), 2.0);
+}
+
+#[test]
+fn a_closed_send_allocates_only_the_breakers_own_future() {
+    let breaker = CircuitBreakerTransport::new(Immediate { fail: false });
+    let sent = per_send(&breaker, &[envelope_to("user@example.org")]);
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(sent - bare(), 1.0, "{sent} allocations per closed send");
+}
+
+#[test]
+fn a_refusal_allocates_only_the_breakers_own_future() {
+    let breaker = CircuitBreakerTransport::new(Immediate { fail: true });
+    let envelope = [envelope_to("user@example.org")];
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_time()
+        .build()
+        .expect("a Tokio runtime");
+    runtime.block_on(async {
+        for _ in 0..5 {
+            let _ = breaker.send_raw(&envelope[0], b"hello").await;
+        }
+    });
+    assert_eq!(breaker.state(), State::Open);
+    let refused = per_send(&breaker, &envelope);
+    assert_eq!(refused, 1.0, "{refused} allocations per refusal");
+}
+
+#[test]
+fn a_send_to_a_tracked_domain_allocates_only_the_breakers_own_future() {
+    let breaker = CircuitBreakerTransport::builder(Immediate { fail: false })
+        .scope(Scope::RecipientDomain)
+        .build()
+        .expect("a valid breaker");
+    // The first domain a store sees is kept apart; the others share its bounded map.
+    let envelopes: Vec<Envelope> = (0..50)
+        .map(|i| envelope_to(&format!("user@d{i}.example")))
+        .collect();
+    let sent = per_send(&breaker, &envelopes);
+    assert_eq!(breaker.tracked_keys(), 50);
+    assert_eq!(
+        sent - bare(),
+        1.0,
+        "{sent} allocations per domain-scoped send"
+    );
+}
+
+#[test]
+fn domains_churning_through_a_full_map_allocate_no_keys() {
+    let breaker = CircuitBreakerTransport::builder(Immediate { fail: false })
+        .scope(Scope::RecipientDomain)
+        .max_keys(100)
+        .build()
+        .expect("a valid breaker");
+    // 1,000 domains of one length through 100 places: every send forgets one and keeps a
+    // new one in the forgotten one's buffer.
+    let envelopes: Vec<Envelope> = (0..1_000)
+        .map(|i| envelope_to(&format!("user@d{i:04}.example")))
+        .collect();
+    let sent = per_send(&breaker, &envelopes);
+    assert_eq!(breaker.tracked_keys(), 100);
+    assert_eq!(
+        sent - bare(),
+        1.0,
+        "{sent} allocations per send of a new domain"
+    );
+}
