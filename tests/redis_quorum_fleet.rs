@@ -34,7 +34,9 @@ const MEMBERS: usize = 5;
 const RESET: Duration = Duration::from_secs(1);
 const THRESHOLD: u32 = 3;
 const BOTH_BROKEN: Duration = Duration::from_secs(2);
-const RUN_FOR: Duration = Duration::from_millis(8_000);
+/// Long enough after the healthy members resume for several half-open periods: each goes to
+/// whichever member asks first, sick or healthy, so a healthy probe may take a few.
+const RUN_FOR: Duration = Duration::from_millis(12_000);
 /// How long the healthy members hold their mail again after their first refusal, so that
 /// the sick members probe the fleet's breaker through a few half-open periods on their own.
 const HOLD_AFTER_TOLD: Duration = Duration::from_millis(2_500);
