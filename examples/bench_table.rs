@@ -52,6 +52,15 @@ fn time(ns: f64) -> String {
     }
 }
 
+/// A difference, with its sign.
+fn signed(ns: f64) -> String {
+    if ns < 0.0 {
+        format!("-{}", time(-ns))
+    } else {
+        format!("+{}", time(ns))
+    }
+}
+
 fn cpu() -> String {
     let model = std::fs::read_to_string("/proc/cpuinfo")
         .ok()
@@ -93,6 +102,13 @@ fn main() {
     let get = |group: &str, bench: &str| median_ns(&criterion, group, bench);
 
     println!("Measured on {}", cpu());
+    if let Ok(load) = std::fs::read_to_string("/proc/loadavg") {
+        let averages: Vec<&str> = load.split_whitespace().take(3).collect();
+        println!(
+            "(load average when the table was printed: {})",
+            averages.join(", ")
+        );
+    }
     if let Some(kernel) = command_line("uname", &["-sr"]) {
         println!(
             "({kernel}, {})",
@@ -103,31 +119,120 @@ fn main() {
     println!("| benchmark | candidate | median | vs. baseline |");
     println!("|---|---|---|---|");
 
-    for (group, label) in [
-        ("closed", "one send, breaker closed"),
-        ("closed_2_tasks", "one send, closed, 2 tasks on 2 workers"),
-    ] {
-        let bare = get(group, "bare");
-        for candidate in ["bare", "breaker", "failsafe", "recloser"] {
-            let median = get(group, candidate);
-            let versus = match (candidate, median, bare) {
-                ("bare", _, _) => String::from("baseline"),
-                (_, Some(median), Some(bare)) => format!("+{} overhead", time(median - bare)),
+    let candidates = [
+        ("breaker", "**mail-breaker**"),
+        ("failsafe_transport", "failsafe as `Transport`"),
+        ("recloser_transport", "recloser as `Transport`"),
+        ("failsafe_inline", "failsafe inline"),
+        ("recloser_inline", "recloser inline"),
+    ];
+    let over = |median: Option<f64>, bare: Option<f64>| match (median, bare) {
+        (Some(median), Some(bare)) => format!("{} overhead", signed(median - bare)),
+        _ => String::new(),
+    };
+    let bare = get("closed", "bare");
+    println!(
+        "| one send, closed, 1 task | bare transport | {} | baseline |",
+        bare.map_or_else(not_run, time)
+    );
+    for (bench, label) in candidates {
+        let median = get("closed", bench);
+        println!(
+            "| one send, closed, 1 task | {label} | {} | {} |",
+            median.map_or_else(not_run, time),
+            over(median, bare)
+        );
+    }
+    for (bench, label) in candidates {
+        println!(
+            "| refusal, open | {label} | {} | |",
+            get("open", bench).map_or_else(not_run, time)
+        );
+    }
+
+    let cores = std::thread::available_parallelism().map_or(1, usize::from);
+    let one_core: Vec<Option<f64>> = candidates[..3]
+        .iter()
+        .map(|(bench, _)| Some(get("scaling_1", bench)? - get("scaling_1", "bare")?))
+        .collect();
+    for tasks in (1..=cores).filter(|n| n.is_power_of_two() || *n == cores) {
+        let group = format!("scaling_{tasks}");
+        let label = format!("one send, closed, {tasks} tasks on {tasks} workers, per task");
+        let bare = get(&group, "bare");
+        println!(
+            "| {label} | bare transport | {} | baseline |",
+            bare.map_or_else(not_run, time)
+        );
+        for ((bench, name), one) in candidates[..3].iter().zip(&one_core) {
+            let median = get(&group, bench);
+            let ratio = match (median, bare, one) {
+                (Some(median), Some(bare), Some(one)) if tasks > 1 && *one > 0.0 => {
+                    format!("; {:.2}x the 1-task overhead", (median - bare) / one)
+                }
                 _ => String::new(),
             };
             println!(
-                "| {label} | {candidate} | {} | {versus} |",
-                median.map_or_else(not_run, time)
+                "| {label} | {name} | {} | {}{ratio} |",
+                median.map_or_else(not_run, time),
+                over(median, bare)
             );
         }
     }
-    for candidate in ["breaker", "failsafe", "recloser"] {
-        let median = get("open", candidate);
+
+    let bare = get("domains", "bare");
+    let per_transport = get("domains", "per_transport");
+    for (bench, label) in [
+        ("bare", "bare transport"),
+        ("per_transport", "**mail-breaker**, `Scope::Transport`"),
+        (
+            "per_domain_churn",
+            "**mail-breaker**, `Scope::RecipientDomain`",
+        ),
+    ] {
+        let median = get("domains", bench);
+        let versus = match (bench, median, bare, per_transport) {
+            ("bare", ..) => String::from("baseline"),
+            ("per_domain_churn", Some(median), Some(bare), Some(transport)) => format!(
+                "{}; {:.1}x the per-transport overhead",
+                over(Some(median), Some(bare)),
+                (median - bare) / (transport - bare)
+            ),
+            _ => over(median, bare),
+        };
         println!(
-            "| refusal, breaker open | {candidate} | {} | target < 200 ns (breaker) |",
+            "| one `send_raw`, 100,000 domains through `max_keys` 10,000 | {label} | {} | {versus} |",
             median.map_or_else(not_run, time)
         );
     }
+
+    let bare = get("send_many", "bare");
+    for (bench, label) in [
+        ("bare", "bare transport"),
+        ("stack", "retry(pool(breaker, breaker))"),
+    ] {
+        let median = get("send_many", bench);
+        let per_message = |ns: f64| ns / 10_000.0;
+        let versus = match (bench, median, bare) {
+            ("bare", ..) => String::from("baseline"),
+            (_, Some(median), Some(bare)) => format!(
+                "{} per message",
+                signed(per_message(median) - per_message(bare))
+            ),
+            _ => String::new(),
+        };
+        println!(
+            "| `send_many` of 10,000 | {label} | {} ({} per message) | {versus} |",
+            median.map_or_else(not_run, time),
+            median.map_or_else(String::new, |ns| time(per_message(ns)))
+        );
+    }
+    let bare = get("stack_send", "bare");
+    let stack = get("stack_send", "stack");
+    println!(
+        "| one `send` | retry(pool(breaker, breaker)) | {} | {} |",
+        stack.map_or_else(not_run, time),
+        over(stack, bare)
+    );
 
     let bare = get("smtp_throughput", "bare_lettre");
     for candidate in ["bare_lettre", "smtp_transport", "breaker"] {
