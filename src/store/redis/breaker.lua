@@ -302,7 +302,9 @@ elseif call == 'isolate' then
 elseif call == 'reset' then
   if m.phase ~= CLOSED then
     enter(CLOSED)
-  elseif exists then
+  else
+    -- A new period even for a key never written: a closed breaker gives permits without
+    -- writing, and a result of a send made before the reset must count for nothing.
     clear_counts()
     m.period = m.period + 1
     changed = true
