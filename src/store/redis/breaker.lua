@@ -65,14 +65,12 @@ end
 local FIELDS = { 'phase', 'period', 'until', 'probe', 'deadline', 'successes', 'probes',
                  'failures', 'origin', 'streak', 'calls' }
 
+-- A breaker that was never written is closed, in period 0, with nothing counted.
 local stored = redis.call('HMGET', key, unpack(FIELDS))
 local exists = stored[1] ~= false
 local m = {}
 for i, field in ipairs(FIELDS) do
   m[field] = tonumber(stored[i]) or 0
-end
-if not exists then
-  m.origin = now -- a breaker that was never written is closed, in period 0, counting from now
 end
 
 local changed = false
@@ -113,7 +111,7 @@ local function clear_counts()
   forget_members()
   m.failures = 0
   m.calls = 0
-  m.origin = now
+  m.origin = 0 -- the window's slices start again at the next result counted
   if rules.error_rate then
     for slot = 0, rules.buckets - 1 do
       redis.call('HDEL', key, 'slice' .. slot, 'total' .. slot, 'failed' .. slot)
@@ -198,6 +196,11 @@ local function count(failed)
     return m.failures >= rules.threshold and quorum_reached(nil)
   end
   changed = true
+  if m.origin == 0 then
+    -- The first result since the count was cleared starts the slices, so they do not
+    -- depend on when the key was first written (policy.rs, Window::origin).
+    m.origin = now
+  end
   local current = slice_at(now)
   local slot = current % rules.buckets
   local names = { 'slice' .. slot, 'total' .. slot, 'failed' .. slot }
@@ -315,7 +318,10 @@ elseif call == 'snapshot' then
   expire()
   local failures, calls = m.failures, m.calls
   if rules.error_rate then
-    calls, failures = window_sums(slice_at(now))
+    calls, failures = 0, 0 -- nothing counted since the count was cleared
+    if m.origin ~= 0 then
+      calls, failures = window_sums(slice_at(now))
+    end
   end
   local after = -1
   if m.phase == OPEN then
