@@ -75,8 +75,11 @@ impl ErrorRate {
         Ok(())
     }
 
+    /// The width of one slice, in whole microseconds (at least one): the finest time the
+    /// Redis script counts in, so that both stores cut the window at the same instants.
     fn bucket_width(&self) -> Duration {
-        self.window / self.buckets
+        let micros = self.window.as_micros() / u128::from(self.buckets.max(1));
+        Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX).max(1))
     }
 }
 
@@ -228,7 +231,7 @@ impl Window {
     fn slice_at(rate: &ErrorRate, origin: Instant, now: Instant) -> u64 {
         let since = now.saturating_duration_since(origin).as_nanos();
         // Slice 0 is never live, so a zeroed bucket never counts.
-        (since / rate.bucket_width().as_nanos().max(1)) as u64 + 1
+        (since / rate.bucket_width().as_nanos()) as u64 + 1
     }
 
     fn record(&mut self, rate: &ErrorRate, now: Instant, failed: bool) {
