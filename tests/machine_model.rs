@@ -183,12 +183,15 @@ impl Model {
                 in_a_row >= threshold as usize
             }
             Counting::ErrorRate(rate) => {
-                // The window is `buckets` slices of equal width, counted from the start.
+                // The window is `buckets` slices of equal width, counted from the first
+                // result since the breaker last closed (or was reset, or made): when the
+                // breaker was made, or its Redis key written, moves no boundary.
                 let width = ms(rate.window) / u64::from(rate.buckets);
-                let slice_now = now / width;
+                let first = results.first().map_or(now, |(t, _)| *t);
+                let slice_now = (now - first) / width;
                 let in_window: Vec<bool> = results
                     .iter()
-                    .filter(|(t, _)| slice_now - t / width < u64::from(rate.buckets))
+                    .filter(|(t, _)| slice_now - (t - first) / width < u64::from(rate.buckets))
                     .map(|(_, failed)| *failed)
                     .collect();
                 let failures = in_window.iter().filter(|f| **f).count() as u64;

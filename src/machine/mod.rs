@@ -360,11 +360,13 @@ pub struct Machine {
 }
 
 impl Machine {
-    /// A closed breaker whose time starts at `now`.
+    /// A closed breaker, made at `now`. Nothing it decides depends on when it was made: an
+    /// error-rate window's slices start at the first result it counts.
     pub fn new(rules: &Rules, now: Instant) -> Self {
+        let _ = now; // in the signature still, for the callers written against it
         Machine {
             phase: Phase::Closed,
-            counter: Counter::new(&rules.counting, now),
+            counter: Counter::new(&rules.counting),
             period: 0,
             probes_given: 0,
             open_streak: 0,

@@ -75,8 +75,11 @@ impl ErrorRate {
         Ok(())
     }
 
+    /// The width of one slice, in whole microseconds (at least one): the finest time the
+    /// Redis script counts in, so that both stores cut the window at the same instants.
     fn bucket_width(&self) -> Duration {
-        self.window / self.buckets
+        let micros = self.window.as_micros() / u128::from(self.buckets.max(1));
+        Duration::from_micros(u64::try_from(micros).unwrap_or(u64::MAX).max(1))
     }
 }
 
@@ -113,13 +116,13 @@ pub(crate) struct Reading {
 }
 
 impl Counter {
-    pub(crate) fn new(counting: &Counting, origin: Instant) -> Self {
+    pub(crate) fn new(counting: &Counting) -> Self {
         match counting {
             Counting::Consecutive { .. } => Counter::Consecutive {
                 failures: 0,
                 calls: 0,
             },
-            Counting::ErrorRate(rate) => Counter::Window(Window::new(rate, origin)),
+            Counting::ErrorRate(rate) => Counter::Window(Window::new(rate)),
         }
     }
 
@@ -146,7 +149,7 @@ impl Counter {
             // The rules changed under a live counter (a store shared by two configurations):
             // start this counter again under the new rules.
             (counter, counting) => {
-                *counter = Counter::new(counting, now);
+                *counter = Counter::new(counting);
                 counter.record(counting, now, failed)
             }
         }
@@ -184,21 +187,24 @@ impl Counter {
         }
     }
 
-    /// Forgets every counted result; the window keeps its slices' boundaries.
+    /// Forgets every counted result; the window's slices start again at the next one.
     pub(crate) fn reset(&mut self) {
         match self {
             Counter::Consecutive { failures, calls } => {
                 *failures = 0;
                 *calls = 0;
             }
-            Counter::Window(window) => window.buckets.fill(Bucket::default()),
+            Counter::Window(window) => {
+                window.origin = None;
+                window.buckets.fill(Bucket::default());
+            }
         }
     }
 }
 
 #[derive(Debug, Clone, Copy, Default)]
 struct Bucket {
-    /// Which slice of time since the origin this bucket holds.
+    /// Which slice of time since the window's origin this bucket holds.
     slice: u64,
     total: u32,
     failures: u32,
@@ -207,26 +213,30 @@ struct Bucket {
 /// A ring of buckets, each holding the results of one slice of time.
 #[derive(Debug, Clone)]
 pub(crate) struct Window {
-    origin: Instant,
+    /// Where slice 1 starts: at the first result counted since the count was last cleared,
+    /// so that the slices do not depend on when the breaker was made (in Redis, on when its
+    /// key was first written). `None` while nothing is counted.
+    origin: Option<Instant>,
     buckets: Vec<Bucket>,
 }
 
 impl Window {
-    fn new(rate: &ErrorRate, origin: Instant) -> Self {
+    fn new(rate: &ErrorRate) -> Self {
         Window {
-            origin,
+            origin: None,
             buckets: vec![Bucket::default(); rate.buckets as usize],
         }
     }
 
-    fn slice_at(&self, rate: &ErrorRate, now: Instant) -> u64 {
-        let since = now.saturating_duration_since(self.origin).as_nanos();
+    fn slice_at(rate: &ErrorRate, origin: Instant, now: Instant) -> u64 {
+        let since = now.saturating_duration_since(origin).as_nanos();
         // Slice 0 is never live, so a zeroed bucket never counts.
-        (since / rate.bucket_width().as_nanos().max(1)) as u64 + 1
+        (since / rate.bucket_width().as_nanos()) as u64 + 1
     }
 
     fn record(&mut self, rate: &ErrorRate, now: Instant, failed: bool) {
-        let slice = self.slice_at(rate, now);
+        let origin = *self.origin.get_or_insert(now);
+        let slice = Window::slice_at(rate, origin, now);
         let len = self.buckets.len() as u64;
         let bucket = &mut self.buckets[(slice % len) as usize];
         if bucket.slice != slice {
@@ -241,7 +251,10 @@ impl Window {
 
     /// The results and failures in the window at `now`.
     fn in_window(&self, rate: &ErrorRate, now: Instant) -> (u64, u64) {
-        let current = self.slice_at(rate, now);
+        let Some(origin) = self.origin else {
+            return (0, 0); // nothing counted since the count was cleared
+        };
+        let current = Window::slice_at(rate, origin, now);
         let oldest = current.saturating_sub(self.buckets.len() as u64 - 1);
         self.buckets
             .iter()

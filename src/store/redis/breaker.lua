@@ -14,6 +14,9 @@
 -- ARGV[14] the quorum: how many distinct members' failures it takes to open (1: any)
 -- ARGV[15..17]  record and release: the permit's period and probe (0 for none), and for
 --          record the outcome (1 failure, 0 success)
+-- One more ARGV after the call's own, for tests only: the time in microseconds, read instead
+--          of the server's clock so that a test can step the breaker through time (the store
+--          passes it only when built with its hidden with_clock_for_tests).
 --
 -- Reply: { sent (1|0), period, probe (0 for none), retry_after (us; -1 while isolated),
 --          state, from, to, from, to, ... } with states as 0 closed, 1 open, 2 half-open.
@@ -28,9 +31,6 @@ local function visible(phase)
   if phase == ISOLATED then return OPEN end
   return phase
 end
-
-local time = redis.call('TIME')
-local now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 
 local key = KEYS[1]
 local members_key = KEYS[2]
@@ -51,17 +51,26 @@ local rules = {
   quorum = tonumber(ARGV[14]),
 }
 
+-- How many arguments the call takes: the clock of a test may follow them.
+local OWN_ARGUMENTS = { record = 17, release = 16 }
+local told_now = ARGV[(OWN_ARGUMENTS[call] or 14) + 1]
+local now
+if told_now then
+  now = tonumber(told_now)
+else
+  local time = redis.call('TIME')
+  now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
 local FIELDS = { 'phase', 'period', 'until', 'probe', 'deadline', 'successes', 'probes',
                  'failures', 'origin', 'streak', 'calls' }
 
+-- A breaker that was never written is closed, in period 0, with nothing counted.
 local stored = redis.call('HMGET', key, unpack(FIELDS))
 local exists = stored[1] ~= false
 local m = {}
 for i, field in ipairs(FIELDS) do
   m[field] = tonumber(stored[i]) or 0
-end
-if not exists then
-  m.origin = now -- a breaker that was never written is closed, in period 0, counting from now
 end
 
 local changed = false
@@ -102,7 +111,7 @@ local function clear_counts()
   forget_members()
   m.failures = 0
   m.calls = 0
-  m.origin = now
+  m.origin = 0 -- the window's slices start again at the next result counted
   if rules.error_rate then
     for slot = 0, rules.buckets - 1 do
       redis.call('HDEL', key, 'slice' .. slot, 'total' .. slot, 'failed' .. slot)
@@ -187,6 +196,11 @@ local function count(failed)
     return m.failures >= rules.threshold and quorum_reached(nil)
   end
   changed = true
+  if m.origin == 0 then
+    -- The first result since the count was cleared starts the slices, so they do not
+    -- depend on when the key was first written (policy.rs, Window::origin).
+    m.origin = now
+  end
   local current = slice_at(now)
   local slot = current % rules.buckets
   local names = { 'slice' .. slot, 'total' .. slot, 'failed' .. slot }
@@ -291,7 +305,9 @@ elseif call == 'isolate' then
 elseif call == 'reset' then
   if m.phase ~= CLOSED then
     enter(CLOSED)
-  elseif exists then
+  else
+    -- A new period even for a key never written: a closed breaker gives permits without
+    -- writing, and a result of a send made before the reset must count for nothing.
     clear_counts()
     m.period = m.period + 1
     changed = true
@@ -302,7 +318,10 @@ elseif call == 'snapshot' then
   expire()
   local failures, calls = m.failures, m.calls
   if rules.error_rate then
-    calls, failures = window_sums(slice_at(now))
+    calls, failures = 0, 0 -- nothing counted since the count was cleared
+    if m.origin ~= 0 then
+      calls, failures = window_sums(slice_at(now))
+    end
   end
   local after = -1
   if m.phase == OPEN then

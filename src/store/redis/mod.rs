@@ -121,6 +121,8 @@ pub struct RedisStore {
     local: MemoryStore,
     /// How many sends were decided here rather than in Redis.
     local_decisions: AtomicU64,
+    /// Tests only: the time the script reads instead of the server's clock.
+    test_clock: Option<Arc<AtomicU64>>,
 }
 
 /// A key's state as this process last saw it in Redis.
@@ -242,6 +244,7 @@ impl RedisStore {
             seen: Mutex::new(BoundedMap::new(DEFAULT_MAX_KEYS)),
             local: MemoryStore::with_max_keys(DEFAULT_MAX_KEYS),
             local_decisions: AtomicU64::new(0),
+            test_clock: None,
         };
         store.load_script().await;
         store
@@ -405,6 +408,16 @@ impl RedisStore {
         self
     }
 
+    /// For tests only, and not part of the API: the script reads the time, in microseconds,
+    /// from `micros` at each call instead of from the Redis server's clock, so that a test
+    /// can step the shared breaker through time in lockstep with a
+    /// [`Machine`](crate::machine::Machine). A fleet must decide by the one clock of its Redis.
+    #[doc(hidden)]
+    pub fn with_clock_for_tests(mut self, micros: Arc<AtomicU64>) -> Self {
+        self.test_clock = Some(micros);
+        self
+    }
+
     /// The namespace the store's keys are in.
     ///
     /// ```no_run
@@ -492,6 +505,10 @@ impl RedisStore {
             rules: *rules,
             timeout: self.timeout,
             idle_expiry: self.idle_expiry,
+            told_now: self
+                .test_clock
+                .as_ref()
+                .map(|micros| micros.load(Ordering::Relaxed)),
         }
     }
 

@@ -40,6 +40,8 @@ pub(super) struct RemoteCall {
     pub(super) rules: Rules,
     pub(super) timeout: Duration,
     pub(super) idle_expiry: Duration,
+    /// A test's time in microseconds, for the script to read instead of the server's clock.
+    pub(super) told_now: Option<u64>,
 }
 
 impl RemoteCall {
@@ -66,6 +68,9 @@ impl RemoteCall {
             .arg(&*self.member);
         for argument in script::arguments(self.call, &self.rules, self.idle_expiry, self.quorum) {
             invocation.arg(argument);
+        }
+        if let Some(now) = self.told_now {
+            invocation.arg(now);
         }
         tokio::time::timeout(limit, invocation.invoke_async(&mut connection))
             .await
