@@ -1,37 +1,51 @@
 #!/usr/bin/env bash
 # Mutation testing with cargo-mutants: injects bugs into the files that hold the crate's
 # promises and checks that the tests catch each one. Not part of CI's critical path (a full
-# run takes a long time); run it by hand after changing one of these files:
+# run takes hours on two cores); run it by hand after changing one of these files:
 #
-#   scripts/mutants.sh                      # every file below
-#   scripts/mutants.sh src/retry/budget.rs  # one file
+#   scripts/mutants.sh            # every group below
+#   scripts/mutants.sh retry pool # some groups
 #
-# Installs cargo-mutants if it is missing. A surviving mutant is either a missing test (add
-# one named as the rule it keeps) or an equivalent mutant (mark the function
+# Each group mutates its files and runs only the test binaries that speak for them (the slow
+# soak and chaos runs are left out), with the `mutants` profile (no debug info) to keep each
+# build short. Results land in mutants.out/<group>/. A surviving mutant is either a missing
+# test (add one named as the rule it keeps) or an equivalent mutant (mark the function
 # #[mutants::skip] with a one-line reason).
+#
+# MUTANTS_ARGS adds cargo-mutants options, e.g. MUTANTS_ARGS=--in-place in a spare worktree
+# to build every group in one target directory instead of a fresh copy per group.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 command -v cargo-mutants >/dev/null 2>&1 || cargo install cargo-mutants --locked
 
-files=("$@")
-if [ "${#files[@]}" -eq 0 ]; then
-    files=(
-        src/machine/mod.rs src/machine/policy.rs
-        src/breaker/gate.rs src/breaker/batch.rs
-        src/cascade/state.rs src/cascade/stream.rs
-        src/pool.rs src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs
-        src/store/redis/health.rs src/store/redis/remote.rs
-    )
+declare -A files tests
+files[machine]="src/machine/mod.rs src/machine/policy.rs"
+tests[machine]="--lib --test machine_model --test store_scenarios --test breaker --test extreme_settings"
+files[batch]="src/breaker/batch.rs"
+tests[batch]="--lib --test breaker --test batch_failures --test cancellation --test operate"
+files[gate]="src/breaker/gate.rs"
+tests[gate]="--lib --test breaker --test batch_failures --test cancellation --test operate --test scope --test extreme_settings"
+files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
+tests[retry]="--lib --test retry --test batch_failures --test extreme_settings --test cancellation"
+files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs"
+tests[pool]="--lib --test pool --test retry --test batch_failures --test cancellation"
+files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
+tests[redis]="--lib --test redis_store --test redis_store_recovery --test store_scenarios --test redis_script_model"
+
+groups=("$@")
+if [ "${#groups[@]}" -eq 0 ]; then
+    groups=(machine batch gate retry pool redis)
 fi
 
-args=()
-for file in "${files[@]}"; do
-    args+=(--file "$file")
+status=0
+for group in "${groups[@]}"; do
+    args=()
+    for file in ${files[$group]}; do
+        args+=(--file "$file")
+    done
+    # shellcheck disable=SC2086 # the test list is words on purpose
+    cargo mutants "${args[@]}" --all-features --profile mutants --timeout-multiplier 3 \
+        --output "mutants.out/$group" ${MUTANTS_ARGS:-} -- ${tests[$group]} || status=$?
 done
-
-# The test binaries that speak for these files; the slow soak and chaos runs are left out.
-cargo mutants "${args[@]}" --all-features --timeout-multiplier 3 -- \
-    --lib --test breaker --test machine_model --test store_scenarios --test operate \
-    --test batch_failures --test pool --test retry --test scope --test cancellation \
-    --test extreme_settings --test redis_store --test redis_store_recovery
+exit "$status"
