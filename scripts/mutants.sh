@@ -8,7 +8,7 @@
 #
 # Each group mutates its files and runs only the test binaries that speak for them (the slow
 # soak and chaos runs are left out), with the `mutants` profile (no debug info) to keep each
-# build short. Results land in mutants.out/<group>/. A surviving mutant is either a missing
+# build short. Results land in mutants.out/<group>/mutants.out/. A surviving mutant is either a missing
 # test (add one named as the rule it keeps) or an equivalent mutant (mark the function
 # #[mutants::skip] with a one-line reason).
 #
@@ -44,6 +44,7 @@ for group in "${groups[@]}"; do
     for file in ${files[$group]}; do
         args+=(--file "$file")
     done
+    mkdir -p "mutants.out/$group"
     # shellcheck disable=SC2086 # the test list is words on purpose
     cargo mutants "${args[@]}" --all-features --profile mutants --timeout-multiplier 3 \
         --output "mutants.out/$group" ${MUTANTS_ARGS:-} -- ${tests[$group]} || status=$?
