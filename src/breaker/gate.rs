@@ -64,54 +64,126 @@ pub(crate) struct HeldBack {
 }
 
 impl Gate {
-    /// Sends through `send` under the one breaker of `key`, and counts the result: the
-    /// common case, kept in one future (each nested future of [`admit`](Self::admit) and
-    /// [`Ticket::finish`] would copy the send's result on its way out). Dropped while
-    /// sending, it gives the permit back.
-    pub(crate) async fn guard_one<F>(
+    /// Sends through `send` if the breakers of `envelope` in the breaker's own `memory`
+    /// store give leave, and counts the result.
+    ///
+    /// The common case, one key, is kept in this one future: each nested future (of
+    /// [`admit`](Self::admit), [`Ticket::finish`], or a second `async fn` around this one)
+    /// would copy the send's result on its way out. The store is called directly, its breaker
+    /// found once for both the acquire and the record, and nothing but the send is awaited, so
+    /// the future holds no result across an await and stays small. Dropped while sending, it
+    /// gives the permit back.
+    pub(crate) async fn guard_local<F>(
         &self,
+        memory: &MemoryStore,
         transport: &str,
-        key: &str,
+        envelope: &Envelope,
         send: impl FnOnce() -> F,
     ) -> Result<Receipt, SendError>
     where
         F: Future<Output = Result<Receipt, SendError>>,
     {
-        let (decision, transitions) = match &self.memory {
-            Some(memory) => memory.acquire_now(key, &self.rules),
-            None => self.store.acquire(key, &self.rules, &self.late).await,
+        let key = match self.one_key(transport, envelope) {
+            Ok(key) => key,
+            Err(many) => return Box::pin(self.guard_many(transport, many, send)).await,
         };
+        let breaker = memory.breaker_of(&key, &self.rules);
+        let mut unspent = match self.admitted(transport, &key, breaker.acquire(&self.rules)) {
+            Ok(unspent) => unspent,
+            Err(held) => return Err(self.refusal(transport, held)),
+        };
+        let result = send().await;
+        if let Some((permit, outcome)) = unspent.counted(&result) {
+            unspent.recorded(breaker.record(&self.rules, permit, outcome));
+        }
+        result
+    }
+
+    /// [`guard_local`](Self::guard_local) for any other store, through its trait.
+    pub(crate) async fn guard_shared<F>(
+        &self,
+        transport: &str,
+        envelope: &Envelope,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
+        let key = match self.one_key(transport, envelope) {
+            Ok(key) => key,
+            Err(many) => return Box::pin(self.guard_many(transport, many, send)).await,
+        };
+        let decision = self.store.acquire(&key, &self.rules, &self.late).await;
+        let mut unspent = match self.admitted(transport, &key, decision) {
+            Ok(unspent) => unspent,
+            Err(held) => return Err(self.refusal(transport, held)),
+        };
+        let result = send().await;
+        // Spent only once recorded: dropped while the store records, `unspent` gives the
+        // permit back, so a probe's slot is not held until its deadline.
+        if let Some((permit, outcome)) = unspent.counted(&result) {
+            let recording = self
+                .store
+                .record(&key, &self.rules, permit, outcome, &self.late);
+            unspent.recorded(recording.await);
+        }
+        result
+    }
+
+    /// The one key of `envelope`, or its several keys.
+    #[inline]
+    fn one_key<'k>(
+        &self,
+        transport: &'k str,
+        envelope: &'k Envelope,
+    ) -> Result<Cow<'k, str>, Keys<'k>> {
+        match &self.scope {
+            Scope::Transport => Ok(Cow::Borrowed(transport)),
+            scope => match scope.keys(transport, envelope) {
+                Keys::One(key) => Ok(key),
+                many => Err(many),
+            },
+        }
+    }
+
+    /// The send's permit for `key` from the store's `decision`, or what held it back.
+    #[inline]
+    fn admitted<'g>(
+        &'g self,
+        transport: &'g str,
+        key: &'g str,
+        (decision, transitions): (Decision, Transitions),
+    ) -> Result<Unspent<'g>, HeldBack> {
         self.announce(transport, key, transitions);
         let permit = match decision {
             Decision::Send(permit) => Some(permit),
-            refused => match self.refused(transport, key, refused) {
-                Ok(shadowed) => shadowed,
-                Err(held) => return Err(self.refusal(transport, held)),
-            },
+            refused => self.refused(transport, key, refused)?,
         };
-        let mut unspent = Unspent {
+        Ok(Unspent {
             gate: self,
+            transport,
             key,
             permit,
+            started: self.started(),
+        })
+    }
+
+    /// Sends through `send` under several breakers (one per recipient domain).
+    async fn guard_many<'a, F>(
+        &'a self,
+        transport: &'a str,
+        keys: Keys<'a>,
+        send: impl FnOnce() -> F,
+    ) -> Result<Receipt, SendError>
+    where
+        F: Future<Output = Result<Receipt, SendError>>,
+    {
+        let ticket = match self.admit_keys(transport, keys).await {
+            Ok(ticket) => ticket,
+            Err(held) => return Err(self.refusal(transport, held)),
         };
-        let started = self.started();
         let result = send().await;
-        let counted = unspent.permit.map(|_| self.outcome(&result, started));
-        metrics::send_finished(transport, counted, started);
-        // Spent only once recorded: dropped while a remote store records, `unspent` gives
-        // the permit back, so a probe's slot is not held until its deadline.
-        if let (Some(permit), Some(outcome)) = (unspent.permit, counted) {
-            let transitions = match &self.memory {
-                Some(memory) => memory.record_now(key, &self.rules, permit, outcome),
-                None => {
-                    self.store
-                        .record(key, &self.rules, permit, outcome, &self.late)
-                        .await
-                }
-            };
-            unspent.permit = None;
-            self.announce(transport, key, transitions);
-        }
+        ticket.finish(&result).await;
         result
     }
 
@@ -306,8 +378,34 @@ impl Ticket<'_> {
 /// The permit of a send under one breaker, given back if the send is dropped unanswered.
 struct Unspent<'a> {
     gate: &'a Gate,
+    transport: &'a str,
     key: &'a str,
     permit: Option<Permit>,
+    /// When the send was let go, if slow calls or metrics need it.
+    started: Option<Instant>,
+}
+
+impl Unspent<'_> {
+    /// What to record of `result`: the permit and how it counts, unless the send went without
+    /// one (in shadow mode, past a breaker that would refuse).
+    #[inline]
+    fn counted(&self, result: &Result<Receipt, SendError>) -> Option<(Permit, Outcome)> {
+        let counted = self
+            .permit
+            .map(|permit| (permit, self.gate.outcome(result, self.started)));
+        metrics::send_finished(
+            self.transport,
+            counted.map(|(_, outcome)| outcome),
+            self.started,
+        );
+        counted
+    }
+
+    /// The permit is spent: the store recorded it and made `transitions`.
+    fn recorded(&mut self, transitions: Transitions) {
+        self.permit = None;
+        self.gate.announce(self.transport, self.key, transitions);
+    }
 }
 
 impl Drop for Unspent<'_> {

@@ -2,6 +2,7 @@
 //! it is down, and lets one probe through to learn whether it is back.
 
 use std::fmt;
+use std::pin::Pin;
 
 use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
@@ -23,7 +24,9 @@ pub use events::StateChange;
 pub use scope::Scope;
 
 use gate::Gate;
-use scope::Keys;
+
+/// The future of one send, as `async_trait` spells it.
+type BoxedSend<'a> = Pin<Box<dyn Future<Output = Result<Receipt, SendError>> + Send + 'a>>;
 
 /// A [`Transport`] that stops sending to a provider that keeps failing.
 ///
@@ -122,41 +125,24 @@ impl<T: Transport> CircuitBreakerTransport<T> {
         self.inner
     }
 
-    /// Sends through `send` if the breaker gives leave, and counts the result.
-    async fn guarded<F>(
-        &self,
-        envelope: &Envelope,
-        send: impl FnOnce() -> F,
-    ) -> Result<Receipt, SendError>
-    where
-        F: Future<Output = Result<Receipt, SendError>>,
-    {
-        let transport = self.inner.name();
-        match self.gate.scope.keys(transport, envelope) {
-            Keys::One(key) => self.gate.guard_one(transport, &key, send).await,
-            // Boxed, so that the future of every send is only as large as the one-key case
-            // needs: a message to several domains already allocates its keys.
-            many => Box::pin(self.guard_many(transport, many, send)).await,
-        }
-    }
-
-    /// Sends through `send` under several breakers (one per recipient domain).
-    async fn guard_many<'a, F>(
+    /// The future of a send through `send`, if the breaker gives leave, counted after.
+    ///
+    /// Boxed here, as `async_trait` would box it, but as the gate's own future rather than an
+    /// `async` block around it: one layer of future less, whose every poll would move the
+    /// send's result once more.
+    fn guarded<'a, F>(
         &'a self,
-        transport: &'a str,
-        keys: Keys<'a>,
-        send: impl FnOnce() -> F,
-    ) -> Result<Receipt, SendError>
+        envelope: &'a Envelope,
+        send: impl FnOnce() -> F + Send + 'a,
+    ) -> BoxedSend<'a>
     where
-        F: Future<Output = Result<Receipt, SendError>>,
+        F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
     {
-        let ticket = match self.gate.admit_keys(transport, keys).await {
-            Ok(ticket) => ticket,
-            Err(held) => return Err(self.gate.refusal(transport, held)),
-        };
-        let result = send().await;
-        ticket.finish(&result).await;
-        result
+        let (gate, transport) = (&self.gate, self.inner.name());
+        match &gate.memory {
+            Some(memory) => Box::pin(gate.guard_local(memory, transport, envelope, send)),
+            None => Box::pin(gate.guard_shared(transport, envelope, send)),
+        }
     }
 }
 
@@ -166,14 +152,33 @@ impl<T: Transport> Transport for CircuitBreakerTransport<T> {
         self.inner.name()
     }
 
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.guarded(envelope, || self.inner.send_raw(envelope, raw))
-            .await
+    // `send_raw` and `send` spelled as `async_trait` spells them, to return the gate's future
+    // boxed as it is (see `guarded`).
+
+    fn send_raw<'life0, 'life1, 'life2, 'async_trait>(
+        &'life0 self,
+        envelope: &'life1 Envelope,
+        raw: &'life2 [u8],
+    ) -> BoxedSend<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        'life2: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.guarded(envelope, move || self.inner.send_raw(envelope, raw))
     }
 
-    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        self.guarded(message.envelope(), || self.inner.send(message))
-            .await
+    fn send<'life0, 'life1, 'async_trait>(
+        &'life0 self,
+        message: &'life1 Message,
+    ) -> BoxedSend<'async_trait>
+    where
+        'life0: 'async_trait,
+        'life1: 'async_trait,
+        Self: 'async_trait,
+    {
+        self.guarded(message.envelope(), move || self.inner.send(message))
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

@@ -55,7 +55,7 @@ pub struct MemoryStore {
 /// other threads make and free on every send, which made two threads wait on each other.
 #[derive(Debug)]
 #[repr(align(128))]
-struct FirstKey {
+pub(crate) struct FirstKey {
     key: InlineKey,
     /// `period + 1` while the breaker is closed in `period` with no failure counted in a
     /// row; 0 otherwise. Written only under `machine`'s lock, after each change.
@@ -174,10 +174,7 @@ impl MemoryStore {
     /// this directly, without the trait object and its future.
     #[inline]
     pub(crate) fn acquire_now(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
-        match self.first(key, rules, true) {
-            Some(first) => first.acquire(rules),
-            None => self.with_machine(key, rules, |machine| acquire(machine, rules)),
-        }
+        self.breaker_of(key, rules).acquire(rules)
     }
 
     /// [`BreakerStore::record`], answered at once (see [`acquire_now`](Self::acquire_now)).
@@ -189,14 +186,56 @@ impl MemoryStore {
         permit: Permit,
         outcome: Outcome,
     ) -> Transitions {
-        if let Some(first) = self.first(key, rules, true) {
-            return first.record(rules, permit, outcome);
+        self.breaker_of(key, rules).record(rules, permit, outcome)
+    }
+
+    /// The breaker of `key`, found once for both the acquire and the record of a send: the
+    /// first key is told apart from the others by comparing the key once, not twice.
+    #[inline]
+    pub(crate) fn breaker_of<'s>(&'s self, key: &'s str, rules: &Rules) -> LocalBreaker<'s> {
+        match self.first(key, rules, true) {
+            Some(first) => LocalBreaker::First(first),
+            None => LocalBreaker::InMap { store: self, key },
         }
-        // Read before the lock, so that the lock is held for as short a time as can be.
-        let now = Instant::now();
-        self.with_machine(key, rules, |machine| {
-            machine.record(rules, now, permit, outcome)
-        })
+    }
+}
+
+/// The breaker of one key in a [`MemoryStore`], as [`MemoryStore::breaker_of`] found it.
+pub(crate) enum LocalBreaker<'s> {
+    /// The first key's, kept apart from the map.
+    First(&'s FirstKey),
+    /// One in the map, looked up (and marked used) at each call.
+    InMap {
+        store: &'s MemoryStore,
+        key: &'s str,
+    },
+}
+
+impl LocalBreaker<'_> {
+    /// Leave to send (see [`BreakerStore::acquire`]).
+    #[inline]
+    pub(crate) fn acquire(&self, rules: &Rules) -> (Decision, Transitions) {
+        match self {
+            LocalBreaker::First(first) => first.acquire(rules),
+            LocalBreaker::InMap { store, key } => {
+                store.with_machine(key, rules, |machine| acquire(machine, rules))
+            }
+        }
+    }
+
+    /// Counts one result (see [`BreakerStore::record`]).
+    #[inline]
+    pub(crate) fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
+        match self {
+            LocalBreaker::First(first) => first.record(rules, permit, outcome),
+            LocalBreaker::InMap { store, key } => {
+                // Read before the lock, so that the lock is held for as short a time as can be.
+                let now = Instant::now();
+                store.with_machine(key, rules, |machine| {
+                    machine.record(rules, now, permit, outcome)
+                })
+            }
+        }
     }
 }
 
