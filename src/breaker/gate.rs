@@ -64,42 +64,9 @@ pub(crate) struct HeldBack {
 }
 
 impl Gate {
-    /// Sends through `send` if the breakers of `envelope` in the breaker's own `memory`
-    /// store give leave, and counts the result.
-    ///
-    /// The common case, one key, is kept in this one future: each nested future (of
-    /// [`admit`](Self::admit), [`Ticket::finish`], or a second `async fn` around this one)
-    /// would copy the send's result on its way out. The store is called directly, its breaker
-    /// found once for both the acquire and the record, and nothing but the send is awaited, so
-    /// the future holds no result across an await and stays small. Dropped while sending, it
-    /// gives the permit back.
-    pub(crate) async fn guard_local<F>(
-        &self,
-        memory: &MemoryStore,
-        transport: &str,
-        envelope: &Envelope,
-        send: impl FnOnce() -> F,
-    ) -> Result<Receipt, SendError>
-    where
-        F: Future<Output = Result<Receipt, SendError>>,
-    {
-        let key = match self.one_key(transport, envelope) {
-            Ok(key) => key,
-            Err(many) => return Box::pin(self.guard_many(transport, many, send)).await,
-        };
-        let breaker = memory.breaker_of(&key, &self.rules);
-        let mut unspent = match self.admitted(transport, &key, breaker.acquire(&self.rules)) {
-            Ok(unspent) => unspent,
-            Err(held) => return Err(self.refusal(transport, held)),
-        };
-        let result = send().await;
-        if let Some((permit, outcome)) = unspent.counted(&result) {
-            unspent.recorded(breaker.record(&self.rules, permit, outcome));
-        }
-        result
-    }
-
-    /// [`guard_local`](Self::guard_local) for any other store, through its trait.
+    /// Sends through `send` if the breakers of `envelope` in any store but the breaker's own
+    /// memory store give leave (which [`LocalSend`](super::future::LocalSend) asks), and
+    /// counts the result. Dropped while sending or recording, it gives the permit back.
     pub(crate) async fn guard_shared<F>(
         &self,
         transport: &str,
@@ -114,7 +81,7 @@ impl Gate {
             Err(many) => return Box::pin(self.guard_many(transport, many, send)).await,
         };
         let decision = self.store.acquire(&key, &self.rules, &self.late).await;
-        let mut unspent = match self.admitted(transport, &key, decision) {
+        let mut unspent = match self.admitted(transport, key, decision) {
             Ok(unspent) => unspent,
             Err(held) => return Err(self.refusal(transport, held)),
         };
@@ -122,17 +89,18 @@ impl Gate {
         // Spent only once recorded: dropped while the store records, `unspent` gives the
         // permit back, so a probe's slot is not held until its deadline.
         if let Some((permit, outcome)) = unspent.counted(&result) {
-            let recording = self
-                .store
-                .record(&key, &self.rules, permit, outcome, &self.late);
-            unspent.recorded(recording.await);
+            let key = unspent.key();
+            let transitions = (self.store)
+                .record(key, &self.rules, permit, outcome, &self.late)
+                .await;
+            unspent.recorded(transitions);
         }
         result
     }
 
     /// The one key of `envelope`, or its several keys.
     #[inline]
-    fn one_key<'k>(
+    pub(crate) fn one_key<'k>(
         &self,
         transport: &'k str,
         envelope: &'k Envelope,
@@ -148,16 +116,16 @@ impl Gate {
 
     /// The send's permit for `key` from the store's `decision`, or what held it back.
     #[inline]
-    fn admitted<'g>(
+    pub(crate) fn admitted<'g>(
         &'g self,
         transport: &'g str,
-        key: &'g str,
+        key: Cow<'g, str>,
         (decision, transitions): (Decision, Transitions),
     ) -> Result<Unspent<'g>, HeldBack> {
-        self.announce(transport, key, transitions);
+        self.announce(transport, &key, transitions);
         let permit = match decision {
             Decision::Send(permit) => Some(permit),
-            refused => self.refused(transport, key, refused)?,
+            refused => self.refused(transport, &key, refused)?,
         };
         Ok(Unspent {
             gate: self,
@@ -169,7 +137,7 @@ impl Gate {
     }
 
     /// Sends through `send` under several breakers (one per recipient domain).
-    async fn guard_many<'a, F>(
+    pub(crate) async fn guard_many<'a, F>(
         &'a self,
         transport: &'a str,
         keys: Keys<'a>,
@@ -376,20 +344,25 @@ impl Ticket<'_> {
 }
 
 /// The permit of a send under one breaker, given back if the send is dropped unanswered.
-struct Unspent<'a> {
+pub(crate) struct Unspent<'a> {
     gate: &'a Gate,
     transport: &'a str,
-    key: &'a str,
+    key: Cow<'a, str>,
     permit: Option<Permit>,
     /// When the send was let go, if slow calls or metrics need it.
     started: Option<Instant>,
 }
 
 impl Unspent<'_> {
+    /// The key of the breaker that gave the permit.
+    pub(crate) fn key(&self) -> &str {
+        &self.key
+    }
+
     /// What to record of `result`: the permit and how it counts, unless the send went without
     /// one (in shadow mode, past a breaker that would refuse).
     #[inline]
-    fn counted(&self, result: &Result<Receipt, SendError>) -> Option<(Permit, Outcome)> {
+    pub(crate) fn counted(&self, result: &Result<Receipt, SendError>) -> Option<(Permit, Outcome)> {
         let counted = self
             .permit
             .map(|permit| (permit, self.gate.outcome(result, self.started)));
@@ -402,9 +375,9 @@ impl Unspent<'_> {
     }
 
     /// The permit is spent: the store recorded it and made `transitions`.
-    fn recorded(&mut self, transitions: Transitions) {
+    pub(crate) fn recorded(&mut self, transitions: Transitions) {
         self.permit = None;
-        self.gate.announce(self.transport, self.key, transitions);
+        self.gate.announce(self.transport, &self.key, transitions);
     }
 }
 
@@ -413,7 +386,7 @@ impl Drop for Unspent<'_> {
         if let Some(permit) = self.permit.take() {
             let gate = self.gate;
             gate.store
-                .release(self.key, &gate.rules, permit, &gate.late);
+                .release(&self.key, &gate.rules, permit, &gate.late);
         }
     }
 }

@@ -9,6 +9,7 @@ use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError,
 mod batch;
 mod builder;
 mod events;
+mod future;
 mod gate;
 mod operate;
 mod scope;
@@ -23,10 +24,11 @@ pub use builder::CircuitBreakerBuilder;
 pub use events::StateChange;
 pub use scope::Scope;
 
+use future::LocalSend;
 use gate::Gate;
 
 /// The future of one send, as `async_trait` spells it.
-type BoxedSend<'a> = Pin<Box<dyn Future<Output = Result<Receipt, SendError>> + Send + 'a>>;
+pub(crate) type BoxedSend<'a> = Pin<Box<dyn Future<Output = Result<Receipt, SendError>> + Send + 'a>>;
 
 /// A [`Transport`] that stops sending to a provider that keeps failing.
 ///
@@ -129,18 +131,16 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     ///
     /// Boxed here, as `async_trait` would box it, but as the gate's own future rather than an
     /// `async` block around it: one layer of future less, whose every poll would move the
-    /// send's result once more.
-    fn guarded<'a, F>(
+    /// send's result once more. On the breaker's own memory store, that future is written by
+    /// hand ([`LocalSend`]).
+    fn guarded<'a>(
         &'a self,
         envelope: &'a Envelope,
-        send: impl FnOnce() -> F + Send + 'a,
-    ) -> BoxedSend<'a>
-    where
-        F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
-    {
+        send: impl FnOnce() -> BoxedSend<'a> + Send + Unpin + 'a,
+    ) -> BoxedSend<'a> {
         let (gate, transport) = (&self.gate, self.inner.name());
         match &gate.memory {
-            Some(memory) => Box::pin(gate.guard_local(memory, transport, envelope, send)),
+            Some(memory) => Box::pin(LocalSend::new(gate, memory, transport, envelope, send)),
             None => Box::pin(gate.guard_shared(transport, envelope, send)),
         }
     }

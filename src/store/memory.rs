@@ -174,7 +174,7 @@ impl MemoryStore {
     /// this directly, without the trait object and its future.
     #[inline]
     pub(crate) fn acquire_now(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
-        self.breaker_of(key, rules).acquire(rules)
+        self.breaker_of(key, rules).acquire(key, rules)
     }
 
     /// [`BreakerStore::record`], answered at once (see [`acquire_now`](Self::acquire_now)).
@@ -186,38 +186,37 @@ impl MemoryStore {
         permit: Permit,
         outcome: Outcome,
     ) -> Transitions {
-        self.breaker_of(key, rules).record(rules, permit, outcome)
+        self.breaker_of(key, rules).record(key, rules, permit, outcome)
     }
 
     /// The breaker of `key`, found once for both the acquire and the record of a send: the
     /// first key is told apart from the others by comparing the key once, not twice.
     #[inline]
-    pub(crate) fn breaker_of<'s>(&'s self, key: &'s str, rules: &Rules) -> LocalBreaker<'s> {
+    pub(crate) fn breaker_of(&self, key: &str, rules: &Rules) -> LocalBreaker<'_> {
         match self.first(key, rules, true) {
             Some(first) => LocalBreaker::First(first),
-            None => LocalBreaker::InMap { store: self, key },
+            None => LocalBreaker::InMap(self),
         }
     }
 }
 
 /// The breaker of one key in a [`MemoryStore`], as [`MemoryStore::breaker_of`] found it.
+/// Its methods take the same key again.
+#[derive(Debug, Clone, Copy)]
 pub(crate) enum LocalBreaker<'s> {
     /// The first key's, kept apart from the map.
     First(&'s FirstKey),
-    /// One in the map, looked up (and marked used) at each call.
-    InMap {
-        store: &'s MemoryStore,
-        key: &'s str,
-    },
+    /// One in the store's map, looked up (and marked used) at each call.
+    InMap(&'s MemoryStore),
 }
 
 impl LocalBreaker<'_> {
     /// Leave to send (see [`BreakerStore::acquire`]).
     #[inline]
-    pub(crate) fn acquire(&self, rules: &Rules) -> (Decision, Transitions) {
+    pub(crate) fn acquire(self, key: &str, rules: &Rules) -> (Decision, Transitions) {
         match self {
             LocalBreaker::First(first) => first.acquire(rules),
-            LocalBreaker::InMap { store, key } => {
+            LocalBreaker::InMap(store) => {
                 store.with_machine(key, rules, |machine| acquire(machine, rules))
             }
         }
@@ -225,10 +224,16 @@ impl LocalBreaker<'_> {
 
     /// Counts one result (see [`BreakerStore::record`]).
     #[inline]
-    pub(crate) fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
+    pub(crate) fn record(
+        self,
+        key: &str,
+        rules: &Rules,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> Transitions {
         match self {
             LocalBreaker::First(first) => first.record(rules, permit, outcome),
-            LocalBreaker::InMap { store, key } => {
+            LocalBreaker::InMap(store) => {
                 // Read before the lock, so that the lock is held for as short a time as can be.
                 let now = Instant::now();
                 store.with_machine(key, rules, |machine| {
