@@ -21,17 +21,17 @@ command -v cargo-mutants >/dev/null 2>&1 || cargo install cargo-mutants --locked
 
 declare -A files tests
 files[machine]="src/machine/mod.rs src/machine/policy.rs"
-tests[machine]="--lib --test machine_model --test store_scenarios --test breaker --test extreme_settings"
+tests[machine]="--lib --test=machine_model --test=store_scenarios --test=breaker --test=extreme_settings"
 files[batch]="src/breaker/batch.rs"
-tests[batch]="--lib --test breaker --test batch_failures --test cancellation --test operate"
+tests[batch]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate"
 files[gate]="src/breaker/gate.rs"
-tests[gate]="--lib --test breaker --test batch_failures --test cancellation --test operate --test scope --test extreme_settings"
+tests[gate]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate --test=scope --test=extreme_settings"
 files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
-tests[retry]="--lib --test retry --test batch_failures --test extreme_settings --test cancellation"
+tests[retry]="--lib --test=retry --test=batch_failures --test=extreme_settings --test=cancellation"
 files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs"
-tests[pool]="--lib --test pool --test retry --test batch_failures --test cancellation"
+tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancellation"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
-tests[redis]="--lib --test redis_store --test redis_store_recovery --test store_scenarios --test redis_script_model"
+tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
 
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
@@ -45,8 +45,12 @@ for group in "${groups[@]}"; do
         args+=(--file "$file")
     done
     mkdir -p "mutants.out/$group"
-    # shellcheck disable=SC2086 # the test list is words on purpose
+    # Each test target as a cargo argument, so that only these are built, not every test.
+    for target in ${tests[$group]}; do
+        args+=(--cargo-arg="$target")
+    done
+    # shellcheck disable=SC2086 # MUTANTS_ARGS is words on purpose
     cargo mutants "${args[@]}" --all-features --profile mutants --timeout-multiplier 3 \
-        --output "mutants.out/$group" ${MUTANTS_ARGS:-} -- ${tests[$group]} || status=$?
+        --output "mutants.out/$group" ${MUTANTS_ARGS:-} || status=$?
 done
 exit "$status"
