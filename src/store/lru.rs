@@ -7,7 +7,6 @@
 //! where it is, so a hit writes no links.
 
 use std::collections::HashMap;
-use std::collections::hash_map::RandomState;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
 const NIL: usize = usize::MAX;
@@ -33,7 +32,7 @@ pub(crate) struct BoundedMap<V> {
     /// From a key's hash to the first entry with that hash: the keys live once, in the slab.
     index: HashMap<u64, usize, BuildHasherDefault<AlreadyHashed>>,
     /// Keyed per map, so that no sender can choose domains that collide.
-    hasher: RandomState,
+    hasher: foldhash::fast::RandomState,
     slab: Vec<Entry<V>>,
     newest: [usize; 2],
     oldest: [usize; 2],
@@ -68,7 +67,7 @@ impl<V> BoundedMap<V> {
     pub(crate) fn new(capacity: usize) -> Self {
         BoundedMap {
             index: HashMap::default(),
-            hasher: RandomState::new(),
+            hasher: foldhash::fast::RandomState::default(),
             slab: Vec::new(),
             newest: [NIL; 2],
             oldest: [NIL; 2],
