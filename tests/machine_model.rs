@@ -353,8 +353,29 @@ fn changes(transitions: impl Iterator<Item = Transition>) -> Vec<(State, State)>
     transitions.map(|t| (t.from, t.to)).collect()
 }
 
+/// 10,000 sequences, unless `PROPTEST_CASES` asks for another number (scripts/mutants.sh asks
+/// for fewer, to test hundreds of mutants in hours).
+fn cases() -> u32 {
+    std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(10_000)
+}
+
+#[test]
+fn each_state_is_named_in_snake_case_as_logs_and_metrics_show_it() {
+    for (state, name) in [
+        (State::Closed, "closed"),
+        (State::Open, "open"),
+        (State::HalfOpen, "half_open"),
+    ] {
+        assert_eq!(state.as_str(), name);
+        assert_eq!(state.to_string(), name);
+    }
+}
+
 proptest! {
-    #![proptest_config(ProptestConfig { cases: 10_000, ..ProptestConfig::default() })]
+    #![proptest_config(ProptestConfig { cases: cases(), ..ProptestConfig::default() })]
 
     #[test]
     fn the_machine_agrees_with_the_rules(rules in rules(), events in prop::collection::vec(event(), 1..120)) {
