@@ -16,7 +16,9 @@
 use std::time::Duration;
 
 use mail_breaker::State;
-use mail_breaker::breaker::{Counting, Decision, Machine, Outcome, Permit, Rules, Transition};
+use mail_breaker::breaker::{
+    Counting, Decision, Machine, Outcome, Permit, Rules, Transition, Transitions,
+};
 use proptest::prelude::*;
 use tokio::time::Instant;
 
@@ -372,6 +374,47 @@ fn each_state_is_named_in_snake_case_as_logs_and_metrics_show_it() {
         assert_eq!(state.as_str(), name);
         assert_eq!(state.to_string(), name);
     }
+}
+
+/// One failure opens it for a second.
+fn rules_for_tests() -> Rules {
+    Rules {
+        counting: Counting::Consecutive { threshold: 1 },
+        reset_timeout: Duration::from_secs(1),
+        probe_timeout: Duration::from_secs(1),
+        half_open_successes: 1,
+        max_reset_timeout: None,
+    }
+}
+
+#[test]
+fn transitions_are_empty_only_while_nothing_changed() {
+    let rules = rules_for_tests();
+    let now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    assert!(Transitions::NONE.is_empty());
+    assert!(
+        machine.reset().is_empty(),
+        "resetting a closed breaker changes nothing"
+    );
+    let tripped = machine.trip(&rules, now);
+    assert!(!tripped.is_empty());
+    assert_eq!(changes(tripped.iter()), [(State::Closed, State::Open)]);
+}
+
+#[test]
+fn a_reporter_is_told_only_of_changes() {
+    let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
+    let counter = std::sync::Arc::clone(&told);
+    let reporter = mail_breaker::store::Reporter::new(move |_key, _transitions| {
+        counter.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+    });
+    reporter.report("smtp", Transitions::NONE);
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 0);
+    let rules = rules_for_tests();
+    let now = Instant::now();
+    reporter.report("smtp", Machine::new(&rules, now).trip(&rules, now));
+    assert_eq!(told.load(std::sync::atomic::Ordering::SeqCst), 1);
 }
 
 proptest! {
