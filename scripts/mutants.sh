@@ -21,7 +21,7 @@ command -v cargo-mutants >/dev/null 2>&1 || cargo install cargo-mutants --locked
 
 declare -A files tests
 files[machine]="src/machine/mod.rs src/machine/policy.rs"
-tests[machine]="--lib --test=machine_model --test=store_scenarios --test=breaker --test=extreme_settings"
+tests[machine]="--lib --test=machine_model --test=store_scenarios --test=breaker --test=extreme_settings --test=operate"
 files[batch]="src/breaker/batch.rs"
 tests[batch]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate"
 files[gate]="src/breaker/gate.rs"

@@ -28,7 +28,8 @@ use future::LocalSend;
 use gate::Gate;
 
 /// The future of one send, as `async_trait` spells it.
-pub(crate) type BoxedSend<'a> = Pin<Box<dyn Future<Output = Result<Receipt, SendError>> + Send + 'a>>;
+pub(crate) type BoxedSend<'a> =
+    Pin<Box<dyn Future<Output = Result<Receipt, SendError>> + Send + 'a>>;
 
 /// A [`Transport`] that stops sending to a provider that keeps failing.
 ///

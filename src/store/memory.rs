@@ -186,7 +186,8 @@ impl MemoryStore {
         permit: Permit,
         outcome: Outcome,
     ) -> Transitions {
-        self.breaker_of(key, rules).record(key, rules, permit, outcome)
+        self.breaker_of(key, rules)
+            .record(key, rules, permit, outcome)
     }
 
     /// The breaker of `key`, found once for both the acquire and the record of a send: the
