@@ -403,6 +403,31 @@ fn transitions_are_empty_only_while_nothing_changed() {
 }
 
 #[test]
+fn the_open_streak_counts_the_openings_since_the_breaker_last_closed() {
+    let rules = rules_for_tests();
+    let mut now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    assert_eq!(machine.open_streak(), 0);
+    machine.trip(&rules, now);
+    assert_eq!(machine.open_streak(), 1);
+    // Its probe fails: open again, the streak grows.
+    now += rules.reset_timeout;
+    let Decision::Send(probe) = machine.acquire(&rules, now).0 else {
+        panic!("the probe goes once the reset timeout has passed");
+    };
+    machine.record(&rules, now, probe, Outcome::Failure);
+    assert_eq!(machine.open_streak(), 2);
+    // Its next probe succeeds: closed, the streak is over.
+    now += rules.open_time(2);
+    let Decision::Send(probe) = machine.acquire(&rules, now).0 else {
+        panic!("the probe goes once the open time has passed");
+    };
+    machine.record(&rules, now, probe, Outcome::Success);
+    assert_eq!(machine.state(), State::Closed);
+    assert_eq!(machine.open_streak(), 0);
+}
+
+#[test]
 fn a_reporter_is_told_only_of_changes() {
     let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = std::sync::Arc::clone(&told);
