@@ -428,6 +428,51 @@ fn the_open_streak_counts_the_openings_since_the_breaker_last_closed() {
 }
 
 #[test]
+fn each_probe_of_a_half_open_period_has_a_number_of_its_own() {
+    let rules = Rules {
+        half_open_successes: 2,
+        ..rules_for_tests()
+    };
+    let mut now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    machine.trip(&rules, now);
+    now += rules.reset_timeout;
+    let Decision::Send(first) = machine.acquire(&rules, now).0 else {
+        panic!("the first probe goes once the reset timeout has passed");
+    };
+    assert!(machine.has_probe_in_flight());
+    machine.record(&rules, now, first, Outcome::Success);
+    assert!(!machine.has_probe_in_flight());
+    assert_eq!(machine.state(), State::HalfOpen, "one of two successes");
+    let Decision::Send(second) = machine.acquire(&rules, now).0 else {
+        panic!("the second probe goes once the first succeeded");
+    };
+    assert_eq!(first.period(), second.period());
+    assert_eq!((first.probe(), second.probe()), (Some(1), Some(2)));
+}
+
+#[test]
+fn nothing_is_counted_until_a_failure_and_again_after_a_success_in_a_row() {
+    let rules = Rules {
+        counting: Counting::Consecutive { threshold: 3 },
+        ..rules_for_tests()
+    };
+    let now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    assert!(machine.has_nothing_counted());
+    let send = |machine: &mut Machine| match machine.acquire(&rules, now).0 {
+        Decision::Send(permit) => permit,
+        refused => panic!("a closed breaker lets every send through, not {refused:?}"),
+    };
+    let permit = send(&mut machine);
+    machine.record(&rules, now, permit, Outcome::Failure);
+    assert!(!machine.has_nothing_counted());
+    let permit = send(&mut machine);
+    machine.record(&rules, now, permit, Outcome::Success);
+    assert!(machine.has_nothing_counted());
+}
+
+#[test]
 fn a_reporter_is_told_only_of_changes() {
     let told = std::sync::Arc::new(std::sync::atomic::AtomicUsize::new(0));
     let counter = std::sync::Arc::clone(&told);
