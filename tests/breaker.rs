@@ -804,6 +804,19 @@ fn settings_that_cannot_work_are_config_errors_naming_the_setting() {
 }
 
 #[test]
+fn an_error_rate_threshold_of_one_or_a_hundred_percent_is_valid() {
+    for threshold_percent in [1, 100] {
+        let built = CircuitBreakerTransport::builder(Scripted::new("p"))
+            .error_rate(ErrorRate {
+                threshold_percent,
+                ..ErrorRate::default()
+            })
+            .build();
+        assert!(built.is_ok(), "{threshold_percent} %");
+    }
+}
+
+#[test]
 fn a_config_error_says_which_setting_and_why() {
     let error = CircuitBreakerTransport::builder(Scripted::new("p"))
         .reset_timeout(Duration::ZERO)

@@ -452,6 +452,40 @@ fn each_probe_of_a_half_open_period_has_a_number_of_its_own() {
 }
 
 #[test]
+fn only_the_current_probe_counts_in_half_open() {
+    let rules = Rules {
+        half_open_successes: 2,
+        ..rules_for_tests()
+    };
+    let mut now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    machine.trip(&rules, now);
+    now += rules.reset_timeout;
+    let probe = |machine: &mut Machine| match machine.acquire(&rules, now).0 {
+        Decision::Send(permit) => permit,
+        refused => panic!("the probe's slot is free, not {refused:?}"),
+    };
+    // A probe given back, then its answer after all: the next probe's slot is not its own.
+    let given_back = probe(&mut machine);
+    machine.release(&rules, now, given_back);
+    let current = probe(&mut machine);
+    machine.record(&rules, now, given_back, Outcome::Failure);
+    assert_eq!(machine.state(), State::HalfOpen);
+    assert!(machine.has_probe_in_flight());
+    // The current probe succeeds once; the same answer told twice counts once.
+    machine.record(&rules, now, current, Outcome::Success);
+    machine.record(&rules, now, current, Outcome::Success);
+    assert_eq!(
+        machine.state(),
+        State::HalfOpen,
+        "one of the two successes it needs"
+    );
+    let next = probe(&mut machine);
+    machine.record(&rules, now, next, Outcome::Success);
+    assert_eq!(machine.state(), State::Closed);
+}
+
+#[test]
 fn nothing_is_counted_until_a_failure_and_again_after_a_success_in_a_row() {
     let rules = Rules {
         counting: Counting::Consecutive { threshold: 3 },
