@@ -817,6 +817,33 @@ fn an_error_rate_threshold_of_one_or_a_hundred_percent_is_valid() {
 }
 
 #[test]
+fn an_error_rate_takes_up_to_max_buckets_each_at_least_a_millisecond_wide() {
+    use mail_breaker::machine::MAX_BUCKETS;
+    let build = |buckets: u32, window: Duration| {
+        CircuitBreakerTransport::builder(Scripted::new("p"))
+            .error_rate(ErrorRate {
+                buckets,
+                window,
+                ..ErrorRate::default()
+            })
+            .build()
+            .err()
+            .map(|error| error.setting().to_owned())
+    };
+    let at_most = Duration::from_secs(60);
+    assert_eq!(build(MAX_BUCKETS, at_most), None);
+    assert_eq!(
+        build(MAX_BUCKETS + 1, at_most).as_deref(),
+        Some("error_rate.buckets")
+    );
+    assert_eq!(build(10, Duration::from_millis(10)), None);
+    assert_eq!(
+        build(10, Duration::from_micros(9_999)).as_deref(),
+        Some("error_rate.window")
+    );
+}
+
+#[test]
 fn a_config_error_says_which_setting_and_why() {
     let error = CircuitBreakerTransport::builder(Scripted::new("p"))
         .reset_timeout(Duration::ZERO)

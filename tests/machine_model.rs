@@ -486,6 +486,40 @@ fn only_the_current_probe_counts_in_half_open() {
 }
 
 #[test]
+fn in_a_row_the_calls_counted_are_the_results_that_changed_the_count() {
+    let rules = Rules {
+        counting: Counting::Consecutive { threshold: 3 },
+        ..rules_for_tests()
+    };
+    let now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    let mut answer = |machine: &mut Machine, outcome| {
+        let Decision::Send(permit) = machine.acquire(&rules, now).0 else {
+            panic!("a closed breaker lets every send through");
+        };
+        machine.record(&rules, now, permit, outcome);
+        let snapshot = machine.snapshot("p", &rules, now).0;
+        (snapshot.calls(), snapshot.failures())
+    };
+    assert_eq!(
+        answer(&mut machine, Outcome::Success),
+        (0, 0),
+        "nothing to change"
+    );
+    assert_eq!(answer(&mut machine, Outcome::Failure), (1, 1));
+    assert_eq!(
+        answer(&mut machine, Outcome::Success),
+        (2, 0),
+        "it ended a run"
+    );
+    assert_eq!(
+        answer(&mut machine, Outcome::Success),
+        (2, 0),
+        "nothing to change"
+    );
+}
+
+#[test]
 fn nothing_is_counted_until_a_failure_and_again_after_a_success_in_a_row() {
     let rules = Rules {
         counting: Counting::Consecutive { threshold: 3 },
