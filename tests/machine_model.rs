@@ -17,7 +17,7 @@ use std::time::Duration;
 
 use mail_breaker::State;
 use mail_breaker::breaker::{
-    Counting, Decision, Machine, Outcome, Permit, Rules, Transition, Transitions,
+    Counting, Decision, ErrorRate, Machine, Outcome, Permit, Rules, Transition, Transitions,
 };
 use proptest::prelude::*;
 use tokio::time::Instant;
@@ -538,6 +538,22 @@ fn nothing_is_counted_until_a_failure_and_again_after_a_success_in_a_row() {
     let permit = send(&mut machine);
     machine.record(&rules, now, permit, Outcome::Success);
     assert!(machine.has_nothing_counted());
+}
+
+#[test]
+fn under_an_error_rate_any_result_in_the_window_is_counted() {
+    let rules = Rules {
+        counting: Counting::ErrorRate(ErrorRate::default()),
+        ..rules_for_tests()
+    };
+    let now = Instant::now();
+    let mut machine = Machine::new(&rules, now);
+    assert!(machine.has_nothing_counted());
+    let Decision::Send(permit) = machine.acquire(&rules, now).0 else {
+        panic!("a closed breaker lets every send through");
+    };
+    machine.record(&rules, now, permit, Outcome::Success);
+    assert!(!machine.has_nothing_counted());
 }
 
 #[test]
