@@ -520,6 +520,35 @@ fn in_a_row_the_calls_counted_are_the_results_that_changed_the_count() {
 }
 
 #[test]
+fn a_result_leaves_the_error_rate_window_as_soon_as_its_slice_is_a_whole_window_old() {
+    let rules = Rules {
+        counting: Counting::ErrorRate(ErrorRate {
+            threshold_percent: 50,
+            minimum_requests: 20, // so that one failure opens nothing
+            window: Duration::from_secs(10),
+            buckets: 10,
+        }),
+        ..rules_for_tests()
+    };
+    let start = Instant::now();
+    let mut machine = Machine::new(&rules, start);
+    let Decision::Send(permit) = machine.acquire(&rules, start).0 else {
+        panic!("a closed breaker lets every send through");
+    };
+    machine.record(&rules, start, permit, Outcome::Failure);
+    let failures_at = |machine: &mut Machine, at| machine.snapshot("p", &rules, at).0.failures();
+    // The failure's one-second slice is the window's oldest for nine seconds more.
+    assert_eq!(
+        failures_at(&mut machine, start + Duration::from_millis(9_999)),
+        1
+    );
+    assert_eq!(
+        failures_at(&mut machine, start + Duration::from_secs(10)),
+        0
+    );
+}
+
+#[test]
 fn nothing_is_counted_until_a_failure_and_again_after_a_success_in_a_row() {
     let rules = Rules {
         counting: Counting::Consecutive { threshold: 3 },
