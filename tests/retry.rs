@@ -222,6 +222,17 @@ async fn a_spent_budget_stops_retries_but_never_the_first_attempt() {
     assert_eq!(receipt.attempts(), 1);
 }
 
+#[test]
+fn a_retry_gives_back_the_budget_it_shares_and_none_without_one() {
+    let budget = Arc::new(RetryBudget::new(20, 10, 10).unwrap());
+    let shared = RetryTransport::builder(Scripted::new("p"))
+        .budget(Arc::clone(&budget))
+        .build()
+        .unwrap();
+    assert!(Arc::ptr_eq(shared.budget().expect("its budget"), &budget));
+    assert!(RetryTransport::new(Scripted::new("p")).budget().is_none());
+}
+
 #[tokio::test(start_paused = true)]
 async fn successes_refill_the_budget_so_retries_resume() {
     let budget = Arc::new(RetryBudget::new(20, 10, 5).unwrap());
