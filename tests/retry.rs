@@ -233,6 +233,79 @@ fn a_retry_gives_back_the_budget_it_shares_and_none_without_one() {
     assert!(RetryTransport::new(Scripted::new("p")).budget().is_none());
 }
 
+#[test]
+fn exponential_backoff_ceilings_double_from_the_first_wait_up_to_the_longest() {
+    let backoff = Backoff::exponential(Duration::from_secs(1), Duration::from_secs(10));
+    let ceilings: Vec<_> = [1, 2, 3, 4, 5, 64, u32::MAX]
+        .map(|retry| backoff.ceiling(retry).as_secs())
+        .into();
+    assert_eq!(ceilings, [1, 2, 4, 8, 10, 10, 10]);
+}
+
+#[test]
+fn a_retry_is_named_and_shown_as_the_transport_it_retries_through() {
+    let transport = RetryTransport::new(Scripted::new("p"));
+    assert_eq!(transport.name(), "p");
+    let shown = format!("{transport:?}");
+    assert!(shown.starts_with("RetryTransport"), "{shown}");
+    assert!(shown.contains("\"p\""), "{shown}");
+}
+
+#[tokio::test]
+async fn verify_goes_through_the_retry_to_the_transport() {
+    let inner = Scripted::new("p");
+    inner.fail_verify_with(Reply::fail(Category::Authentication));
+    let error = RetryTransport::new(inner.clone())
+        .verify()
+        .await
+        .unwrap_err();
+    assert_eq!(error.category(), Category::Authentication);
+    assert_eq!(inner.verifies(), 1);
+}
+
+/// Reads the first message of each batch and ends the batch without answering it.
+struct EndsUnanswered;
+
+#[async_trait::async_trait]
+impl Transport for EndsUnanswered {
+    fn name(&self) -> &str {
+        "silent"
+    }
+
+    async fn send_raw(&self, _: &mail_breaker::Envelope, _: &[u8]) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("silent"))
+    }
+
+    fn send_many<'a>(
+        &'a self,
+        messages: mail_breaker::MessageStream<'a>,
+    ) -> mail_breaker::ReceiptStream<'a> {
+        futures::stream::unfold(messages, |mut messages| async move {
+            messages.next().await;
+            None::<(Result<Receipt, SendError>, mail_breaker::MessageStream<'a>)>
+        })
+        .boxed()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_a_batch_left_unanswered_is_answered_with_an_error_naming_that_transport() {
+    let transport = RetryTransport::builder(EndsUnanswered)
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_secs(1)))
+        .build()
+        .unwrap();
+    let answers: Vec<_> = transport
+        .send_many(futures::stream::iter([message()]).boxed())
+        .collect()
+        .await;
+    let [Err(error)] = &answers[..] else {
+        panic!("one error for the one message, not {answers:?}");
+    };
+    assert_eq!(error.code(), "transport.unanswered");
+    assert_eq!(error.transport(), Some("silent"));
+}
+
 #[tokio::test(start_paused = true)]
 async fn successes_refill_the_budget_so_retries_resume() {
     let budget = Arc::new(RetryBudget::new(20, 10, 5).unwrap());

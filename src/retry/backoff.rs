@@ -61,10 +61,7 @@ impl Backoff {
                 let grown = 1u128
                     .checked_shl(doublings)
                     .and_then(|factor| initial.as_nanos().checked_mul(factor));
-                match grown {
-                    Some(nanos) if nanos < max.as_nanos() => from_nanos(nanos),
-                    _ => max,
-                }
+                grown.map_or(max, |nanos| from_nanos(nanos).min(max))
             }
         }
     }
