@@ -493,7 +493,7 @@ fn in_a_row_the_calls_counted_are_the_results_that_changed_the_count() {
     };
     let now = Instant::now();
     let mut machine = Machine::new(&rules, now);
-    let mut answer = |machine: &mut Machine, outcome| {
+    let answer = |machine: &mut Machine, outcome| {
         let Decision::Send(permit) = machine.acquire(&rules, now).0 else {
             panic!("a closed breaker lets every send through");
         };
