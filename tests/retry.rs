@@ -424,6 +424,15 @@ fn exponential_backoff_whose_max_is_below_its_initial_is_a_config_error() {
 }
 
 #[test]
+fn exponential_backoff_whose_max_equals_its_initial_waits_the_same_each_time() {
+    let second = Duration::from_secs(1);
+    let built = RetryTransport::builder(Scripted::new("p"))
+        .backoff(Backoff::exponential(second, second))
+        .build();
+    assert!(built.is_ok());
+}
+
+#[test]
 fn exponential_backoff_with_a_zero_initial_wait_is_a_config_error() {
     let err = RetryTransport::builder(Scripted::new("p"))
         .backoff(Backoff::exponential(Duration::ZERO, Duration::from_secs(1)))
