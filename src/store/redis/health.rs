@@ -111,3 +111,49 @@ impl Health {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_silent_redis_is_asked_again_once_its_retry_interval_has_passed() {
+        let health = Health::new(Duration::from_secs(3_600)).with_retry_interval(Duration::ZERO);
+        assert_eq!(health.retry_interval(), Duration::ZERO);
+        health.failed("ns", &"refused");
+        assert!(!health.is_answering());
+        assert!(
+            health.should_ask(),
+            "an interval of zero has passed at once"
+        );
+    }
+
+    #[test]
+    fn a_silent_redis_is_not_asked_before_its_retry_interval_has_passed() {
+        let health = Health::new(Duration::ZERO).with_retry_interval(Duration::from_secs(3_600));
+        assert_eq!(health.retry_interval(), Duration::from_secs(3_600));
+        assert!(health.should_ask(), "an answering Redis is always asked");
+        health.failed("ns", &"refused");
+        assert!(!health.should_ask());
+        health.answered("ns");
+        assert!(health.is_answering());
+        assert!(health.should_ask());
+    }
+
+    #[test]
+    fn each_outage_is_counted_once_however_many_calls_fail_in_it() {
+        let health = Health::new(Duration::from_secs(3_600));
+        assert_eq!(health.outage(), 0);
+        health.failed("ns", &"refused");
+        health.failed("ns", &"refused");
+        assert_eq!(health.outage(), 1);
+        health.answered("ns");
+        assert_eq!(
+            health.outage(),
+            1,
+            "the last outage's number while Redis answers"
+        );
+        health.failed("ns", &"refused");
+        assert_eq!(health.outage(), 2);
+    }
+}
