@@ -19,6 +19,14 @@ cd "$(dirname "$0")/.."
 
 command -v cargo-mutants >/dev/null 2>&1 || cargo install cargo-mutants --locked
 
+# --in-place mutates the checkout itself. A run killed mid-mutant leaves that mutant in the
+# source, and the next run would take it for the baseline; refuse to start on changed sources.
+if [[ " ${MUTANTS_ARGS:-} " == *" --in-place "* ]] && ! git diff --quiet -- src tests; then
+    echo "scripts/mutants.sh: --in-place needs unchanged src/ and tests/ (a killed run may have left a mutant):" >&2
+    git diff --stat -- src tests >&2
+    exit 1
+fi
+
 declare -A files tests
 files[machine]="src/machine/mod.rs src/machine/policy.rs"
 tests[machine]="--lib --test=machine_model --test=store_scenarios --test=breaker --test=extreme_settings --test=operate"
