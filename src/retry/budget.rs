@@ -149,3 +149,80 @@ impl Default for RetryBudget {
         RetryBudget::clamp(100, 50, 10)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn settings(budget: &RetryBudget) -> (u64, u64, u64) {
+        (
+            budget.max_tokens(),
+            budget.min_tokens(),
+            budget.error_cost(),
+        )
+    }
+
+    #[test]
+    fn a_budget_keeps_the_settings_it_was_built_with() {
+        let budget = RetryBudget::new(100, 40, 7).unwrap();
+        assert_eq!(settings(&budget), (100, 40, 7));
+        assert_eq!(budget.tokens(), 100, "a budget starts full");
+    }
+
+    #[test]
+    fn settings_that_cannot_work_are_refused_naming_the_setting() {
+        let setting = |result: Result<RetryBudget, ConfigError>| result.unwrap_err().setting();
+        assert_eq!(setting(RetryBudget::new(0, 0, 1)), "tokens");
+        assert_eq!(setting(RetryBudget::new(10, 0, 0)), "error_cost");
+        assert_eq!(setting(RetryBudget::new(10, 11, 1)), "min_tokens");
+        assert!(
+            RetryBudget::new(10, 10, 1).is_ok(),
+            "min_tokens may equal tokens"
+        );
+    }
+
+    #[test]
+    fn clamp_turns_zeros_into_ones_and_lowers_min_tokens_to_the_budget() {
+        let budget = RetryBudget::clamp(0, 5, 0);
+        assert_eq!(settings(&budget), (1, 1, 1));
+    }
+
+    #[test]
+    fn each_failed_try_costs_error_cost_tokens_and_never_goes_below_zero() {
+        let budget = RetryBudget::new(20, 0, 7).unwrap();
+        budget.on_retry_failure();
+        assert_eq!(budget.tokens(), 13);
+        budget.on_retry_failure();
+        budget.on_retry_failure();
+        assert_eq!(budget.tokens(), 0);
+    }
+
+    #[test]
+    fn each_success_gives_one_token_back_up_to_the_full_budget() {
+        let budget = RetryBudget::new(20, 0, 3).unwrap();
+        budget.on_retry_failure();
+        budget.on_success();
+        assert_eq!(budget.tokens(), 18);
+        for _ in 0..5 {
+            budget.on_success();
+        }
+        assert_eq!(budget.tokens(), 20);
+    }
+
+    #[test]
+    fn retries_stop_at_min_tokens_not_only_below_it() {
+        let budget = RetryBudget::new(20, 14, 3).unwrap();
+        budget.on_retry_failure();
+        assert!(!budget.throttle_retry_attempt(), "17 tokens, above 14");
+        budget.on_retry_failure();
+        assert!(budget.throttle_retry_attempt(), "14 tokens, at min_tokens");
+        budget.on_success();
+        assert!(!budget.throttle_retry_attempt(), "15 tokens, above again");
+    }
+
+    #[test]
+    fn the_default_budget_is_100_tokens_stopping_at_50_and_costing_10() {
+        let budget = RetryBudget::default();
+        assert_eq!(settings(&budget), (100, 50, 10));
+    }
+}
