@@ -280,6 +280,16 @@ async fn an_open_breaker_answers_at_once_with_the_time_left() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_refusal_names_the_transport_by_the_name_it_has_now_after_a_rename() {
+    let mut breaker = breaker(Scripted::new("p"));
+    breaker.inner_mut().rename("renamed");
+    fail_times(&breaker, 3).await;
+    let refused = breaker.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "breaker.open");
+    assert_eq!(refused.transport(), Some("renamed"));
+}
+
+#[tokio::test(start_paused = true)]
 async fn the_breaker_stays_open_until_the_reset_timeout() {
     let inner = Scripted::new("p");
     let breaker = opened(inner.clone()).await;

@@ -98,6 +98,12 @@ impl Scripted {
         self
     }
 
+    /// Gives the transport another name, as an application may through the breaker's
+    /// `inner_mut`.
+    pub fn rename(&mut self, name: &str) {
+        name.clone_into(&mut self.name);
+    }
+
     /// Queues replies for the next sends.
     pub fn then(&self, replies: impl IntoIterator<Item = Reply>) -> &Self {
         self.lock().queue.extend(replies);
