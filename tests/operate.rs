@@ -408,6 +408,18 @@ async fn a_success_within_the_slow_call_time_counts_as_a_success() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_success_that_takes_exactly_the_slow_call_time_is_not_slow() {
+    let inner = Scripted::answering("p", Reply::after(Duration::from_secs(10), Reply::Ok));
+    let breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .slow_call(Duration::from_secs(10))
+        .build()
+        .expect("valid settings");
+    breaker.send(&message()).await.expect("delivered");
+    assert_eq!(breaker.state(), State::Closed, "slow means over the time");
+}
+
+#[tokio::test(start_paused = true)]
 async fn slow_sends_in_a_batch_count_as_failures() {
     use futures::StreamExt;
     let inner = Scripted::answering("p", Reply::after(Duration::from_secs(11), Reply::Ok));

@@ -59,6 +59,27 @@ fn a_pool_without_members_is_a_config_error_naming_add() {
     assert!(err.to_string().contains("at least one member"), "{err}");
 }
 
+#[test]
+fn a_pool_lists_its_members_lowest_priority_number_first_and_tells_its_strategy() {
+    let (a, b) = (Scripted::new("a"), Scripted::new("b"));
+    let pool = PoolTransport::builder()
+        .add(b, 2)
+        .add(a, 1)
+        .strategy(Strategy::RoundRobin)
+        .build()
+        .unwrap();
+    let members: Vec<_> = pool
+        .members()
+        .map(|(member, priority)| (member.name().to_owned(), priority))
+        .collect();
+    assert_eq!(members, [("a".to_owned(), 1), ("b".to_owned(), 2)]);
+    assert_eq!(pool.strategy(), Strategy::RoundRobin);
+    assert_eq!(
+        pool_of(&Scripted::new("p"), &Scripted::new("q")).strategy(),
+        Strategy::Priority
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn priority_sends_through_the_lowest_number_first() {
     let (primary, backup) = (Scripted::new("primary"), Scripted::new("backup"));
