@@ -80,6 +80,20 @@ fn a_pool_lists_its_members_lowest_priority_number_first_and_tells_its_strategy(
     );
 }
 
+#[test]
+fn a_pool_is_shown_with_its_name_members_and_strategy() {
+    let pool = PoolTransport::builder()
+        .name("mail")
+        .add(Scripted::new("a"), 1)
+        .build()
+        .unwrap();
+    let shown = format!("{pool:?}");
+    assert!(shown.starts_with("PoolTransport"), "{shown}");
+    for part in ["\"mail\"", "\"a\"", "Priority"] {
+        assert!(shown.contains(part), "{part} in {shown}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn priority_sends_through_the_lowest_number_first() {
     let (primary, backup) = (Scripted::new("primary"), Scripted::new("backup"));
