@@ -94,6 +94,19 @@ fn a_pool_is_shown_with_its_name_members_and_strategy() {
     }
 }
 
+#[test]
+fn a_pool_builder_is_shown_with_what_it_was_given() {
+    let builder = PoolTransport::builder()
+        .name("mail")
+        .add(Scripted::new("a"), 7)
+        .at_most_once();
+    let shown = format!("{builder:?}");
+    assert!(shown.starts_with("PoolBuilder"), "{shown}");
+    for part in ["\"mail\"", "(\"a\", 7)", "Priority", "at_most_once: true"] {
+        assert!(shown.contains(part), "{part} in {shown}");
+    }
+}
+
 #[tokio::test(start_paused = true)]
 async fn priority_sends_through_the_lowest_number_first() {
     let (primary, backup) = (Scripted::new("primary"), Scripted::new("backup"));
