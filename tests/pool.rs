@@ -299,6 +299,22 @@ async fn send_many_keeps_the_batch_on_one_member() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come() {
+    let primary = Scripted::new("primary").batched();
+    let backup = Scripted::new("backup").batched();
+    let slowly = futures::stream::iter(numbered_messages(5)).then(|message| async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        message
+    });
+    let answers: Vec<_> = pool_of(&primary, &backup)
+        .send_many(slowly.boxed())
+        .collect()
+        .await;
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(primary.batches(), [5], "one batch, not one per message");
+}
+
+#[tokio::test(start_paused = true)]
 async fn send_many_resends_only_the_failed_messages_to_the_backup_in_one_batch() {
     let primary = Scripted::new("primary").batched();
     primary.then([
