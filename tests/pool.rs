@@ -28,6 +28,10 @@ fn breaker(inner: &Scripted, reset: Duration) -> CircuitBreakerTransport<Scripte
         .expect("valid settings")
 }
 
+fn failure() -> Reply {
+    Reply::fail(Category::ServerError)
+}
+
 fn batch_failure(category: Category) -> Reply {
     Reply::Err(SendError::new(category, "test.batch", "the whole batch failed").batch_failure())
 }
@@ -312,6 +316,25 @@ async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come()
         .await;
     assert!(answers.iter().all(Result::is_ok));
     assert_eq!(primary.batches(), [5], "one batch, not one per message");
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_last_members_batch_stays_open_while_a_member_before_it_may_still_fail_over() {
+    let primary = Scripted::answering("primary", failure());
+    let slow_failure = Reply::after(Duration::from_secs(1), failure());
+    let secondary = Scripted::answering("secondary", slow_failure);
+    let last = Scripted::new("last").batched();
+    let pool = PoolTransport::builder()
+        .add(primary.clone(), 1)
+        .add(secondary.clone(), 2)
+        .add(last.clone(), 3)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(3)).await;
+    assert!(answers.iter().all(Result::is_ok));
+    // The secondary fails one message a second; the last member's batch waits for them all,
+    // also while the secondary works on the last one and has nothing more queued.
+    assert_eq!(last.batches(), [3], "one batch, not one per failure");
 }
 
 #[tokio::test(start_paused = true)]
