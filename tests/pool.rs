@@ -702,3 +702,60 @@ async fn at_most_once_keeps_a_maybe_delivered_message_of_a_batch_on_its_member()
     );
     assert_eq!(backup.sends(), 1);
 }
+
+/// A member that reads its batch as a pipelining transport may: each read is a future in a
+/// `FuturesUnordered`, which polls it again only once its waker is woken. Then sends the batch
+/// through its inner transport.
+struct ReadsWhenWoken(Scripted);
+
+#[async_trait::async_trait]
+impl Transport for ReadsWhenWoken {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.0.send_raw(envelope, raw).await
+    }
+    fn send_many<'a>(
+        &'a self,
+        mut messages: mail_breaker::MessageStream<'a>,
+    ) -> mail_breaker::ReceiptStream<'a> {
+        futures::stream::once(async move {
+            let mut batch = Vec::new();
+            loop {
+                let mut read = futures::stream::FuturesUnordered::new();
+                read.push(messages.next());
+                match read.next().await.flatten() {
+                    Some(message) => batch.push(message),
+                    None => break,
+                }
+            }
+            self.0.send_many(futures::stream::iter(batch).boxed())
+        })
+        .flatten()
+        .boxed()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_reading_only_when_woken_is_woken_for_each_message_and_the_end_of_its_batch() {
+    let primary = Scripted::new("primary");
+    let slow_ok = || Reply::after(Duration::from_secs(1), Reply::Ok);
+    // The backup waits for a message while the primary sends one, and for the end of its
+    // batch while the primary sends the last.
+    primary.then([failure(), slow_ok(), failure(), slow_ok()]);
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(primary.clone(), 1)
+        .add(ReadsWhenWoken(backup.clone()), 2)
+        .build()
+        .unwrap();
+    let answers = tokio::time::timeout(
+        Duration::from_secs(60),
+        send_all(&pool, numbered_messages(4)),
+    )
+    .await
+    .expect("every message answered, none left waiting for a wake");
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(backup.batches(), [2]);
+}
