@@ -419,6 +419,22 @@ async fn send_many_answers_every_message_when_the_last_members_batch_fails() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn after_the_last_members_batch_failed_messages_that_come_slowly_are_still_answered() {
+    // Each member's batch fails on its first message, before the next one comes.
+    let primary = Scripted::answering("primary", batch_failure(Category::Network));
+    let backup = Scripted::answering("backup", batch_failure(Category::Network));
+    let slowly = futures::stream::iter(numbered_messages(3)).then(|message| async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        message
+    });
+    let answers: Vec<_> = pool_of(&primary, &backup)
+        .send_many(slowly.boxed())
+        .collect()
+        .await;
+    assert_eq!(transports(&answers), ["error:pool.exhausted"; 3]);
+}
+
+#[tokio::test(start_paused = true)]
 async fn send_many_answers_the_rest_of_a_batch_rejected_as_a_whole_with_that_error() {
     let primary = Scripted::new("primary").batched();
     primary.then([Reply::Ok, batch_failure(Category::Rejected)]);
