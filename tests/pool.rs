@@ -775,3 +775,36 @@ async fn a_member_reading_only_when_woken_is_woken_for_each_message_and_the_end_
     assert!(answers.iter().all(Result::is_ok));
     assert_eq!(backup.batches(), [2]);
 }
+
+/// A member whose batch takes at most two messages, then ends.
+struct TwoAtATime(Scripted);
+
+#[async_trait::async_trait]
+impl Transport for TwoAtATime {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.0.send_raw(envelope, raw).await
+    }
+    fn send_many<'a>(
+        &'a self,
+        messages: mail_breaker::MessageStream<'a>,
+    ) -> mail_breaker::ReceiptStream<'a> {
+        self.0.send_many(messages.take(2).boxed())
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_batch_ends_after_reading_part_of_it_is_given_the_rest_in_new_batches() {
+    let primary = Scripted::new("primary").batched();
+    let backup = Scripted::new("backup").batched();
+    let pool = PoolTransport::builder()
+        .add(TwoAtATime(primary.clone()), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let answers = send_all(&pool, numbered_messages(5)).await;
+    assert_eq!(transports(&answers), ["primary"; 5]);
+    assert_eq!(primary.batches(), [2, 2, 1]);
+}

@@ -500,6 +500,21 @@ async fn send_many_waits_the_retry_after_before_the_second_try() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn send_many_waits_the_backoff_of_a_message_that_fails_while_its_next_try_is_sending() {
+    let inner = Scripted::new("p");
+    // The first message fails at once and is sent again after 1 s; the second fails at 2 s,
+    // while that second try is under way, and must wait its own second before it joins it.
+    inner.then([
+        Reply::fail(Category::Network),
+        Reply::after(Duration::from_secs(2), Reply::fail(Category::Network)),
+    ]);
+    let started = Instant::now();
+    let answers = send_all(&retry(&inner, 3), numbered_messages(3)).await;
+    assert_eq!(attempts(&answers), ["2", "2", "1"]);
+    assert_eq!(started.elapsed(), Duration::from_secs(3));
+}
+
+#[tokio::test(start_paused = true)]
 async fn send_many_retries_the_rest_of_a_batch_that_failed_as_a_whole() {
     let inner = Scripted::new("p").batched();
     inner.then([
