@@ -129,6 +129,11 @@ impl<N> State<'_, N> {
         self.source_done && self.answers.is_empty()
     }
 
+    /// Whether the output has something to give: the next answer, or its end.
+    pub(super) fn has_output(&self) -> bool {
+        self.has_ready() || self.finished()
+    }
+
     /// Makes sure the state of `stage` exists, if there is such a stage.
     pub(super) fn ensure(&mut self, stage: usize, count: usize) {
         while self.stages.len() <= stage && self.stages.len() < count {

@@ -9,7 +9,7 @@ use futures::{Stream, StreamExt, stream};
 use tokio::time::{Instant, Sleep};
 
 use super::Stages;
-use super::state::{Item, Shared, Status, enter, fail_stage, settle, wake};
+use super::state::{Item, Shared, State, Status, enter, fail_stage, settle, wake};
 use crate::transport::unanswered;
 use crate::{Message, MessageStream, Receipt, ReceiptStream, SendError};
 
@@ -190,19 +190,11 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
                 Some(Event::End(stage)) => this.on_end(stage),
                 None => {
                     let mut state = this.shared.lock();
-                    if state.has_ready() || state.finished() {
+                    if state.has_output() {
                         continue;
                     }
-                    if this.running.iter().all(Option::is_none)
-                        && this.not_yet.iter().all(Option::is_none)
-                        && (state.source_done || state.source_stage().is_some())
-                    {
-                        // Nothing is left that could answer the messages still waiting: a
-                        // broken invariant, answered rather than left hanging.
-                        let first = state.first_unemitted;
-                        for offset in 0..state.answers.len() as u64 {
-                            state.answer(first + offset, Err(unanswered("cascade")));
-                        }
+                    if this.stranded(&state) {
+                        answer_stranded(&mut state);
                         continue;
                     }
                     return Poll::Pending;
@@ -213,6 +205,14 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
 }
 
 impl<'a, S: Stages<'a>> Cascade<'a, S> {
+    /// Whether nothing is left that could answer the messages still waiting: no batch runs,
+    /// none waits to start, and no stage can read more of the caller's messages.
+    fn stranded(&self, state: &State<'a, S::Note>) -> bool {
+        self.running.iter().all(Option::is_none)
+            && self.not_yet.iter().all(Option::is_none)
+            && (state.source_done || state.source_stage().is_some())
+    }
+
     fn poll_stages(&mut self, cx: &mut Context<'_>) -> Option<Event> {
         for (index, running) in self.running.iter_mut().enumerate() {
             if let Some(batch) = running {
@@ -284,5 +284,14 @@ impl<'a, S: Stages<'a>> Cascade<'a, S> {
             fail_stage(stages, &mut state, stage, unanswered(name));
         }
         state.wake_inputs();
+    }
+}
+
+/// Answers each message still waiting with an error: a broken invariant of the cascade,
+/// answered rather than left hanging.
+fn answer_stranded<N>(state: &mut State<'_, N>) {
+    let first = state.first_unemitted;
+    for offset in 0..state.answers.len() as u64 {
+        state.answer(first + offset, Err(unanswered("cascade")));
     }
 }
