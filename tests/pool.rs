@@ -2,6 +2,8 @@
 
 mod support;
 
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
 use futures::StreamExt;
@@ -316,6 +318,43 @@ async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come()
         .await;
     assert!(answers.iter().all(Result::is_ok));
     assert_eq!(primary.batches(), [5], "one batch, not one per message");
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_reads_the_callers_messages_only_as_the_member_takes_them() {
+    let member = Scripted::answering("p", Reply::after(Duration::from_secs(1), Reply::Ok));
+    let pool = PoolTransport::builder().add(member, 1).build().unwrap();
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&pulled);
+    let messages = futures::stream::iter(numbered_messages(5)).inspect(move |_| {
+        counted.fetch_add(1, Ordering::Relaxed);
+    });
+    let mut answers = pool.send_many(messages.boxed());
+    answers.next().await.expect("an answer").expect("delivered");
+    let pulled = pulled.load(Ordering::Relaxed);
+    assert!(
+        pulled <= 2,
+        "{pulled} of 5 messages read before the first was sent"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_failing_over_send_many_reads_the_callers_messages_only_as_the_backup_takes_them() {
+    let primary = Scripted::answering("primary", batch_failure(Category::Network));
+    let backup = Scripted::answering("backup", Reply::after(Duration::from_secs(1), Reply::Ok));
+    let pulled = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&pulled);
+    let messages = futures::stream::iter(numbered_messages(5)).inspect(move |_| {
+        counted.fetch_add(1, Ordering::Relaxed);
+    });
+    let pool = pool_of(&primary, &backup);
+    let mut answers = pool.send_many(messages.boxed());
+    answers.next().await.expect("an answer").expect("delivered");
+    let pulled = pulled.load(Ordering::Relaxed);
+    assert!(
+        pulled <= 2,
+        "{pulled} of 5 messages read before the first was sent"
+    );
 }
 
 #[tokio::test(start_paused = true)]

@@ -153,13 +153,7 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
                         to_start.push(index);
                     }
                 }
-                let source_unread = match state.source_stage() {
-                    None => true,
-                    Some(stage) => {
-                        stage > 0 && this.running[stage].is_none() && !to_start.contains(&stage)
-                    }
-                };
-                if source_unread && !state.source_done {
+                if this.reads_source_itself(&state, &to_start) && !state.source_done {
                     // No running batch reads the caller's messages (every stage failed as a
                     // whole, or the next is not due yet): they are judged here.
                     match state.source.poll_next_unpin(cx) {
@@ -211,6 +205,15 @@ impl<'a, S: Stages<'a>> Cascade<'a, S> {
         self.running.iter().all(Option::is_none)
             && self.not_yet.iter().all(Option::is_none)
             && (state.source_done || state.source_stage().is_some())
+    }
+
+    /// Whether the cascade reads the caller's next message itself: when no batch reads them
+    /// (every stage failed as a whole, or the stage that would is idle and not starting).
+    fn reads_source_itself(&self, state: &State<'a, S::Note>, to_start: &[usize]) -> bool {
+        match state.source_stage() {
+            None => true,
+            Some(stage) => stage > 0 && self.running[stage].is_none() && !to_start.contains(&stage),
+        }
     }
 
     fn poll_stages(&mut self, cx: &mut Context<'_>) -> Option<Event> {
