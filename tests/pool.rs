@@ -8,8 +8,8 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mail_breaker::{
-    Category, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, SendError,
-    Strategy, Transport,
+    Category, CircuitBreakerTransport, Envelope, Message, MessageStream, PoolTransport, Receipt,
+    ReceiptStream, SendError, Strategy, Transport,
 };
 use support::scripted::{Reply, Scripted};
 use support::{message, numbered_messages};
@@ -320,18 +320,24 @@ async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come()
     assert_eq!(primary.batches(), [5], "one batch, not one per message");
 }
 
-#[tokio::test(start_paused = true)]
-async fn send_many_reads_the_callers_messages_only_as_the_member_takes_them() {
-    let member = Scripted::answering("p", Reply::after(Duration::from_secs(1), Reply::Ok));
-    let pool = PoolTransport::builder().add(member, 1).build().unwrap();
+/// Sends `count` messages through `pool` and tells how many of them the pool had read from
+/// the caller when the first answer came.
+async fn messages_read_before_the_first_answer(pool: &PoolTransport, count: usize) -> usize {
     let pulled = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&pulled);
-    let messages = futures::stream::iter(numbered_messages(5)).inspect(move |_| {
+    let messages = futures::stream::iter(numbered_messages(count)).inspect(move |_| {
         counted.fetch_add(1, Ordering::Relaxed);
     });
     let mut answers = pool.send_many(messages.boxed());
     answers.next().await.expect("an answer").expect("delivered");
-    let pulled = pulled.load(Ordering::Relaxed);
+    pulled.load(Ordering::Relaxed)
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_reads_the_callers_messages_only_as_the_member_takes_them() {
+    let member = Scripted::answering("p", Reply::after(Duration::from_secs(1), Reply::Ok));
+    let pool = PoolTransport::builder().add(member, 1).build().unwrap();
+    let pulled = messages_read_before_the_first_answer(&pool, 5).await;
     assert!(
         pulled <= 2,
         "{pulled} of 5 messages read before the first was sent"
@@ -342,15 +348,8 @@ async fn send_many_reads_the_callers_messages_only_as_the_member_takes_them() {
 async fn after_failing_over_send_many_reads_the_callers_messages_only_as_the_backup_takes_them() {
     let primary = Scripted::answering("primary", batch_failure(Category::Network));
     let backup = Scripted::answering("backup", Reply::after(Duration::from_secs(1), Reply::Ok));
-    let pulled = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&pulled);
-    let messages = futures::stream::iter(numbered_messages(5)).inspect(move |_| {
-        counted.fetch_add(1, Ordering::Relaxed);
-    });
     let pool = pool_of(&primary, &backup);
-    let mut answers = pool.send_many(messages.boxed());
-    answers.next().await.expect("an answer").expect("delivered");
-    let pulled = pulled.load(Ordering::Relaxed);
+    let pulled = messages_read_before_the_first_answer(&pool, 5).await;
     assert!(
         pulled <= 2,
         "{pulled} of 5 messages read before the first was sent"
@@ -631,10 +630,7 @@ impl Transport for Mute {
     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
         Ok(Receipt::new("mute"))
     }
-    fn send_many<'a>(
-        &'a self,
-        messages: mail_breaker::MessageStream<'a>,
-    ) -> mail_breaker::ReceiptStream<'a> {
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
         let reads = self.reads;
         futures::stream::once(async move {
             match reads {
@@ -758,38 +754,47 @@ async fn at_most_once_keeps_a_maybe_delivered_message_of_a_batch_on_its_member()
     assert_eq!(backup.sends(), 1);
 }
 
-/// A member that reads its batch as a pipelining transport may: each read is a future in a
-/// `FuturesUnordered`, which polls it again only once its waker is woken. Then sends the batch
-/// through its inner transport.
-struct ReadsWhenWoken(Scripted);
+/// A member that hands its inner transport each batch as `reading` reads it.
+struct Reading {
+    inner: Scripted,
+    reading: for<'a> fn(MessageStream<'a>) -> MessageStream<'a>,
+}
 
 #[async_trait::async_trait]
-impl Transport for ReadsWhenWoken {
+impl Transport for Reading {
     fn name(&self) -> &str {
-        self.0.name()
+        self.inner.name()
     }
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.0.send_raw(envelope, raw).await
+        self.inner.send_raw(envelope, raw).await
     }
-    fn send_many<'a>(
-        &'a self,
-        mut messages: mail_breaker::MessageStream<'a>,
-    ) -> mail_breaker::ReceiptStream<'a> {
-        futures::stream::once(async move {
-            let mut batch = Vec::new();
-            loop {
-                let mut read = futures::stream::FuturesUnordered::new();
-                read.push(messages.next());
-                match read.next().await.flatten() {
-                    Some(message) => batch.push(message),
-                    None => break,
-                }
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        self.inner.send_many((self.reading)(messages))
+    }
+}
+
+/// Reads a batch as a pipelining transport may: each read is a future in a
+/// `FuturesUnordered`, which polls it again only once its waker is woken.
+fn only_when_woken(mut messages: MessageStream<'_>) -> MessageStream<'_> {
+    futures::stream::once(async move {
+        let mut batch = Vec::new();
+        loop {
+            let mut read = futures::stream::FuturesUnordered::new();
+            read.push(messages.next());
+            match read.next().await.flatten() {
+                Some(message) => batch.push(message),
+                None => break,
             }
-            self.0.send_many(futures::stream::iter(batch).boxed())
-        })
-        .flatten()
-        .boxed()
-    }
+        }
+        futures::stream::iter(batch)
+    })
+    .flatten()
+    .boxed()
+}
+
+/// Ends the batch after two messages.
+fn two_at_a_time(messages: MessageStream<'_>) -> MessageStream<'_> {
+    messages.take(2).boxed()
 }
 
 #[tokio::test(start_paused = true)]
@@ -802,7 +807,13 @@ async fn a_member_reading_only_when_woken_is_woken_for_each_message_and_the_end_
     let backup = Scripted::new("backup").batched();
     let pool = PoolTransport::builder()
         .add(primary.clone(), 1)
-        .add(ReadsWhenWoken(backup.clone()), 2)
+        .add(
+            Reading {
+                inner: backup.clone(),
+                reading: only_when_woken,
+            },
+            2,
+        )
         .build()
         .unwrap();
     let answers = tokio::time::timeout(
@@ -815,31 +826,18 @@ async fn a_member_reading_only_when_woken_is_woken_for_each_message_and_the_end_
     assert_eq!(backup.batches(), [2]);
 }
 
-/// A member whose batch takes at most two messages, then ends.
-struct TwoAtATime(Scripted);
-
-#[async_trait::async_trait]
-impl Transport for TwoAtATime {
-    fn name(&self) -> &str {
-        self.0.name()
-    }
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.0.send_raw(envelope, raw).await
-    }
-    fn send_many<'a>(
-        &'a self,
-        messages: mail_breaker::MessageStream<'a>,
-    ) -> mail_breaker::ReceiptStream<'a> {
-        self.0.send_many(messages.take(2).boxed())
-    }
-}
-
 #[tokio::test(start_paused = true)]
 async fn a_member_whose_batch_ends_after_reading_part_of_it_is_given_the_rest_in_new_batches() {
     let primary = Scripted::new("primary").batched();
     let backup = Scripted::new("backup").batched();
     let pool = PoolTransport::builder()
-        .add(TwoAtATime(primary.clone()), 1)
+        .add(
+            Reading {
+                inner: primary.clone(),
+                reading: two_at_a_time,
+            },
+            1,
+        )
         .add(backup.clone(), 2)
         .build()
         .unwrap();
