@@ -427,16 +427,23 @@ fn the_open_streak_counts_the_openings_since_the_breaker_last_closed() {
     assert_eq!(machine.open_streak(), 0);
 }
 
-#[test]
-fn each_probe_of_a_half_open_period_has_a_number_of_its_own() {
+/// A machine whose reset timeout has just passed after it tripped, under rules that close it
+/// after two successful probes; with those rules and the time now.
+fn half_open_needing_two_successes() -> (Rules, Machine, Instant) {
     let rules = Rules {
         half_open_successes: 2,
         ..rules_for_tests()
     };
-    let mut now = Instant::now();
-    let mut machine = Machine::new(&rules, now);
-    machine.trip(&rules, now);
-    now += rules.reset_timeout;
+    let tripped = Instant::now();
+    let mut machine = Machine::new(&rules, tripped);
+    machine.trip(&rules, tripped);
+    let now = tripped + rules.reset_timeout;
+    (rules, machine, now)
+}
+
+#[test]
+fn each_probe_of_a_half_open_period_has_a_number_of_its_own() {
+    let (rules, mut machine, now) = half_open_needing_two_successes();
     let Decision::Send(first) = machine.acquire(&rules, now).0 else {
         panic!("the first probe goes once the reset timeout has passed");
     };
@@ -453,14 +460,7 @@ fn each_probe_of_a_half_open_period_has_a_number_of_its_own() {
 
 #[test]
 fn only_the_current_probe_counts_in_half_open() {
-    let rules = Rules {
-        half_open_successes: 2,
-        ..rules_for_tests()
-    };
-    let mut now = Instant::now();
-    let mut machine = Machine::new(&rules, now);
-    machine.trip(&rules, now);
-    now += rules.reset_timeout;
+    let (rules, mut machine, now) = half_open_needing_two_successes();
     let probe = |machine: &mut Machine| match machine.acquire(&rules, now).0 {
         Decision::Send(permit) => permit,
         refused => panic!("the probe's slot is free, not {refused:?}"),

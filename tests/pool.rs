@@ -320,28 +320,28 @@ async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come()
     assert_eq!(primary.batches(), [5], "one batch, not one per message");
 }
 
-/// Sends `count` messages through `pool` and tells how many of them the pool had read from
-/// the caller when the first answer came.
-async fn messages_read_before_the_first_answer(pool: &PoolTransport, count: usize) -> usize {
+/// Sends five messages through `pool` and checks that it had read at most two of them from
+/// the caller when the first answer came: the one sent and the next.
+async fn assert_reads_at_most_two_of_five_before_the_first_answer(pool: &PoolTransport) {
     let pulled = Arc::new(AtomicUsize::new(0));
     let counted = Arc::clone(&pulled);
-    let messages = futures::stream::iter(numbered_messages(count)).inspect(move |_| {
+    let messages = futures::stream::iter(numbered_messages(5)).inspect(move |_| {
         counted.fetch_add(1, Ordering::Relaxed);
     });
     let mut answers = pool.send_many(messages.boxed());
     answers.next().await.expect("an answer").expect("delivered");
-    pulled.load(Ordering::Relaxed)
+    let pulled = pulled.load(Ordering::Relaxed);
+    assert!(
+        pulled <= 2,
+        "{pulled} of 5 messages read before the first was sent"
+    );
 }
 
 #[tokio::test(start_paused = true)]
 async fn send_many_reads_the_callers_messages_only_as_the_member_takes_them() {
     let member = Scripted::answering("p", Reply::after(Duration::from_secs(1), Reply::Ok));
     let pool = PoolTransport::builder().add(member, 1).build().unwrap();
-    let pulled = messages_read_before_the_first_answer(&pool, 5).await;
-    assert!(
-        pulled <= 2,
-        "{pulled} of 5 messages read before the first was sent"
-    );
+    assert_reads_at_most_two_of_five_before_the_first_answer(&pool).await;
 }
 
 #[tokio::test(start_paused = true)]
@@ -349,11 +349,7 @@ async fn after_failing_over_send_many_reads_the_callers_messages_only_as_the_bac
     let primary = Scripted::answering("primary", batch_failure(Category::Network));
     let backup = Scripted::answering("backup", Reply::after(Duration::from_secs(1), Reply::Ok));
     let pool = pool_of(&primary, &backup);
-    let pulled = messages_read_before_the_first_answer(&pool, 5).await;
-    assert!(
-        pulled <= 2,
-        "{pulled} of 5 messages read before the first was sent"
-    );
+    assert_reads_at_most_two_of_five_before_the_first_answer(&pool).await;
 }
 
 #[tokio::test(start_paused = true)]
