@@ -5,6 +5,7 @@ pub mod adapters;
 pub mod breaker;
 mod cascade;
 mod config;
+mod inline;
 pub mod machine;
 pub mod metrics;
 pub mod pool;

@@ -5,6 +5,8 @@ use std::fmt;
 use std::sync::Arc;
 use std::time::Duration;
 
+use crate::inline::InlineStr;
+
 impl PartialEq for Receipt {
     /// Receipts are equal when every part is; a rejected recipient's error compares by its
     /// category and code.
@@ -236,13 +238,17 @@ pub struct SendError {
     code: Cow<'static, str>,
     message: Cow<'static, str>,
     retry_after: Option<Duration>,
-    /// Shared, so that a breaker's refusals and a batch failure's clones copy no string.
-    transport: Option<Arc<str>>,
+    /// In place when short, so that a breaker's refusals and a batch failure's clones copy
+    /// no string and count no reference; shared when long.
+    transport: Option<TransportName>,
     batch_failure: bool,
     maybe_delivered: bool,
     /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
     details: Option<Box<Details>>,
 }
+
+/// A transport's name in an error: the names of nearly all transports fit in place.
+type TransportName = InlineStr<30>;
 
 /// The rarely set parts of a [`SendError`].
 #[derive(Debug, Clone, Default)]
@@ -301,13 +307,13 @@ impl SendError {
 
     /// Names the transport the error came from.
     pub fn with_transport(mut self, name: impl Into<String>) -> Self {
-        self.transport = Some(Arc::from(name.into()));
+        self.transport = Some(TransportName::new(&name.into()));
         self
     }
 
     /// Names the transport the error came from with a name already shared; allocates nothing.
-    pub(crate) fn with_shared_transport(mut self, name: Arc<str>) -> Self {
-        self.transport = Some(name);
+    pub(crate) fn with_shared_transport(mut self, name: &Arc<str>) -> Self {
+        self.transport = Some(TransportName::shared(name));
         self
     }
 
@@ -396,7 +402,7 @@ impl SendError {
 
     /// The transport the error came from, where known.
     pub fn transport(&self) -> Option<&str> {
-        self.transport.as_deref()
+        self.transport.as_ref().map(TransportName::as_str)
     }
 
     /// The errors this one sums up (each pool member's, for `pool.exhausted`).
@@ -410,7 +416,7 @@ impl SendError {
 impl fmt::Display for SendError {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         if let Some(transport) = &self.transport {
-            write!(f, "{transport}: ")?;
+            write!(f, "{}: ", transport.as_str())?;
         }
         write!(f, "{} ({}): {}", self.code, self.category, self.message)?;
         if let Some(after) = self.retry_after {

@@ -268,7 +268,7 @@ impl Gate {
             ),
         };
         if *self.transport_name == *transport {
-            error.with_shared_transport(Arc::clone(&self.transport_name))
+            error.with_shared_transport(&self.transport_name)
         } else {
             // The transport was renamed through `inner_mut` since the breaker was built.
             error.with_transport(transport)
