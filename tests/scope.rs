@@ -52,6 +52,17 @@ async fn recipient_domains_are_lower_cased_into_one_breaker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn recipient_domains_with_capitals_past_ascii_are_lower_cased_into_one_breaker() {
+    let breaker = by_domain(&failing(), 2);
+    let _ = breaker.send(&message_to("a@bÜcher.example")).await;
+    let _ = breaker.send(&message_to("b@BÜCHER.example")).await;
+    assert_eq!(breaker.state_of("bücher.example"), State::Open);
+    assert!(is_refused(
+        &breaker.send(&message_to("c@bücher.example")).await
+    ));
+}
+
+#[tokio::test(start_paused = true)]
 async fn an_open_breaker_for_one_domain_does_not_hold_mail_for_another() {
     let inner = failing();
     let breaker = by_domain(&inner, 1);

@@ -67,7 +67,12 @@ impl Scope {
 
 /// `domain` in lower case, borrowed when it already is.
 fn lower_case(domain: &str) -> Cow<'_, str> {
-    if domain.is_ascii() && !domain.bytes().any(|byte| byte.is_ascii_uppercase()) {
+    // One pass without a branch per byte: a byte past ASCII or an upper-case letter needs
+    // the lower-cased copy.
+    let needs_copy = domain.bytes().fold(false, |needs, byte| {
+        needs | matches!(byte, b'A'..=b'Z' | 0x80..=0xFF)
+    });
+    if !needs_copy {
         Cow::Borrowed(domain)
     } else {
         Cow::Owned(domain.to_lowercase())

@@ -364,6 +364,11 @@ impl Machine {
     /// error-rate window's slices start at the first result it counts.
     pub fn new(rules: &Rules, now: Instant) -> Self {
         let _ = now; // in the signature still, for the callers written against it
+        Machine::closed(rules)
+    }
+
+    /// A closed breaker, made without reading the clock (see [`new`](Self::new)).
+    pub(crate) fn closed(rules: &Rules) -> Self {
         Machine {
             phase: Phase::Closed,
             counter: Counter::new(&rules.counting),
@@ -401,6 +406,14 @@ impl Machine {
     /// Whether the closed breaker's count is empty: no failure in a row, nothing in the window.
     pub fn has_nothing_counted(&self) -> bool {
         self.counter.is_empty()
+    }
+
+    /// Until when the breaker refuses every send, while it is open for a time.
+    pub(crate) fn open_until(&self) -> Option<Instant> {
+        match self.phase {
+            Phase::Open { until } => Some(until),
+            _ => None,
+        }
     }
 
     /// Whether a probe is out and has not answered.
@@ -446,6 +459,26 @@ impl Machine {
             }
         };
         (decision, transitions)
+    }
+
+    /// [`record`](Self::record), reading the clock (`now`) only when the result changes
+    /// something: a success of a closed breaker with nothing counted in a row, by far the
+    /// most common result, changes nothing and reads no clock.
+    pub(crate) fn record_lazily(
+        &mut self,
+        rules: &Rules,
+        now: impl FnOnce() -> Instant,
+        permit: Permit,
+        outcome: Outcome,
+    ) -> Transitions {
+        if outcome == Outcome::Success
+            && permit.probe.is_none()
+            && matches!(self.phase, Phase::Closed)
+            && self.counter.ignores_a_success(&rules.counting)
+        {
+            return Transitions::NONE;
+        }
+        self.record(rules, now(), permit, outcome)
     }
 
     /// Counts the result of a send made with `permit`, at `now`.
@@ -656,4 +689,116 @@ impl Machine {
 
 fn is_current_probe(probe: &Option<Probe>, permit: Permit) -> bool {
     matches!((probe, permit.probe), (Some(probe), Some(number)) if probe.number == number)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn in_a_row(threshold: u32) -> Rules {
+        Rules {
+            counting: Counting::Consecutive { threshold },
+            ..Rules::default()
+        }
+    }
+
+    fn permit_of(machine: &mut Machine, rules: &Rules, now: Instant) -> Permit {
+        match machine.acquire(rules, now) {
+            (Decision::Send(permit), _) => permit,
+            (decision, _) => panic!("expected a permit, got {decision:?}"),
+        }
+    }
+
+    #[test]
+    fn a_success_of_a_closed_breaker_with_nothing_counted_changes_nothing_and_reads_no_clock() {
+        let rules = in_a_row(2);
+        let now = Instant::now();
+        let mut machine = Machine::new(&rules, now);
+        let permit = permit_of(&mut machine, &rules, now);
+        let changes = machine.record_lazily(
+            &rules,
+            || panic!("read the clock"),
+            permit,
+            Outcome::Success,
+        );
+        assert!(changes.is_empty());
+        assert!(machine.has_nothing_counted());
+        assert_eq!(machine.counter.reading(&rules.counting, now).calls, 0);
+    }
+
+    #[test]
+    fn a_failure_is_counted_at_the_time_the_clock_gives() {
+        let rules = in_a_row(1);
+        let now = Instant::now();
+        let mut machine = Machine::new(&rules, now);
+        let permit = permit_of(&mut machine, &rules, now);
+        let later = now + Duration::from_secs(7);
+        machine.record_lazily(&rules, || later, permit, Outcome::Failure);
+        assert_eq!(machine.open_until(), Some(later + rules.reset_timeout));
+    }
+
+    #[test]
+    fn a_success_after_a_failure_in_a_row_clears_the_count() {
+        let rules = in_a_row(2);
+        let now = Instant::now();
+        let mut machine = Machine::new(&rules, now);
+        let first = permit_of(&mut machine, &rules, now);
+        let second = permit_of(&mut machine, &rules, now);
+        machine.record_lazily(&rules, || now, first, Outcome::Failure);
+        machine.record_lazily(&rules, || now, second, Outcome::Success);
+        assert!(machine.has_nothing_counted());
+        let third = permit_of(&mut machine, &rules, now);
+        machine.record_lazily(&rules, || now, third, Outcome::Failure);
+        assert_eq!(
+            machine.state(),
+            State::Closed,
+            "one failure in a row of two"
+        );
+    }
+
+    #[test]
+    fn a_probes_success_is_counted_even_with_nothing_counted() {
+        let rules = in_a_row(1);
+        let now = Instant::now();
+        let mut machine = Machine::new(&rules, now);
+        let permit = permit_of(&mut machine, &rules, now);
+        machine.record(&rules, now, permit, Outcome::Failure);
+        let after = now + rules.reset_timeout;
+        let probe = permit_of(&mut machine, &rules, after);
+        assert!(probe.is_probe());
+        machine.record_lazily(&rules, || after, probe, Outcome::Success);
+        assert_eq!(machine.state(), State::Closed);
+    }
+
+    #[test]
+    fn a_success_under_error_rate_counting_is_counted() {
+        let rules = Rules {
+            counting: Counting::ErrorRate(ErrorRate {
+                threshold_percent: 50,
+                minimum_requests: 1,
+                window: Duration::from_secs(60),
+                buckets: 6,
+            }),
+            ..Rules::default()
+        };
+        let now = Instant::now();
+        let mut machine = Machine::new(&rules, now);
+        let permit = permit_of(&mut machine, &rules, now);
+        machine.record_lazily(&rules, || now, permit, Outcome::Success);
+        assert!(!machine.has_nothing_counted());
+    }
+
+    #[test]
+    fn a_success_under_a_threshold_of_zero_opens_as_record_says() {
+        let rules = in_a_row(0);
+        let now = Instant::now();
+        let mut lazy = Machine::new(&rules, now);
+        let mut eager = lazy.clone();
+        let permit = permit_of(&mut lazy, &rules, now);
+        permit_of(&mut eager, &rules, now);
+        let lazily = lazy.record_lazily(&rules, || now, permit, Outcome::Success);
+        let eagerly = eager.record(&rules, now, permit, Outcome::Success);
+        assert_eq!(lazily, eagerly);
+        assert_eq!(lazy.state(), eager.state());
+    }
 }

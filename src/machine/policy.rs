@@ -155,6 +155,16 @@ impl Counter {
         }
     }
 
+    /// Whether counting a success changes nothing: no failure in a row to clear, under
+    /// the counting this counter was made for.
+    pub(crate) fn ignores_a_success(&self, counting: &Counting) -> bool {
+        matches!(
+            (self, counting),
+            (Counter::Consecutive { failures: 0, .. }, Counting::Consecutive { threshold })
+                if *threshold > 0
+        )
+    }
+
     /// Whether nothing is counted: no failure in a row, no result in any bucket.
     pub(crate) fn is_empty(&self) -> bool {
         match self {

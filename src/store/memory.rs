@@ -2,12 +2,14 @@
 
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::time::Duration;
 
 use tokio::time::Instant;
 
 use super::lru::BoundedMap;
 use super::{BreakerStore, Reporter, StoreFuture};
 use crate::State;
+use crate::inline::InlineStr;
 use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Snapshot, Transitions};
 
 /// The default number of keys a [`MemoryStore`] tracks.
@@ -60,47 +62,18 @@ pub(crate) struct FirstKey {
     /// `period + 1` while the breaker is closed in `period` with no failure counted in a
     /// row; 0 otherwise. Written only under `machine`'s lock, after each change.
     clean: AtomicU64,
+    /// While the breaker is open for a time, 1 + the nanoseconds from `made` to the end of
+    /// that time; 0 otherwise. Written only under `machine`'s lock, after each change, so a
+    /// refusal needs no lock.
+    open_until: AtomicU64,
+    made: Instant,
     machine: Mutex<Machine>,
 }
 
-/// A key kept in place when it is short (a transport's name, a domain), else on the heap.
-#[derive(Debug)]
-enum InlineKey {
-    Short { len: u8, bytes: [u8; INLINE_KEY] },
-    Long(Box<str>),
-}
-
-const INLINE_KEY: usize = 96;
-
-impl InlineKey {
-    fn new(key: &str) -> Self {
-        match u8::try_from(key.len()) {
-            Ok(len) if key.len() <= INLINE_KEY => {
-                let mut bytes = [0; INLINE_KEY];
-                bytes[..key.len()].copy_from_slice(key.as_bytes());
-                InlineKey::Short { len, bytes }
-            }
-            _ => InlineKey::Long(key.into()),
-        }
-    }
-
-    fn as_str(&self) -> &str {
-        match self {
-            // Made from a whole `&str` in `new`, so its bytes are valid UTF-8.
-            InlineKey::Short { len, bytes } => {
-                std::str::from_utf8(&bytes[..usize::from(*len)]).unwrap_or_default()
-            }
-            InlineKey::Long(long) => long,
-        }
-    }
-
-    fn is(&self, key: &str) -> bool {
-        match self {
-            InlineKey::Short { len, bytes } => bytes[..usize::from(*len)] == *key.as_bytes(),
-            InlineKey::Long(long) => **long == *key,
-        }
-    }
-}
+/// A key kept in place when it is short (a transport's name, a domain), else on the heap:
+/// every send reads the first key, and on the heap it would share a cache line with the
+/// small allocations other threads make.
+type InlineKey = InlineStr<96>;
 
 impl MemoryStore {
     /// A store that tracks up to 10,000 keys.
@@ -138,7 +111,7 @@ impl MemoryStore {
     fn with_machine<R>(&self, key: &str, rules: &Rules, f: impl FnOnce(&mut Machine) -> R) -> R {
         self.lock().with(
             key,
-            || Machine::new(rules, Instant::now()),
+            || Machine::closed(rules),
             |machine| machine.state() == State::Closed,
             f,
         )
@@ -234,13 +207,9 @@ impl LocalBreaker<'_> {
     ) -> Transitions {
         match self {
             LocalBreaker::First(first) => first.record(rules, permit, outcome),
-            LocalBreaker::InMap(store) => {
-                // Read before the lock, so that the lock is held for as short a time as can be.
-                let now = Instant::now();
-                store.with_machine(key, rules, |machine| {
-                    machine.record(rules, now, permit, outcome)
-                })
-            }
+            LocalBreaker::InMap(store) => store.with_machine(key, rules, |machine| {
+                machine.record_lazily(rules, Instant::now, permit, outcome)
+            }),
         }
     }
 }
@@ -253,7 +222,7 @@ impl MemoryStore {
         }
         let now = Instant::now();
         match self.first.get().filter(|first| first.key.is(key)) {
-            Some(first) => lock(&first.machine).release(rules, now, permit),
+            Some(first) => first.release(rules, now, permit),
             None => self
                 .lock()
                 .peek_mut(key, |machine| machine.release(rules, now, permit))
@@ -293,7 +262,7 @@ fn counts_in_a_row(rules: &Rules) -> bool {
 
 impl FirstKey {
     fn new(key: &str, rules: &Rules) -> Self {
-        let machine = Machine::new(rules, Instant::now());
+        let machine = Machine::closed(rules);
         let clean = if counts_in_a_row(rules) {
             machine.period() + 1
         } else {
@@ -302,6 +271,8 @@ impl FirstKey {
         FirstKey {
             key: InlineKey::new(key),
             clean: AtomicU64::new(clean),
+            open_until: AtomicU64::new(0),
+            made: Instant::now(),
             machine: Mutex::new(machine),
         }
     }
@@ -314,12 +285,42 @@ impl FirstKey {
                 Transitions::NONE,
             );
         }
+        if let Some(retry_after) = self.refuses_for() {
+            // Open, and not yet at the end of its time: the machine would refuse for what is
+            // left of it, and change nothing.
+            return (Decision::Refuse { retry_after }, Transitions::NONE);
+        }
         let mut machine = lock(&self.machine);
         let answer = acquire(&mut machine, rules);
         if machine.state() != State::Closed {
             self.clean.store(0, Ordering::Release);
         }
+        self.publish_open(&machine);
         answer
+    }
+
+    /// The time left while the breaker is open for a time, from `open_until`.
+    fn refuses_for(&self) -> Option<Duration> {
+        let until = self.open_until.load(Ordering::Acquire).checked_sub(1)?;
+        let since_made = Instant::now()
+            .saturating_duration_since(self.made)
+            .as_nanos();
+        let left = u128::from(until)
+            .checked_sub(since_made)
+            .filter(|&left| left > 0)?;
+        Some(Duration::from_nanos(u64::try_from(left).ok()?))
+    }
+
+    /// Sets `open_until` to what `machine` now says; under its lock, after each change.
+    fn publish_open(&self, machine: &Machine) {
+        let word = machine
+            .open_until()
+            .and_then(|until| {
+                u64::try_from(until.saturating_duration_since(self.made).as_nanos()).ok()
+            })
+            .and_then(|nanos| nanos.checked_add(1))
+            .unwrap_or(0);
+        self.open_until.store(word, Ordering::Release);
     }
 
     fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
@@ -353,6 +354,7 @@ impl FirstKey {
         if let Some(clean) = clean {
             self.clean.store(clean, Ordering::Release);
         }
+        self.publish_open(&machine);
         transitions
     }
 
@@ -369,6 +371,7 @@ impl FirstKey {
             0
         };
         self.clean.store(clean, Ordering::Release);
+        self.publish_open(&machine);
         result
     }
 
@@ -378,7 +381,16 @@ impl FirstKey {
         if machine.state() != State::Closed {
             self.clean.store(0, Ordering::Release);
         }
+        self.publish_open(&machine);
         (machine.state(), transitions)
+    }
+
+    /// Gives back the probe of `permit` (see [`Machine::release`]).
+    fn release(&self, rules: &Rules, now: Instant, permit: Permit) -> Transitions {
+        let mut machine = lock(&self.machine);
+        let transitions = machine.release(rules, now, permit);
+        self.publish_open(&machine);
+        transitions
     }
 }
 
@@ -616,7 +628,7 @@ mod tests {
     #[test]
     fn a_first_key_too_long_to_keep_in_place_is_still_found() {
         let rules = Rules::default();
-        let long = "x".repeat(INLINE_KEY + 1);
+        let long = "x".repeat(97);
         let store = MemoryStore::new();
         for key in [long.as_str(), "short"] {
             futures::executor::block_on(store.acquire(key, &rules, &Reporter::none()));
@@ -639,5 +651,92 @@ mod tests {
             futures::executor::block_on(alone.acquire(key, &rules, &Reporter::none()));
         }
         assert_eq!(alone.tracked_keys(), 1);
+    }
+
+    /// Opens the breaker of `key` with failures in a row (five open it under the default rules).
+    fn open(store: &MemoryStore, key: &str, rules: &Rules) {
+        for _ in 0..5 {
+            if let (Decision::Send(permit), _) = store.acquire_now(key, rules) {
+                store.record_now(key, rules, permit, Outcome::Failure);
+            }
+        }
+        assert_eq!(store.state(key, rules).0, State::Open);
+    }
+
+    #[test]
+    fn an_open_first_key_refuses_without_taking_its_lock() {
+        let rules = Rules::default();
+        let store = std::sync::Arc::new(MemoryStore::new());
+        open(&store, "smtp", &rules);
+        let first = store.first("smtp", &rules, false).expect("the first key");
+        let _held = lock(&first.machine);
+        // A refusal that waited for the lock would wait here for as long as it is held.
+        let (answer, answered) = std::sync::mpsc::channel();
+        let asking = std::sync::Arc::clone(&store);
+        std::thread::spawn(move || {
+            let _ = answer.send(asking.acquire_now("smtp", &Rules::default()).0);
+        });
+        let decision = answered
+            .recv_timeout(Duration::from_secs(10))
+            .expect("a refusal without the lock");
+        assert!(
+            matches!(decision, Decision::Refuse { retry_after } if retry_after > Duration::ZERO
+            && retry_after <= rules.reset_timeout)
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_first_key_refuses_for_what_is_left_of_its_open_time() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        open(&store, "smtp", &rules);
+        tokio::time::advance(Duration::from_millis(1_500)).await;
+        let left = rules.reset_timeout - Duration::from_millis(1_500);
+        let refusal = Decision::Refuse { retry_after: left };
+        assert_eq!(store.acquire_now("smtp", &rules).0, refusal);
+        tokio::time::advance(left - Duration::from_nanos(1)).await;
+        let last = Decision::Refuse {
+            retry_after: Duration::from_nanos(1),
+        };
+        assert_eq!(store.acquire_now("smtp", &rules).0, last);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_open_first_key_lets_a_probe_go_at_exactly_the_end_of_its_open_time() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        open(&store, "smtp", &rules);
+        tokio::time::advance(rules.reset_timeout).await;
+        let (decision, changes) = store.acquire_now("smtp", &rules);
+        assert!(matches!(decision, Decision::Send(permit) if permit.is_probe()));
+        assert!(!changes.is_empty(), "open to half-open");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_key_reset_while_open_lets_the_next_send_go() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        open(&store, "smtp", &rules);
+        store.restart_from("smtp", &rules, State::Closed);
+        let (decision, _) = store.acquire_now("smtp", &rules);
+        assert!(matches!(decision, Decision::Send(permit) if !permit.is_probe()));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_key_whose_probe_is_given_back_after_its_deadline_refuses_again() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        open(&store, "smtp", &rules);
+        tokio::time::advance(rules.reset_timeout).await;
+        let (Decision::Send(probe), _) = store.acquire_now("smtp", &rules) else {
+            panic!("a probe");
+        };
+        tokio::time::advance(rules.probe_timeout).await;
+        store.release_now("smtp", &rules, probe);
+        // The probe failed at its deadline, which is now: open again for the second time.
+        let reopened = Decision::Refuse {
+            retry_after: rules.open_time(2),
+        };
+        assert_eq!(store.acquire_now("smtp", &rules).0, reopened);
     }
 }
