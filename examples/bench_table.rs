@@ -157,7 +157,12 @@ fn main() {
         .collect();
     for tasks in (1..=cores).filter(|n| n.is_power_of_two() || *n == cores) {
         let group = format!("scaling_{tasks}");
-        let label = format!("one send, closed, {tasks} tasks on {tasks} workers, per task");
+        let (task, worker) = if tasks == 1 {
+            ("task", "worker")
+        } else {
+            ("tasks", "workers")
+        };
+        let label = format!("one send, closed, {tasks} {task} on {tasks} {worker}, per task");
         let bare = get(&group, "bare");
         println!(
             "| {label} | bare transport | {} | baseline |",
