@@ -702,6 +702,12 @@ mod tests {
         }
     }
 
+    /// A closed machine made now, and now.
+    fn closed_now(rules: &Rules) -> (Machine, Instant) {
+        let now = Instant::now();
+        (Machine::new(rules, now), now)
+    }
+
     fn permit_of(machine: &mut Machine, rules: &Rules, now: Instant) -> Permit {
         match machine.acquire(rules, now) {
             (Decision::Send(permit), _) => permit,
@@ -712,8 +718,7 @@ mod tests {
     #[test]
     fn a_success_of_a_closed_breaker_with_nothing_counted_changes_nothing_and_reads_no_clock() {
         let rules = in_a_row(2);
-        let now = Instant::now();
-        let mut machine = Machine::new(&rules, now);
+        let (mut machine, now) = closed_now(&rules);
         let permit = permit_of(&mut machine, &rules, now);
         let changes = machine.record_lazily(
             &rules,
@@ -729,8 +734,7 @@ mod tests {
     #[test]
     fn a_failure_is_counted_at_the_time_the_clock_gives() {
         let rules = in_a_row(1);
-        let now = Instant::now();
-        let mut machine = Machine::new(&rules, now);
+        let (mut machine, now) = closed_now(&rules);
         let permit = permit_of(&mut machine, &rules, now);
         let later = now + Duration::from_secs(7);
         machine.record_lazily(&rules, || later, permit, Outcome::Failure);
@@ -740,8 +744,7 @@ mod tests {
     #[test]
     fn a_success_after_a_failure_in_a_row_clears_the_count() {
         let rules = in_a_row(2);
-        let now = Instant::now();
-        let mut machine = Machine::new(&rules, now);
+        let (mut machine, now) = closed_now(&rules);
         let first = permit_of(&mut machine, &rules, now);
         let second = permit_of(&mut machine, &rules, now);
         machine.record_lazily(&rules, || now, first, Outcome::Failure);
@@ -759,8 +762,7 @@ mod tests {
     #[test]
     fn a_probes_success_is_counted_even_with_nothing_counted() {
         let rules = in_a_row(1);
-        let now = Instant::now();
-        let mut machine = Machine::new(&rules, now);
+        let (mut machine, now) = closed_now(&rules);
         let permit = permit_of(&mut machine, &rules, now);
         machine.record(&rules, now, permit, Outcome::Failure);
         let after = now + rules.reset_timeout;
@@ -781,8 +783,7 @@ mod tests {
             }),
             ..Rules::default()
         };
-        let now = Instant::now();
-        let mut machine = Machine::new(&rules, now);
+        let (mut machine, now) = closed_now(&rules);
         let permit = permit_of(&mut machine, &rules, now);
         machine.record_lazily(&rules, || now, permit, Outcome::Success);
         assert!(!machine.has_nothing_counted());
@@ -791,8 +792,7 @@ mod tests {
     #[test]
     fn a_success_under_a_threshold_of_zero_opens_as_record_says() {
         let rules = in_a_row(0);
-        let now = Instant::now();
-        let mut lazy = Machine::new(&rules, now);
+        let (mut lazy, now) = closed_now(&rules);
         let mut eager = lazy.clone();
         let permit = permit_of(&mut lazy, &rules, now);
         permit_of(&mut eager, &rules, now);

@@ -653,6 +653,13 @@ mod tests {
         assert_eq!(alone.tracked_keys(), 1);
     }
 
+    /// A store under the default rules whose first key, `smtp`, is open.
+    fn opened() -> (MemoryStore, Rules) {
+        let (store, rules) = (MemoryStore::new(), Rules::default());
+        open(&store, "smtp", &rules);
+        (store, rules)
+    }
+
     /// Opens the breaker of `key` with failures in a row (five open it under the default rules).
     fn open(store: &MemoryStore, key: &str, rules: &Rules) {
         for _ in 0..5 {
@@ -687,9 +694,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_open_first_key_refuses_for_what_is_left_of_its_open_time() {
-        let rules = Rules::default();
-        let store = MemoryStore::new();
-        open(&store, "smtp", &rules);
+        let (store, rules) = opened();
         tokio::time::advance(Duration::from_millis(1_500)).await;
         let left = rules.reset_timeout - Duration::from_millis(1_500);
         let refusal = Decision::Refuse { retry_after: left };
@@ -703,9 +708,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_open_first_key_lets_a_probe_go_at_exactly_the_end_of_its_open_time() {
-        let rules = Rules::default();
-        let store = MemoryStore::new();
-        open(&store, "smtp", &rules);
+        let (store, rules) = opened();
         tokio::time::advance(rules.reset_timeout).await;
         let (decision, changes) = store.acquire_now("smtp", &rules);
         assert!(matches!(decision, Decision::Send(permit) if permit.is_probe()));
@@ -714,9 +717,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_key_reset_while_open_lets_the_next_send_go() {
-        let rules = Rules::default();
-        let store = MemoryStore::new();
-        open(&store, "smtp", &rules);
+        let (store, rules) = opened();
         store.restart_from("smtp", &rules, State::Closed);
         let (decision, _) = store.acquire_now("smtp", &rules);
         assert!(matches!(decision, Decision::Send(permit) if !permit.is_probe()));
@@ -724,9 +725,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn a_first_key_whose_probe_is_given_back_after_its_deadline_refuses_again() {
-        let rules = Rules::default();
-        let store = MemoryStore::new();
-        open(&store, "smtp", &rules);
+        let (store, rules) = opened();
         tokio::time::advance(rules.reset_timeout).await;
         let (Decision::Send(probe), _) = store.acquire_now("smtp", &rules) else {
             panic!("a probe");
