@@ -69,7 +69,7 @@ where
                 return Ok(());
             }
         };
-        let breaker = self.memory.breaker_of(&key, &gate.rules);
+        let mut breaker = self.memory.breaker_of(&key, &gate.rules);
         let decision = breaker.acquire(&key, &gate.rules);
         match gate.admitted(transport, key, decision) {
             Ok(unspent) => {

@@ -408,6 +408,12 @@ impl Machine {
         self.counter.is_empty()
     }
 
+    /// Whether a success of a send it let go while closed would change nothing: closed,
+    /// with no failure in a row to clear.
+    pub(crate) fn ignores_a_success(&self, rules: &Rules) -> bool {
+        matches!(self.phase, Phase::Closed) && self.counter.ignores_a_success(&rules.counting)
+    }
+
     /// Until when the breaker refuses every send, while it is open for a time.
     pub(crate) fn open_until(&self) -> Option<Instant> {
         match self.phase {
@@ -471,11 +477,7 @@ impl Machine {
         permit: Permit,
         outcome: Outcome,
     ) -> Transitions {
-        if outcome == Outcome::Success
-            && permit.probe.is_none()
-            && matches!(self.phase, Phase::Closed)
-            && self.counter.ignores_a_success(&rules.counting)
-        {
+        if outcome == Outcome::Success && permit.probe.is_none() && self.ignores_a_success(rules) {
             return Transitions::NONE;
         }
         self.record(rules, now(), permit, outcome)

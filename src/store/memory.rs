@@ -45,6 +45,13 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 #[derive(Debug)]
 pub struct MemoryStore {
     machines: Mutex<BoundedMap<Machine>>,
+    /// Moves on, under the lock of `machines`, at every result that can leave a closed
+    /// breaker there with something counted: a failure, or any result counted at a rate.
+    /// A success for a key whose breaker was closed with nothing counted when it gave
+    /// leave, with this unmoved since, changes nothing, and is answered without the lock
+    /// (see [`LocalBreaker`]). Every other change (a reset, a trip, an isolation) moves the
+    /// breaker's period on, and a result from an earlier period counts for nothing.
+    changes: AtomicU64,
     /// The first key decided on, when `max_keys` leaves room for it beside the map.
     first: OnceLock<FirstKey>,
     keeps_first_apart: bool,
@@ -91,6 +98,7 @@ impl MemoryStore {
         };
         MemoryStore {
             machines: Mutex::new(BoundedMap::new(in_map)),
+            changes: AtomicU64::new(0),
             first: OnceLock::new(),
             keeps_first_apart,
         }
@@ -107,7 +115,9 @@ impl MemoryStore {
         first.key.is(key).then_some(first)
     }
 
-    /// Runs `f` on the machine of `key`, made if missing, and marks the key used.
+    /// Runs `f` on the machine of `key`, made if missing, and marks the key used. A result
+    /// that may leave a closed machine with something counted is recorded by
+    /// [`LocalBreaker::record`], which moves `changes` on.
     fn with_machine<R>(&self, key: &str, rules: &Rules, f: impl FnOnce(&mut Machine) -> R) -> R {
         self.lock().with(
             key,
@@ -169,7 +179,10 @@ impl MemoryStore {
     pub(crate) fn breaker_of(&self, key: &str, rules: &Rules) -> LocalBreaker<'_> {
         match self.first(key, rules, true) {
             Some(first) => LocalBreaker::First(first),
-            None => LocalBreaker::InMap(self),
+            None => LocalBreaker::InMap {
+                store: self,
+                clean_since: None,
+            },
         }
     }
 }
@@ -181,17 +194,28 @@ pub(crate) enum LocalBreaker<'s> {
     /// The first key's, kept apart from the map.
     First(&'s FirstKey),
     /// One in the store's map, looked up (and marked used) at each call.
-    InMap(&'s MemoryStore),
+    InMap {
+        store: &'s MemoryStore,
+        /// The store's `changes` when this breaker last gave leave while closed with
+        /// nothing counted: while they stay the same, a success of that send changes nothing.
+        clean_since: Option<u64>,
+    },
 }
 
 impl LocalBreaker<'_> {
     /// Leave to send (see [`BreakerStore::acquire`]).
     #[inline]
-    pub(crate) fn acquire(self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+    pub(crate) fn acquire(&mut self, key: &str, rules: &Rules) -> (Decision, Transitions) {
         match self {
             LocalBreaker::First(first) => first.acquire(rules),
-            LocalBreaker::InMap(store) => {
-                store.with_machine(key, rules, |machine| acquire(machine, rules))
+            LocalBreaker::InMap { store, clean_since } => {
+                store.with_machine(key, rules, |machine| {
+                    let answer = acquire(machine, rules);
+                    *clean_since = machine
+                        .ignores_a_success(rules)
+                        .then(|| store.changes.load(Ordering::Relaxed));
+                    answer
+                })
             }
         }
     }
@@ -207,9 +231,25 @@ impl LocalBreaker<'_> {
     ) -> Transitions {
         match self {
             LocalBreaker::First(first) => first.record(rules, permit, outcome),
-            LocalBreaker::InMap(store) => store.with_machine(key, rules, |machine| {
-                machine.record_lazily(rules, Instant::now, permit, outcome)
-            }),
+            LocalBreaker::InMap { store, clean_since } => {
+                let changes_nothing = outcome == Outcome::Success
+                    && !permit.is_probe()
+                    && clean_since == Some(store.changes.load(Ordering::Acquire));
+                if changes_nothing {
+                    // Closed with nothing counted when it gave leave, and nothing that could
+                    // count something has happened in the map since.
+                    return Transitions::NONE;
+                }
+                let counts_something = outcome == Outcome::Failure || !counts_in_a_row(rules);
+                store.with_machine(key, rules, |machine| {
+                    let transitions = machine.record_lazily(rules, Instant::now, permit, outcome);
+                    if counts_something {
+                        // Under the lock, after the change: see `MemoryStore::changes`.
+                        store.changes.fetch_add(1, Ordering::Release);
+                    }
+                    transitions
+                })
+            }
         }
     }
 }
@@ -528,7 +568,9 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(seed);
         let store = MemoryStore::with_max_keys(8);
         let mut machines: HashMap<&str, Machine> = HashMap::new();
-        let mut out: Vec<(&str, Permit)> = Vec::new();
+        // Each send's breaker is kept from its leave to its result, as a breaker's send keeps
+        // it, or found again, as a store shared through the trait finds it.
+        let mut out: Vec<(&str, Permit, LocalBreaker<'_>)> = Vec::new();
         for _ in 0..20_000 {
             let key = ["first", "second", "third"][rng.usize(0..3)];
             let now = Instant::now();
@@ -539,14 +581,19 @@ mod tests {
                         .entry(key)
                         .or_insert_with(|| Machine::new(&rules, now));
                     let expected = machine.acquire(&rules, now);
-                    let got = store.acquire(key, &rules, &Reporter::none()).await;
+                    let mut breaker = store.breaker_of(key, &rules);
+                    let got = if rng.bool() {
+                        breaker.acquire(key, &rules)
+                    } else {
+                        store.acquire(key, &rules, &Reporter::none()).await
+                    };
                     assert_eq!(got, expected, "acquire {key}");
                     if let (Decision::Send(permit), _) = got {
-                        out.push((key, permit));
+                        out.push((key, permit, breaker));
                     }
                 }
                 4..=7 if !out.is_empty() => {
-                    let (key, permit) = out.swap_remove(rng.usize(..out.len()));
+                    let (key, permit, breaker) = out.swap_remove(rng.usize(..out.len()));
                     let outcome = if rng.u8(0..3) == 0 {
                         Outcome::Success
                     } else {
@@ -559,13 +606,17 @@ mod tests {
                     };
                     let machine = machines.get_mut(key).expect("acquired before");
                     let expected = machine.record(&rules, now, permit, outcome);
-                    let got = store
-                        .record(key, &rules, permit, outcome, &Reporter::none())
-                        .await;
+                    let got = if rng.bool() {
+                        breaker.record(key, &rules, permit, outcome)
+                    } else {
+                        store
+                            .record(key, &rules, permit, outcome, &Reporter::none())
+                            .await
+                    };
                     assert_eq!(got, expected, "record {key} {outcome:?}");
                 }
                 8 if !out.is_empty() => {
-                    let (key, permit) = out.swap_remove(rng.usize(..out.len()));
+                    let (key, permit, _) = out.swap_remove(rng.usize(..out.len()));
                     let expected = machines
                         .get_mut(key)
                         .expect("acquired")
@@ -651,6 +702,60 @@ mod tests {
             futures::executor::block_on(alone.acquire(key, &rules, &Reporter::none()));
         }
         assert_eq!(alone.tracked_keys(), 1);
+    }
+
+    /// Leave for a send to `key` under `rules`, with the breaker that gave it.
+    fn leave<'s>(store: &'s MemoryStore, key: &str, rules: &Rules) -> (LocalBreaker<'s>, Permit) {
+        let mut breaker = store.breaker_of(key, rules);
+        match breaker.acquire(key, rules) {
+            (Decision::Send(permit), _) => (breaker, permit),
+            (decision, _) => panic!("expected leave for {key}, got {decision:?}"),
+        }
+    }
+
+    #[test]
+    fn a_success_after_another_sends_failure_still_clears_the_count() {
+        let rules = Rules {
+            counting: Counting::Consecutive { threshold: 2 },
+            ..Rules::default()
+        };
+        let store = MemoryStore::new();
+        leave(&store, "first", &rules); // the first key is kept apart: the others are in the map
+        let (fast, fast_permit) = leave(&store, "example.org", &rules);
+        let (slow, slow_permit) = leave(&store, "example.org", &rules);
+        slow.record("example.org", &rules, slow_permit, Outcome::Failure);
+        fast.record("example.org", &rules, fast_permit, Outcome::Success);
+        let (next, next_permit) = leave(&store, "example.org", &rules);
+        next.record("example.org", &rules, next_permit, Outcome::Failure);
+        assert_eq!(
+            store.state("example.org", &rules).0,
+            State::Closed,
+            "one failure in a row of two"
+        );
+    }
+
+    #[test]
+    fn a_success_after_a_reset_of_its_breaker_counts_for_nothing() {
+        let rules = Rules {
+            counting: Counting::Consecutive { threshold: 2 },
+            ..Rules::default()
+        };
+        let store = MemoryStore::new();
+        leave(&store, "first", &rules);
+        let (before, before_permit) = leave(&store, "example.org", &rules);
+        let (failing, failing_permit) = leave(&store, "example.org", &rules);
+        store.change("example.org", &rules, Machine::reset);
+        let (after, after_permit) = leave(&store, "example.org", &rules);
+        after.record("example.org", &rules, after_permit, Outcome::Failure);
+        before.record("example.org", &rules, before_permit, Outcome::Success);
+        failing.record("example.org", &rules, failing_permit, Outcome::Failure);
+        let (last, last_permit) = leave(&store, "example.org", &rules);
+        last.record("example.org", &rules, last_permit, Outcome::Failure);
+        assert_eq!(
+            store.state("example.org", &rules).0,
+            State::Open,
+            "two failures in a row since the reset: the success before it cleared nothing"
+        );
     }
 
     /// A store under the default rules whose first key, `smtp`, is open.
