@@ -233,11 +233,10 @@ impl LocalBreaker<'_> {
             LocalBreaker::First(first) => first.record(rules, permit, outcome),
             LocalBreaker::InMap { store, clean_since } => {
                 let changes_nothing = outcome == Outcome::Success
-                    && !permit.is_probe()
                     && clean_since == Some(store.changes.load(Ordering::Acquire));
                 if changes_nothing {
-                    // Closed with nothing counted when it gave leave, and nothing that could
-                    // count something has happened in the map since.
+                    // Closed with nothing counted when it gave leave (so `permit` is not a
+                    // probe's), and nothing that could count something has happened since.
                     return Transitions::NONE;
                 }
                 let counts_something = outcome == Outcome::Failure || !counts_in_a_row(rules);
@@ -758,6 +757,36 @@ mod tests {
         );
     }
 
+    /// Runs `f` in another thread while this one holds `mutex`, and returns what it
+    /// returned, or `None` if it waited for the lock.
+    fn runs_while_held<T, R: Send>(mutex: &Mutex<T>, f: impl FnOnce() -> R + Send) -> Option<R> {
+        std::thread::scope(|scope| {
+            let held = lock(mutex);
+            let (answer, answered) = std::sync::mpsc::channel();
+            scope.spawn(move || {
+                let _ = answer.send(f());
+            });
+            let got = answered.recv_timeout(Duration::from_secs(10)).ok();
+            drop(held);
+            got
+        })
+    }
+
+    #[test]
+    fn a_success_that_changes_nothing_takes_no_lock_whatever_other_successes_came_since() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        leave(&store, "first", &rules);
+        let (breaker, permit) = leave(&store, "example.org", &rules);
+        let (_, other) = leave(&store, "example.org", &rules);
+        // Found again, as a store shared through the trait finds it: under the lock.
+        store.record_now("example.org", &rules, other, Outcome::Success);
+        let recorded = runs_while_held(&store.machines, || {
+            breaker.record("example.org", &rules, permit, Outcome::Success)
+        });
+        assert_eq!(recorded, Some(Transitions::NONE));
+    }
+
     /// A store under the default rules whose first key, `smtp`, is open.
     fn opened() -> (MemoryStore, Rules) {
         let (store, rules) = (MemoryStore::new(), Rules::default());
@@ -777,23 +806,13 @@ mod tests {
 
     #[test]
     fn an_open_first_key_refuses_without_taking_its_lock() {
-        let rules = Rules::default();
-        let store = std::sync::Arc::new(MemoryStore::new());
-        open(&store, "smtp", &rules);
+        let (store, rules) = opened();
         let first = store.first("smtp", &rules, false).expect("the first key");
-        let _held = lock(&first.machine);
-        // A refusal that waited for the lock would wait here for as long as it is held.
-        let (answer, answered) = std::sync::mpsc::channel();
-        let asking = std::sync::Arc::clone(&store);
-        std::thread::spawn(move || {
-            let _ = answer.send(asking.acquire_now("smtp", &Rules::default()).0);
-        });
-        let decision = answered
-            .recv_timeout(Duration::from_secs(10))
-            .expect("a refusal without the lock");
+        let refused = runs_while_held(&first.machine, || store.acquire_now("smtp", &rules).0);
         assert!(
-            matches!(decision, Decision::Refuse { retry_after } if retry_after > Duration::ZERO
-            && retry_after <= rules.reset_timeout)
+            matches!(refused, Some(Decision::Refuse { retry_after })
+                if retry_after > Duration::ZERO && retry_after <= rules.reset_timeout),
+            "{refused:?}"
         );
     }
 
