@@ -712,14 +712,21 @@ mod tests {
         }
     }
 
-    #[test]
-    fn a_success_after_another_sends_failure_still_clears_the_count() {
+    /// A store whose breakers open at two failures in a row, with its first key taken: the
+    /// keys of the tests that use it are in the map.
+    fn two_in_a_row() -> (MemoryStore, Rules) {
         let rules = Rules {
             counting: Counting::Consecutive { threshold: 2 },
             ..Rules::default()
         };
         let store = MemoryStore::new();
-        leave(&store, "first", &rules); // the first key is kept apart: the others are in the map
+        leave(&store, "first", &rules);
+        (store, rules)
+    }
+
+    #[test]
+    fn a_success_after_another_sends_failure_still_clears_the_count() {
+        let (store, rules) = two_in_a_row();
         let (fast, fast_permit) = leave(&store, "example.org", &rules);
         let (slow, slow_permit) = leave(&store, "example.org", &rules);
         slow.record("example.org", &rules, slow_permit, Outcome::Failure);
@@ -735,12 +742,7 @@ mod tests {
 
     #[test]
     fn a_success_after_a_reset_of_its_breaker_counts_for_nothing() {
-        let rules = Rules {
-            counting: Counting::Consecutive { threshold: 2 },
-            ..Rules::default()
-        };
-        let store = MemoryStore::new();
-        leave(&store, "first", &rules);
+        let (store, rules) = two_in_a_row();
         let (before, before_permit) = leave(&store, "example.org", &rules);
         let (failing, failing_permit) = leave(&store, "example.org", &rules);
         store.change("example.org", &rules, Machine::reset);
