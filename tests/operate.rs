@@ -371,14 +371,20 @@ fn a_longest_open_time_below_the_reset_timeout_is_a_config_error() {
 
 // ---- slow calls ----
 
+/// A breaker over `inner` that opens at `threshold` failures and counts a success slower
+/// than 10 s as one.
+fn slow_call_breaker(inner: &Scripted, threshold: u32) -> CircuitBreakerTransport<Scripted> {
+    CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(threshold)
+        .slow_call(Duration::from_secs(10))
+        .build()
+        .expect("valid settings")
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_slow_success_counts_as_a_failure_but_its_caller_gets_the_receipt() {
     let inner = Scripted::answering("p", Reply::after(Duration::from_secs(11), Reply::Ok));
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(2)
-        .slow_call(Duration::from_secs(10))
-        .build()
-        .expect("valid settings");
+    let breaker = slow_call_breaker(&inner, 2);
     for _ in 0..2 {
         breaker
             .send(&message())
@@ -396,11 +402,7 @@ async fn a_success_within_the_slow_call_time_counts_as_a_success() {
         Reply::after(Duration::from_secs(9), Reply::Ok),
         failure(),
     ]);
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(2)
-        .slow_call(Duration::from_secs(10))
-        .build()
-        .expect("valid settings");
+    let breaker = slow_call_breaker(&inner, 2);
     for _ in 0..3 {
         let _ = breaker.send(&message()).await;
     }
@@ -410,11 +412,7 @@ async fn a_success_within_the_slow_call_time_counts_as_a_success() {
 #[tokio::test(start_paused = true)]
 async fn a_success_that_takes_exactly_the_slow_call_time_is_not_slow() {
     let inner = Scripted::answering("p", Reply::after(Duration::from_secs(10), Reply::Ok));
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(1)
-        .slow_call(Duration::from_secs(10))
-        .build()
-        .expect("valid settings");
+    let breaker = slow_call_breaker(&inner, 1);
     breaker.send(&message()).await.expect("delivered");
     assert_eq!(breaker.state(), State::Closed, "slow means over the time");
 }
@@ -423,11 +421,7 @@ async fn a_success_that_takes_exactly_the_slow_call_time_is_not_slow() {
 async fn slow_sends_in_a_batch_count_as_failures() {
     use futures::StreamExt;
     let inner = Scripted::answering("p", Reply::after(Duration::from_secs(11), Reply::Ok));
-    let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(2)
-        .slow_call(Duration::from_secs(10))
-        .build()
-        .expect("valid settings");
+    let breaker = slow_call_breaker(&inner, 2);
     let answers: Vec<_> = breaker
         .send_many(futures::stream::iter(support::numbered_messages(2)).boxed())
         .collect()

@@ -44,6 +44,15 @@ async fn send_all(pool: &PoolTransport, messages: Vec<Message>) -> Vec<Result<Re
         .await
 }
 
+/// Sends `count` numbered messages through `pool`, each arriving a second after the last.
+async fn send_slowly(pool: &PoolTransport, count: usize) -> Vec<Result<Receipt, SendError>> {
+    let slowly = futures::stream::iter(numbered_messages(count)).then(|message| async move {
+        tokio::time::sleep(Duration::from_secs(1)).await;
+        message
+    });
+    pool.send_many(slowly.boxed()).collect().await
+}
+
 fn transports(answers: &[Result<Receipt, SendError>]) -> Vec<String> {
     answers
         .iter()
@@ -308,14 +317,7 @@ async fn send_many_keeps_the_batch_on_one_member() {
 async fn send_many_of_messages_that_come_slowly_is_one_batch_read_as_they_come() {
     let primary = Scripted::new("primary").batched();
     let backup = Scripted::new("backup").batched();
-    let slowly = futures::stream::iter(numbered_messages(5)).then(|message| async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        message
-    });
-    let answers: Vec<_> = pool_of(&primary, &backup)
-        .send_many(slowly.boxed())
-        .collect()
-        .await;
+    let answers = send_slowly(&pool_of(&primary, &backup), 5).await;
     assert!(answers.iter().all(Result::is_ok));
     assert_eq!(primary.batches(), [5], "one batch, not one per message");
 }
@@ -457,14 +459,7 @@ async fn after_the_last_members_batch_failed_messages_that_come_slowly_are_still
     // Each member's batch fails on its first message, before the next one comes.
     let primary = Scripted::answering("primary", batch_failure(Category::Network));
     let backup = Scripted::answering("backup", batch_failure(Category::Network));
-    let slowly = futures::stream::iter(numbered_messages(3)).then(|message| async move {
-        tokio::time::sleep(Duration::from_secs(1)).await;
-        message
-    });
-    let answers: Vec<_> = pool_of(&primary, &backup)
-        .send_many(slowly.boxed())
-        .collect()
-        .await;
+    let answers = send_slowly(&pool_of(&primary, &backup), 3).await;
     assert_eq!(transports(&answers), ["error:pool.exhausted"; 3]);
 }
 

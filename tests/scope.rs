@@ -40,26 +40,35 @@ fn is_refused(result: &Result<Receipt, SendError>) -> bool {
     matches!(result, Err(error) if error.code() == "breaker.open")
 }
 
+/// Two failures to `failing_to`, at a breaker that opens at two, open the one
+/// breaker of `domain`, which then holds a message to `held`.
+async fn assert_one_breaker(failing_to: [&str; 2], domain: &str, held: &str) {
+    let breaker = by_domain(&failing(), 2);
+    for to in failing_to {
+        let _ = breaker.send(&message_to(to)).await;
+    }
+    assert_eq!(breaker.state_of(domain), State::Open);
+    assert!(is_refused(&breaker.send(&message_to(held)).await));
+}
+
 #[tokio::test(start_paused = true)]
 async fn recipient_domains_are_lower_cased_into_one_breaker() {
-    let breaker = by_domain(&failing(), 2);
-    let _ = breaker.send(&message_to("a@Example.ORG")).await;
-    let _ = breaker.send(&message_to("b@EXAMPLE.org")).await;
-    assert_eq!(breaker.state_of("example.org"), State::Open);
-    assert!(is_refused(
-        &breaker.send(&message_to("c@example.org")).await
-    ));
+    assert_one_breaker(
+        ["a@Example.ORG", "b@EXAMPLE.org"],
+        "example.org",
+        "c@example.org",
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
 async fn recipient_domains_with_capitals_past_ascii_are_lower_cased_into_one_breaker() {
-    let breaker = by_domain(&failing(), 2);
-    let _ = breaker.send(&message_to("a@bÜcher.example")).await;
-    let _ = breaker.send(&message_to("b@BÜCHER.example")).await;
-    assert_eq!(breaker.state_of("bücher.example"), State::Open);
-    assert!(is_refused(
-        &breaker.send(&message_to("c@bücher.example")).await
-    ));
+    assert_one_breaker(
+        ["a@bÜcher.example", "b@BÜCHER.example"],
+        "bücher.example",
+        "c@bücher.example",
+    )
+    .await;
 }
 
 #[tokio::test(start_paused = true)]
