@@ -11,19 +11,25 @@ impl PartialEq for Receipt {
     /// Receipts are equal when every part is; a rejected recipient's error compares by its
     /// category and code.
     fn eq(&self, other: &Self) -> bool {
-        let same_rejections = self.rejected.len() == other.rejected.len()
-            && self.rejected.iter().zip(&other.rejected).all(|(a, b)| {
-                a.0 == b.0 && a.1.category() == b.1.category() && a.1.code() == b.1.code()
-            });
+        let same_rejections = same_refusals(&self.rejected, &other.rejected);
         self.transport == other.transport
             && self.message_id == other.message_id
             && self.response == other.response
             && self.attempts == other.attempts
             && same_rejections
+            && same_refusals(&self.deferred, &other.deferred)
     }
 }
 
 impl Eq for Receipt {}
+
+/// Whether two lists of refused recipients are the same, each error by its category and code.
+fn same_refusals(a: &[(lettre::Address, SendError)], b: &[(lettre::Address, SendError)]) -> bool {
+    a.len() == b.len()
+        && a.iter().zip(b).all(|(a, b)| {
+            a.0 == b.0 && a.1.category() == b.1.category() && a.1.code() == b.1.code()
+        })
+}
 
 /// Proof that a transport accepted a message.
 ///
@@ -46,6 +52,8 @@ pub struct Receipt {
     attempts: u32,
     /// Recipients the provider refused while it accepted the others; empty almost always.
     rejected: Vec<(lettre::Address, SendError)>,
+    /// Recipients the provider refused for now (a 4xx) while it accepted the others.
+    deferred: Vec<(lettre::Address, SendError)>,
 }
 
 impl Receipt {
@@ -57,6 +65,7 @@ impl Receipt {
             response: None,
             attempts: 1,
             rejected: Vec::new(),
+            deferred: Vec::new(),
         }
     }
 
@@ -104,6 +113,41 @@ impl Receipt {
     /// when every recipient was accepted.
     pub fn rejected_recipients(&self) -> &[(lettre::Address, SendError)] {
         &self.rejected
+    }
+
+    /// Notes a recipient the provider refused for now (SMTP `450` greylisting, `451`) while
+    /// it accepted the message for the others, with why. [`RetryTransport`](crate::RetryTransport)
+    /// sends the message again to these recipients only.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, Receipt, SendError};
+    ///
+    /// let why = SendError::new(Category::ServerError, "smtp.450", "450 4.2.0 greylisted");
+    /// let receipt = Receipt::new("smtp://relay:25")
+    ///     .with_deferred_recipient("bob@example.org".parse().unwrap(), why);
+    /// assert_eq!(receipt.deferred_recipients().len(), 1);
+    /// assert!(receipt.rejected_recipients().is_empty());
+    /// ```
+    pub fn with_deferred_recipient(mut self, to: lettre::Address, why: SendError) -> Self {
+        self.deferred.push((to, why));
+        self
+    }
+
+    /// The recipients the provider refused for now while it accepted the others, each with
+    /// why: the message has not reached them yet, and a later try may deliver it. Empty when
+    /// every recipient was accepted.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// assert!(Receipt::new("stub").deferred_recipients().is_empty());
+    /// ```
+    pub fn deferred_recipients(&self) -> &[(lettre::Address, SendError)] {
+        &self.deferred
+    }
+
+    /// Takes the deferred recipients out, leaving none: for a retry that sends to them.
+    pub(crate) fn take_deferred_recipients(&mut self) -> Vec<(lettre::Address, SendError)> {
+        std::mem::take(&mut self.deferred)
     }
 
     /// The name of the transport that delivered the message.

@@ -23,11 +23,14 @@ use crate::config::{at_least_one, non_zero_duration};
 /// | setting | default |
 /// |---|---|
 /// | [`timeout`](Self::timeout): the whole send, connect, TLS, AUTH and transaction | 60 s |
+/// | [`connect_timeout`](Self::connect_timeout): opening a connection at one address, TLS, greeting, EHLO and AUTH | 10 s |
 /// | [`max_connections`](Self::max_connections): sends in flight; more wait their turn | 10 |
 /// | [`idle_timeout`](Self::idle_timeout): an idle connection older than this is closed | 30 s |
 /// | [`max_messages_per_connection`](Self::max_messages_per_connection) | 100 |
 /// | [`hello_name`](Self::hello_name): the name said in EHLO | this host's name |
 /// | [`name`](Self::name): in logs, receipts and errors | `smtp://host:port` (`smtps://` for implicit TLS) |
+/// | [`pipelining`](Self::pipelining), [`chunking`](Self::chunking): used where the server offers them | on |
+/// | [`auth_without_tls`](Self::auth_without_tls): credentials on an unencrypted connection | refused |
 ///
 /// A setting that cannot work (0 connections, a zero timeout) is a [`ConfigError`] from
 /// [`build`](Self::build) naming it.
@@ -56,7 +59,11 @@ pub struct SmtpBuilder {
     port: u16,
     tls: Tls,
     credentials: Option<Credentials>,
+    auth_without_tls: bool,
     timeout: Duration,
+    connect_timeout: Duration,
+    pipelining: bool,
+    chunking: bool,
     max_connections: usize,
     idle_timeout: Duration,
     max_messages_per_connection: u32,
@@ -71,7 +78,11 @@ impl SmtpBuilder {
             port,
             tls,
             credentials: None,
+            auth_without_tls: false,
             timeout: Duration::from_secs(60),
+            connect_timeout: Duration::from_secs(10),
+            pipelining: true,
+            chunking: true,
             max_connections: 10,
             idle_timeout: Duration::from_secs(30),
             max_messages_per_connection: 100,
@@ -81,7 +92,10 @@ impl SmtpBuilder {
     }
 
     /// Authenticates each connection with these credentials (AUTH PLAIN or LOGIN, whichever
-    /// the server offers); default: no AUTH.
+    /// the server offers); default: no AUTH. The credentials go only over TLS: on an
+    /// unencrypted connection (no TLS, or an opportunistic one whose server did not offer
+    /// STARTTLS) a send fails with `Configuration`, `smtp.auth_in_clear`, and nothing of the
+    /// credentials is sent, unless [`auth_without_tls`](Self::auth_without_tls) allows it.
     ///
     /// ```
     /// use lettre::transport::smtp::authentication::Credentials;
@@ -93,6 +107,69 @@ impl SmtpBuilder {
     /// ```
     pub fn credentials(mut self, credentials: Credentials) -> Self {
         self.credentials = Some(credentials);
+        self
+    }
+
+    /// Lets the credentials go over a connection without TLS: for a relay on the same host or
+    /// a trusted network only, since anyone who can read the traffic reads the password.
+    ///
+    /// ```
+    /// use lettre::transport::smtp::authentication::Credentials;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+    ///     .port(2525)
+    ///     .credentials(Credentials::new("user".into(), "secret".into()))
+    ///     .auth_without_tls()
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn auth_without_tls(mut self) -> Self {
+        self.auth_without_tls = true;
+        self
+    }
+
+    /// Bounds opening one connection at one of the server's addresses: TCP connect, TLS, the
+    /// greeting, EHLO and AUTH (default 10 s), within the whole send's
+    /// [`timeout`](Self::timeout). An address that does not answer in time gives way to the
+    /// next address of the name, so a dead first address (say an IPv6 one) does not eat the
+    /// whole send.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+    ///     .connect_timeout(Duration::from_secs(2))
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn connect_timeout(mut self, timeout: Duration) -> Self {
+        self.connect_timeout = timeout;
+        self
+    }
+
+    /// Whether to pipeline commands (RFC 2920) where the server offers PIPELINING (default
+    /// on): MAIL, every RCPT and DATA then go in one write.
+    ///
+    /// ```
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").pipelining(false).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn pipelining(mut self, on: bool) -> Self {
+        self.pipelining = on;
+        self
+    }
+
+    /// Whether to send the message as `BDAT` (RFC 3030) where the server offers CHUNKING
+    /// (default on): with pipelining, the message then goes in the same write as its commands.
+    ///
+    /// ```
+    /// # use mail_breaker::SmtpTransport;
+    /// let smtp = SmtpTransport::builder_dangerous("127.0.0.1").chunking(false).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn chunking(mut self, on: bool) -> Self {
+        self.chunking = on;
         self
     }
 
@@ -190,7 +267,8 @@ impl SmtpBuilder {
         self
     }
 
-    /// The name said in EHLO (default: this host's name).
+    /// The name said in EHLO (default: this host's name). A name with a space or a control
+    /// character is a [`ConfigError`] naming `hello_name` from [`build`](Self::build).
     ///
     /// ```
     /// use lettre::transport::smtp::extension::ClientId;
@@ -244,7 +322,11 @@ impl SmtpBuilder {
             self.max_messages_per_connection.into(),
         )?;
         non_zero_duration("timeout", self.timeout)?;
+        non_zero_duration("connect_timeout", self.connect_timeout)?;
         non_zero_duration("idle_timeout", self.idle_timeout)?;
+        if let Some(name) = &self.hello_name {
+            check_hello_name(name)?;
+        }
         Ok(self.assemble())
     }
 
@@ -258,12 +340,21 @@ impl SmtpBuilder {
         let name = self
             .name
             .unwrap_or_else(|| format!("{scheme}://{}:{}", self.host, self.port));
+        let hello_name = self
+            .hello_name
+            .filter(|name| check_hello_name(name).is_ok())
+            .or_else(|| Some(ClientId::default()).filter(|name| check_hello_name(name).is_ok()))
+            .unwrap_or(ClientId::Ipv4(std::net::Ipv4Addr::LOCALHOST));
         let settings = ConnectionSettings {
             host: self.host,
             port: self.port,
             tls: self.tls,
             credentials: self.credentials,
-            hello_name: self.hello_name.unwrap_or_default(),
+            auth_without_tls: self.auth_without_tls,
+            hello_name,
+            connect_timeout: self.connect_timeout,
+            pipelining: self.pipelining,
+            chunking: self.chunking,
         };
         let limits = PoolLimits {
             max_connections: self.max_connections,
@@ -282,7 +373,11 @@ impl fmt::Debug for SmtpBuilder {
             .field("port", &self.port)
             .field("tls", &self.tls)
             .field("authenticates", &self.credentials.is_some())
+            .field("auth_without_tls", &self.auth_without_tls)
             .field("timeout", &self.timeout)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pipelining", &self.pipelining)
+            .field("chunking", &self.chunking)
             .field("max_connections", &self.max_connections)
             .field("idle_timeout", &self.idle_timeout)
             .field(
@@ -428,6 +523,20 @@ impl SmtpTransport {
     pub fn unencrypted(host: &str, port: u16) -> SmtpTransport {
         SmtpTransport::builder_dangerous(host).port(port).assemble()
     }
+}
+
+/// A name EHLO can carry: printable ASCII without spaces, so no command can be smuggled in it.
+fn check_hello_name(name: &ClientId) -> Result<(), ConfigError> {
+    let text = name.to_string();
+    if text.is_empty() || !text.bytes().all(|octet| octet.is_ascii_graphic()) {
+        return Err(ConfigError::new(
+            "hello_name",
+            format!(
+                "must be a domain or an address literal, without spaces or control characters, got {text:?}"
+            ),
+        ));
+    }
+    Ok(())
 }
 
 /// TLS checked against the system's roots for `host`.

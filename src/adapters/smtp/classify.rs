@@ -1,9 +1,10 @@
-//! Reading a server's answers: the [`Category`] of an SMTP error or reply, and the queue id in
-//! a `250` after the final dot.
+//! Reading a server's answers: the [`Category`] of an SMTP error or reply, by the command it
+//! answers, and the queue id in a `250` after the final dot.
 
 use lettre::transport::smtp::Error as SmtpError;
 use lettre::transport::smtp::response::Response;
 
+use super::reply::{Reply, ReplyError};
 use crate::receipt::SourceText;
 use crate::{Category, Receipt, SendError};
 
@@ -14,10 +15,11 @@ use crate::{Category, Receipt, SendError};
 /// | what happened | category |
 /// |---|---|
 /// | timeout | Timeout |
-/// | 421 | ServiceUnavailable |
-/// | 4xx with an RFC 3463 `4.7.x` code that speaks of a rate (`450 4.7.28 rate limited`) | RateLimited |
+/// | 4xx with an RFC 3463 `4.7.x` code that speaks of a rate (`450 4.7.28 rate limited`), or Gmail's `4.7.28`; a `421` too | RateLimited |
+/// | other 421 | ServiceUnavailable |
 /// | other 4xx | ServerError |
 /// | 530, 534, 535 | Authentication |
+/// | 552, or `5.3.4` (too big) | InvalidMessage |
 /// | other 5xx | Rejected |
 /// | TLS, connection, I/O, a reply cut off or unreadable | Network |
 /// | lettre's own misuse, a transport shut down | Configuration |
@@ -72,6 +74,8 @@ pub fn classify_smtp_error(error: &SmtpError) -> SendError {
 /// assert_eq!(error.code(), "smtp.450");
 /// assert!(!error.to_string().contains("bob@"));
 /// assert_eq!(classify_smtp_reply(421, "try later").category(), Category::ServiceUnavailable);
+/// assert_eq!(classify_smtp_reply(421, "421 4.7.28 unusual rate").category(), Category::RateLimited);
+/// assert_eq!(classify_smtp_reply(552, "552 5.3.4 too big").category(), Category::InvalidMessage);
 /// assert_eq!(classify_smtp_reply(999, "what?").category(), Category::Network);
 /// ```
 pub fn classify_smtp_reply(code: u16, text: &str) -> SendError {
@@ -81,10 +85,12 @@ pub fn classify_smtp_reply(code: u16, text: &str) -> SendError {
 /// The category of an SMTP reply code, reading the enhanced status code in `text` if any.
 fn reply_category(reply: u16, text: &str) -> Category {
     match reply {
-        421 => Category::ServiceUnavailable,
         400..=499 if is_rate_limit(text) => Category::RateLimited,
+        421 => Category::ServiceUnavailable,
         400..=499 => Category::ServerError,
         530 | 534 | 535 => Category::Authentication,
+        552 => Category::InvalidMessage,
+        500..=599 if enhanced_status(text) == Some((5, 3, 4)) => Category::InvalidMessage,
         500..=599 => Category::Rejected,
         // Not a failure code at all: the server answered something lettre did not expect.
         _ => Category::Network,
@@ -129,6 +135,81 @@ fn enhanced_status(text: &str) -> Option<(u16, u16, u16)> {
         })
 }
 
+/// The command a reply answers, where the same code means different things.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Stage {
+    /// The server's first words.
+    Greeting,
+    /// EHLO.
+    Hello,
+    /// STARTTLS.
+    StartTls,
+    /// AUTH and its challenges.
+    Auth,
+    /// RSET, NOOP, MAIL, RCPT, DATA, BDAT and the final dot.
+    Transaction,
+}
+
+/// The error for `reply`, which is not what `stage` expected.
+///
+/// A 4xx or 5xx is a refusal: by [`classify_smtp_reply`] in a transaction; about the server,
+/// not the message, before it (a 5xx greeting or EHLO is `ServiceUnavailable`, so a pool
+/// fails over; a refused STARTTLS, AUTH that needs TLS first (`530`, `538`) or a mechanism it
+/// does not take (`504`) is `Configuration`; other 5xx to AUTH `Authentication`). Any other
+/// code where it did not belong (a `354` to the final dot, a `250` to DATA) is the server
+/// speaking out of turn: `Network`, `smtp.unexpected_reply`, and the connection is not reused.
+pub(super) fn refusal(stage: Stage, reply: &Reply) -> SendError {
+    let text = reply.text();
+    let code = reply.code();
+    let category = match (reply.class(), stage) {
+        (4, Stage::Transaction) | (5, Stage::Transaction) => reply_category(code, &text),
+        (4, _) => reply_category(code, &text),
+        (5, Stage::Greeting | Stage::Hello) => Category::ServiceUnavailable,
+        (5, Stage::StartTls) => Category::Configuration,
+        (5, Stage::Auth) if matches!(code, 504 | 530 | 538) => Category::Configuration,
+        (5, Stage::Auth) => Category::Authentication,
+        _ => {
+            return SendError::new(
+                Category::Network,
+                "smtp.unexpected_reply",
+                format!("the server answered out of turn: {text}"),
+            );
+        }
+    };
+    SendError::new(category, format!("smtp.{code}"), text)
+}
+
+/// The error for a reply that could not be read.
+pub(super) fn unreadable(error: &ReplyError) -> SendError {
+    let code = match error {
+        ReplyError::TooLong(_) => "smtp.reply_too_long",
+        ReplyError::Malformed(_) => "smtp.protocol",
+        ReplyError::Closed | ReplyError::Io(_) => "smtp.network",
+    };
+    SendError::new(Category::Network, code, error.to_string())
+}
+
+/// The receipt for a message the server accepted with `reply`: its text, and the queue id
+/// when the reply names one.
+pub(super) fn receipt_for_reply(transport: &str, reply: &Reply) -> Receipt {
+    let text = reply.text();
+    let receipt = Receipt::new(transport);
+    match queue_id(&text) {
+        Some(id) => receipt.with_message_id(id).with_response(text),
+        None => receipt.with_response(text),
+    }
+}
+
+/// Whether a refusal of a recipient says the transaction has too many recipients, so the
+/// others go in a further transaction: `452` (RFC 5321 §4.5.3.1.10), or the `552` some
+/// servers give instead, with `4.5.3`/`5.5.3` or words saying so.
+pub(super) fn is_too_many_recipients(reply: &Reply) -> bool {
+    let text = reply.text();
+    matches!(reply.code(), 452 | 552)
+        && (matches!(enhanced_status(&text), Some((4 | 5, 5, 3)))
+            || text.to_ascii_lowercase().contains("too many recipients"))
+}
+
 fn error_source(error: &SmtpError) -> Option<SourceText> {
     std::error::Error::source(error).map(|source| SourceText::masked(source.to_string()))
 }
@@ -142,13 +223,6 @@ pub(super) fn receipt_for(transport: &str, response: &Response) -> Receipt {
         Some(id) => receipt.with_message_id(id).with_response(text),
         None => receipt.with_response(text),
     }
-}
-
-/// Whether the connection that gave `error` can carry another transaction: the server answered
-/// with a refusal of this command, not a `421` (which closes the connection) and not something
-/// unreadable or a broken socket.
-pub(super) fn leaves_connection_usable(error: &SmtpError) -> bool {
-    error.status().is_some_and(|code| u16::from(code) != 421)
 }
 
 fn reply_text(response: &Response) -> String {

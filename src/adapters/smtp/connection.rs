@@ -1,17 +1,34 @@
-//! One SMTP connection on a socket the crate opens: connect with TCP_NODELAY, TLS (implicit
-//! or STARTTLS), the greeting, EHLO and AUTH, all spoken by lettre's `AsyncSmtpConnection`.
+//! One SMTP connection on a socket the crate opens: each of the server's addresses in turn,
+//! TLS (implicit or STARTTLS), the greeting, EHLO and AUTH, each reply checked against the
+//! command; and the reads and writes a transaction makes on it.
+//!
+//! # What a hostile server cannot do
+//! - **Inject replies through STARTTLS**: octets that arrive after the `220` to STARTTLS and
+//!   before the handshake close the connection with a Network error (`smtp.starttls_injection`);
+//!   what the server offered before TLS is forgotten, and EHLO is said again.
+//! - **Read a password in clear**: credentials go only over TLS unless the builder said
+//!   [`auth_without_tls`](super::SmtpBuilder::auth_without_tls); otherwise no AUTH is sent and
+//!   the send fails with `Configuration`, `smtp.auth_in_clear` (a server that hides STARTTLS
+//!   from an opportunistic client gets nothing).
+//! - **Grow memory or panic**: replies are read by [`ReplyReader`], bounded in every size.
 
 use std::fmt;
-use std::sync::Arc;
+use std::net::SocketAddr;
+use std::time::Duration;
 
-use lettre::transport::smtp::authentication::{Credentials, DEFAULT_MECHANISMS};
-use lettre::transport::smtp::client::{AsyncSmtpConnection, AsyncTokioStream, Tls};
-use lettre::transport::smtp::commands::Quit;
+use base64::Engine as _;
+use base64::engine::general_purpose::STANDARD as BASE64;
+use lettre::transport::smtp::authentication::{Credentials, Mechanism};
+use lettre::transport::smtp::client::{AsyncTokioStream, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
+use tokio::io::AsyncWriteExt;
 
-use super::classify::classify_smtp_error;
+use super::capabilities::Capabilities;
+use super::classify::{Stage, refusal, unreadable};
+use super::command::Commands;
 use super::implicit_tls;
-use super::socket::{DotWatch, WatchedSocket};
+use super::reply::{Reply, ReplyReader};
+use super::socket;
 use crate::receipt::SourceText;
 use crate::{Category, SendError};
 
@@ -22,7 +39,11 @@ pub(super) struct ConnectionSettings {
     pub(super) port: u16,
     pub(super) tls: Tls,
     pub(super) credentials: Option<Credentials>,
+    pub(super) auth_without_tls: bool,
     pub(super) hello_name: ClientId,
+    pub(super) connect_timeout: Duration,
+    pub(super) pipelining: bool,
+    pub(super) chunking: bool,
 }
 
 impl fmt::Debug for ConnectionSettings {
@@ -33,15 +54,57 @@ impl fmt::Debug for ConnectionSettings {
             .field("port", &self.port)
             .field("tls", &self.tls)
             .field("authenticates", &self.credentials.is_some())
+            .field("auth_without_tls", &self.auth_without_tls)
             .field("hello_name", &self.hello_name)
+            .field("connect_timeout", &self.connect_timeout)
+            .field("pipelining", &self.pipelining)
+            .field("chunking", &self.chunking)
             .finish()
+    }
+}
+
+/// A stream and the replies read ahead from it.
+struct Wire {
+    stream: Box<dyn AsyncTokioStream>,
+    replies: ReplyReader,
+}
+
+impl Wire {
+    async fn write(&mut self, octets: &[u8]) -> Result<(), SendError> {
+        let written = async {
+            self.stream.write_all(octets).await?;
+            self.stream.flush().await
+        };
+        written.await.map_err(|error| {
+            SendError::new(
+                Category::Network,
+                "smtp.network",
+                format!("writing to the server failed: {error}"),
+            )
+            .with_source(SourceText::masked(error.to_string()))
+        })
+    }
+
+    async fn read(&mut self) -> Result<Reply, SendError> {
+        self.replies
+            .read(&mut self.stream)
+            .await
+            .map_err(|error| unreadable(&error))
+    }
+
+    /// Writes `commands` and reads one reply.
+    async fn command(&mut self, commands: &mut Commands) -> Result<Reply, SendError> {
+        self.write(&commands.take()).await?;
+        self.read().await
     }
 }
 
 /// An open, greeted and (where asked) encrypted and authenticated SMTP connection.
 pub(super) struct Connection {
-    pub(super) smtp: AsyncSmtpConnection,
-    pub(super) watch: Arc<DotWatch>,
+    wire: Wire,
+    capabilities: Capabilities,
+    pipelining: bool,
+    chunking: bool,
     /// Transactions begun on it (MAIL sent), for `max_messages_per_connection`.
     pub(super) transactions: u32,
     /// Its last transaction was refused part-way: RSET before the next.
@@ -49,59 +112,151 @@ pub(super) struct Connection {
 }
 
 impl Connection {
-    /// Opens a connection: TCP, TLS, the greeting, EHLO, STARTTLS and AUTH as `settings` say.
+    /// Opens a connection: each address of the host in turn, each within the connect timeout
+    /// (TCP, TLS, the greeting, EHLO, STARTTLS and AUTH). An address that does not answer, or
+    /// whose server says it cannot serve, gives way to the next; a refusal of the credentials
+    /// or of TLS does not.
     ///
     /// A server that does not offer STARTTLS when [`Tls::Required`] asks for it is a
     /// `Configuration` error (`smtp.starttls_unavailable`): sending in clear text is not an
     /// option the caller allowed.
     pub(super) async fn open(settings: &ConnectionSettings) -> Result<Connection, SendError> {
-        let watch = Arc::new(DotWatch::default());
-        let socket = WatchedSocket::connect(&settings.host, settings.port, Arc::clone(&watch))
+        let addresses = socket::resolve(&settings.host, settings.port)
             .await
             .map_err(|error| {
                 SendError::new(
                     Category::Network,
                     "smtp.network",
-                    format!("could not connect to the server: {error}"),
+                    format!("could not resolve the server's name: {error}"),
                 )
-                .with_source(SourceText::masked(error.to_string()))
             })?;
-        let stream: Box<dyn AsyncTokioStream> = match &settings.tls {
-            Tls::Wrapper(parameters) => implicit_tls::wrap(socket, parameters.clone())
-                .await
-                .map_err(|error| classify_smtp_error(&error))?,
-            _ => Box::new(socket),
+        let mut last_error = None;
+        for address in addresses {
+            let attempt = Connection::open_at(address, settings);
+            let error = match tokio::time::timeout(settings.connect_timeout, attempt).await {
+                Ok(Ok(connection)) => return Ok(connection),
+                Ok(Err(error)) => error,
+                Err(_elapsed) => SendError::fixed(
+                    Category::Timeout,
+                    "smtp.timeout",
+                    "the server did not finish opening the connection within connect_timeout",
+                ),
+            };
+            if !matches!(
+                error.category(),
+                Category::Network | Category::Timeout | Category::ServiceUnavailable
+            ) {
+                return Err(error);
+            }
+            tracing::debug!(%address, code = error.code(), "smtp.address_failed");
+            last_error = Some(error);
+        }
+        Err(last_error.unwrap_or_else(|| {
+            SendError::fixed(
+                Category::Network,
+                "smtp.network",
+                "the server's name has no address",
+            )
+        }))
+    }
+
+    async fn open_at(
+        address: SocketAddr,
+        settings: &ConnectionSettings,
+    ) -> Result<Connection, SendError> {
+        let tcp = socket::connect(address).await.map_err(|error| {
+            SendError::new(
+                Category::Network,
+                "smtp.network",
+                format!("could not connect to the server: {error}"),
+            )
+            .with_source(SourceText::masked(error.to_string()))
+        })?;
+        let mut stream: Box<dyn AsyncTokioStream> = Box::new(tcp);
+        let mut encrypted = false;
+        if let Tls::Wrapper(parameters) = &settings.tls {
+            stream = handshake(stream, parameters).await?;
+            encrypted = true;
+        }
+        let mut wire = Wire {
+            stream,
+            replies: ReplyReader::new(),
         };
-        let mut smtp = AsyncSmtpConnection::connect_with_transport(stream, &settings.hello_name)
-            .await
-            .map_err(|error| classify_smtp_error(&error))?;
+        let greeting = wire.read().await?;
+        if greeting.code() != 220 {
+            return Err(refusal(Stage::Greeting, &greeting));
+        }
+        let mut capabilities = ehlo(&mut wire, &settings.hello_name).await?;
         match &settings.tls {
-            Tls::Required(_) if !smtp.can_starttls() => {
-                smtp.abort().await;
+            Tls::Required(_) if !capabilities.starttls => {
                 return Err(SendError::fixed(
                     Category::Configuration,
                     "smtp.starttls_unavailable",
                     "TLS is required and the server does not offer STARTTLS",
                 ));
             }
-            Tls::Required(parameters) | Tls::Opportunistic(parameters) if smtp.can_starttls() => {
-                smtp.starttls(parameters.clone(), &settings.hello_name)
-                    .await
-                    .map_err(|error| classify_smtp_error(&error))?;
+            Tls::Required(parameters) | Tls::Opportunistic(parameters) if capabilities.starttls => {
+                wire = starttls(wire, parameters).await?;
+                encrypted = true;
+                // What the server said in clear may have been forged: ask again.
+                capabilities = ehlo(&mut wire, &settings.hello_name).await?;
             }
             _ => {}
         }
         if let Some(credentials) = &settings.credentials {
-            smtp.auth(DEFAULT_MECHANISMS, credentials)
-                .await
-                .map_err(|error| classify_smtp_error(&error))?;
+            if !encrypted && !settings.auth_without_tls {
+                return Err(SendError::fixed(
+                    Category::Configuration,
+                    "smtp.auth_in_clear",
+                    "the connection is not encrypted, so the credentials were not sent \
+                     (use TLS, or .auth_without_tls() for a trusted local relay)",
+                ));
+            }
+            authenticate(&mut wire, &capabilities, credentials).await?;
         }
         Ok(Connection {
-            smtp,
-            watch,
+            wire,
+            capabilities,
+            pipelining: settings.pipelining && capabilities.pipelining,
+            chunking: settings.chunking && capabilities.chunking,
             transactions: 0,
             needs_reset: false,
         })
+    }
+
+    /// What the server offered in its last EHLO.
+    pub(super) fn capabilities(&self) -> &Capabilities {
+        &self.capabilities
+    }
+
+    /// Whether commands may be pipelined (the server offers it and the builder allows it).
+    pub(super) fn pipelining(&self) -> bool {
+        self.pipelining
+    }
+
+    /// Whether the message may go as BDAT (the server offers it and the builder allows it).
+    pub(super) fn chunking(&self) -> bool {
+        self.chunking
+    }
+
+    /// Writes octets, flushed.
+    pub(super) async fn write(&mut self, octets: &[u8]) -> Result<(), SendError> {
+        self.wire.write(octets).await
+    }
+
+    /// Reads the next reply.
+    pub(super) async fn read(&mut self) -> Result<Reply, SendError> {
+        self.wire.read().await
+    }
+
+    /// Says NOOP and checks the `250`: whether an idle connection still works.
+    pub(super) async fn noop(&mut self) -> Result<(), SendError> {
+        let reply = self.wire.command(Commands::new().noop()).await?;
+        if reply.code() == 250 {
+            Ok(())
+        } else {
+            Err(refusal(Stage::Transaction, &reply))
+        }
     }
 
     /// Says QUIT and closes, in the background: a connection the pool retires (too old, too
@@ -109,12 +264,105 @@ impl Connection {
     pub(super) fn retire(mut self) {
         if let Ok(runtime) = tokio::runtime::Handle::try_current() {
             runtime.spawn(async move {
-                let quit = self.smtp.command(Quit);
-                let _ = tokio::time::timeout(RETIRE_TIMEOUT, quit).await;
+                let mut quit = Commands::new();
+                quit.quit();
+                let _ = tokio::time::timeout(RETIRE_TIMEOUT, self.wire.command(&mut quit)).await;
             });
         }
     }
 }
 
 /// How long a retired connection waits for the server's answer to QUIT.
-const RETIRE_TIMEOUT: std::time::Duration = std::time::Duration::from_secs(5);
+const RETIRE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The TLS handshake on `stream`.
+async fn handshake(
+    stream: Box<dyn AsyncTokioStream>,
+    parameters: &TlsParameters,
+) -> Result<Box<dyn AsyncTokioStream>, SendError> {
+    implicit_tls::wrap(stream, parameters.clone())
+        .await
+        .map_err(|error| {
+            SendError::new(
+                Category::Network,
+                "smtp.tls",
+                format!("the TLS handshake failed: {error}"),
+            )
+            .with_source(SourceText::masked(error.to_string()))
+        })
+}
+
+/// Says EHLO and reads what the server offers.
+async fn ehlo(wire: &mut Wire, name: &ClientId) -> Result<Capabilities, SendError> {
+    let reply = wire.command(Commands::new().ehlo(name)).await?;
+    if reply.code() != 250 {
+        return Err(refusal(Stage::Hello, &reply));
+    }
+    Ok(Capabilities::from_ehlo(&reply))
+}
+
+/// STARTTLS: the `220`, nothing after it, then the handshake on the same socket.
+async fn starttls(mut wire: Wire, parameters: &TlsParameters) -> Result<Wire, SendError> {
+    let reply = wire.command(Commands::new().starttls()).await?;
+    if reply.code() != 220 {
+        return Err(refusal(Stage::StartTls, &reply));
+    }
+    if !wire.replies.is_empty() {
+        return Err(SendError::fixed(
+            Category::Network,
+            "smtp.starttls_injection",
+            "the server sent more after its reply to STARTTLS, before the TLS handshake \
+             (a response injection); the connection was closed",
+        ));
+    }
+    let stream = handshake(wire.stream, parameters).await?;
+    Ok(Wire {
+        stream,
+        replies: ReplyReader::new(),
+    })
+}
+
+/// AUTH PLAIN, else AUTH LOGIN, whichever the server offers.
+async fn authenticate(
+    wire: &mut Wire,
+    offered: &Capabilities,
+    credentials: &Credentials,
+) -> Result<(), SendError> {
+    let response = |mechanism: Mechanism, challenge: Option<&str>| {
+        mechanism
+            .response(credentials, challenge)
+            .map(|text| BASE64.encode(text))
+            .map_err(|error| {
+                SendError::new(Category::Configuration, "smtp.client", error.to_string())
+            })
+    };
+    let reply = if offered.auth_plain {
+        let initial = response(Mechanism::Plain, None)?;
+        wire.command(Commands::new().auth("PLAIN", Some(&initial)))
+            .await?
+    } else if offered.auth_login {
+        let reply = wire.command(Commands::new().auth("LOGIN", None)).await?;
+        if reply.code() != 334 {
+            return Err(refusal(Stage::Auth, &reply));
+        }
+        let user = response(Mechanism::Login, Some("Username:"))?;
+        let reply = wire.command(Commands::new().auth_response(&user)).await?;
+        if reply.code() != 334 {
+            return Err(refusal(Stage::Auth, &reply));
+        }
+        let password = response(Mechanism::Login, Some("Password:"))?;
+        wire.command(Commands::new().auth_response(&password))
+            .await?
+    } else {
+        return Err(SendError::fixed(
+            Category::Configuration,
+            "smtp.auth_unsupported",
+            "credentials are set and the server offers neither AUTH PLAIN nor AUTH LOGIN",
+        ));
+    };
+    if reply.code() == 235 {
+        Ok(())
+    } else {
+        Err(refusal(Stage::Auth, &reply))
+    }
+}

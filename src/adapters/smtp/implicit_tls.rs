@@ -1,9 +1,9 @@
-//! Implicit TLS (SMTPS, port 465) on the crate's own socket: the handshake must come before
-//! lettre reads the greeting, and lettre's `connect_with_transport` reads it at once.
+//! TLS on the crate's own socket, for implicit TLS (SMTPS, port 465) before the greeting and
+//! for STARTTLS after its `220`.
 //!
-//! So the socket is wrapped in lettre's own TLS layer first (with the caller's
-//! `TlsParameters`, whose configuration lettre keeps private), and that encrypted stream is
-//! handed to lettre as if it were a plain one. lettre calls its stream type
+//! The socket is wrapped in lettre's own TLS layer (with the caller's `TlsParameters`, whose
+//! configuration lettre keeps private), and the encrypted stream is read and written like a
+//! plain one. lettre calls its stream type
 //! `AsyncNetworkStream` "not meant to be public"; it is the one way to use the caller's TLS
 //! settings on a socket of our own, so its use stays in this file.
 #![allow(deprecated)]
@@ -18,14 +18,13 @@ use lettre::transport::smtp::Error as SmtpError;
 use lettre::transport::smtp::client::{AsyncNetworkStream, AsyncTokioStream, TlsParameters};
 use tokio::io::{AsyncRead, AsyncWrite, ReadBuf};
 
-use super::socket::WatchedSocket;
-
-/// `socket` after a TLS handshake, ready for lettre to read the greeting from.
+/// `socket` after a TLS handshake. Call it with nothing of the server's read ahead: what the
+/// server sent before the handshake is not part of the encrypted session.
 pub(super) async fn wrap(
-    socket: WatchedSocket,
+    socket: Box<dyn AsyncTokioStream>,
     parameters: TlsParameters,
 ) -> Result<Box<dyn AsyncTokioStream>, SmtpError> {
-    let mut stream = AsyncNetworkStream::use_existing_tokio1(Box::new(socket));
+    let mut stream = AsyncNetworkStream::use_existing_tokio1(socket);
     stream.upgrade_tls(parameters).await?;
     Ok(Box::new(Encrypted(stream)))
 }

@@ -1,21 +1,29 @@
-//! [`SmtpTransport`]: SMTP on connections the crate opens (TCP_NODELAY set) and pools itself,
-//! spoken by lettre's `AsyncSmtpConnection`; or through a caller's own lettre transport. Each
-//! send is bounded in time, its errors sorted into [`Category`]s by [`classify_smtp_error`].
+//! [`SmtpTransport`]: SMTP spoken by the crate itself on connections it opens and pools; or
+//! through a caller's own lettre transport. Each send is bounded in time, its errors sorted
+//! into [`Category`]s.
 //!
-//! - `builder.rs`: the constructors and [`SmtpBuilder`].
-//! - `connection.rs`: one connection: socket, TLS, greeting, EHLO, AUTH.
-//! - `socket.rs`: the socket, and the watch that tells whether a final dot went out.
+//! The SMTP client, from the wire up; none of the first four knows of the pool:
+//! - `reply.rs`: the reply reader, every size bounded.
+//! - `command.rs`: the command writer, and the message made safe for the wire.
+//! - `capabilities.rs`: what the server's EHLO offers.
+//! - `transaction.rs`: the transaction engine: one message, pipelined and chunked where the
+//!   server allows, each reply checked against its command.
+//! - `connection.rs`: one connection: each address, TLS, greeting, EHLO, STARTTLS, AUTH.
+//! - `socket.rs`: the TCP socket; `implicit_tls.rs`: TLS on it.
 //! - `pool.rs`: the connection pool and its limits.
-//! - `transaction.rs`: one transaction, each recipient answered on its own.
 //! - `classify.rs`: the category of a server's answer.
+//! - `builder.rs`: the constructors and [`SmtpBuilder`].
 //! - `lettre_pool.rs`: sending through a caller's lettre transport without desyncing it.
 
 mod builder;
+mod capabilities;
 mod classify;
+mod command;
 mod connection;
 mod implicit_tls;
 mod lettre_pool;
 mod pool;
+pub(crate) mod reply;
 mod socket;
 mod transaction;
 
@@ -41,30 +49,40 @@ use transaction::{Ending, Progress};
 /// # On the crate's own connections
 /// [`relay`](Self::relay), [`starttls_relay`](Self::starttls_relay),
 /// [`builder_dangerous`](Self::builder_dangerous), [`from_url`](Self::from_url) and
-/// [`unencrypted`](Self::unencrypted) make a transport that opens its own sockets, with
-/// TCP_NODELAY set, and keeps them in a pool of its own:
+/// [`unencrypted`](Self::unencrypted) make a transport that speaks SMTP itself on sockets it
+/// opens (TCP_NODELAY and keepalive set) and keeps in a pool of its own:
 ///
-/// - **A connection is reused only after its whole transaction was answered.** A send cut off
-///   anywhere (by its timeout, by its caller dropping it, by an I/O error) closes its
-///   connection, so a late reply can never be read as the answer to another message. After a
-///   refused transaction the connection says RSET before the next.
-/// - **No NOOP per message.** A pooled connection the server closed while it was idle fails at
-///   RSET or MAIL, before anything of the message was sent; the send then goes on a fresh
-///   connection without an error. Each send opens at most one connection.
+/// - **One round trip per message.** Where the server offers PIPELINING, MAIL, every RCPT and
+///   DATA go in one write; with CHUNKING too, the message goes in that same write as `BDAT`.
+/// - **A connection is reused only after its whole transaction was answered**, each reply
+///   checked against the command it answers. A send cut off anywhere (by its timeout, by its
+///   caller dropping it, by an I/O error) or a reply out of turn closes its connection, so a
+///   late reply can never be read as the answer to another message. After a refused
+///   transaction the next one begins with RSET.
+/// - **No NOOP per message.** A pooled connection the server closed while it was idle shows
+///   it in its first reply (none, or the `421`/`451` it sent as it closed); the send then goes
+///   on one fresh connection without an error.
 /// - **Each recipient is answered on its own.** The message goes to the recipients the server
-///   accepted, and the others are in [`Receipt::rejected_recipients`], each with its error.
-///   When every recipient is refused, that refusal is the answer.
-/// - **Maybe delivered.** A Network error or Timeout after the final dot was written is marked
-///   [`SendError::maybe_delivered`]: the server may hold the message. Never before that point.
+///   accepted; those refused for good are in [`Receipt::rejected_recipients`], those refused
+///   for now (a 4xx) in [`Receipt::deferred_recipients`], each with its error; recipients
+///   refused as too many for one transaction (`452 4.5.3`) get the message in a further
+///   transaction. When every recipient is refused, that refusal is the answer.
+/// - **Maybe delivered.** A Network error or Timeout after the final data was written is marked
+///   [`SendError::maybe_delivered`]: the server may hold the message. Never before that point,
+///   and never for a 4xx or 5xx answer to it.
+/// - **Safe against a hostile server**: bounded reads, no reply injection through STARTTLS,
+///   credentials only over TLS, the body CRLF-normalised and dot-stuffed (no SMTP smuggling);
+///   see the README's SMTP section.
 /// - [`SmtpBuilder::max_connections`] sends hold a connection at once; others wait their turn
 ///   within their timeout. `send_many` sends that many messages at once, answers in order.
 ///
 /// # Through a lettre transport
-/// [`new`](Self::new) wraps a caller's `lettre::AsyncSmtpTransport`. lettre's pool would take
-/// back a connection whose send was cut off, so each send runs as a task that finishes in the
-/// background; a send that timed out may still deliver, and its `smtp.timeout` is marked
-/// maybe-delivered. lettre builds its pool with a Tokio task, so build the lettre transport
-/// inside a Tokio runtime.
+/// [`new`](Self::new) wraps a caller's `lettre::AsyncSmtpTransport`: the slower, less safe
+/// path, since lettre speaks the SMTP (one round trip per command, none of the guarantees
+/// against a hostile server above). lettre's pool would take back a connection whose send was
+/// cut off, so each send runs as a task that finishes in the background; a send that timed
+/// out may still deliver, and its `smtp.timeout` is marked maybe-delivered. lettre builds its
+/// pool with a Tokio task, so build the lettre transport inside a Tokio runtime.
 ///
 /// # Example
 /// ```
@@ -207,7 +225,7 @@ impl SmtpTransport {
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             // The cut-off transaction's connection was dropped with it, and so closed.
-            Err(_elapsed) if progress.final_dot_written() => {
+            Err(_elapsed) if progress.final_data_written() => {
                 Err(self.timed_out().maybe_delivered())
             }
             Err(_elapsed) => Err(self.timed_out()),
@@ -234,8 +252,10 @@ impl SmtpTransport {
                 transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
                     .await;
             match ending {
-                Ending::Answered(result) => {
-                    pool.give_back(connection);
+                Ending::Answered { result, reusable } => {
+                    if reusable {
+                        pool.give_back(connection);
+                    }
                     return result;
                 }
                 Ending::NotBegun(error) if reused => {
@@ -248,14 +268,21 @@ impl SmtpTransport {
                     connection = pool.open().await?;
                     reused = false;
                 }
-                Ending::NotBegun(error) | Ending::Broken(error) => return Err(error),
+                Ending::NotBegun(error) => return Err(error),
             }
         }
     }
 
-    /// Opens a connection on the pool (connect, TLS, AUTH) and keeps it for the next send.
+    /// Checks a connection of the pool, within its turn: an idle one answers NOOP, else a
+    /// fresh one is opened (connect, TLS, AUTH) and kept for the next send.
     async fn verify_on_pool(&self, pool: &ConnectionPool) -> Result<(), SendError> {
         let _turn = pool.turn().await?;
+        if let Some(mut connection) = pool.take_idle() {
+            if connection.noop().await.is_ok() {
+                pool.give_back(connection);
+                return Ok(());
+            }
+        }
         let connection: Connection = pool.open().await?;
         pool.give_back(connection);
         Ok(())
@@ -288,8 +315,9 @@ impl Transport for SmtpTransport {
         crate::transport::send_concurrently(self, messages, self.concurrency)
     }
 
-    /// Opens a connection (connect, TLS, greeting, AUTH) within the timeout; on the crate's
-    /// own connections the pool keeps it for the next send.
+    /// Checks that the server takes a connection (connect, TLS, greeting, AUTH) within the
+    /// timeout. On the crate's own connections it uses an idle pooled connection (NOOP) or
+    /// opens one that the pool keeps, always within `max_connections`.
     async fn verify(&self) -> Result<(), SendError> {
         let deadline = later(Instant::now(), self.timeout);
         let result = match &self.sender {

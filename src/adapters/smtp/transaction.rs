@@ -1,45 +1,75 @@
-//! One mail transaction on an open connection: RSET if the last one was refused, MAIL, one
-//! RCPT per recipient with its own answer, DATA, the body and its final dot.
+//! The transaction engine: one message on an open connection, each reply checked against the
+//! command it answers.
 //!
-//! What the transaction ends with tells the pool what to do with the connection:
-//! [`Ending::Answered`] hands it back, [`Ending::NotBegun`] lets a fresh connection try (nothing
-//! of the message reached the server), [`Ending::Broken`] closes it.
+//! - **Round trips.** With PIPELINING (RFC 2920) the RSET a refused transaction left, MAIL,
+//!   every RCPT and DATA go in one write; with CHUNKING (RFC 3030) too, the message goes in
+//!   that same write as `BDAT <n> LAST`, so a message costs one round trip. Without either,
+//!   each command waits for its reply.
+//! - **Recipients.** Each is answered on its own: accepted; refused for good (5xx, listed in
+//!   [`Receipt::rejected_recipients`]); refused for now (4xx, listed in
+//!   [`Receipt::deferred_recipients`]); or too many for this transaction (`452 4.5.3`): those
+//!   go in a further transaction on the same connection once this one is delivered.
+//! - **Maybe delivered.** Once the final data (the dot, or BDAT LAST) is written, a lost
+//!   connection, a timeout or a reply out of turn may hide a delivery: the error says so. A
+//!   4xx or 5xx answer to it is a refusal, never maybe-delivered.
+//! - **SIZE.** A message over the server's SIZE is `InvalidMessage` before any command.
+//!
+//! What the transaction ends with tells the pool what to do with the connection
+//! ([`Ending`]).
 
-use std::sync::{Arc, OnceLock};
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use lettre::Address;
-use lettre::transport::smtp::Error as SmtpError;
-use lettre::transport::smtp::commands::{Data, Mail, Rcpt, Rset};
-use lettre::transport::smtp::extension::{Extension, MailBodyParameter, MailParameter, ServerInfo};
 
-use super::classify::{classify_smtp_error, leaves_connection_usable, receipt_for};
+use super::capabilities::Capabilities;
+use super::classify::{Stage, is_too_many_recipients, receipt_for_reply, refusal};
+use super::command::{Commands, MailParameters, wire_length};
 use super::connection::Connection;
-use super::socket::DotWatch;
-use crate::{Category, Envelope, Receipt, SendError};
+use super::reply::Reply;
+use crate::{Category, Envelope, SendError};
 
 /// How a transaction ended, for the connection's sake.
 #[derive(Debug)]
 pub(super) enum Ending {
-    /// The server answered the whole transaction (a receipt, or a refusal); the connection
-    /// may carry another.
-    Answered(Result<Receipt, SendError>),
-    /// A connection taken from the pool failed before the transaction began (at RSET or
-    /// MAIL, without a reply or with a `421`): the server closed it while it was idle.
-    /// Nothing of the message reached the server; a fresh connection may try.
+    /// The answer for the caller; `reusable` says whether the connection may carry another
+    /// transaction (the server answered every command in turn and keeps the session open).
+    Answered {
+        result: Result<crate::Receipt, SendError>,
+        reusable: bool,
+    },
+    /// A connection taken from the pool failed before the server took any command of this
+    /// transaction: no reply at all, or a 4xx it sent as it closed an idle session. Nothing
+    /// of the message was accepted; a fresh connection may try.
     NotBegun(SendError),
-    /// The connection broke mid-transaction, or the server closes it: close it.
-    Broken(SendError),
 }
 
-/// What one send's timeout needs to know: whether its final dot was written before the time
-/// ran out. Set when the body begins, read after the send's future is dropped.
+impl Ending {
+    fn closing(error: SendError) -> Ending {
+        Ending::Answered {
+            result: Err(error),
+            reusable: false,
+        }
+    }
+}
+
+/// What one send's timeout needs to know: whether the final data of its message was written
+/// before the time ran out. Set by the engine, read after the send's future is dropped.
 #[derive(Debug, Default)]
-pub(super) struct Progress(OnceLock<Arc<DotWatch>>);
+pub(super) struct Progress(AtomicBool);
 
 impl Progress {
-    /// Whether the final dot of this send's message was written.
-    pub(super) fn final_dot_written(&self) -> bool {
-        self.0.get().is_some_and(|watch| watch.final_dot_written())
+    /// Whether the final data (the dot, or BDAT LAST) of this send's message was written.
+    pub(super) fn final_data_written(&self) -> bool {
+        self.0.load(Ordering::Relaxed)
+    }
+
+    fn note_final_data_written(&self) {
+        self.0.store(true, Ordering::Relaxed);
+    }
+
+    /// Forgets a write on a pooled connection that turned out closed: nothing was taken.
+    fn forget(&self) {
+        self.0.store(false, Ordering::Relaxed);
     }
 }
 
@@ -54,86 +84,420 @@ pub(super) async fn send(
     transport: &str,
     progress: &Progress,
 ) -> Ending {
-    if connection.needs_reset {
-        if let Err(error) = connection.smtp.command(Rset).await {
-            return Ending::NotBegun(classify_smtp_error(&error));
-        }
-        connection.needs_reset = false;
-    }
-    let parameters = match mail_parameters(connection.smtp.server_info(), envelope, raw) {
+    let offered = *connection.capabilities();
+    let parameters = match mail_parameters(&offered, envelope, raw) {
         Ok(parameters) => parameters,
-        Err(error) => return Ending::Answered(Err(error)),
-    };
-    connection.watch.transaction_begins();
-    connection.transactions = connection.transactions.saturating_add(1);
-
-    let mail = Mail::new(envelope.from().cloned(), parameters);
-    if let Err(error) = connection.smtp.command(mail).await {
-        if reused && !leaves_connection_usable(&error) {
-            return Ending::NotBegun(classify_smtp_error(&error));
-        }
-        return refused(connection, &error);
-    }
-
-    let mut accepted = 0_usize;
-    let mut rejected: Vec<(Address, SendError)> = Vec::new();
-    for to in envelope.to() {
-        match connection
-            .smtp
-            .command(Rcpt::new(to.clone(), Vec::new()))
-            .await
-        {
-            Ok(_) => accepted += 1,
-            Err(error) if leaves_connection_usable(&error) => {
-                rejected.push((to.clone(), classify_smtp_error(&error)));
-            }
-            Err(error) => return Ending::Broken(classify_smtp_error(&error)),
-        }
-    }
-    if accepted == 0 {
-        connection.needs_reset = true;
-        return Ending::Answered(Err(every_recipient_refused(rejected)));
-    }
-
-    if let Err(error) = connection.smtp.command(Data).await {
-        return refused(connection, &error);
-    }
-    connection.watch.body_begins();
-    let _ = progress.0.set(Arc::clone(&connection.watch));
-    match connection.smtp.message(raw).await {
-        Ok(response) => {
-            let receipt = rejected
-                .into_iter()
-                .fold(receipt_for(transport, &response), |receipt, (to, why)| {
-                    receipt.with_rejected_recipient(to, why)
-                });
-            Ending::Answered(Ok(receipt))
-        }
-        Err(error) if leaves_connection_usable(&error) => {
-            connection.needs_reset = true;
-            Ending::Answered(Err(classify_smtp_error(&error)))
-        }
         Err(error) => {
-            let error_after_body = classify_smtp_error(&error);
-            Ending::Broken(if connection.watch.final_dot_written() {
-                error_after_body.maybe_delivered()
-            } else {
-                error_after_body
-            })
+            return Ending::Answered {
+                result: Err(error),
+                reusable: true,
+            };
         }
+    };
+    let mut delivered: Option<Reply> = None;
+    let mut refused: Vec<(Address, SendError)> = Vec::new();
+    let mut pending: Vec<Address> = envelope.to().to_vec();
+    let mut may_be_stale = reused;
+    loop {
+        let transaction = Transaction {
+            from: envelope.from(),
+            recipients: &pending,
+            raw,
+            parameters,
+            progress,
+            final_data_written: AtomicBool::new(false),
+        };
+        let round = transaction.run(connection, may_be_stale).await;
+        may_be_stale = false;
+        refused.extend(round.refused);
+        match round.end {
+            End::Delivered(reply) => {
+                delivered.get_or_insert(reply);
+                if round.overflow.is_empty() {
+                    break;
+                }
+                pending = round.overflow;
+            }
+            End::NoRecipients(why) => {
+                // Too many even for the first of them: nothing more will go in this session.
+                refused.extend(round.overflow.into_iter().map(|to| (to, why.clone())));
+                break;
+            }
+            End::Refused(error) if delivered.is_some() => {
+                refused.extend(round.accepted.into_iter().map(|to| (to, error.clone())));
+                refused.extend(round.overflow.into_iter().map(|to| (to, error.clone())));
+                break;
+            }
+            End::Refused(error) => {
+                return Ending::Answered {
+                    result: Err(error),
+                    reusable: true,
+                };
+            }
+            End::Broken(error) if delivered.is_some() => {
+                refused.extend(round.accepted.into_iter().map(|to| (to, error.clone())));
+                refused.extend(round.overflow.into_iter().map(|to| (to, error.clone())));
+                return Ending::Answered {
+                    result: Ok(receipt(transport, delivered.as_ref(), refused)),
+                    reusable: false,
+                };
+            }
+            End::Broken(error) => return Ending::closing(error),
+            End::NotBegun(error) => return Ending::NotBegun(error),
+        }
+    }
+    let result = match delivered {
+        Some(_) => Ok(receipt(transport, delivered.as_ref(), refused)),
+        None => Err(every_recipient_refused(refused)),
+    };
+    Ending::Answered {
+        result,
+        reusable: true,
     }
 }
 
-/// The ending after the server refused a command with `error` before the body: answered (RSET
-/// before the next transaction) if the connection is still usable, else broken.
-fn refused(connection: &mut Connection, error: &SmtpError) -> Ending {
-    let refusal = classify_smtp_error(error);
-    if leaves_connection_usable(error) {
-        connection.needs_reset = true;
-        Ending::Answered(Err(refusal))
-    } else {
-        Ending::Broken(refusal)
+/// The receipt for a delivery answered by `reply`, with each refused recipient listed as
+/// rejected (for good) or deferred (for now).
+fn receipt(
+    transport: &str,
+    reply: Option<&Reply>,
+    refused: Vec<(Address, SendError)>,
+) -> crate::Receipt {
+    let receipt = match reply {
+        Some(reply) => receipt_for_reply(transport, reply),
+        None => crate::Receipt::new(transport),
+    };
+    refused.into_iter().fold(receipt, |receipt, (to, why)| {
+        if why.is_retryable() {
+            receipt.with_deferred_recipient(to, why)
+        } else {
+            receipt.with_rejected_recipient(to, why)
+        }
+    })
+}
+
+/// One MAIL transaction's inputs.
+struct Transaction<'a> {
+    from: Option<&'a Address>,
+    recipients: &'a [Address],
+    raw: &'a [u8],
+    parameters: MailParameters,
+    progress: &'a Progress,
+    /// Whether this transaction's final data went out.
+    final_data_written: AtomicBool,
+}
+
+/// What one MAIL transaction did with its recipients, and how it ended.
+struct Round {
+    accepted: Vec<Address>,
+    refused: Vec<(Address, SendError)>,
+    /// Refused as too many for this transaction: for the next one.
+    overflow: Vec<Address>,
+    end: End,
+}
+
+enum End {
+    /// The final data was accepted with this reply.
+    Delivered(Reply),
+    /// No recipient was accepted (each is in `refused` or `overflow`); why, for the overflow.
+    NoRecipients(SendError),
+    /// The server refused MAIL, DATA or the message; the session goes on (RSET first).
+    Refused(SendError),
+    /// The connection cannot be used again.
+    Broken(SendError),
+    /// A pooled connection that was found closed before the transaction began.
+    NotBegun(SendError),
+}
+
+impl Transaction<'_> {
+    async fn run(&self, connection: &mut Connection, may_be_stale: bool) -> Round {
+        let mut round = Round {
+            accepted: Vec::new(),
+            refused: Vec::new(),
+            overflow: Vec::new(),
+            end: End::NoRecipients(too_many_recipients()),
+        };
+        round.end = match self.exchange(connection, may_be_stale, &mut round).await {
+            Ok(end) | Err(end) => end,
+        };
+        round.end = match round.end {
+            // Once the final data went out, a lost connection or a reply out of turn (a
+            // Network error, unlike a `421` that refuses) may hide a delivery.
+            End::Broken(error)
+                if self.final_data_written.load(Ordering::Relaxed)
+                    && error.category() == Category::Network =>
+            {
+                End::Broken(error.maybe_delivered())
+            }
+            End::NotBegun(error) => {
+                self.progress.forget();
+                End::NotBegun(error)
+            }
+            end => end,
+        };
+        connection.needs_reset = matches!(round.end, End::Refused(_) | End::NoRecipients(_));
+        round
     }
+
+    /// The commands and their replies; `Err` ends the exchange early.
+    async fn exchange(
+        &self,
+        connection: &mut Connection,
+        may_be_stale: bool,
+        round: &mut Round,
+    ) -> Result<End, End> {
+        let pipelining = connection.pipelining();
+        let chunking = connection.chunking();
+        let reset = connection.needs_reset;
+        connection.transactions = connection.transactions.saturating_add(1);
+
+        let mut first_reply = FirstReply { may_be_stale };
+        if pipelining {
+            let mut commands = Commands::new();
+            if reset {
+                commands.rset();
+            }
+            commands.mail(self.from, self.parameters);
+            for to in self.recipients {
+                commands.rcpt(to);
+            }
+            if chunking {
+                commands.bdat_last(self.raw);
+            } else {
+                commands.data();
+            }
+            connection
+                .write(&commands.take())
+                .await
+                .map_err(|error| first_reply.failed(error))?;
+            if chunking {
+                self.note_final_data_written();
+            }
+        }
+
+        if reset {
+            if !pipelining {
+                write(connection, Commands::new().rset())
+                    .await
+                    .map_err(|error| first_reply.failed(error))?;
+            }
+            let reply = read(connection)
+                .await
+                .map_err(|error| first_reply.failed(error))?;
+            first_reply.check(&reply, 250)?;
+        }
+
+        if !pipelining {
+            write(connection, Commands::new().mail(self.from, self.parameters))
+                .await
+                .map_err(|error| first_reply.failed(error))?;
+        }
+        let reply = read(connection)
+            .await
+            .map_err(|error| first_reply.failed(error))?;
+        first_reply.check_refusable(&reply, 250)?;
+        let mail_refused = (reply.code() != 250).then(|| refusal(Stage::Transaction, &reply));
+        if let Some(refused) = &mail_refused {
+            if !pipelining {
+                return Ok(End::Refused(refused.clone()));
+            }
+        }
+
+        for to in self.recipients {
+            if !pipelining {
+                write(connection, Commands::new().rcpt(to))
+                    .await
+                    .map_err(End::Broken)?;
+            }
+            let reply = read(connection).await.map_err(End::Broken)?;
+            if mail_refused.is_some() {
+                // The answers to a transaction the server already refused (503 and the like):
+                // read to stay in step.
+                closing_or_unexpected(&reply)?;
+                continue;
+            }
+            match reply.code() {
+                250 | 251 => round.accepted.push(to.clone()),
+                _ if is_too_many_recipients(&reply) => round.overflow.push(to.clone()),
+                421 => return Err(End::Broken(refusal(Stage::Transaction, &reply))),
+                _ if matches!(reply.class(), 4 | 5) => round
+                    .refused
+                    .push((to.clone(), refusal(Stage::Transaction, &reply))),
+                _ => return Err(End::Broken(refusal(Stage::Transaction, &reply))),
+            }
+        }
+        let nothing_to_deliver = match &mail_refused {
+            Some(refused) => Some(End::Refused(refused.clone())),
+            None if round.accepted.is_empty() => {
+                let why = round
+                    .refused
+                    .last()
+                    .map(|(_, why)| why.clone())
+                    .unwrap_or_else(too_many_recipients);
+                Some(End::NoRecipients(why))
+            }
+            None => None,
+        };
+
+        if chunking {
+            self.chunk(connection, pipelining, nothing_to_deliver).await
+        } else {
+            self.data(connection, pipelining, nothing_to_deliver).await
+        }
+    }
+
+    fn note_final_data_written(&self) {
+        self.final_data_written.store(true, Ordering::Relaxed);
+        self.progress.note_final_data_written();
+    }
+
+    /// BDAT LAST (already written when pipelining) and its reply.
+    async fn chunk(
+        &self,
+        connection: &mut Connection,
+        pipelining: bool,
+        nothing_to_deliver: Option<End>,
+    ) -> Result<End, End> {
+        if !pipelining {
+            if let Some(end) = nothing_to_deliver {
+                return Ok(end);
+            }
+            write(connection, Commands::new().bdat_last(self.raw))
+                .await
+                .map_err(End::Broken)?;
+            self.note_final_data_written();
+        }
+        let Some(end) = nothing_to_deliver else {
+            return self.final_reply(connection).await;
+        };
+        // The server read the chunk for a transaction it had refused: its answer is a
+        // refusal, read to stay in step.
+        let reply = read(connection).await.map_err(End::Broken)?;
+        if reply.class() != 2 {
+            closing_or_unexpected(&reply)?;
+        }
+        Ok(end)
+    }
+
+    /// DATA (already written when pipelining), its `354`, the message and its final reply.
+    async fn data(
+        &self,
+        connection: &mut Connection,
+        pipelining: bool,
+        nothing_to_deliver: Option<End>,
+    ) -> Result<End, End> {
+        if !pipelining {
+            if let Some(end) = nothing_to_deliver {
+                return Ok(end);
+            }
+            write(connection, Commands::new().data())
+                .await
+                .map_err(End::Broken)?;
+        }
+        let reply = read(connection).await.map_err(End::Broken)?;
+        if reply.code() != 354 {
+            closing_or_unexpected(&reply)?;
+            return Ok(nothing_to_deliver
+                .unwrap_or_else(|| End::Refused(refusal(Stage::Transaction, &reply))));
+        }
+        if let Some(end) = nothing_to_deliver {
+            // A 354 although no recipient was accepted (RFC 2920 §3.1): end the empty
+            // message at once, and read the server's refusal of it.
+            write(connection, Commands::new().data_end())
+                .await
+                .map_err(End::Broken)?;
+            let reply = read(connection).await.map_err(End::Broken)?;
+            if reply.class() != 2 {
+                closing_or_unexpected(&reply)?;
+            }
+            return Ok(end);
+        }
+        write(connection, Commands::new().data_body(self.raw))
+            .await
+            .map_err(End::Broken)?;
+        self.note_final_data_written();
+        self.final_reply(connection).await
+    }
+
+    /// The reply to the final data: a delivery, or a refusal.
+    async fn final_reply(&self, connection: &mut Connection) -> Result<End, End> {
+        let reply = read(connection).await.map_err(End::Broken)?;
+        if reply.class() == 2 {
+            return Ok(End::Delivered(reply));
+        }
+        // A 354 or another code out of turn is Broken, and so maybe delivered (see `run`).
+        closing_or_unexpected(&reply)?;
+        Ok(End::Refused(refusal(Stage::Transaction, &reply)))
+    }
+}
+
+/// What the first reply of a transaction on a pooled connection may show: that the server
+/// closed the session while it was idle.
+struct FirstReply {
+    may_be_stale: bool,
+}
+
+impl FirstReply {
+    /// The end for a failure to write or read before the first reply.
+    fn failed(&mut self, error: SendError) -> End {
+        if std::mem::take(&mut self.may_be_stale) {
+            End::NotBegun(error)
+        } else {
+            End::Broken(error)
+        }
+    }
+
+    /// `reply` must be `expected`; a 4xx on a pooled connection is the server closing it.
+    fn check(&mut self, reply: &Reply, expected: u16) -> Result<(), End> {
+        let stale = std::mem::take(&mut self.may_be_stale);
+        if reply.code() == expected {
+            return Ok(());
+        }
+        let error = refusal(Stage::Transaction, reply);
+        Err(if stale && reply.class() == 4 {
+            End::NotBegun(error)
+        } else {
+            End::Broken(error)
+        })
+    }
+
+    /// Like [`check`](Self::check), but a refusal other than a stale session's is the
+    /// caller's to handle.
+    fn check_refusable(&mut self, reply: &Reply, expected: u16) -> Result<(), End> {
+        let stale = std::mem::take(&mut self.may_be_stale);
+        if reply.code() == expected {
+            return Ok(());
+        }
+        let error = refusal(Stage::Transaction, reply);
+        if stale && reply.class() == 4 {
+            return Err(End::NotBegun(error));
+        }
+        closing_or_unexpected(reply)
+    }
+}
+
+/// `Err` to end the exchange if `reply` closes the session (`421`) or is no refusal at all.
+fn closing_or_unexpected(reply: &Reply) -> Result<(), End> {
+    if reply.code() == 421 || !matches!(reply.class(), 4 | 5) {
+        return Err(End::Broken(refusal(Stage::Transaction, reply)));
+    }
+    Ok(())
+}
+
+async fn write(connection: &mut Connection, commands: &mut Commands) -> Result<(), SendError> {
+    connection.write(&commands.take()).await
+}
+
+async fn read(connection: &mut Connection) -> Result<Reply, SendError> {
+    connection.read().await
+}
+
+fn too_many_recipients() -> SendError {
+    SendError::fixed(
+        Category::ServerError,
+        "smtp.452",
+        "the server took none of the recipients in this session: too many recipients",
+    )
 }
 
 /// The answer when the server refused every recipient: a refusal that may pass if any does
@@ -154,36 +518,51 @@ fn every_recipient_refused(rejected: Vec<(Address, SendError)>) -> SendError {
     refusals.find(SendError::is_retryable).unwrap_or(first)
 }
 
-/// MAIL's parameters: SMTPUTF8 for non-ASCII addresses and 8BITMIME for a non-ASCII body,
-/// or a `Configuration` error (`smtp.client`) if the server offers neither where needed.
+/// MAIL's parameters: SIZE where the server offers it, SMTPUTF8 for non-ASCII addresses and
+/// 8BITMIME for a non-ASCII body; an `InvalidMessage` (`smtp.size`) for a message over the
+/// server's SIZE, or a `Configuration` error (`smtp.client`) if the server offers neither
+/// extension where needed.
 fn mail_parameters(
-    server: &ServerInfo,
+    offered: &Capabilities,
     envelope: &Envelope,
     raw: &[u8],
-) -> Result<Vec<MailParameter>, SendError> {
-    let mut parameters = Vec::new();
+) -> Result<MailParameters, SendError> {
+    let length = wire_length(raw);
+    if offered
+        .size_limit()
+        .is_some_and(|limit| u64::try_from(length).map_or(true, |length| length > limit))
+    {
+        return Err(SendError::new(
+            Category::InvalidMessage,
+            "smtp.size",
+            format!(
+                "the message is {length} octets and the server takes at most {}",
+                offered.size_limit().unwrap_or_default()
+            ),
+        ));
+    }
     let non_ascii = |address: &Address| !AsRef::<str>::as_ref(address).is_ascii();
-    if envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii) {
-        if !server.supports_feature(Extension::SmtpUtfEight) {
-            return Err(SendError::fixed(
-                Category::Configuration,
-                "smtp.client",
-                "the envelope has non-ASCII addresses and the server does not offer SMTPUTF8",
-            ));
-        }
-        parameters.push(MailParameter::SmtpUtfEight);
+    let utf8 = envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii);
+    if utf8 && !offered.smtputf8 {
+        return Err(SendError::fixed(
+            Category::Configuration,
+            "smtp.client",
+            "the envelope has non-ASCII addresses and the server does not offer SMTPUTF8",
+        ));
     }
-    if !raw.is_ascii() {
-        if !server.supports_feature(Extension::EightBitMime) {
-            return Err(SendError::fixed(
-                Category::Configuration,
-                "smtp.client",
-                "the message is not ASCII and the server does not offer 8BITMIME",
-            ));
-        }
-        parameters.push(MailParameter::Body(MailBodyParameter::EightBitMime));
+    let eight_bit = !raw.is_ascii();
+    if eight_bit && !offered.eight_bit_mime {
+        return Err(SendError::fixed(
+            Category::Configuration,
+            "smtp.client",
+            "the message is not ASCII and the server does not offer 8BITMIME",
+        ));
     }
-    Ok(parameters)
+    Ok(MailParameters {
+        size: offered.size.map(|_| length),
+        eight_bit,
+        utf8,
+    })
 }
 
 #[cfg(test)]
@@ -217,5 +596,51 @@ mod tests {
             (to("b@example.org"), refusal(Category::Rejected, "smtp.553")),
         ]);
         assert_eq!(answer.code(), "smtp.550");
+    }
+
+    fn envelope() -> Envelope {
+        Envelope::new(Some(to("app@example.com")), vec![to("bob@example.org")])
+            .expect("an envelope")
+    }
+
+    #[test]
+    fn a_message_over_the_servers_size_is_an_invalid_message() {
+        let offered = Capabilities {
+            size: Some(10),
+            ..Capabilities::default()
+        };
+        let error = mail_parameters(&offered, &envelope(), b"0123456789").expect_err("too big");
+        assert_eq!(error.category(), Category::InvalidMessage);
+        assert_eq!(error.code(), "smtp.size");
+        // Eight octets and their added CRLF are exactly the limit.
+        let parameters = mail_parameters(&offered, &envelope(), b"01234567").expect("fits");
+        assert_eq!(parameters.size, Some(10));
+    }
+
+    #[test]
+    fn size_is_declared_only_where_the_server_offers_it() {
+        let parameters =
+            mail_parameters(&Capabilities::default(), &envelope(), b"x").expect("fits");
+        assert_eq!(parameters.size, None);
+        let unlimited = Capabilities {
+            size: Some(0),
+            ..Capabilities::default()
+        };
+        let parameters = mail_parameters(&unlimited, &envelope(), b"x").expect("fits");
+        assert_eq!(parameters.size, Some(3));
+    }
+
+    #[test]
+    fn a_body_that_is_not_ascii_needs_8bitmime() {
+        let error = mail_parameters(&Capabilities::default(), &envelope(), "é".as_bytes())
+            .expect_err("no 8BITMIME");
+        assert_eq!(error.category(), Category::Configuration);
+        let offered = Capabilities {
+            eight_bit_mime: true,
+            ..Capabilities::default()
+        };
+        let parameters = mail_parameters(&offered, &envelope(), "é".as_bytes()).expect("fits");
+        assert!(parameters.eight_bit);
+        assert!(!parameters.utf8);
     }
 }

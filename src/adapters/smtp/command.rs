@@ -1,0 +1,276 @@
+//! The command writer: SMTP commands and the message's octets as they go on the wire, put
+//! into one buffer so that pipelined commands leave in one write.
+//!
+//! The message is made safe for the wire here (RFC 5321 §2.3.8, §4.5.2): every bare CR and
+//! bare LF becomes CRLF, so no line can end where a receiver and this client disagree (SMTP
+//! smuggling); for DATA a line that starts with `.` gets a second one, and the data ends with
+//! exactly one `CRLF.CRLF`. For BDAT (RFC 3030) the length says where the data ends, so only
+//! the line endings change. Addresses and the EHLO name come from lettre's checked types and
+//! the builder's check, so no command can carry a line break.
+
+use std::fmt::Write as _;
+
+use lettre::Address;
+use lettre::transport::smtp::extension::ClientId;
+
+/// What MAIL FROM declares beside the sender.
+#[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
+pub(super) struct MailParameters {
+    /// `SIZE=`: the octets of the message as sent, where the server offers SIZE.
+    pub(super) size: Option<usize>,
+    /// `BODY=8BITMIME`: the message is not ASCII.
+    pub(super) eight_bit: bool,
+    /// `SMTPUTF8`: an address is not ASCII.
+    pub(super) utf8: bool,
+}
+
+/// Commands waiting to be written together.
+#[derive(Debug, Default)]
+pub(super) struct Commands {
+    out: Vec<u8>,
+}
+
+impl Commands {
+    /// No command yet.
+    pub(super) fn new() -> Self {
+        Commands::default()
+    }
+
+    /// The octets to write, leaving none.
+    pub(super) fn take(&mut self) -> Vec<u8> {
+        std::mem::take(&mut self.out)
+    }
+
+    fn line(&mut self, text: &str) -> &mut Self {
+        self.out.extend_from_slice(text.as_bytes());
+        self.out.extend_from_slice(b"\r\n");
+        self
+    }
+
+    pub(super) fn ehlo(&mut self, name: &ClientId) -> &mut Self {
+        self.line(&format!("EHLO {name}"))
+    }
+
+    pub(super) fn starttls(&mut self) -> &mut Self {
+        self.line("STARTTLS")
+    }
+
+    /// `AUTH <mechanism>`, with the initial response (already base64) if there is one.
+    pub(super) fn auth(&mut self, mechanism: &str, initial: Option<&str>) -> &mut Self {
+        match initial {
+            Some(response) => self.line(&format!("AUTH {mechanism} {response}")),
+            None => self.line(&format!("AUTH {mechanism}")),
+        }
+    }
+
+    /// A line answering an AUTH challenge (already base64).
+    pub(super) fn auth_response(&mut self, response: &str) -> &mut Self {
+        self.line(response)
+    }
+
+    pub(super) fn rset(&mut self) -> &mut Self {
+        self.line("RSET")
+    }
+
+    pub(super) fn noop(&mut self) -> &mut Self {
+        self.line("NOOP")
+    }
+
+    pub(super) fn quit(&mut self) -> &mut Self {
+        self.line("QUIT")
+    }
+
+    pub(super) fn mail(&mut self, from: Option<&Address>, parameters: MailParameters) -> &mut Self {
+        let mut command = String::from("MAIL FROM:<");
+        if let Some(from) = from {
+            command.push_str(from.as_ref());
+        }
+        command.push('>');
+        if let Some(size) = parameters.size {
+            let _ = write!(command, " SIZE={size}");
+        }
+        if parameters.eight_bit {
+            command.push_str(" BODY=8BITMIME");
+        }
+        if parameters.utf8 {
+            command.push_str(" SMTPUTF8");
+        }
+        self.line(&command)
+    }
+
+    pub(super) fn rcpt(&mut self, to: &Address) -> &mut Self {
+        self.line(&format!("RCPT TO:<{}>", AsRef::<str>::as_ref(to)))
+    }
+
+    pub(super) fn data(&mut self) -> &mut Self {
+        self.line("DATA")
+    }
+
+    /// The message after DATA's `354`: line endings made CRLF, dot-stuffed, ended by the one
+    /// `CRLF.CRLF`.
+    pub(super) fn data_body(&mut self, message: &[u8]) -> &mut Self {
+        self.out.reserve(wire_length(message) + 5);
+        for_each_line(message, |line| {
+            if line.first() == Some(&b'.') {
+                self.out.push(b'.');
+            }
+            self.out.extend_from_slice(line);
+            self.out.extend_from_slice(b"\r\n");
+        });
+        self.out.extend_from_slice(b".\r\n");
+        self
+    }
+
+    /// An empty message's end: what a client says after a `354` it should not have had.
+    pub(super) fn data_end(&mut self) -> &mut Self {
+        self.line(".")
+    }
+
+    /// `BDAT <n> LAST` and the message, its line endings made CRLF and its last line ended:
+    /// exactly `n` octets.
+    pub(super) fn bdat_last(&mut self, message: &[u8]) -> &mut Self {
+        let length = wire_length(message);
+        self.line(&format!("BDAT {length} LAST"));
+        self.out.reserve(length);
+        for_each_line(message, |line| {
+            self.out.extend_from_slice(line);
+            self.out.extend_from_slice(b"\r\n");
+        });
+        self
+    }
+}
+
+/// The octets of `message` on the wire without dot-stuffing: every line ending CRLF, the last
+/// line ended. SIZE declares this, and BDAT sends exactly this many.
+pub(super) fn wire_length(message: &[u8]) -> usize {
+    let mut length = 0;
+    for_each_line(message, |line| length += line.len() + 2);
+    length
+}
+
+/// Hands each line of `message` to `line`, without its ending: a bare CR, a bare LF and CRLF
+/// each end a line, and a last line without an ending counts as one.
+fn for_each_line(message: &[u8], mut line: impl FnMut(&[u8])) {
+    let mut rest = message;
+    while let Some(end) = rest
+        .iter()
+        .position(|&octet| octet == b'\r' || octet == b'\n')
+    {
+        let (content, after) = rest.split_at(end);
+        line(content);
+        let ending_length = if after.starts_with(b"\r\n") { 2 } else { 1 };
+        rest = after.get(ending_length..).unwrap_or_default();
+    }
+    if !rest.is_empty() {
+        line(rest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn data(message: &[u8]) -> Vec<u8> {
+        Commands::new().data_body(message).take()
+    }
+
+    fn bdat(message: &[u8]) -> Vec<u8> {
+        Commands::new().bdat_last(message).take()
+    }
+
+    #[test]
+    fn bare_lf_and_bare_cr_become_crlf_and_no_line_can_end_the_data_early() {
+        let wire = data(b"a\n.\r\nMAIL FROM:<x@evil.test>\rb");
+        assert_eq!(wire, b"a\r\n..\r\nMAIL FROM:<x@evil.test>\r\nb\r\n.\r\n");
+    }
+
+    #[test]
+    fn a_dot_at_the_start_of_the_message_is_stuffed() {
+        assert_eq!(data(b".hidden\r\n"), b"..hidden\r\n.\r\n");
+    }
+
+    #[test]
+    fn a_dot_inside_a_line_is_left_alone() {
+        assert_eq!(data(b"a.b\r\n"), b"a.b\r\n.\r\n");
+    }
+
+    #[test]
+    fn the_data_ends_with_exactly_one_crlf_dot_crlf() {
+        assert_eq!(data(b"hello"), b"hello\r\n.\r\n");
+        assert_eq!(data(b"hello\r\n"), b"hello\r\n.\r\n");
+        assert_eq!(data(b""), b".\r\n");
+        assert_eq!(data(b"x\r\n\r\n"), b"x\r\n\r\n.\r\n");
+    }
+
+    #[test]
+    fn a_cr_lf_pair_is_one_line_ending_and_lf_cr_is_two() {
+        assert_eq!(data(b"a\r\nb\n\rc"), b"a\r\nb\r\n\r\nc\r\n.\r\n");
+    }
+
+    #[test]
+    fn bdat_counts_exactly_the_octets_it_sends() {
+        let wire = bdat(b"a\nb");
+        assert_eq!(wire, b"BDAT 6 LAST\r\na\r\nb\r\n");
+        assert_eq!(bdat(b"x\r\n"), b"BDAT 3 LAST\r\nx\r\n");
+        assert_eq!(bdat(b""), b"BDAT 0 LAST\r\n");
+    }
+
+    #[test]
+    fn bdat_does_not_stuff_dots() {
+        assert_eq!(bdat(b".\r\n"), b"BDAT 3 LAST\r\n.\r\n");
+    }
+
+    #[test]
+    fn wire_length_is_the_length_with_crlf_line_endings() {
+        assert_eq!(wire_length(b""), 0);
+        assert_eq!(wire_length(b"a"), 3);
+        assert_eq!(wire_length(b"a\n"), 3);
+        assert_eq!(wire_length(b"a\r"), 3);
+        assert_eq!(wire_length(b"a\r\nb\n\r"), 8);
+    }
+
+    #[test]
+    fn mail_declares_size_body_and_smtputf8_where_asked() {
+        let from: Address = "app@example.com".parse().expect("an address");
+        let all = MailParameters {
+            size: Some(1234),
+            eight_bit: true,
+            utf8: true,
+        };
+        assert_eq!(
+            Commands::new().mail(Some(&from), all).take(),
+            b"MAIL FROM:<app@example.com> SIZE=1234 BODY=8BITMIME SMTPUTF8\r\n"
+        );
+        assert_eq!(
+            Commands::new().mail(None, MailParameters::default()).take(),
+            b"MAIL FROM:<>\r\n"
+        );
+    }
+
+    #[test]
+    fn pipelined_commands_are_written_in_order_in_one_buffer() {
+        let to: Address = "bob@example.org".parse().expect("an address");
+        let mut commands = Commands::new();
+        commands
+            .rset()
+            .mail(None, MailParameters::default())
+            .rcpt(&to)
+            .data();
+        assert_eq!(
+            commands.take(),
+            b"RSET\r\nMAIL FROM:<>\r\nRCPT TO:<bob@example.org>\r\nDATA\r\n"
+        );
+    }
+
+    #[test]
+    fn auth_carries_its_initial_response_on_the_same_line() {
+        assert_eq!(
+            Commands::new().auth("PLAIN", Some("AGEAYg==")).take(),
+            b"AUTH PLAIN AGEAYg==\r\n"
+        );
+        assert_eq!(
+            Commands::new().auth("LOGIN", None).take(),
+            b"AUTH LOGIN\r\n"
+        );
+    }
+}
