@@ -33,6 +33,13 @@ pub use builder::RetryBuilder;
 ///   [`is_maybe_delivered`](SendError::is_maybe_delivered) as it is: the provider may hold
 ///   the message, and a retry could deliver it twice. By default it retries such errors.
 /// - [`Receipt::attempts`] says how many tries the delivery took.
+/// - **Deferred recipients.** A delivery whose receipt lists
+///   [`deferred_recipients`](Receipt::deferred_recipients) (an SMTP server took the message
+///   for some recipients and said "later" to others, as greylisting does) is sent again, the
+///   same octets and so the same Message-ID, to those recipients only, after the same wait
+///   as a retry and within the same limits. The receipt then lists the recipients still
+///   deferred, and those refused for good among the rejected. (`send` and `send_raw`; a
+///   `send_many` answers with the first receipt, its deferred recipients listed.)
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
 ///
@@ -106,13 +113,12 @@ impl<T: Transport> RetryTransport<T> {
         self.policy.budget.as_ref()
     }
 
-    /// Tries `send` until it delivers or the policy gives up.
-    async fn retrying<F, Fut>(&self, mut send: F) -> Result<Receipt, SendError>
+    /// Tries `send` until it delivers or the policy gives up; `first_try` is now.
+    async fn retrying<F, Fut>(&self, first_try: Instant, mut send: F) -> Result<Receipt, SendError>
     where
         F: FnMut() -> Fut,
         Fut: Future<Output = Result<Receipt, SendError>>,
     {
-        let first_try = Instant::now();
         let mut attempt = 1;
         loop {
             let result = send().await;
@@ -129,6 +135,78 @@ impl<T: Transport> RetryTransport<T> {
                 }
             }
         }
+    }
+
+    /// Sends `raw` again to the deferred recipients of `receipt`, as the policy allows, and
+    /// gives back the receipt with what became of them.
+    async fn deliver_deferred(
+        &self,
+        mut receipt: Receipt,
+        from: Option<&lettre::Address>,
+        raw: &[u8],
+        first_try: Instant,
+    ) -> Receipt {
+        let transport = self.inner.name();
+        let mut attempt = receipt.attempts();
+        let mut deferred = receipt.take_deferred_recipients();
+        while let Some(why) = deferred
+            .iter()
+            .map(|(_, why)| why)
+            .max_by_key(|why| why.retry_after())
+        {
+            let Some(wait) = self
+                .policy
+                .wait_before_retry(transport, why, attempt, first_try)
+            else {
+                break;
+            };
+            let recipients = deferred.iter().map(|(to, _)| to.clone()).collect();
+            let Ok(envelope) = Envelope::new(from.cloned(), recipients) else {
+                break;
+            };
+            crate::metrics::retry(transport);
+            tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
+            attempt = attempt.saturating_add(1);
+            match self.inner.send_raw(&envelope, raw).await {
+                Ok(mut again) => {
+                    if let Some(budget) = &self.policy.budget {
+                        budget.on_success();
+                    }
+                    for (to, why) in again.rejected_recipients() {
+                        receipt = receipt.with_rejected_recipient(to.clone(), why.clone());
+                    }
+                    deferred = again.take_deferred_recipients();
+                }
+                Err(error)
+                    if error.is_retryable()
+                        && !(self.policy.at_most_once && error.is_maybe_delivered()) =>
+                {
+                    if let Some(budget) = &self.policy.budget {
+                        budget.on_retry_failure();
+                    }
+                    for (_, why) in &mut deferred {
+                        *why = error.clone();
+                    }
+                }
+                Err(error) => {
+                    let refused = std::mem::take(&mut deferred);
+                    for (to, _) in refused {
+                        if error.is_retryable() {
+                            deferred.push((to, error.clone()));
+                        } else {
+                            receipt = receipt.with_rejected_recipient(to, error.clone());
+                        }
+                    }
+                    break;
+                }
+            }
+        }
+        deferred
+            .into_iter()
+            .fold(receipt, |receipt, (to, why)| {
+                receipt.with_deferred_recipient(to, why)
+            })
+            .with_attempts(attempt)
     }
 }
 
@@ -232,11 +310,30 @@ impl<T: Transport> Transport for RetryTransport<T> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.retrying(|| self.inner.send_raw(envelope, raw)).await
+        let first_try = Instant::now();
+        let receipt = self
+            .retrying(first_try, || self.inner.send_raw(envelope, raw))
+            .await?;
+        if receipt.deferred_recipients().is_empty() {
+            return Ok(receipt);
+        }
+        Ok(self
+            .deliver_deferred(receipt, envelope.from(), raw, first_try)
+            .await)
     }
 
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        self.retrying(|| self.inner.send(message)).await
+        let first_try = Instant::now();
+        let receipt = self
+            .retrying(first_try, || self.inner.send(message))
+            .await?;
+        if receipt.deferred_recipients().is_empty() {
+            return Ok(receipt);
+        }
+        let raw = message.formatted();
+        Ok(self
+            .deliver_deferred(receipt, message.envelope().from(), &raw, first_try)
+            .await)
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

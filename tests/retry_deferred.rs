@@ -1,0 +1,289 @@
+//! The retry transport and recipients a provider deferred (DESIGN §10: a 4xx to some RCPTs
+//! while others were accepted): the message goes again to those recipients only, the same
+//! octets, after the retry's wait. Time driven by `tokio::time::pause()`.
+
+mod support;
+
+use std::collections::VecDeque;
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+use mail_breaker::{
+    Backoff, Category, Envelope, Message, Receipt, RetryTransport, SendError, Transport,
+};
+use tokio::time::Instant;
+
+/// What the provider does with one send: which of its recipients it defers or rejects, or
+/// an error for the whole send.
+#[derive(Debug, Clone)]
+enum Answer {
+    Deliver {
+        defer: Vec<&'static str>,
+        reject: Vec<&'static str>,
+    },
+    Fail(SendError),
+}
+
+fn deliver_deferring(defer: &[&'static str]) -> Answer {
+    Answer::Deliver {
+        defer: defer.to_vec(),
+        reject: Vec::new(),
+    }
+}
+
+fn deliver_all() -> Answer {
+    deliver_deferring(&[])
+}
+
+fn greylisted() -> SendError {
+    SendError::new(Category::ServerError, "smtp.450", "450 4.2.0 greylisted")
+}
+
+/// A provider that answers each send from a script and keeps each send's recipients and
+/// octets, with when it came.
+#[derive(Debug, Clone, Default)]
+struct Provider {
+    script: Arc<Mutex<VecDeque<Answer>>>,
+    sends: Arc<Mutex<Vec<(Vec<String>, Vec<u8>, Instant)>>>,
+}
+
+impl Provider {
+    fn new(answers: impl IntoIterator<Item = Answer>) -> Provider {
+        Provider {
+            script: Arc::new(Mutex::new(answers.into_iter().collect())),
+            sends: Arc::default(),
+        }
+    }
+
+    fn sends(&self) -> Vec<(Vec<String>, Vec<u8>, Instant)> {
+        self.sends.lock().expect("not poisoned").clone()
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Provider {
+    fn name(&self) -> &str {
+        "provider"
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let recipients: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
+        self.sends.lock().expect("not poisoned").push((
+            recipients.clone(),
+            raw.to_vec(),
+            Instant::now(),
+        ));
+        let answer = self
+            .script
+            .lock()
+            .expect("not poisoned")
+            .pop_front()
+            .unwrap_or_else(deliver_all);
+        match answer {
+            Answer::Fail(error) => Err(error),
+            Answer::Deliver { defer, reject } => {
+                let mut receipt = Receipt::new("provider");
+                for to in envelope.to() {
+                    if defer.contains(&to.to_string().as_str()) {
+                        receipt = receipt.with_deferred_recipient(to.clone(), greylisted());
+                    } else if reject.contains(&to.to_string().as_str()) {
+                        let why = SendError::new(Category::Rejected, "smtp.550", "no such user");
+                        receipt = receipt.with_rejected_recipient(to.clone(), why);
+                    }
+                }
+                Ok(receipt)
+            }
+        }
+    }
+}
+
+fn message_to_two() -> Message {
+    Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("ann@example.org".parse().expect("a recipient"))
+        .to("bob@example.net".parse().expect("a recipient"))
+        .subject("two")
+        .body(String::from("hello"))
+        .expect("a message")
+}
+
+fn retry(provider: &Provider, attempts: u32) -> RetryTransport<Provider> {
+    RetryTransport::builder(provider.clone())
+        .max_attempts(attempts)
+        .backoff(Backoff::constant(Duration::from_secs(5)))
+        .build()
+        .expect("valid settings")
+}
+
+fn recipients(receipt_list: &[(lettre::Address, SendError)]) -> Vec<String> {
+    receipt_list.iter().map(|(to, _)| to.to_string()).collect()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferred_recipient_gets_the_same_message_alone_after_the_backoff() {
+    let provider = Provider::new([deliver_deferring(&["bob@example.net"]), deliver_all()]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+
+    let sends = provider.sends();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(sends[0].0, ["ann@example.org", "bob@example.net"]);
+    assert_eq!(sends[1].0, ["bob@example.net"]);
+    assert_eq!(
+        sends[1].1, sends[0].1,
+        "the same octets, so the same Message-ID"
+    );
+    assert_eq!(sends[1].2 - sends[0].2, Duration::from_secs(5));
+    assert!(receipt.deferred_recipients().is_empty());
+    assert_eq!(receipt.attempts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_raw_sends_the_deferred_recipients_the_same_octets_too() {
+    let provider = Provider::new([deliver_deferring(&["bob@example.net"]), deliver_all()]);
+    let message = message_to_two();
+    let raw = message.formatted();
+    let receipt = retry(&provider, 3)
+        .send_raw(message.envelope(), &raw)
+        .await
+        .expect("delivered");
+    let sends = provider.sends();
+    assert_eq!(sends[1].0, ["bob@example.net"]);
+    assert_eq!(sends[1].1, raw);
+    assert!(receipt.deferred_recipients().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recipient_still_deferred_when_the_attempts_run_out_stays_listed_as_deferred() {
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        deliver_deferring(&["bob@example.net"]),
+    ]);
+    let receipt = retry(&provider, 2)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 2);
+    assert_eq!(
+        recipients(receipt.deferred_recipients()),
+        ["bob@example.net"]
+    );
+    assert_eq!(receipt.attempts(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferred_recipient_refused_for_good_on_the_next_try_is_listed_as_rejected() {
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        Answer::Fail(SendError::new(
+            Category::Rejected,
+            "smtp.550",
+            "550 5.1.1 no such user",
+        )),
+    ]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert!(receipt.deferred_recipients().is_empty());
+    assert_eq!(
+        recipients(receipt.rejected_recipients()),
+        ["bob@example.net"]
+    );
+    assert_eq!(receipt.rejected_recipients()[0].1.code(), "smtp.550");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_deferred_recipient_whose_next_try_fails_for_now_is_tried_again() {
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        Answer::Fail(SendError::new(Category::Network, "smtp.network", "reset")),
+        deliver_all(),
+    ]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    assert_eq!(provider.sends().len(), 3);
+    assert!(receipt.deferred_recipients().is_empty());
+    assert_eq!(receipt.attempts(), 3);
+}
+
+#[tokio::test(start_paused = true)]
+async fn at_most_once_does_not_send_deferred_recipients_again_after_a_maybe_delivered_error() {
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        Answer::Fail(
+            SendError::new(Category::Timeout, "smtp.timeout", "no answer").maybe_delivered(),
+        ),
+        deliver_all(),
+    ]);
+    let transport = RetryTransport::builder(provider.clone())
+        .max_attempts(5)
+        .backoff(Backoff::constant(Duration::from_secs(1)))
+        .at_most_once()
+        .build()
+        .expect("valid settings");
+    let receipt = transport
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 2);
+    let deferred = receipt.deferred_recipients();
+    assert_eq!(recipients(deferred), ["bob@example.net"]);
+    assert!(deferred[0].1.is_maybe_delivered());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_delivery_without_deferred_recipients_is_not_sent_again() {
+    let provider = Provider::new([deliver_all()]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    assert_eq!(provider.sends().len(), 1);
+    assert_eq!(receipt.attempts(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn deferred_recipients_wait_their_errors_retry_after_when_it_is_longer() {
+    let provider = Provider::new([
+        Answer::Deliver {
+            defer: vec!["bob@example.net"],
+            reject: vec![],
+        },
+        deliver_all(),
+    ]);
+    // The provider's deferral says when: 30 s, longer than the 5 s backoff.
+    let provider_with_wait = WithRetryAfter(provider.clone(), Duration::from_secs(30));
+    let transport = RetryTransport::builder(provider_with_wait)
+        .max_attempts(3)
+        .backoff(Backoff::constant(Duration::from_secs(5)))
+        .build()
+        .expect("valid settings");
+    transport.send(&message_to_two()).await.expect("delivered");
+    let sends = provider.sends();
+    assert_eq!(sends[1].2 - sends[0].2, Duration::from_secs(30));
+}
+
+/// A provider whose deferrals carry a `retry_after`.
+#[derive(Debug)]
+struct WithRetryAfter(Provider, Duration);
+
+#[async_trait::async_trait]
+impl Transport for WithRetryAfter {
+    fn name(&self) -> &str {
+        self.0.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let receipt = self.0.send_raw(envelope, raw).await?;
+        let mut later = Receipt::new(receipt.transport());
+        for (to, why) in receipt.deferred_recipients() {
+            later = later.with_deferred_recipient(to.clone(), why.clone().with_retry_after(self.1));
+        }
+        Ok(later)
+    }
+}
