@@ -9,8 +9,8 @@
 //! - Bytes after a reply stay buffered for the next (pipelined replies arrive together);
 //!   [`ReplyReader::is_empty`] tells whether any are waiting, which STARTTLS must check.
 //!
-//! The parsing is a pure function of the buffered bytes ([`ReplyReader::next_buffered`]), so
-//! a fuzz test can feed it anything.
+//! The parsing needs no stream ([`ReplyReader::feed`], [`ReplyReader::next_buffered`]), so a
+//! fuzz test can feed it anything.
 
 use std::fmt;
 use std::io;
@@ -93,10 +93,26 @@ impl fmt::Display for ReplyError {
 }
 
 /// Reads replies from a stream, keeping what arrives after one reply for the next.
+///
+/// It reads incrementally: each octet is looked at once however the server splits its
+/// replies into reads, so a server that drips a reply an octet at a time costs no more work
+/// than one that sends it whole.
 #[derive(Debug, Default)]
 pub(crate) struct ReplyReader {
-    /// Received octets not yet part of a reply handed out.
+    /// Received octets; those before `start` are read (handed out, or lines of `partial`).
     buffer: Vec<u8>,
+    start: usize,
+    /// Octets after `start` already searched for a line end.
+    scanned: usize,
+    /// The lines read so far of a reply not yet whole.
+    partial: Option<Partial>,
+}
+
+#[derive(Debug)]
+struct Partial {
+    code: u16,
+    lines: Vec<String>,
+    octets: usize,
 }
 
 impl ReplyReader {
@@ -105,26 +121,65 @@ impl ReplyReader {
         ReplyReader::default()
     }
 
-    /// Whether no received octet is waiting to be read as a reply.
+    /// Whether nothing received is waiting to be read as (part of) a reply.
     pub(crate) fn is_empty(&self) -> bool {
-        self.buffer.is_empty()
+        self.start == self.buffer.len() && self.partial.is_none()
     }
 
     /// Adds received octets (what [`read`](Self::read) does with each read from the stream).
     pub(crate) fn feed(&mut self, octets: &[u8]) {
+        // What was read leaves the buffer only now, not line by line.
+        self.buffer.drain(..self.start);
+        self.start = 0;
         self.buffer.extend_from_slice(octets);
     }
 
-    /// The next reply if the buffer holds a whole one (then its octets leave the buffer),
-    /// `None` if more octets are needed, or the error if the buffered octets can never become
+    /// The next reply if the buffer holds the rest of a whole one (then its octets are
+    /// read), `None` if more octets are needed, or the error if the octets can never become
     /// a reply within the caps.
     pub(crate) fn next_buffered(&mut self) -> Result<Option<Reply>, ReplyError> {
-        match parse(&self.buffer)? {
-            Some((reply, used)) => {
-                self.buffer.drain(..used);
-                Ok(Some(reply))
+        loop {
+            let rest = self.buffer.get(self.start..).unwrap_or_default();
+            // Only the first MAX_LINE octets of a line may hold its end.
+            let window = rest.get(..MAX_LINE).unwrap_or(rest);
+            let unsearched = window.get(self.scanned..).unwrap_or_default();
+            let Some(found) = unsearched.iter().position(|&octet| octet == b'\n') else {
+                if rest.len() >= MAX_LINE {
+                    return Err(ReplyError::TooLong("a line of over 2,048 octets"));
+                }
+                self.scanned = window.len();
+                return Ok(None);
+            };
+            let newline = self.scanned + found;
+            let line = window.get(..newline).unwrap_or_default();
+            let line = line.strip_suffix(b"\r").unwrap_or(line);
+            let (code, more, text) = parse_line(line)?;
+            let partial = self.partial.get_or_insert(Partial {
+                code,
+                lines: Vec::new(),
+                octets: 0,
+            });
+            partial.octets += newline + 1;
+            if partial.octets > MAX_REPLY {
+                return Err(ReplyError::TooLong("a reply of over 64 KiB"));
             }
-            None => Ok(None),
+            if partial.code != code {
+                return Err(ReplyError::Malformed(
+                    "lines of one reply with different codes",
+                ));
+            }
+            if partial.lines.len() == MAX_LINES {
+                return Err(ReplyError::TooLong("a reply of over 100 lines"));
+            }
+            partial.lines.push(String::from_utf8_lossy(text).into_owned());
+            self.start += newline + 1;
+            self.scanned = 0;
+            if !more {
+                return Ok(self
+                    .partial
+                    .take()
+                    .map(|Partial { code, lines, .. }| Reply { code, lines }));
+            }
         }
     }
 
@@ -144,52 +199,6 @@ impl ReplyReader {
                 return Err(ReplyError::Closed);
             }
             self.feed(chunk.get(..read).unwrap_or_default());
-        }
-    }
-}
-
-/// One reply at the start of `octets` and how many octets it took, `None` if it is not whole
-/// yet, or why it can never be one.
-fn parse(octets: &[u8]) -> Result<Option<(Reply, usize)>, ReplyError> {
-    let mut code = None;
-    let mut lines = Vec::new();
-    let mut start = 0;
-    loop {
-        let rest = octets.get(start..).unwrap_or_default();
-        // Only the first MAX_LINE octets of a line may hold its end.
-        let window = rest.get(..MAX_LINE).unwrap_or(rest);
-        let Some(newline) = window.iter().position(|&octet| octet == b'\n') else {
-            if rest.len() >= MAX_LINE {
-                return Err(ReplyError::TooLong("a line of over 2,048 octets"));
-            }
-            return Ok(None);
-        };
-        let end = start + newline + 1;
-        if end > MAX_REPLY {
-            return Err(ReplyError::TooLong("a reply of over 64 KiB"));
-        }
-        let line = window.get(..newline).unwrap_or_default();
-        let line = line.strip_suffix(b"\r").unwrap_or(line);
-        let (line_code, more, text) = parse_line(line)?;
-        if code.is_some_and(|first| first != line_code) {
-            return Err(ReplyError::Malformed(
-                "lines of one reply with different codes",
-            ));
-        }
-        code = Some(line_code);
-        if lines.len() == MAX_LINES {
-            return Err(ReplyError::TooLong("a reply of over 100 lines"));
-        }
-        lines.push(String::from_utf8_lossy(text).into_owned());
-        start = end;
-        if !more {
-            return Ok(Some((
-                Reply {
-                    code: line_code,
-                    lines,
-                },
-                end,
-            )));
         }
     }
 }
@@ -379,6 +388,141 @@ mod tests {
     #[test]
     fn text_that_is_not_utf8_is_kept_lossily() {
         assert_eq!(whole(b"250 caf\xe9\r\n").lines(), ["caf\u{fffd}"]);
+    }
+
+    /// The fuzz target of the reader: any octets from a server, split into reads of any size,
+    /// end in a reply or an error, never a panic, and never hold more than the caps.
+    mod fuzz {
+        use std::pin::Pin;
+        use std::task::{Context, Poll};
+
+        use proptest::prelude::*;
+        use tokio::io::ReadBuf;
+
+        use super::*;
+
+        /// The most a reader may have taken from the stream when it gives up on a reply: a
+        /// whole reply's worth of lines, a line short of its cap, and one read more.
+        const MOST_READ: usize = MAX_REPLY + MAX_LINE + READ_CHUNK;
+
+        /// A stream that hands out `octets` in reads of the given sizes, and counts them.
+        struct Chunked {
+            octets: Vec<u8>,
+            sizes: Vec<usize>,
+            read: usize,
+            reads: usize,
+        }
+
+        impl AsyncRead for Chunked {
+            fn poll_read(
+                mut self: Pin<&mut Self>,
+                _: &mut Context<'_>,
+                buf: &mut ReadBuf<'_>,
+            ) -> Poll<io::Result<()>> {
+                let this = &mut *self;
+                let size = this.sizes.get(this.reads % this.sizes.len().max(1)).copied().unwrap_or(1);
+                let rest = this.octets.get(this.read..).unwrap_or_default();
+                let take = rest.len().min(size.max(1)).min(buf.remaining());
+                buf.put_slice(&rest[..take]);
+                this.read += take;
+                this.reads += 1;
+                Poll::Ready(Ok(()))
+            }
+        }
+
+        fn read_all(octets: Vec<u8>, sizes: Vec<usize>) -> (Vec<Result<Reply, String>>, usize) {
+            let mut stream = Chunked { octets, sizes, read: 0, reads: 0 };
+            let mut reader = ReplyReader::new();
+            let mut answers = Vec::new();
+            let runtime = tokio::runtime::Builder::new_current_thread()
+                .build()
+                .expect("a runtime");
+            loop {
+                match runtime.block_on(reader.read(&mut stream)) {
+                    Ok(reply) => answers.push(Ok(reply)),
+                    Err(error) => {
+                        answers.push(Err(error.to_string()));
+                        break;
+                    }
+                }
+            }
+            (answers, stream.read)
+        }
+
+        fn check_caps(reply: &Reply) {
+            assert!(reply.lines().len() <= MAX_LINES);
+            assert!(reply.lines().iter().all(|line| line.len() <= MAX_LINE * 3));
+            assert!((200..600).contains(&reply.code()));
+        }
+
+        /// Octets a server might send: replies, near-replies and garbage.
+        fn server_octets() -> impl Strategy<Value = Vec<u8>> {
+            let piece = prop_oneof![
+                Just(b"250-mx.test\r\n".to_vec()),
+                Just(b"250 OK\r\n".to_vec()),
+                Just(b"250\r\n".to_vec()),
+                Just(b"354 go\r\n".to_vec()),
+                Just(b"\r\n".to_vec()),
+                Just(b"\n".to_vec()),
+                Just(b"-".to_vec()),
+                Just(vec![b'x'; 700]),
+                Just(b"250-".repeat(300)),
+                proptest::collection::vec(any::<u8>(), 0..64),
+                "[2-5][0-9][0-9][ -]?[ -~]{0,40}\r\n".prop_map(String::into_bytes),
+            ];
+            proptest::collection::vec(piece, 0..150).prop_map(|pieces| pieces.concat())
+        }
+
+        proptest! {
+            #![proptest_config(ProptestConfig::with_cases(
+                std::env::var("PROPTEST_CASES").ok().and_then(|n| n.parse().ok()).unwrap_or(256)
+            ))]
+
+            #[test]
+            fn any_octets_end_in_replies_or_an_error_within_the_caps(
+                octets in server_octets(),
+                sizes in proptest::collection::vec(1_usize..5000, 1..8),
+            ) {
+                let (answers, read) = read_all(octets.clone(), sizes);
+                for reply in answers.iter().flatten() {
+                    check_caps(reply);
+                }
+                // Every answer but the last is a reply; the last is the error that ended it.
+                prop_assert!(answers.last().is_some_and(Result::is_err));
+                prop_assert!(read <= octets.len());
+            }
+
+            #[test]
+            fn a_reply_that_never_ends_is_given_up_after_a_bounded_read(
+                filler in prop_oneof![Just(b'x'), Just(b'\r')],
+                lines in 0_usize..150,
+                sizes in proptest::collection::vec(1_usize..5000, 1..8),
+            ) {
+                let mut octets = b"250-ok\r\n".repeat(lines);
+                octets.extend(std::iter::repeat_n(filler, 2 * MOST_READ));
+                let (answers, read) = read_all(octets, sizes);
+                prop_assert_eq!(answers.len(), 1);
+                prop_assert!(answers[0].is_err());
+                prop_assert!(read <= MOST_READ, "read {} octets", read);
+            }
+
+            #[test]
+            fn a_valid_reply_reads_back_as_written(
+                code in 200_u16..600,
+                lines in proptest::collection::vec("[ -~]{0,80}", 1..20),
+                sizes in proptest::collection::vec(1_usize..100, 1..8),
+            ) {
+                let mut octets = Vec::new();
+                for (index, line) in lines.iter().enumerate() {
+                    let separator = if index + 1 == lines.len() { " " } else { "-" };
+                    octets.extend_from_slice(format!("{code}{separator}{line}\r\n").as_bytes());
+                }
+                let (answers, _) = read_all(octets, sizes);
+                let reply = answers[0].as_ref().expect("a reply");
+                prop_assert_eq!(reply.code(), code);
+                prop_assert_eq!(reply.lines(), &lines[..]);
+            }
+        }
     }
 
     #[tokio::test]
