@@ -41,6 +41,9 @@ pub enum Mode {
     /// TLS from the first byte (SMTPS).
     Implicit,
 }
+    /// No TLS at all, and AUTH accepted in clear text (`auth_require_tls=False`): a local
+    /// relay that lets a client authenticate without TLS, so that only the client can refuse.
+    Clear,
 
 /// Which AUTH mechanisms the server offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -51,13 +54,13 @@ pub enum Mechanisms {
 }
 
 const SCRIPT: &str = r#"
-import argparse, ssl, threading
+import argparse, ssl, sys, threading
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult
+from aiosmtpd.smtp import SMTP, AuthResult
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
-parser.add_argument("--mode", choices=["starttls", "implicit"], required=True)
+parser.add_argument("--mode", choices=["starttls", "implicit", "clear"], required=True)
 parser.add_argument("--mechanisms", choices=["plain-and-login", "login-only"], required=True)
 parser.add_argument("--cert", required=True)
 parser.add_argument("--key", required=True)
@@ -74,6 +77,16 @@ def authenticator(server, session, envelope, mechanism, auth_data):
     # handled=False: aiosmtpd then answers a failure with its own 535.
     return AuthResult(success=ok, handled=False)
 
+class LoggingSMTP(SMTP):
+    # Each AUTH the server receives, on stderr (mechanism only), for Aiosmtpd::auth_commands.
+    async def smtp_AUTH(self, arg):
+        print("AUTH " + (arg.split()[0] if arg else ""), file=sys.stderr, flush=True)
+        return await super().smtp_AUTH(arg)
+
+class LoggingController(Controller):
+    def factory(self):
+        return LoggingSMTP(self.handler, **self.SMTP_kwargs)
+
 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 context.load_cert_chain(args.cert, args.key)
 options = dict(
@@ -84,10 +97,14 @@ options = dict(
     auth_exclude_mechanism=["PLAIN"] if args.mechanisms == "login-only" else [],
 )
 if args.mode == "starttls":
-    controller = Controller(Handler(), tls_context=context, require_starttls=True,
-                            auth_require_tls=True, **options)
+    controller = LoggingController(Handler(), tls_context=context, require_starttls=True,
+                                   auth_require_tls=True, **options)
+elif args.mode == "clear":
+    controller = LoggingController(Handler(), require_starttls=False, auth_require_tls=False,
+                                   **options)
 else:
-    controller = Controller(Handler(), ssl_context=context, auth_require_tls=False, **options)
+    controller = LoggingController(Handler(), ssl_context=context, auth_require_tls=False,
+                                   **options)
 controller.start()
 print("ready", flush=True)
 threading.Event().wait()
@@ -133,6 +150,7 @@ impl Aiosmtpd {
                 match mode {
                     Mode::StartTls => "starttls",
                     Mode::Implicit => "implicit",
+                    Mode::Clear => "clear",
                 },
             ])
             .args([
@@ -174,6 +192,15 @@ impl Aiosmtpd {
     /// What the server wrote to stderr, for failure messages.
     pub fn log(&self) -> String {
         fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
+    }
+
+    /// The AUTH commands the server received so far, each as `AUTH <mechanism>`, in order.
+    pub fn auth_commands(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|line| line.starts_with("AUTH"))
+            .map(str::to_owned)
+            .collect()
     }
 
     fn wait_until_listening(&mut self, test: &str) {
