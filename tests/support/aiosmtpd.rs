@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use lettre::transport::smtp::client::{Certificate, TlsParameters};
 
 use super::servers::{free_port, report_skip, require_program, under_ci};
+use super::test_certs::make_certificates;
 
 /// The user the server accepts.
 pub const USER: &str = "mailer";
@@ -40,10 +41,10 @@ pub enum Mode {
     StartTls,
     /// TLS from the first byte (SMTPS).
     Implicit,
-}
     /// No TLS at all, and AUTH accepted in clear text (`auth_require_tls=False`): a local
     /// relay that lets a client authenticate without TLS, so that only the client can refuse.
     Clear,
+}
 
 /// Which AUTH mechanisms the server offers.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -241,82 +242,6 @@ fn has_aiosmtpd(python: &Path) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|status| status.success())
-}
-
-/// Makes a test CA (`ca.pem`) and a server certificate it signed (`server.pem`,
-/// `server.key`) for `localhost` and `127.0.0.1`, valid for two days.
-fn make_certificates(openssl: &Path, dir: &Path) {
-    let run = |args: &[&str]| {
-        let output = Command::new(openssl)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running openssl");
-        assert!(
-            output.status.success(),
-            "openssl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=mail-breaker test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    ]
-    .concat());
-    fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("writing the certificate's extensions");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
 }
 
 /// A fresh folder for one server's certificates, script and log.

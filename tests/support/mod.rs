@@ -18,6 +18,7 @@ pub mod ses_faults;
 pub mod slow_store;
 pub mod smtp_sink;
 pub mod smtp_watch;
+pub mod test_certs;
 pub mod wire;
 
 use mail_breaker::Message;
