@@ -24,6 +24,7 @@ use std::time::{Duration, Instant};
 use lettre::transport::smtp::client::{Certificate, TlsParameters};
 
 use super::servers::{free_port, report_skip, require_program, under_ci};
+use super::test_certs::make_certificates;
 
 /// The user the server accepts.
 pub const USER: &str = "mailer";
@@ -40,6 +41,9 @@ pub enum Mode {
     StartTls,
     /// TLS from the first byte (SMTPS).
     Implicit,
+    /// No TLS at all, and AUTH accepted in clear text (`auth_require_tls=False`): a local
+    /// relay that lets a client authenticate without TLS, so that only the client can refuse.
+    Clear,
 }
 
 /// Which AUTH mechanisms the server offers.
@@ -51,13 +55,13 @@ pub enum Mechanisms {
 }
 
 const SCRIPT: &str = r#"
-import argparse, ssl, threading
+import argparse, ssl, sys, threading
 from aiosmtpd.controller import Controller
-from aiosmtpd.smtp import AuthResult
+from aiosmtpd.smtp import SMTP, AuthResult
 
 parser = argparse.ArgumentParser()
 parser.add_argument("--port", type=int, required=True)
-parser.add_argument("--mode", choices=["starttls", "implicit"], required=True)
+parser.add_argument("--mode", choices=["starttls", "implicit", "clear"], required=True)
 parser.add_argument("--mechanisms", choices=["plain-and-login", "login-only"], required=True)
 parser.add_argument("--cert", required=True)
 parser.add_argument("--key", required=True)
@@ -74,6 +78,16 @@ def authenticator(server, session, envelope, mechanism, auth_data):
     # handled=False: aiosmtpd then answers a failure with its own 535.
     return AuthResult(success=ok, handled=False)
 
+class LoggingSMTP(SMTP):
+    # Each AUTH the server receives, on stderr (mechanism only), for Aiosmtpd::auth_commands.
+    async def smtp_AUTH(self, arg):
+        print("AUTH " + (arg.split()[0] if arg else ""), file=sys.stderr, flush=True)
+        return await super().smtp_AUTH(arg)
+
+class LoggingController(Controller):
+    def factory(self):
+        return LoggingSMTP(self.handler, **self.SMTP_kwargs)
+
 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 context.load_cert_chain(args.cert, args.key)
 options = dict(
@@ -84,10 +98,14 @@ options = dict(
     auth_exclude_mechanism=["PLAIN"] if args.mechanisms == "login-only" else [],
 )
 if args.mode == "starttls":
-    controller = Controller(Handler(), tls_context=context, require_starttls=True,
-                            auth_require_tls=True, **options)
+    controller = LoggingController(Handler(), tls_context=context, require_starttls=True,
+                                   auth_require_tls=True, **options)
+elif args.mode == "clear":
+    controller = LoggingController(Handler(), require_starttls=False, auth_require_tls=False,
+                                   **options)
 else:
-    controller = Controller(Handler(), ssl_context=context, auth_require_tls=False, **options)
+    controller = LoggingController(Handler(), ssl_context=context, auth_require_tls=False,
+                                   **options)
 controller.start()
 print("ready", flush=True)
 threading.Event().wait()
@@ -133,6 +151,7 @@ impl Aiosmtpd {
                 match mode {
                     Mode::StartTls => "starttls",
                     Mode::Implicit => "implicit",
+                    Mode::Clear => "clear",
                 },
             ])
             .args([
@@ -176,6 +195,15 @@ impl Aiosmtpd {
         fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 
+    /// The AUTH commands the server received so far, each as `AUTH <mechanism>`, in order.
+    pub fn auth_commands(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|line| line.starts_with("AUTH"))
+            .map(str::to_owned)
+            .collect()
+    }
+
     fn wait_until_listening(&mut self, test: &str) {
         let address = SocketAddr::from(([127, 0, 0, 1], self.port));
         let deadline = Instant::now() + STARTUP_TIMEOUT;
@@ -214,82 +242,6 @@ fn has_aiosmtpd(python: &Path) -> bool {
         .stderr(Stdio::null())
         .status()
         .is_ok_and(|status| status.success())
-}
-
-/// Makes a test CA (`ca.pem`) and a server certificate it signed (`server.pem`,
-/// `server.key`) for `localhost` and `127.0.0.1`, valid for two days.
-fn make_certificates(openssl: &Path, dir: &Path) {
-    let run = |args: &[&str]| {
-        let output = Command::new(openssl)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running openssl");
-        assert!(
-            output.status.success(),
-            "openssl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=mail-breaker test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    ]
-    .concat());
-    fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("writing the certificate's extensions");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
 }
 
 /// A fresh folder for one server's certificates, script and log.

@@ -8,6 +8,7 @@ pub mod flaky;
 pub mod http_api;
 pub mod http_checks;
 pub mod moto;
+pub mod postfix;
 pub mod raw_smtp;
 pub mod redis;
 pub mod redis_cluster;
@@ -17,6 +18,8 @@ pub mod ses_faults;
 pub mod slow_store;
 pub mod smtp_sink;
 pub mod smtp_watch;
+pub mod test_certs;
+pub mod wire;
 
 use mail_breaker::Message;
 
