@@ -788,12 +788,15 @@ async fn a_retry_transport_sends_again_to_the_deferred_recipient_only_with_the_s
         .build()
         .expect("valid settings");
 
-    send(
-        &retry,
-        &message_to_each(&["user@example.org", "grey@example.org"]),
-    )
-    .await
-    .expect("delivered");
+    let message = Message::builder()
+        .from("app@example.com".parse().expect("a valid sender"))
+        .to("user@example.org".parse().expect("a valid recipient"))
+        .to("grey@example.org".parse().expect("a valid recipient"))
+        .message_id(Some("<greylisted.1@example.com>".to_owned()))
+        .subject("test")
+        .body(String::from("hello"))
+        .expect("a valid message");
+    send(&retry, &message).await.expect("delivered");
 
     assert_eq!(
         recipients_per_transaction(&server),
