@@ -39,12 +39,14 @@ fn greylisted() -> SendError {
     SendError::new(Category::ServerError, "smtp.450", "450 4.2.0 greylisted")
 }
 
-/// A provider that answers each send from a script and keeps each send's recipients and
-/// octets, with when it came.
+/// One send the provider saw: its recipients, its octets, and when it came.
+type Sent = (Vec<String>, Vec<u8>, Instant);
+
+/// A provider that answers each send from a script and keeps each send it saw.
 #[derive(Debug, Clone, Default)]
 struct Provider {
     script: Arc<Mutex<VecDeque<Answer>>>,
-    sends: Arc<Mutex<Vec<(Vec<String>, Vec<u8>, Instant)>>>,
+    sends: Arc<Mutex<Vec<Sent>>>,
 }
 
 impl Provider {
@@ -55,7 +57,7 @@ impl Provider {
         }
     }
 
-    fn sends(&self) -> Vec<(Vec<String>, Vec<u8>, Instant)> {
+    fn sends(&self) -> Vec<Sent> {
         self.sends.lock().expect("not poisoned").clone()
     }
 }

@@ -277,11 +277,11 @@ impl SmtpTransport {
     /// fresh one is opened (connect, TLS, AUTH) and kept for the next send.
     async fn verify_on_pool(&self, pool: &ConnectionPool) -> Result<(), SendError> {
         let _turn = pool.turn().await?;
-        if let Some(mut connection) = pool.take_idle() {
-            if connection.noop().await.is_ok() {
-                pool.give_back(connection);
-                return Ok(());
-            }
+        if let Some(mut connection) = pool.take_idle()
+            && connection.noop().await.is_ok()
+        {
+            pool.give_back(connection);
+            return Ok(());
         }
         let connection: Connection = pool.open().await?;
         pool.give_back(connection);

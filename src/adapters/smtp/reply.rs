@@ -171,7 +171,9 @@ impl ReplyReader {
             if partial.lines.len() == MAX_LINES {
                 return Err(ReplyError::TooLong("a reply of over 100 lines"));
             }
-            partial.lines.push(String::from_utf8_lossy(text).into_owned());
+            partial
+                .lines
+                .push(String::from_utf8_lossy(text).into_owned());
             self.start += newline + 1;
             self.scanned = 0;
             if !more {
@@ -420,7 +422,11 @@ mod tests {
                 buf: &mut ReadBuf<'_>,
             ) -> Poll<io::Result<()>> {
                 let this = &mut *self;
-                let size = this.sizes.get(this.reads % this.sizes.len().max(1)).copied().unwrap_or(1);
+                let size = this
+                    .sizes
+                    .get(this.reads % this.sizes.len().max(1))
+                    .copied()
+                    .unwrap_or(1);
                 let rest = this.octets.get(this.read..).unwrap_or_default();
                 let take = rest.len().min(size.max(1)).min(buf.remaining());
                 buf.put_slice(&rest[..take]);
@@ -431,7 +437,12 @@ mod tests {
         }
 
         fn read_all(octets: Vec<u8>, sizes: Vec<usize>) -> (Vec<Result<Reply, String>>, usize) {
-            let mut stream = Chunked { octets, sizes, read: 0, reads: 0 };
+            let mut stream = Chunked {
+                octets,
+                sizes,
+                read: 0,
+                reads: 0,
+            };
             let mut reader = ReplyReader::new();
             let mut answers = Vec::new();
             let runtime = tokio::runtime::Builder::new_current_thread()

@@ -297,10 +297,10 @@ impl Transaction<'_> {
             .map_err(|error| first_reply.failed(error))?;
         first_reply.check_refusable(&reply, 250)?;
         let mail_refused = (reply.code() != 250).then(|| refusal(Stage::Transaction, &reply));
-        if let Some(refused) = &mail_refused {
-            if !pipelining {
-                return Ok(End::Refused(refused.clone()));
-            }
+        if let Some(refused) = &mail_refused
+            && !pipelining
+        {
+            return Ok(End::Refused(refused.clone()));
         }
 
         for to in self.recipients {
