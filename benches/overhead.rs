@@ -412,7 +412,13 @@ fn domains(c: &mut Criterion) {
             .iter(|| async { black_box(per_domain.send_raw(envelope(), raw).await) })
     });
     group.finish();
-    assert_eq!(per_domain.tracked_keys(), MAX_KEYS);
+    // The churn (millions of sends over 100,000 domains) filled the map to its bound, if it
+    // ran at all: a filter such as `-- closed` skips it and leaves the map empty.
+    let tracked = per_domain.tracked_keys();
+    assert!(
+        tracked == 0 || tracked == MAX_KEYS,
+        "the churn tracked {tracked} keys"
+    );
 }
 
 /// How many messages one `send_many` batch holds.

@@ -41,9 +41,12 @@ tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancell
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
 
+files[smtp]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
+tests[smtp]="--lib --test=smtp_hostile --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
+
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis)
+    groups=(machine batch gate retry pool redis smtp)
 fi
 
 status=0

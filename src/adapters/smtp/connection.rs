@@ -130,6 +130,14 @@ impl Connection {
                     format!("could not resolve the server's name: {error}"),
                 )
             })?;
+        Connection::open_any(addresses, settings).await
+    }
+
+    /// Opens a connection at the first of `addresses` that takes one.
+    async fn open_any(
+        addresses: Vec<SocketAddr>,
+        settings: &ConnectionSettings,
+    ) -> Result<Connection, SendError> {
         let mut last_error = None;
         for address in addresses {
             let attempt = Connection::open_at(address, settings);
@@ -364,5 +372,98 @@ async fn authenticate(
         Ok(())
     } else {
         Err(refusal(Stage::Auth, &reply))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+
+    use super::*;
+    use tokio::io::{AsyncBufReadExt, BufReader};
+    use tokio::net::TcpListener;
+
+    fn settings(connect_timeout: Duration) -> ConnectionSettings {
+        ConnectionSettings {
+            host: "127.0.0.1".to_owned(),
+            port: 0,
+            tls: Tls::None,
+            credentials: None,
+            auth_without_tls: false,
+            hello_name: ClientId::Domain("client.test".to_owned()),
+            connect_timeout,
+            pipelining: true,
+            chunking: true,
+        }
+    }
+
+    /// A server that greets, answers EHLO, and then reads on; and how many connections it
+    /// took.
+    async fn greeting_server() -> (SocketAddr, Arc<AtomicUsize>) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        let address = listener.local_addr().expect("an address");
+        let connections = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&connections);
+        tokio::spawn(async move {
+            while let Ok((stream, _)) = listener.accept().await {
+                counted.fetch_add(1, Ordering::SeqCst);
+                tokio::spawn(async move {
+                    let (reader, mut writer) = stream.into_split();
+                    let mut lines = BufReader::new(reader).lines();
+                    writer.write_all(b"220 ready\r\n").await.ok();
+                    while let Ok(Some(_)) = lines.next_line().await {
+                        writer
+                            .write_all(b"250-srv\r\n250 PIPELINING\r\n")
+                            .await
+                            .ok();
+                    }
+                });
+            }
+        });
+        (address, connections)
+    }
+
+    /// A server that takes connections and never says a word.
+    async fn silent_server() -> (SocketAddr, TcpListener) {
+        let listener = TcpListener::bind("127.0.0.1:0").await.expect("a port");
+        (listener.local_addr().expect("an address"), listener)
+    }
+
+    #[tokio::test]
+    async fn an_address_that_never_greets_gives_way_to_the_next_within_the_connect_timeout() {
+        let (silent, _listener) = silent_server().await;
+        let (healthy, _) = greeting_server().await;
+        let opened =
+            Connection::open_any(vec![silent, healthy], &settings(Duration::from_millis(200)))
+                .await
+                .expect("the second address opens");
+        assert!(opened.pipelining());
+    }
+
+    #[tokio::test]
+    async fn when_every_address_fails_the_last_error_is_the_answer() {
+        let (silent, _listener) = silent_server().await;
+        let error = Connection::open_any(vec![silent], &settings(Duration::from_millis(100)))
+            .await
+            .err()
+            .expect("no address opens");
+        assert_eq!(error.category(), Category::Timeout);
+        assert_eq!(error.code(), "smtp.timeout");
+    }
+
+    #[tokio::test]
+    async fn a_configuration_error_at_one_address_is_the_answer_without_trying_the_next() {
+        let (first, first_connections) = greeting_server().await;
+        let (second, second_connections) = greeting_server().await;
+        let mut with_credentials = settings(Duration::from_secs(5));
+        with_credentials.credentials = Some(Credentials::new("u".into(), "p".into()));
+        let error = Connection::open_any(vec![first, second], &with_credentials)
+            .await
+            .err()
+            .expect("no AUTH in clear");
+        assert_eq!(error.code(), "smtp.auth_in_clear");
+        assert_eq!(first_connections.load(Ordering::SeqCst), 1);
+        assert_eq!(second_connections.load(Ordering::SeqCst), 0);
     }
 }
