@@ -186,9 +186,12 @@ fn smtp_wan(c: &mut Criterion) {
     let sink = support::installed("smtp-sink", "smtp_wan (smtp-sink)")
         .then(|| SmtpSink::start("smtp_wan", &[]))
         .flatten();
-    let postfix = support::installed("postfix", "smtp_wan (Postfix)")
-        .then(|| Postfix::start("smtp_wan", PostfixOptions::default()))
-        .flatten();
+    let postfix = if Postfix::can_run() {
+        Postfix::start("smtp_wan", PostfixOptions::default())
+    } else {
+        println!("SKIPPED smtp_wan on Postfix: it is not installed, or this is not root");
+        None
+    };
     let mut servers: Vec<(&str, SocketAddr)> = Vec::new();
     if let Some(sink) = &sink {
         servers.push(("smtp-sink", sink.address()));

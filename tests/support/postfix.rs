@@ -153,6 +153,15 @@ impl Postfix {
         );
     }
 
+    /// Whether Postfix can run here (its `postfix` command and `smtpd` installed, and this
+    /// process root), without printing anything: for a bench, which skips rather than fails.
+    pub fn can_run() -> bool {
+        let installed = ["/usr/sbin/postfix", "/usr/bin/postfix"]
+            .iter()
+            .any(|path| Path::new(path).is_file());
+        installed && Path::new(DAEMON_DIRECTORY).join("smtpd").is_file() && running_as_root()
+    }
+
     /// The loopback port its `smtpd` listens on.
     pub fn port(&self) -> u16 {
         self.port
