@@ -1,5 +1,6 @@
-//! Shared by the benches: the test suite's launchers for smtp-sink and redis-server, a
-//! transport that answers at once, and a check that skips a bench whose server is missing.
+//! Shared by the benches: the test suite's launchers for smtp-sink, Postfix and redis-server,
+//! its latency-adding relay, a transport that answers at once, and a check that skips a bench
+//! whose server is missing.
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -14,6 +15,12 @@ pub mod smtp_sink;
 
 #[path = "../../tests/support/redis.rs"]
 pub mod redis;
+
+#[path = "../../tests/support/postfix.rs"]
+pub mod postfix;
+
+#[path = "../../tests/support/wire.rs"]
+pub mod wire;
 
 /// Whether `program` is installed; if not, prints why `bench` skipped. Unlike the tests, a
 /// bench never fails for a missing server, not even under CI.

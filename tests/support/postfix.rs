@@ -153,6 +153,15 @@ impl Postfix {
         );
     }
 
+    /// Whether Postfix can run here (its `postfix` command and `smtpd` installed, and this
+    /// process root), without printing anything: for a bench, which skips rather than fails.
+    pub fn can_run() -> bool {
+        let installed = ["/usr/sbin/postfix", "/usr/bin/postfix"]
+            .iter()
+            .any(|path| Path::new(path).is_file());
+        installed && Path::new(DAEMON_DIRECTORY).join("smtpd").is_file() && running_as_root()
+    }
+
     /// The loopback port its `smtpd` listens on.
     pub fn port(&self) -> u16 {
         self.port
@@ -210,8 +219,9 @@ impl Postfix {
             .collect()
     }
 
-    /// Each `disconnect from ...` summary so far, e.g. `ehlo=1 mail=1 rcpt=2/3 bdat=1
-    /// commands=5/6`: what each finished session said, counted by Postfix.
+    /// Each `disconnect from ...` summary so far, e.g. `localhost[127.0.0.1] ehlo=1 mail=1
+    /// rcpt=2/3 bdat=1 commands=5/6`: what each finished session said, counted by Postfix.
+    /// The launcher's own check that the port greets shows as `quit=1 commands=1`.
     pub fn sessions(&self) -> Vec<String> {
         self.maillog()
             .lines()
@@ -418,9 +428,11 @@ impl Postfix {
             if let Some(Ok(Some(status))) = self.child.as_mut().map(Child::try_wait) {
                 return Err(format!("postfix start-fg exited with {status}"));
             }
+            // Its own name in the greeting: not another server that took the "free" port.
+            let ours = format!("220 pfx{}.test ", self.port);
             match greeting(self.address()) {
-                Ok(line) if line.starts_with("220") => return Ok(()),
-                Ok(line) => return Err(format!("the port answered {line:?}, not 220")),
+                Ok(line) if line.starts_with(&ours) => return Ok(()),
+                Ok(line) => return Err(format!("the port answered {line:?}, not {ours:?}...")),
                 Err(_) if Instant::now() < deadline => thread::sleep(Duration::from_millis(50)),
                 Err(error) => {
                     return Err(format!(
