@@ -162,8 +162,7 @@ pub(super) fn refusal(stage: Stage, reply: &Reply) -> SendError {
     let text = reply.text();
     let code = reply.code();
     let category = match (reply.class(), stage) {
-        (4, Stage::Transaction) | (5, Stage::Transaction) => reply_category(code, &text),
-        (4, _) => reply_category(code, &text),
+        (4, _) | (5, Stage::Transaction) => reply_category(code, &text),
         (5, Stage::Greeting | Stage::Hello) => Category::ServiceUnavailable,
         (5, Stage::StartTls) => Category::Configuration,
         (5, Stage::Auth) if matches!(code, 504 | 530 | 538) => Category::Configuration,
@@ -309,6 +308,179 @@ mod tests {
         );
         assert_eq!(enhanced_status("450 version 1.2.3.4"), None);
         assert_eq!(enhanced_status("no code here"), None);
+    }
+
+    fn reply(octets: &[u8]) -> Reply {
+        let mut reader = crate::adapters::smtp::reply::ReplyReader::new();
+        reader.feed(octets);
+        reader
+            .next_buffered()
+            .expect("a valid reply")
+            .expect("a whole reply")
+    }
+
+    fn refused(stage: Stage, octets: &[u8]) -> (Category, String) {
+        let error = refusal(stage, &reply(octets));
+        (error.category(), error.code().to_owned())
+    }
+
+    #[test]
+    fn a_5xx_greeting_or_ehlo_is_about_the_server_so_a_pool_fails_over() {
+        assert_eq!(
+            refused(Stage::Greeting, b"554 blocklisted\r\n"),
+            (Category::ServiceUnavailable, "smtp.554".to_owned())
+        );
+        assert_eq!(
+            refused(Stage::Hello, b"550 go away\r\n").0,
+            Category::ServiceUnavailable
+        );
+    }
+
+    #[test]
+    fn a_4xx_before_the_transaction_is_read_as_in_it() {
+        assert_eq!(
+            refused(Stage::Greeting, b"421 busy\r\n").0,
+            Category::ServiceUnavailable
+        );
+        assert_eq!(
+            refused(Stage::Auth, b"454 4.7.0 later\r\n").0,
+            Category::ServerError
+        );
+        assert_eq!(
+            refused(Stage::StartTls, b"454 TLS not now\r\n").0,
+            Category::ServerError
+        );
+    }
+
+    #[test]
+    fn a_refused_starttls_is_configuration() {
+        assert_eq!(
+            refused(Stage::StartTls, b"502 no\r\n").0,
+            Category::Configuration
+        );
+    }
+
+    #[test]
+    fn auth_that_needs_tls_first_or_another_mechanism_is_configuration() {
+        for octets in [
+            &b"530 5.7.0 STARTTLS first\r\n"[..],
+            b"538 encryption\r\n",
+            b"504 no such mechanism\r\n",
+        ] {
+            assert_eq!(
+                refused(Stage::Auth, octets).0,
+                Category::Configuration,
+                "{octets:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn other_5xx_to_auth_are_authentication() {
+        assert_eq!(
+            refused(Stage::Auth, b"535 5.7.8 bad credentials\r\n"),
+            (Category::Authentication, "smtp.535".to_owned())
+        );
+        assert_eq!(
+            refused(Stage::Auth, b"550 no\r\n").0,
+            Category::Authentication
+        );
+    }
+
+    #[test]
+    fn a_5xx_in_the_transaction_is_read_by_the_reply_table() {
+        assert_eq!(
+            refused(Stage::Transaction, b"550 5.1.1 unknown\r\n").0,
+            Category::Rejected
+        );
+        assert_eq!(
+            refused(Stage::Transaction, b"552 5.3.4 too big\r\n").0,
+            Category::InvalidMessage
+        );
+    }
+
+    #[test]
+    fn a_reply_out_of_turn_is_an_unexpected_reply_at_any_stage() {
+        for stage in [
+            Stage::Greeting,
+            Stage::Hello,
+            Stage::StartTls,
+            Stage::Auth,
+            Stage::Transaction,
+        ] {
+            assert_eq!(
+                refused(stage, b"354 go ahead\r\n"),
+                (Category::Network, "smtp.unexpected_reply".to_owned())
+            );
+            assert_eq!(refused(stage, b"250 ok\r\n").1, "smtp.unexpected_reply");
+        }
+    }
+
+    #[test]
+    fn too_many_recipients_is_452_or_552_with_x_5_3_or_its_words() {
+        assert!(is_too_many_recipients(&reply(
+            b"452 4.5.3 Too many recipients\r\n"
+        )));
+        assert!(is_too_many_recipients(&reply(b"552 5.5.3 limit\r\n")));
+        assert!(is_too_many_recipients(&reply(
+            b"452 too many recipients\r\n"
+        )));
+        assert!(!is_too_many_recipients(&reply(
+            b"452 4.2.2 mailbox full\r\n"
+        )));
+        assert!(!is_too_many_recipients(&reply(b"450 4.5.3 odd\r\n")));
+        assert!(!is_too_many_recipients(&reply(b"552 5.3.4 too big\r\n")));
+    }
+
+    #[test]
+    fn an_unreadable_reply_is_a_network_error_naming_why() {
+        let code = |error| unreadable(&error).code().to_owned();
+        assert_eq!(code(ReplyError::TooLong("x")), "smtp.reply_too_long");
+        assert_eq!(code(ReplyError::Malformed("x")), "smtp.protocol");
+        assert_eq!(code(ReplyError::Closed), "smtp.network");
+        assert_eq!(
+            unreadable(&ReplyError::Closed).category(),
+            Category::Network
+        );
+    }
+
+    #[test]
+    fn a_receipt_carries_the_reply_and_its_queue_id() {
+        let receipt = receipt_for_reply("smtp", &reply(b"250 2.0.0 Ok: queued as 4F2A1\r\n"));
+        assert_eq!(receipt.message_id(), Some("4F2A1"));
+        assert_eq!(receipt.response(), Some("250 2.0.0 Ok: queued as 4F2A1"));
+        let plain = receipt_for_reply("smtp", &reply(b"250\r\n"));
+        assert_eq!(plain.message_id(), None);
+        assert_eq!(plain.response(), Some("250"));
+    }
+
+    #[test]
+    fn a_421_with_a_rate_code_is_rate_limited_and_other_421s_unavailable() {
+        assert_eq!(
+            reply_category(421, "421 4.7.28 unusual rate"),
+            Category::RateLimited
+        );
+        assert_eq!(
+            reply_category(421, "421 4.7.0 Try again later, rate limited"),
+            Category::RateLimited
+        );
+        assert_eq!(
+            reply_category(421, "421 4.4.2 timeout"),
+            Category::ServiceUnavailable
+        );
+    }
+
+    #[test]
+    fn a_message_too_big_is_an_invalid_message() {
+        assert_eq!(reply_category(552, "552 too big"), Category::InvalidMessage);
+        assert_eq!(
+            reply_category(554, "554 5.3.4 too big"),
+            Category::InvalidMessage
+        );
+        assert_eq!(
+            reply_category(554, "554 5.7.1 relay denied"),
+            Category::Rejected
+        );
     }
 
     #[test]
