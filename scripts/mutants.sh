@@ -42,7 +42,7 @@ files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
 
 files[smtp]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
-tests[smtp]="--lib --test=smtp_hostile --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
+tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
 
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then

@@ -295,3 +295,34 @@ async fn without_pipelining_or_chunking_a_warm_message_costs_four_round_trips() 
     assert_eq!(relay.turns(), 4, "MAIL, RCPT, DATA, the body: each waits");
     assert_eq!(postfix.wait_for_deliveries(2, DELIVERY_WAIT).len(), 2);
 }
+
+#[tokio::test]
+async fn after_a_message_whose_every_recipient_was_refused_the_next_on_the_same_connection_delivers()
+ {
+    let test = "after_a_message_whose_every_recipient_was_refused_the_next_on_the_same_connection_delivers";
+    let options = PostfixOptions::default().refuse("refused@example.org");
+    let Some(postfix) = Postfix::start(test, options) else {
+        return;
+    };
+    let relay = Relay::start(postfix.address(), ONE_WAY).await;
+    let smtp = one_connection_to(relay.port())
+        .build()
+        .expect("valid settings");
+
+    let error = smtp
+        .send(&support::message_to("refused@example.org"))
+        .await
+        .expect_err("the only recipient is refused");
+    assert_eq!(error.code(), "smtp.554", "{error}");
+
+    // Postfix holds the refused transaction open: without the RSET the next MAIL would be
+    // "503 nested MAIL command". The RSET goes in the same write, so it is still one turn.
+    relay.reset();
+    deliver(&smtp, &support::message_to("a@example.org"), &postfix).await;
+    assert_eq!(relay.stats().connections, 0);
+    assert_eq!(relay.turns(), 1);
+    assert_eq!(
+        postfix.wait_for_deliveries(1, DELIVERY_WAIT),
+        ["a@example.org"]
+    );
+}

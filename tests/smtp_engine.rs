@@ -1,0 +1,231 @@
+//! The SMTP transaction engine's rules (DESIGN §10) where a real server does not show them on
+//! demand: what a pipelined transaction does when MAIL or every recipient is refused, RSET
+//! after a refusal, and a pooled connection the server closed while idle. Each server is
+//! `support::raw_smtp` on loopback, scripted per test.
+#![cfg(feature = "smtp")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::Duration;
+
+use mail_breaker::{Category, SmtpTransport, Transport};
+use support::message;
+use support::raw_smtp::{Answer, RawSmtp};
+
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+fn greeting() -> Vec<u8> {
+    b"220 raw.test ESMTP\r\n".to_vec()
+}
+
+/// What a server that offers PIPELINING answers to `command`, healthy otherwise.
+fn pipelining(command: &str) -> Answer {
+    match command {
+        "EHLO" => Answer::Say(b"250-raw.test\r\n250 PIPELINING\r\n".to_vec()),
+        other => Answer::healthy(other),
+    }
+}
+
+fn transport(server: &RawSmtp, pipelining: bool) -> SmtpTransport {
+    SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .pipelining(pipelining)
+        .build()
+        .expect("valid settings")
+}
+
+/// The commands the server read (the message's data and its dot are not commands), `EHLO`
+/// and `QUIT` left out, upper-cased to their names.
+fn names(server: &RawSmtp) -> Vec<String> {
+    server
+        .commands()
+        .iter()
+        .map(|line| {
+            line.split([' ', ':'])
+                .next()
+                .unwrap_or_default()
+                .to_ascii_uppercase()
+        })
+        .filter(|name| name != "EHLO" && name != "QUIT")
+        .collect()
+}
+
+#[tokio::test]
+async fn a_354_after_every_recipient_was_refused_ends_an_empty_message_and_sends_no_body() {
+    let server = RawSmtp::start(greeting(), |command| match command {
+        "RCPT" => Answer::Say(b"550 5.1.1 no such user\r\n".to_vec()),
+        "DATA" => Answer::Say(b"354 go ahead anyway\r\n".to_vec()),
+        "." => Answer::Say(b"554 5.5.1 no valid recipients\r\n".to_vec()),
+        other => pipelining(other),
+    })
+    .await;
+    let error = transport(&server, true)
+        .send(&message())
+        .await
+        .expect_err("every recipient refused");
+    assert_eq!(error.category(), Category::Rejected, "{error}");
+    assert_eq!(error.code(), "smtp.550");
+    assert!(
+        server.data().iter().all(|data| data.is_empty()),
+        "{:?}",
+        server.data()
+    );
+}
+
+#[tokio::test]
+async fn a_pipelined_transaction_whose_mail_is_refused_is_read_to_its_end_and_the_connection_carries_the_next()
+ {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
+        }
+        "RCPT" | "DATA" if seen.load(Ordering::SeqCst) == 1 => {
+            Answer::Say(b"503 5.5.1 no MAIL\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("sender refused");
+    assert_eq!(error.code(), "smtp.550");
+    smtp.send(&message())
+        .await
+        .expect("the next message delivers");
+    assert_eq!(server.connections(), 1);
+    assert_eq!(
+        names(&server),
+        ["MAIL", "RCPT", "DATA", "RSET", "MAIL", "RCPT", "DATA"]
+    );
+}
+
+#[tokio::test]
+async fn without_pipelining_a_refused_mail_sends_no_recipient() {
+    let server = RawSmtp::start(greeting(), |command| match command {
+        "MAIL" => Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await;
+    let error = transport(&server, false)
+        .send(&message())
+        .await
+        .expect_err("sender refused");
+    assert_eq!(error.category(), Category::Rejected);
+    assert_eq!(names(&server), ["MAIL"]);
+}
+
+#[tokio::test]
+async fn after_every_recipient_was_refused_the_next_transaction_begins_with_rset() {
+    let rcpts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&rcpts);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
+        }
+        other => Answer::healthy(other),
+    })
+    .await;
+    let smtp = transport(&server, false);
+    smtp.send(&message())
+        .await
+        .expect_err("the recipient refused");
+    smtp.send(&message())
+        .await
+        .expect("the next message delivers");
+    assert_eq!(
+        names(&server),
+        ["MAIL", "RCPT", "RSET", "MAIL", "RCPT", "DATA"]
+    );
+}
+
+#[tokio::test]
+async fn after_a_delivery_the_next_transaction_needs_no_rset() {
+    let server = RawSmtp::start(greeting(), pipelining).await;
+    let smtp = transport(&server, true);
+    smtp.send(&message()).await.expect("delivered");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        names(&server),
+        ["MAIL", "RCPT", "DATA", "MAIL", "RCPT", "DATA"]
+    );
+}
+
+#[tokio::test]
+async fn a_pipelined_pooled_connection_the_server_closed_while_idle_is_replaced_without_an_error() {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        // The second MAIL comes on the idle connection: the server had timed it out.
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 1 => {
+            Answer::SayAndHangUp(b"421 4.4.2 raw.test Error: timeout exceeded\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    smtp.send(&message()).await.expect("delivered");
+    let receipt = smtp
+        .send(&message())
+        .await
+        .expect("delivered on a fresh connection");
+    assert_eq!(receipt.attempts(), 1);
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_421_to_mail_on_a_fresh_connection_is_the_answer_not_a_second_connection() {
+    let server = RawSmtp::start(greeting(), |command| match command {
+        "MAIL" => Answer::SayAndHangUp(b"421 4.3.2 shutting down\r\n".to_vec()),
+        other => pipelining(other),
+    })
+    .await;
+    let error = transport(&server, true)
+        .send(&message())
+        .await
+        .expect_err("the server is closing");
+    assert_eq!(error.category(), Category::ServiceUnavailable);
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_421_to_a_recipient_closes_the_connection_and_the_next_send_opens_another() {
+    let rcpts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&rcpts);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("closing");
+    assert_eq!(error.category(), Category::ServiceUnavailable);
+    assert!(!error.is_maybe_delivered());
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
+    let datas = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&datas);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "DATA" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"451 4.3.0 try later\r\n".to_vec())
+        }
+        other => Answer::healthy(other),
+    })
+    .await;
+    let smtp = transport(&server, false);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.category(), Category::ServerError);
+    assert_eq!(error.code(), "smtp.451");
+    assert!(!error.is_maybe_delivered());
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 1);
+}
