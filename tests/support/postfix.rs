@@ -509,79 +509,10 @@ fn scratch_dir() -> PathBuf {
 }
 
 /// Makes a test CA (`ca.pem`) and a server certificate it signed (`server.pem`,
-/// `server.key`) for `localhost` and `127.0.0.1`, valid for two days.
+/// `server.key`) for `localhost` and `127.0.0.1`, as every TLS test does, with a key only
+/// root reads.
 fn make_certificates(openssl: &Path, dir: &Path) {
-    let run = |args: &[&str]| {
-        let output = Command::new(openssl)
-            .args(args)
-            .current_dir(dir)
-            .stdin(Stdio::null())
-            .output()
-            .expect("running openssl");
-        assert!(
-            output.status.success(),
-            "openssl {args:?} failed: {}",
-            String::from_utf8_lossy(&output.stderr)
-        );
-    };
-    let ec = [
-        "-newkey",
-        "ec",
-        "-pkeyopt",
-        "ec_paramgen_curve:prime256v1",
-        "-nodes",
-    ];
-    run(&[
-        &["req", "-x509"][..],
-        &ec,
-        &[
-            "-keyout",
-            "ca.key",
-            "-out",
-            "ca.pem",
-            "-days",
-            "2",
-            "-subj",
-            "/CN=mail-breaker Postfix test CA",
-        ],
-    ]
-    .concat());
-    run(&[
-        &["req"][..],
-        &ec,
-        &[
-            "-keyout",
-            "server.key",
-            "-out",
-            "server.csr",
-            "-subj",
-            "/CN=localhost",
-        ],
-    ]
-    .concat());
-    fs::write(
-        dir.join("server.ext"),
-        "subjectAltName=DNS:localhost,IP:127.0.0.1\nbasicConstraints=CA:FALSE\n\
-         keyUsage=digitalSignature\nextendedKeyUsage=serverAuth\n",
-    )
-    .expect("writing the certificate's extensions");
-    run(&[
-        "x509",
-        "-req",
-        "-in",
-        "server.csr",
-        "-CA",
-        "ca.pem",
-        "-CAkey",
-        "ca.key",
-        "-CAcreateserial",
-        "-out",
-        "server.pem",
-        "-days",
-        "2",
-        "-extfile",
-        "server.ext",
-    ]);
+    super::test_certs::make_certificates(openssl, dir);
     // smtpd reads its key as root, before it drops to Postfix's user.
     let _ = fs::set_permissions(dir.join("server.key"), fs::Permissions::from_mode(0o600));
 }
