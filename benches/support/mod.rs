@@ -19,6 +19,9 @@ pub mod redis;
 #[path = "../../tests/support/postfix.rs"]
 pub mod postfix;
 
+#[path = "../../tests/support/test_certs.rs"]
+pub mod test_certs;
+
 #[path = "../../tests/support/wire.rs"]
 pub mod wire;
 
