@@ -263,6 +263,39 @@ mod tests {
     }
 
     #[test]
+    fn each_command_is_one_line_ended_by_crlf() {
+        let written = |command: fn(&mut Commands) -> &mut Commands| {
+            let mut commands = Commands::new();
+            command(&mut commands);
+            commands.take()
+        };
+        assert_eq!(written(Commands::starttls), b"STARTTLS\r\n");
+        assert_eq!(written(Commands::rset), b"RSET\r\n");
+        assert_eq!(written(Commands::noop), b"NOOP\r\n");
+        assert_eq!(written(Commands::quit), b"QUIT\r\n");
+        assert_eq!(written(Commands::data), b"DATA\r\n");
+        assert_eq!(written(Commands::data_end), b".\r\n");
+        assert_eq!(
+            Commands::new().auth_response("dXNlcg==").take(),
+            b"dXNlcg==\r\n"
+        );
+        assert_eq!(
+            Commands::new()
+                .ehlo(&ClientId::Domain("client.test".to_owned()))
+                .take(),
+            b"EHLO client.test\r\n"
+        );
+    }
+
+    #[test]
+    fn a_taken_buffer_leaves_none_behind() {
+        let mut commands = Commands::new();
+        commands.noop();
+        assert_eq!(commands.take(), b"NOOP\r\n");
+        assert_eq!(commands.take(), b"");
+    }
+
+    #[test]
     fn auth_carries_its_initial_response_on_the_same_line() {
         assert_eq!(
             Commands::new().auth("PLAIN", Some("AGEAYg==")).take(),

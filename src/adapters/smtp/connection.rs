@@ -430,6 +430,19 @@ mod tests {
         (listener.local_addr().expect("an address"), listener)
     }
 
+    #[test]
+    fn settings_show_where_and_how_but_never_the_credentials() {
+        let mut with_credentials = settings(Duration::from_secs(3));
+        with_credentials.credentials =
+            Some(Credentials::new("mailer".into(), "hunter2-secret".into()));
+        let shown = format!("{with_credentials:?}");
+        assert!(shown.contains("127.0.0.1"), "{shown}");
+        assert!(shown.contains("authenticates: true"), "{shown}");
+        assert!(shown.contains("connect_timeout: 3s"), "{shown}");
+        assert!(!shown.contains("hunter2"), "{shown}");
+        assert!(!shown.contains("mailer"), "{shown}");
+    }
+
     #[tokio::test]
     async fn an_address_that_never_greets_gives_way_to_the_next_within_the_connect_timeout() {
         let (silent, _listener) = silent_server().await;
