@@ -109,7 +109,7 @@ impl Commands {
     /// The message after DATA's `354`: line endings made CRLF, dot-stuffed, ended by the one
     /// `CRLF.CRLF`.
     pub(super) fn data_body(&mut self, message: &[u8]) -> &mut Self {
-        self.out.reserve(wire_length(message) + 5);
+        self.out.reserve(wire_length(message));
         for_each_line(message, |line| {
             if line.first() == Some(&b'.') {
                 self.out.push(b'.');
