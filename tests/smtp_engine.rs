@@ -229,3 +229,47 @@ async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 1);
 }
+
+#[tokio::test]
+async fn verify_replaces_an_idle_connection_that_fails_its_noop() {
+    let server = RawSmtp::start(greeting(), |command| match command {
+        "NOOP" => Answer::SayAndHangUp(b"421 4.4.2 idle too long\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await;
+    let smtp = transport(&server, false);
+    smtp.send(&message()).await.expect("delivered");
+    smtp.verify().await.expect("a fresh connection answers");
+    assert_eq!(server.connections(), 2);
+    assert_eq!(server.count("NOOP"), 1);
+}
+
+#[tokio::test]
+async fn verify_keeps_an_idle_connection_that_answers_its_noop() {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let smtp = transport(&server, false);
+    smtp.send(&message()).await.expect("delivered");
+    smtp.verify().await.expect("the idle connection answers");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 1);
+}
+
+#[tokio::test]
+async fn a_connection_retired_after_its_share_of_messages_says_quit() {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .max_messages_per_connection(1)
+        .build()
+        .expect("valid settings");
+    smtp.send(&message()).await.expect("delivered");
+    // The QUIT goes in the background; give it a moment on loopback.
+    for _ in 0..50 {
+        if server.count("QUIT") == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(server.count("QUIT"), 1, "{:?}", server.commands());
+}

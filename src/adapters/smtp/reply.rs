@@ -62,12 +62,6 @@ impl Reply {
     }
 }
 
-impl fmt::Display for Reply {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.text())
-    }
-}
-
 /// Why no reply could be read.
 #[derive(Debug)]
 pub(crate) enum ReplyError {
@@ -385,6 +379,24 @@ mod tests {
     #[test]
     fn a_code_followed_by_another_character_is_malformed() {
         assert!(matches!(one(b"250x\r\n"), Err(ReplyError::Malformed(_))));
+    }
+
+    #[test]
+    fn each_reason_for_no_reply_says_what_went_wrong() {
+        let said = |error: ReplyError| error.to_string();
+        assert_eq!(
+            said(ReplyError::TooLong("a line of over 2,048 octets")),
+            "the server's reply is too long: a line of over 2,048 octets"
+        );
+        assert_eq!(
+            said(ReplyError::Malformed("a line without a reply code")),
+            "the server's reply is not SMTP: a line without a reply code"
+        );
+        assert_eq!(said(ReplyError::Closed), "the server closed the connection");
+        assert_eq!(
+            said(ReplyError::Io(io::Error::other("reset"))),
+            "reading the server's reply failed: reset"
+        );
     }
 
     #[test]
