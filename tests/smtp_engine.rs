@@ -273,3 +273,56 @@ async fn a_connection_retired_after_its_share_of_messages_says_quit() {
     }
     assert_eq!(server.count("QUIT"), 1, "{:?}", server.commands());
 }
+
+/// What a server that offers PIPELINING and CHUNKING answers to `command`, healthy otherwise.
+fn chunking(command: &str) -> Answer {
+    match command {
+        "EHLO" => Answer::Say(b"250-raw.test\r\n250-PIPELINING\r\n250 CHUNKING\r\n".to_vec()),
+        "BDAT" => Answer::Say(b"250 2.0.0 Ok: queued as RAW2\r\n".to_vec()),
+        other => Answer::healthy(other),
+    }
+}
+
+#[tokio::test]
+async fn with_chunking_the_message_goes_as_one_bdat_last_with_its_exact_length() {
+    let server = RawSmtp::start(greeting(), chunking).await;
+    let receipt = transport(&server, true)
+        .send(&message())
+        .await
+        .expect("delivered");
+    assert_eq!(receipt.message_id(), Some("RAW2"));
+    assert_eq!(names(&server), ["MAIL", "RCPT", "BDAT"]);
+    let bdat = server.commands()[3].clone();
+    let data = server.data();
+    assert_eq!(bdat, format!("BDAT {} LAST", data[0].len()));
+    assert!(data[0].ends_with(b"hello\r\n"), "{:?}", data[0]);
+}
+
+#[tokio::test]
+async fn a_stale_chunked_attempt_does_not_make_the_fresh_connections_timeout_maybe_delivered() {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let hellos = Arc::new(AtomicUsize::new(0));
+    let (seen_mails, seen_hellos) = (Arc::clone(&mails), Arc::clone(&hellos));
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        // The first connection's second MAIL: the server had timed it out while idle.
+        "MAIL" if seen_mails.fetch_add(1, Ordering::SeqCst) == 1 => {
+            Answer::SayAndHangUp(b"421 4.4.2 raw.test Error: timeout exceeded\r\n".to_vec())
+        }
+        // The fresh connection never gets past EHLO, so its message is never written.
+        "EHLO" if seen_hellos.fetch_add(1, Ordering::SeqCst) == 1 => Answer::Silence,
+        other => chunking(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    smtp.send(&message()).await.expect("delivered");
+    let error = smtp
+        .send(&message())
+        .await
+        .expect_err("the fresh connection times out");
+    assert_eq!(error.category(), Category::Timeout, "{error}");
+    assert!(
+        !error.is_maybe_delivered(),
+        "the stale connection took nothing and the fresh one sent nothing: {error}"
+    );
+    assert_eq!(server.connections(), 2);
+}

@@ -21,7 +21,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncWrite, AsyncWriteExt, BufReader};
+use tokio::io::{AsyncBufReadExt, AsyncRead, AsyncReadExt, AsyncWrite, AsyncWriteExt, BufReader};
 use tokio::net::{TcpListener, TcpStream};
 use tokio::task::JoinHandle;
 use tokio_rustls::TlsAcceptor;
@@ -292,6 +292,19 @@ async fn talk<S: AsyncRead + AsyncWrite + Unpin>(
                 }
             }
         };
+        if command == "BDAT" {
+            // RFC 3030: the chunk's length follows the command, and its octets follow the line.
+            let length = String::from_utf8_lossy(&line)
+                .split_whitespace()
+                .nth(1)
+                .and_then(|n| n.parse::<usize>().ok())
+                .unwrap_or(0);
+            let mut chunk = vec![0; length];
+            stream.read_exact(&mut chunk).await?;
+            let mut received = shared.received();
+            received.transcripts[connection].extend_from_slice(&chunk);
+            received.data.push(chunk);
+        }
         let mut reply = (shared.script)(&command, String::from_utf8_lossy(&line).trim_end());
         while let Answer::After(delay, then) = reply {
             tokio::time::sleep(delay).await;
