@@ -326,3 +326,63 @@ async fn a_stale_chunked_attempt_does_not_make_the_fresh_connections_timeout_may
     );
     assert_eq!(server.connections(), 2);
 }
+
+/// A server that takes one recipient a transaction (`452 4.5.3` to the second) and answers the
+/// second transaction's DATA with `second_data`.
+async fn one_recipient_a_transaction(second_data: Answer) -> RawSmtp {
+    let rcpts = Arc::new(AtomicUsize::new(0));
+    let datas = Arc::new(AtomicUsize::new(0));
+    RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if rcpts.fetch_add(1, Ordering::SeqCst) == 1 => {
+            Answer::Say(b"452 4.5.3 Too many recipients\r\n".to_vec())
+        }
+        "DATA" if datas.fetch_add(1, Ordering::SeqCst) == 1 => second_data.clone(),
+        other => Answer::healthy(other),
+    })
+    .await
+}
+
+fn message_to_two() -> mail_breaker::Message {
+    mail_breaker::Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("a@example.org".parse().expect("a recipient"))
+        .to("b@example.org".parse().expect("a recipient"))
+        .subject("two")
+        .body(String::from("hello"))
+        .expect("a message")
+}
+
+#[tokio::test]
+async fn a_further_transaction_that_is_refused_leaves_its_recipients_deferred_on_the_delivery() {
+    let server =
+        one_recipient_a_transaction(Answer::Say(b"451 4.3.0 try later\r\n".to_vec())).await;
+    let receipt = transport(&server, false)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to the first recipient");
+    let deferred = receipt.deferred_recipients();
+    assert_eq!(deferred.len(), 1, "{receipt:?}");
+    assert_eq!(deferred[0].0.to_string(), "b@example.org");
+    assert_eq!(deferred[0].1.code(), "smtp.451");
+    assert!(receipt.rejected_recipients().is_empty());
+}
+
+#[tokio::test]
+async fn a_further_transaction_whose_connection_breaks_leaves_its_recipients_deferred_on_the_delivery()
+ {
+    let server =
+        one_recipient_a_transaction(Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec()))
+            .await;
+    let smtp = transport(&server, false);
+    let receipt = smtp
+        .send(&message_to_two())
+        .await
+        .expect("delivered to the first recipient");
+    let deferred = receipt.deferred_recipients();
+    assert_eq!(deferred.len(), 1, "{receipt:?}");
+    assert_eq!(deferred[0].0.to_string(), "b@example.org");
+    assert_eq!(deferred[0].1.category(), Category::ServiceUnavailable);
+    // The broken connection is not used again.
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 2);
+}
