@@ -386,3 +386,21 @@ async fn a_further_transaction_whose_connection_breaks_leaves_its_recipients_def
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 2);
 }
+
+#[tokio::test]
+async fn a_reply_out_of_turn_to_a_recipient_closes_the_connection() {
+    let rcpts = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&rcpts);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"354 out of turn\r\n".to_vec())
+        }
+        other => Answer::healthy(other),
+    })
+    .await;
+    let smtp = transport(&server, false);
+    let error = smtp.send(&message()).await.expect_err("out of turn");
+    assert_eq!(error.code(), "smtp.unexpected_reply", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 2);
+}
