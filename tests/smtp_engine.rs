@@ -404,3 +404,45 @@ async fn a_reply_out_of_turn_to_a_recipient_closes_the_connection() {
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 2);
 }
+
+#[tokio::test]
+async fn a_421_after_every_recipient_was_refused_keeps_their_refusal_as_the_answer_and_closes() {
+    let bdats = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&bdats);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.load(Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
+        }
+        "BDAT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
+        }
+        other => chunking(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer_and_closes() {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
+        }
+        "RCPT" if seen.load(Ordering::SeqCst) == 1 => {
+            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 2);
+}

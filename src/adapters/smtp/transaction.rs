@@ -98,6 +98,7 @@ pub(super) async fn send(
     let mut refused: Vec<(Address, SendError)> = Vec::new();
     let mut pending: Vec<Address> = envelope.to().to_vec();
     let mut may_be_stale = reused;
+    let mut reusable = true;
     loop {
         let transaction = Transaction {
             from: envelope.from(),
@@ -106,9 +107,11 @@ pub(super) async fn send(
             parameters,
             progress,
             final_data_written: AtomicBool::new(false),
+            session_closed: AtomicBool::new(false),
         };
         let round = transaction.run(connection, may_be_stale).await;
         may_be_stale = false;
+        reusable &= !round.closed;
         refused.extend(round.refused);
         match round.end {
             End::Delivered(reply) => {
@@ -131,7 +134,7 @@ pub(super) async fn send(
             End::Refused(error) => {
                 return Ending::Answered {
                     result: Err(error),
-                    reusable: true,
+                    reusable,
                 };
             }
             End::Broken(error) if delivered.is_some() => {
@@ -150,10 +153,7 @@ pub(super) async fn send(
         Some(_) => Ok(receipt(transport, delivered.as_ref(), refused)),
         None => Err(every_recipient_refused(refused)),
     };
-    Ending::Answered {
-        result,
-        reusable: true,
-    }
+    Ending::Answered { result, reusable }
 }
 
 /// The receipt for a delivery answered by `reply`, with each refused recipient listed as
@@ -185,6 +185,8 @@ struct Transaction<'a> {
     progress: &'a Progress,
     /// Whether this transaction's final data went out.
     final_data_written: AtomicBool,
+    /// The server ended the session after it had refused the transaction.
+    session_closed: AtomicBool,
 }
 
 /// What one MAIL transaction did with its recipients, and how it ended.
@@ -194,8 +196,11 @@ struct Round {
     /// Refused as too many for this transaction: for the next one.
     overflow: Vec<Address>,
     end: End,
+    /// The connection cannot carry another transaction, whatever `end` says.
+    closed: bool,
 }
 
+#[derive(Clone)]
 enum End {
     /// The final data was accepted with this reply.
     Delivered(Reply),
@@ -216,6 +221,7 @@ impl Transaction<'_> {
             refused: Vec::new(),
             overflow: Vec::new(),
             end: End::NoRecipients(too_many_recipients()),
+            closed: false,
         };
         round.end = match self.exchange(connection, may_be_stale, &mut round).await {
             Ok(end) | Err(end) => end,
@@ -236,6 +242,7 @@ impl Transaction<'_> {
             end => end,
         };
         connection.needs_reset = matches!(round.end, End::Refused(_) | End::NoRecipients(_));
+        round.closed = self.session_closed.load(Ordering::Relaxed);
         round
     }
 
@@ -309,13 +316,13 @@ impl Transaction<'_> {
                     .await
                     .map_err(End::Broken)?;
             }
-            let reply = read(connection).await.map_err(End::Broken)?;
-            if mail_refused.is_some() {
-                // The answers to a transaction the server already refused (503 and the like):
-                // read to stay in step.
-                closing_or_unexpected(&reply)?;
+            let reply = read(connection).await;
+            if let Some(refused) = &mail_refused {
+                // The answers to a transaction the server already refused (503 and the like).
+                self.in_step(reply, &End::Refused(refused.clone()), false)?;
                 continue;
             }
+            let reply = reply.map_err(End::Broken)?;
             match reply.code() {
                 250 | 251 => round.accepted.push(to.clone()),
                 _ if is_too_many_recipients(&reply) => round.overflow.push(to.clone()),
@@ -351,6 +358,33 @@ impl Transaction<'_> {
         self.progress.note_final_data_written();
     }
 
+    /// A reply read after the transaction was already refused (`end`), only to stay in step.
+    /// A refusal is what comes (and a success, where `success_too`); one that ends the session
+    /// (`421`), one out of turn or none at all leaves the answer as it is, the connection
+    /// closed.
+    fn in_step(
+        &self,
+        reply: Result<Reply, SendError>,
+        end: &End,
+        success_too: bool,
+    ) -> Result<(), End> {
+        match reply {
+            Ok(reply)
+                if reply.code() != 421
+                    && (matches!(reply.class(), 4 | 5) || success_too && reply.class() == 2) =>
+            {
+                Ok(())
+            }
+            _ => Err(self.closed(end.clone())),
+        }
+    }
+
+    /// `end`, the session closed.
+    fn closed(&self, end: End) -> End {
+        self.session_closed.store(true, Ordering::Relaxed);
+        end
+    }
+
     /// BDAT LAST (already written when pipelining) and its reply.
     async fn chunk(
         &self,
@@ -370,12 +404,8 @@ impl Transaction<'_> {
         let Some(end) = nothing_to_deliver else {
             return self.final_reply(connection).await;
         };
-        // The server read the chunk for a transaction it had refused: its answer is a
-        // refusal, read to stay in step.
-        let reply = read(connection).await.map_err(End::Broken)?;
-        if reply.class() != 2 {
-            closing_or_unexpected(&reply)?;
-        }
+        // The server read the chunk for a transaction it had refused.
+        self.in_step(read(connection).await, &end, true)?;
         Ok(end)
     }
 
@@ -394,23 +424,25 @@ impl Transaction<'_> {
                 .await
                 .map_err(End::Broken)?;
         }
-        let reply = read(connection).await.map_err(End::Broken)?;
-        if reply.code() != 354 {
-            closing_or_unexpected(&reply)?;
-            return Ok(nothing_to_deliver
-                .unwrap_or_else(|| End::Refused(refusal(Stage::Transaction, &reply))));
-        }
+        let reply = read(connection).await;
         if let Some(end) = nothing_to_deliver {
+            if !reply.as_ref().is_ok_and(|reply| reply.code() == 354) {
+                self.in_step(reply, &end, false)?;
+                return Ok(end);
+            }
             // A 354 although no recipient was accepted (RFC 2920 §3.1): end the empty
             // message at once, and read the server's refusal of it.
-            write(connection, Commands::new().data_end())
-                .await
-                .map_err(End::Broken)?;
-            let reply = read(connection).await.map_err(End::Broken)?;
-            if reply.class() != 2 {
-                closing_or_unexpected(&reply)?;
+            let ended = write(connection, Commands::new().data_end()).await;
+            if ended.is_err() {
+                return Err(self.closed(end));
             }
+            self.in_step(read(connection).await, &end, true)?;
             return Ok(end);
+        }
+        let reply = reply.map_err(End::Broken)?;
+        if reply.code() != 354 {
+            closing_or_unexpected(&reply)?;
+            return Ok(End::Refused(refusal(Stage::Transaction, &reply)));
         }
         write(connection, Commands::new().data_body(self.raw))
             .await
