@@ -446,3 +446,25 @@ async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 2);
 }
+
+#[tokio::test]
+async fn an_empty_message_the_server_took_after_every_recipient_was_refused_keeps_the_connection() {
+    let datas = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&datas);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.load(Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
+        }
+        "DATA" => {
+            seen.fetch_add(1, Ordering::SeqCst);
+            Answer::Say(b"354 go ahead anyway\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(server.connections(), 1);
+}
