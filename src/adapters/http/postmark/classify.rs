@@ -29,6 +29,7 @@ struct ErrorBody {
 /// | `ErrorCode` 405 (not allowed to send: no credits), 412 (account pending), 413 (account may not send: suspended) | Configuration |
 /// | `ErrorCode` 300 (invalid email request: a bad address, a missing field), 402, 403, 409 (the JSON), 410 (too many messages), 411 (forbidden attachment type); any other code of a 422; HTTP 400, 413 and 422 | InvalidMessage |
 /// | `ErrorCode` 429; HTTP 429 | RateLimited |
+/// | HTTP 408 | Timeout |
 /// | `ErrorCode` 100 (maintenance); HTTP 503 | ServiceUnavailable |
 /// | HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
 /// | any other status (404, 405, 415: a wrong endpoint) | Configuration |
