@@ -144,3 +144,37 @@ proptest! {
         }
     }
 }
+
+/// A provider that writes the key in a form no redaction knows (every character a JSON
+/// `\u` escape) gets its message left out of the error, which keeps the category, the
+/// retry_after and the maybe-delivered mark.
+#[tokio::test]
+async fn a_message_that_still_holds_the_key_is_left_out_of_the_error() {
+    const KEY: &str = "key-in-unicode-escapes";
+    let escaped: String = KEY
+        .chars()
+        .map(|c| format!("\\u{:04x}", c as u32))
+        .collect();
+    let body = format!(r#"{{"message":"Forbidden for {escaped}"}}"#);
+    let server = ApiServer::start(move |_| Reply::Answer {
+        status: 504,
+        headers: vec![
+            ("Content-Type".to_owned(), "application/json".to_owned()),
+            ("Retry-After".to_owned(), "7".to_owned()),
+        ],
+        body: body.clone(),
+    })
+    .await;
+    let mailgun = MailgunTransport::new(KEY, "mg.example.com")
+        .with_endpoint(server.endpoint())
+        .with_timeout(TIMEOUT);
+    let error = mailgun.send(&message()).await.expect_err("a 504");
+    let text = format!("{error} {error:?}");
+    assert!(!text.contains(KEY), "{text}");
+    assert_eq!(error.code(), "mailgun.504");
+    assert_eq!(error.category(), mail_breaker::Category::ServerError);
+    assert_eq!(error.retry_after(), Some(std::time::Duration::from_secs(7)));
+    assert!(error.is_maybe_delivered());
+    assert_eq!(error.transport(), Some("mailgun:mg.example.com"));
+    assert!(error.message().contains("left out"), "{error}");
+}
