@@ -188,7 +188,6 @@ fn category_of(code: Option<&str>, status: Option<u16>, message: &str) -> Catego
     match status {
         Some(429) => Category::RateLimited,
         Some(503) => Category::ServiceUnavailable,
-        Some(500..=599) => Category::ServerError,
         Some(401 | 403) => Category::Authentication,
         Some(400 | 413) => Category::InvalidMessage,
         Some(400..=499) => Category::Configuration,
@@ -489,6 +488,49 @@ mod tests {
         assert!(!user.is_maybe_delivered());
         let operation: SdkError<SendEmailError, HttpResponse> = SdkError::timeout_error("late");
         assert!(classify_ses_error(&operation).is_maybe_delivered());
+    }
+
+    /// The code decides before the status: each under a status that would say another
+    /// category by itself.
+    #[test]
+    fn error_codes_decide_before_the_http_status() {
+        let table = [
+            ("ServiceUnavailable", 500, Category::ServiceUnavailable),
+            ("InternalFailure", 400, Category::ServerError),
+            ("ValidationException", 404, Category::InvalidMessage),
+            ("BadRequestException", 500, Category::InvalidMessage),
+        ];
+        for (code, status, category) in table {
+            assert_eq!(
+                sorted(status, Some(code), "").category(),
+                category,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_error_code_gives_the_status_as_code() {
+        assert_eq!(sorted(400, Some(""), "").code(), "ses.400");
+    }
+
+    #[test]
+    fn a_response_that_could_not_be_read_is_sorted_by_its_status() {
+        let unreadable = |status: u16| -> SendError {
+            classify_ses_error(&SdkError::<SendEmailError, HttpResponse>::response_error(
+                "the body could not be read",
+                response(status, &[]),
+            ))
+        };
+        let cut_off = unreadable(200);
+        assert_eq!(cut_off.category(), Category::Network);
+        assert_eq!(cut_off.code(), "ses.response");
+        assert!(cut_off.is_maybe_delivered());
+        let unavailable = unreadable(503);
+        assert_eq!(unavailable.category(), Category::ServiceUnavailable);
+        assert_eq!(unavailable.code(), "ses.503");
+        assert!(!unavailable.is_maybe_delivered());
+        assert_eq!(unreadable(400).category(), Category::InvalidMessage);
     }
 
     #[test]

@@ -80,7 +80,7 @@ fn category_of(status: u16, message: &str) -> Category {
     match status {
         400 | 401 | 403 if account_problem => Category::Configuration,
         402 => Category::ServerError,
-        404 => Category::Configuration,
+        // 404 (a domain not on the account, a wrong region) is Configuration by its status.
         _ => category_of_status(status),
     }
 }

@@ -105,6 +105,59 @@ mod tests {
         classify_resend_error(status, &HeaderMap::new(), body.as_bytes())
     }
 
+    /// The error type decides before the status: each under a status (418) that would say
+    /// Configuration by itself, and the Configuration ones under a 500.
+    #[test]
+    fn resend_error_types_decide_before_the_http_status() {
+        let table = [
+            ("missing_api_key", Category::Authentication),
+            ("restricted_api_key", Category::Authentication),
+            ("invalid_api_key", Category::Authentication),
+            ("validation_error", Category::InvalidMessage),
+            ("invalid_idempotency_key", Category::InvalidMessage),
+            ("invalid_attachment", Category::InvalidMessage),
+            ("invalid_from_address", Category::InvalidMessage),
+            ("invalid_parameter", Category::InvalidMessage),
+            ("missing_required_field", Category::InvalidMessage),
+            ("invalid_idempotent_request", Category::InvalidMessage),
+            ("rate_limit_exceeded", Category::RateLimited),
+            ("daily_quota_exceeded", Category::RateLimited),
+            ("concurrent_idempotent_requests", Category::RateLimited),
+            ("security_error", Category::Rejected),
+            ("application_error", Category::ServerError),
+            ("internal_server_error", Category::ServerError),
+        ];
+        for (name, category) in table {
+            assert_eq!(sorted(418, name, "").category(), category, "{name}");
+        }
+        for name in [
+            "invalid_to_address",
+            "monthly_quota_exceeded",
+            "invalid_access",
+            "invalid_region",
+            "not_found",
+            "method_not_allowed",
+        ] {
+            assert_eq!(
+                sorted(500, name, "").category(),
+                Category::Configuration,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            sorted(500, "validation_error", "").category(),
+            Category::InvalidMessage
+        );
+    }
+
+    #[test]
+    fn resend_an_unnamed_451_is_rejected() {
+        assert_eq!(
+            classify_resend_error(451, &HeaderMap::new(), b"").category(),
+            Category::Rejected
+        );
+    }
+
     #[test]
     fn resend_key_errors_are_authentication() {
         assert_eq!(

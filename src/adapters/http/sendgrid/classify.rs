@@ -118,8 +118,7 @@ fn category_of(status: u16, message: &str) -> Category {
         }
         403 if says(&["sender identity", "not verified", "unverified"]) => Category::Configuration,
         403 if says(&["too many bad requests", "temporar"]) => Category::RateLimited,
-        400 | 413 => Category::InvalidMessage,
-        451 => Category::Configuration,
+        // 400 and 413 InvalidMessage; 451 (data residency) Configuration.
         _ => category_of_status(status),
     }
 }
@@ -219,6 +218,31 @@ mod tests {
         both.insert("retry-after", "5".parse().expect("a header value"));
         let error = classify_sendgrid_error(429, &both, b"");
         assert_eq!(error.retry_after(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn sendgrid_x_ratelimit_reset_alone_gives_retry_after() {
+        let in_a_minute = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            + 60;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "x-ratelimit-reset",
+            in_a_minute.to_string().parse().expect("a header value"),
+        );
+        let after = classify_sendgrid_error(429, &headers, b"")
+            .retry_after()
+            .expect("the reset is kept");
+        assert!(after > Duration::from_secs(50), "{after:?}");
+    }
+
+    #[test]
+    fn sendgrid_messages_without_a_field_stand_alone() {
+        let body = br#"{"errors":[{"message":"too many requests","field":""},{"message":"x","field":null}]}"#;
+        let error = classify_sendgrid_error(429, &HeaderMap::new(), body);
+        assert_eq!(error.message(), "HTTP 429: too many requests; x");
     }
 
     #[test]
