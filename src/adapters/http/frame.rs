@@ -371,3 +371,33 @@ impl<P: Provider> fmt::Debug for HttpTransport<P> {
             .finish()
     }
 }
+
+#[cfg(test)]
+#[cfg(feature = "postmark")]
+mod tests {
+    use crate::PostmarkTransport;
+
+    use super::*;
+
+    #[test]
+    fn a_transport_keeps_its_timeout_and_defaults_to_30_seconds() {
+        assert_eq!(PostmarkTransport::new("t").timeout(), DEFAULT_TIMEOUT);
+        let short = PostmarkTransport::new("t").with_timeout(Duration::from_millis(1500));
+        assert_eq!(short.timeout(), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn debug_shows_the_settings_and_stars_for_the_key() {
+        let postmark = PostmarkTransport::new("secret-token")
+            .with_endpoint("http://127.0.0.1:9//")
+            .with_name("pm")
+            .with_concurrency(0);
+        let text = format!("{postmark:?}");
+        assert!(text.starts_with("PostmarkTransport {"), "{text}");
+        assert!(text.contains("name: \"pm\""), "{text}");
+        assert!(text.contains("endpoint: \"http://127.0.0.1:9\""), "{text}");
+        assert!(text.contains("concurrency: 1"), "{text}");
+        assert!(text.contains("key: ***"), "{text}");
+        assert!(!text.contains("secret-token"), "{text}");
+    }
+}

@@ -731,6 +731,60 @@ Content-Type: multipart/related; boundary=\"R\"\r\n\r\n--R\r\nContent-Type: text
     }
 
     #[test]
+    fn a_named_text_part_after_the_first_is_an_attachment_not_a_second_body() {
+        let read = raw_read(&mixed_with(
+            "Content-Type: text/plain; name=\"notes.txt\"\r\n\r\nnotes",
+        ))
+        .expect("a named part is an attachment");
+        assert_eq!(read.attachments.len(), 1);
+        assert_eq!(read.attachments[0].filename, "notes.txt");
+        assert_eq!(read.attachments[0].content, b"notes");
+        let inline = raw_read(&mixed_with(
+            "Content-Type: text/html\r\nContent-ID: <part1>\r\nContent-Disposition: inline\r\n\r\n<p>x</p>",
+        ))
+        .expect("an HTML part with a Content-ID is inline");
+        assert_eq!(inline.attachments[0].content_id.as_deref(), Some("part1"));
+    }
+
+    #[test]
+    fn a_mixed_part_inside_a_mixed_message_gives_its_attachments() {
+        let read = raw_read(&mixed_with(
+            "Content-Type: multipart/mixed; boundary=\"N\"\r\n\r\n--N\r\n\
+Content-Type: application/pdf\r\nContent-Disposition: attachment; filename=\"a.pdf\"\r\n\r\npdf\r\n--N--",
+        ))
+        .expect("a nested mixed part is read");
+        assert_eq!(read.attachments.len(), 1);
+        assert_eq!(read.attachments[0].filename, "a.pdf");
+    }
+
+    #[test]
+    fn an_attachment_without_a_file_name_gets_one() {
+        let name_of = |part: &str| {
+            raw_read(&mixed_with(part)).expect("readable").attachments[0]
+                .filename
+                .clone()
+        };
+        assert_eq!(
+            name_of(
+                "Content-Type: application/octet-stream\r\nContent-Disposition: attachment\r\n\r\nbin"
+            ),
+            "attachment-1"
+        );
+        assert_eq!(
+            name_of(
+                "Content-Type: application/octet-stream\r\nContent-Disposition: attachment; filename=\"\"\r\n\r\nbin"
+            ),
+            "attachment-1"
+        );
+        assert_eq!(
+            name_of(
+                "Content-Type: message/rfc822\r\nContent-Disposition: attachment\r\n\r\nFrom: x@example.com\r\n\r\nhi"
+            ),
+            "message-1.eml"
+        );
+    }
+
+    #[test]
     fn a_message_without_a_to_recipient_is_unsupported() {
         let raw = b"From: a@example.com\r\nBcc: b@example.org\r\n\r\nhi\r\n";
         let read = raw_read(raw).expect("readable");
@@ -762,5 +816,10 @@ Content-Type: multipart/related; boundary=\"R\"\r\n\r\n--R\r\nContent-Type: text
             mailbox.to_header_form(),
             "\"Doe, \\\"J\\\"\" <j@example.org>"
         );
+        let unnamed = Mailbox {
+            name: Some(String::new()),
+            address: "j@example.org".to_owned(),
+        };
+        assert_eq!(unnamed.to_header_form(), "j@example.org");
     }
 }
