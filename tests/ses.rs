@@ -564,3 +564,40 @@ async fn new_imposes_a_30_second_operation_timeout_on_a_client_without_one() {
         .and_then(|timeouts| timeouts.operation_timeout());
     assert_eq!(timeout, Some(OPERATION_TIMEOUT));
 }
+
+#[tokio::test]
+async fn with_timeout_sets_the_operation_timeout_and_keeps_the_others() {
+    let config = aws_sdk_sesv2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("AKID", SECRET_KEY, None, None, "tests"))
+        .endpoint_url("http://127.0.0.1:9")
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .build(),
+        )
+        .build();
+    let ses = SesTransport::new(Client::from_conf(config)).with_timeout(Duration::from_secs(7));
+    let timeouts = ses
+        .client()
+        .config()
+        .timeout_config()
+        .cloned()
+        .expect("timeouts");
+    assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(7)));
+    assert_eq!(timeouts.connect_timeout(), Some(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn debug_shows_the_settings_and_no_secret() {
+    let ses = SesTransport::new(client("http://127.0.0.1:9"))
+        .with_configuration_set("transactional")
+        .with_concurrency(3);
+    let text = format!("{ses:?}");
+    assert!(text.starts_with("SesTransport {"), "{text}");
+    assert!(text.contains("ses:us-east-1"), "{text}");
+    assert!(text.contains("transactional"), "{text}");
+    assert!(text.contains("concurrency: 3"), "{text}");
+    assert!(!text.contains(SECRET_KEY), "{text}");
+}
