@@ -40,13 +40,19 @@ files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs"
 tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancellation --test=metrics"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
+# The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
+# the frame every provider shares (its answer rules, the key's redaction).
+files[http]="src/adapters/http/mod.rs src/adapters/http/frame.rs src/adapters/http/key.rs src/adapters/http/mime.rs src/adapters/http/postmark/classify.rs src/adapters/http/resend/classify.rs src/adapters/http/sendgrid/classify.rs src/adapters/http/mailgun/classify.rs"
+tests[http]="--lib --test=postmark --test=resend --test=sendgrid --test=mailgun --test=api_keys"
+files[ses]="src/adapters/ses/classify.rs src/adapters/ses.rs"
+tests[ses]="--lib --test=ses"
 
 files[smtp]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
 tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
 
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis smtp)
+    groups=(machine batch gate retry pool redis smtp http ses)
 fi
 
 status=0

@@ -30,8 +30,8 @@ pub enum Strategy {
 /// A [`Transport`] that fails over between several providers.
 ///
 /// A send tries the members in the [`Strategy`]'s order. An error that says the provider
-/// cannot serve (any [`Category`] but `Rejected` and `InvalidMessage`) moves on to the next
-/// member; `Rejected` and `InvalidMessage` are about the message, so they are returned as
+/// cannot serve (any [`Category`] but `Rejected` and `InvalidMessage`; `Unsupported` too, since
+/// another member may carry what this one cannot) moves on to the next member; `Rejected` and `InvalidMessage` are about the message, so they are returned as
 /// they are and no other member sees it. Built with
 /// [`at_most_once`](PoolBuilder::at_most_once), an error marked
 /// [`is_maybe_delivered`](SendError::is_maybe_delivered) is returned as it is too. Wrap each member in a

@@ -202,6 +202,18 @@ pub enum Category {
     InvalidMessage,
     /// The transport is set up wrong, or was shut down.
     Configuration,
+    /// This transport cannot carry this message, which another could: a signed message or a
+    /// calendar invitation through a JSON API, a second body. A pool fails over, a breaker
+    /// counts the provider as working, and a retry does not try the same transport again.
+    ///
+    /// ```
+    /// use mail_breaker::Category;
+    ///
+    /// assert!(!Category::Unsupported.is_retryable());
+    /// assert!(!Category::Unsupported.is_breaker_failure());
+    /// assert_eq!(Category::Unsupported.as_str(), "unsupported");
+    /// ```
+    Unsupported,
 }
 
 impl Category {
@@ -246,6 +258,7 @@ impl Category {
             Category::Authentication => "authentication",
             Category::InvalidMessage => "invalid_message",
             Category::Configuration => "configuration",
+            Category::Unsupported => "unsupported",
         }
     }
 }

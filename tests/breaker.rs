@@ -122,6 +122,36 @@ async fn a_rejected_recipient_never_opens_the_breaker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_message_the_provider_cannot_carry_never_opens_the_breaker() {
+    let breaker = breaker(Scripted::answering("p", Reply::fail(Category::Unsupported)));
+    for _ in 0..10 {
+        let error = breaker.send(&message()).await.unwrap_err();
+        assert_eq!(error.category(), Category::Unsupported);
+    }
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn unsupported_messages_count_as_the_provider_working() {
+    let inner = Scripted::new("p");
+    inner.then([
+        failure(),
+        failure(),
+        Reply::fail(Category::Unsupported),
+        failure(),
+        failure(),
+        Reply::fail(Category::Unsupported),
+        failure(),
+        failure(),
+    ]);
+    let breaker = breaker(inner);
+    for _ in 0..8 {
+        let _ = breaker.send(&message()).await;
+    }
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn rate_limits_and_rejections_count_as_the_provider_working() {
     let inner = Scripted::new("p");
     inner.then([

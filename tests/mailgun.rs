@@ -26,8 +26,10 @@ fn mailgun_error(status: u16, message: &str) -> Reply {
     Reply::json(status, &format!(r#"{{"message":"{message}"}}"#))
 }
 
-/// A Mailgun stand-in: 401 `Forbidden` unless the key is right, `send` for
-/// `POST /v3/<domain>/messages.mime`, the domain in `state` for `GET /v4/domains/<domain>`.
+/// A Mailgun stand-in: 401 `Forbidden` unless the key is right; for
+/// `POST /v3/<domain>/messages.mime`, `send` where the domain is active and the form has a
+/// message, a 400 for a form without one (what `verify` sends), a 403 for a domain not
+/// active; a 404 for any other domain or path.
 async fn mailgun_with_state(
     state: &'static str,
     send: impl Fn(&Recorded) -> Reply + Send + Sync + 'static,
@@ -37,13 +39,24 @@ async fn mailgun_with_state(
             return Reply::text(401, "Forbidden");
         }
         let messages = format!("/v3/{DOMAIN}/messages.mime");
-        let domain = format!("/v4/domains/{DOMAIN}");
         match (request.method.as_str(), request.path.as_str()) {
-            ("POST", path) if path == messages => send(request),
-            ("GET", path) if path == domain => Reply::json(
-                200,
-                &format!(r#"{{"domain":{{"name":"{DOMAIN}","state":"{state}"}}}}"#),
-            ),
+            ("POST", path) if path == messages => {
+                if state != "active" {
+                    return mailgun_error(
+                        403,
+                        &format!("Domain {DOMAIN} is not allowed to send: domain is {state}"),
+                    );
+                }
+                let has_message = request
+                    .form_fields()
+                    .iter()
+                    .any(|(name, _, _)| name == "message");
+                if has_message {
+                    send(request)
+                } else {
+                    mailgun_error(400, "message parameter is missing")
+                }
+            }
             _ => mailgun_error(404, "Domain not found"),
         }
     })
@@ -145,7 +158,7 @@ async fn mailgun_bad_key_is_authentication_on_send_and_verify() {
         .verify()
         .await
         .expect("the right key and an active domain verify");
-    assert_eq!(server.last().path, "/v4/domains/mg.example.com");
+    assert_eq!(server.last().path, "/v3/mg.example.com/messages.mime");
 }
 
 #[tokio::test]
@@ -156,7 +169,7 @@ async fn mailgun_an_unverified_domain_fails_verify_as_configuration() {
         .await
         .expect_err("an unverified domain cannot send");
     assert_eq!(error.category(), Category::Configuration);
-    assert_eq!(error.code(), "mailgun.domain_unverified");
+    assert_eq!(error.code(), "mailgun.403");
     let unknown = MailgunTransport::new(KEY, "other.example.com")
         .with_endpoint(server.endpoint())
         .with_timeout(TIMEOUT);
@@ -230,4 +243,90 @@ async fn mailgun_pool_fails_over_to_smtp_while_mailgun_is_down_and_a_probe_bring
         "20240101000000.1.ABCDEF@mg.example.com",
     )
     .await;
+}
+
+// Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
+
+#[tokio::test]
+async fn mailgun_does_not_follow_a_redirect() {
+    http_checks::a_redirect_is_not_followed(transport, Reply::json(200, QUEUED)).await;
+}
+
+#[tokio::test]
+async fn mailgun_reads_an_answer_body_up_to_64_kib() {
+    http_checks::an_answer_body_is_read_up_to_64_kib(|endpoint| {
+        transport(endpoint).with_timeout(Duration::from_secs(5))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn mailgun_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered() {
+    http_checks::a_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered(transport).await;
+}
+
+#[tokio::test]
+async fn mailgun_2xx_cut_off_mid_body_is_a_delivery() {
+    http_checks::a_2xx_cut_off_mid_body_is_a_delivery(transport, 200).await;
+}
+
+#[tokio::test]
+async fn mailgun_408_is_a_timeout() {
+    http_checks::a_408_is_a_timeout(transport).await;
+}
+
+/// A domain sending key may only POST messages: verify must pass with one.
+#[tokio::test]
+async fn mailgun_verify_passes_with_a_domain_sending_key() {
+    let server = ApiServer::start(|request| {
+        if request.header("authorization") != Some(&basic_auth(KEY)) {
+            return Reply::text(401, "Forbidden");
+        }
+        let messages = format!("/v3/{DOMAIN}/messages.mime");
+        match (request.method.as_str(), request.path.as_str()) {
+            ("POST", path) if path == messages => {
+                let has_message = request
+                    .form_fields()
+                    .iter()
+                    .any(|(name, _, _)| name == "message");
+                if has_message {
+                    Reply::json(200, QUEUED)
+                } else {
+                    mailgun_error(400, "message parameter is missing")
+                }
+            }
+            ("POST", _) => mailgun_error(404, "Domain not found"),
+            // A sending key may read nothing else.
+            _ => Reply::text(401, "Forbidden"),
+        }
+    })
+    .await;
+    transport(server.endpoint())
+        .verify()
+        .await
+        .expect("a sending key is a valid key");
+    assert!(
+        server
+            .requests()
+            .iter()
+            .all(|request| request.method == "POST"
+                && request
+                    .form_fields()
+                    .iter()
+                    .all(|(name, _, _)| name != "message")),
+        "verify sent no message"
+    );
+    let wrong = MailgunTransport::new("key-wrong-never-shown", DOMAIN)
+        .with_endpoint(server.endpoint())
+        .with_timeout(TIMEOUT);
+    let error = wrong.verify().await.expect_err("a wrong key");
+    assert_eq!(error.category(), Category::Authentication);
+    let unknown = MailgunTransport::new(KEY, "other.example.com")
+        .with_endpoint(server.endpoint())
+        .with_timeout(TIMEOUT);
+    let error = unknown
+        .verify()
+        .await
+        .expect_err("a domain the key cannot send for");
+    assert_ne!(error.category(), Category::Authentication, "{error}");
 }

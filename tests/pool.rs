@@ -187,6 +187,7 @@ async fn every_category_but_rejected_and_invalid_message_fails_over() {
         Category::RateLimited,
         Category::Authentication,
         Category::Configuration,
+        Category::Unsupported,
     ] {
         let primary = Scripted::answering("primary", Reply::fail(category));
         let backup = Scripted::new("backup");

@@ -5,6 +5,8 @@
 
 mod support;
 
+use std::time::Duration;
+
 use lettre::message::header::ContentType;
 use lettre::message::{Attachment, MultiPart, SinglePart};
 use mail_breaker::{Category, Message, PostmarkTransport, Transport};
@@ -217,7 +219,7 @@ async fn postmark_errors_never_show_the_token_even_when_echoed() {
 }
 
 #[tokio::test]
-async fn postmark_unexpressible_message_is_invalid_message_and_nothing_is_sent() {
+async fn postmark_unexpressible_message_is_unsupported_and_nothing_is_sent() {
     let server = postmark(|_| Reply::json(200, SENT)).await;
     let calendar = MultiPart::alternative()
         .singlepart(SinglePart::plain("invite".to_owned()))
@@ -235,7 +237,7 @@ async fn postmark_unexpressible_message_is_invalid_message_and_nothing_is_sent()
         .send(&message)
         .await
         .expect_err("a calendar alternative cannot be expressed");
-    assert_eq!(error.category(), Category::InvalidMessage);
+    assert_eq!(error.category().as_str(), "unsupported");
     assert!(error.message().contains("text/calendar"), "{error}");
     assert_eq!(server.request_count(), 0);
 }
@@ -263,6 +265,62 @@ async fn postmark_pool_fails_over_to_smtp_while_postmark_is_down_and_a_probe_bri
         transport,
         Reply::json(200, SENT),
         "pm-0a1b2c",
+    )
+    .await;
+}
+
+// Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
+
+#[tokio::test]
+async fn postmark_does_not_follow_a_redirect() {
+    http_checks::a_redirect_is_not_followed(transport, Reply::json(200, SENT)).await;
+}
+
+#[tokio::test]
+async fn postmark_reads_an_answer_body_up_to_64_kib() {
+    http_checks::an_answer_body_is_read_up_to_64_kib(|endpoint| {
+        transport(endpoint).with_timeout(Duration::from_secs(5))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn postmark_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered() {
+    http_checks::a_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered(transport).await;
+}
+
+#[tokio::test]
+async fn postmark_2xx_cut_off_mid_body_is_a_delivery() {
+    http_checks::a_2xx_cut_off_mid_body_is_a_delivery(transport, 200).await;
+}
+
+#[tokio::test]
+async fn postmark_408_is_a_timeout() {
+    http_checks::a_408_is_a_timeout(transport).await;
+}
+
+#[tokio::test]
+async fn postmark_a_message_it_cannot_carry_is_unsupported() {
+    http_checks::a_message_a_json_api_cannot_carry_is_unsupported(transport).await;
+}
+
+#[tokio::test]
+async fn postmark_an_attachment_keeps_its_bytes_and_a_bare_type() {
+    http_checks::an_attachment_keeps_its_bytes_and_a_bare_type(
+        transport,
+        Reply::json(200, SENT),
+        "Attachments",
+        "Content",
+        "ContentType",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn postmark_pool_delivers_a_message_postmark_cannot_carry_through_smtp() {
+    http_checks::a_message_the_provider_cannot_carry_is_delivered_by_an_smtp_member(
+        "postmark_pool_delivers_a_message_postmark_cannot_carry_through_smtp",
+        transport,
     )
     .await;
 }

@@ -237,3 +237,59 @@ async fn resend_pool_fails_over_to_smtp_while_resend_is_down_and_a_probe_brings_
     )
     .await;
 }
+
+// Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
+
+#[tokio::test]
+async fn resend_does_not_follow_a_redirect() {
+    http_checks::a_redirect_is_not_followed(transport, Reply::json(200, SENT)).await;
+}
+
+#[tokio::test]
+async fn resend_reads_an_answer_body_up_to_64_kib() {
+    http_checks::an_answer_body_is_read_up_to_64_kib(|endpoint| {
+        transport(endpoint).with_timeout(Duration::from_secs(5))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn resend_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered() {
+    http_checks::a_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered(transport).await;
+}
+
+#[tokio::test]
+async fn resend_2xx_cut_off_mid_body_is_a_delivery() {
+    http_checks::a_2xx_cut_off_mid_body_is_a_delivery(transport, 200).await;
+}
+
+#[tokio::test]
+async fn resend_408_is_a_timeout() {
+    http_checks::a_408_is_a_timeout(transport).await;
+}
+
+#[tokio::test]
+async fn resend_a_message_it_cannot_carry_is_unsupported() {
+    http_checks::a_message_a_json_api_cannot_carry_is_unsupported(transport).await;
+}
+
+#[tokio::test]
+async fn resend_an_attachment_keeps_its_bytes_and_a_bare_type() {
+    http_checks::an_attachment_keeps_its_bytes_and_a_bare_type(
+        transport,
+        Reply::json(200, SENT),
+        "attachments",
+        "content",
+        "content_type",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn resend_pool_delivers_a_message_resend_cannot_carry_through_smtp() {
+    http_checks::a_message_the_provider_cannot_carry_is_delivered_by_an_smtp_member(
+        "resend_pool_delivers_a_message_resend_cannot_carry_through_smtp",
+        transport,
+    )
+    .await;
+}

@@ -76,6 +76,7 @@ async fn a_non_retryable_error_is_returned_at_once() {
         Category::InvalidMessage,
         Category::Authentication,
         Category::Configuration,
+        Category::Unsupported,
     ] {
         let inner = Scripted::answering("p", Reply::fail(category));
         let started = Instant::now();

@@ -204,3 +204,82 @@ async fn sendgrid_pool_fails_over_to_smtp_while_sendgrid_is_down_and_a_probe_bri
     )
     .await;
 }
+
+// Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
+
+#[tokio::test]
+async fn sendgrid_does_not_follow_a_redirect() {
+    http_checks::a_redirect_is_not_followed(transport, accepted()).await;
+}
+
+#[tokio::test]
+async fn sendgrid_reads_an_answer_body_up_to_64_kib() {
+    http_checks::an_answer_body_is_read_up_to_64_kib(|endpoint| {
+        transport(endpoint).with_timeout(Duration::from_secs(5))
+    })
+    .await;
+}
+
+#[tokio::test]
+async fn sendgrid_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered() {
+    http_checks::a_2xx_with_a_foreign_body_is_a_server_error_maybe_delivered(transport).await;
+}
+
+#[tokio::test]
+async fn sendgrid_2xx_cut_off_mid_body_is_a_delivery() {
+    http_checks::a_2xx_cut_off_mid_body_is_a_delivery(transport, 202).await;
+}
+
+#[tokio::test]
+async fn sendgrid_408_is_a_timeout() {
+    http_checks::a_408_is_a_timeout(transport).await;
+}
+
+#[tokio::test]
+async fn sendgrid_a_message_it_cannot_carry_is_unsupported() {
+    http_checks::a_message_a_json_api_cannot_carry_is_unsupported(transport).await;
+}
+
+#[tokio::test]
+async fn sendgrid_an_attachment_keeps_its_bytes_and_a_bare_type() {
+    http_checks::an_attachment_keeps_its_bytes_and_a_bare_type(
+        transport,
+        accepted(),
+        "attachments",
+        "content",
+        "type",
+    )
+    .await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sendgrid_pool_delivers_a_message_sendgrid_cannot_carry_through_smtp() {
+    http_checks::a_message_the_provider_cannot_carry_is_delivered_by_an_smtp_member(
+        "sendgrid_pool_delivers_a_message_sendgrid_cannot_carry_through_smtp",
+        transport,
+    )
+    .await;
+}
+
+/// SendGrid says when its rate limit resets in `X-RateLimit-Reset` (epoch seconds), not in
+/// `Retry-After`.
+#[tokio::test]
+async fn sendgrid_x_ratelimit_reset_gives_retry_after() {
+    let reset = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .expect("after 1970")
+        .as_secs()
+        + 30;
+    let reply = sendgrid_error(429, "", "too many requests")
+        .with_header("X-RateLimit-Limit", "600")
+        .with_header("X-RateLimit-Remaining", "0")
+        .with_header("X-RateLimit-Reset", &reset.to_string());
+    let server = sendgrid(move |_| reply.clone()).await;
+    let error = send_error(&transport(server.endpoint())).await;
+    assert_eq!(error.category(), Category::RateLimited);
+    let after = error.retry_after().expect("the reset time is kept");
+    assert!(
+        (Duration::from_secs(28)..=Duration::from_secs(31)).contains(&after),
+        "{after:?}"
+    );
+}

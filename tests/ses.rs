@@ -142,8 +142,8 @@ async fn every_envelope_recipient_reaches_ses_including_bcc() {
 }
 
 #[tokio::test]
-async fn unverified_sender_is_rejected_and_does_not_trip_the_breaker() {
-    let test = "unverified_sender_is_rejected_and_does_not_trip_the_breaker";
+async fn an_unverified_sender_is_configuration_and_does_not_trip_the_breaker() {
+    let test = "an_unverified_sender_is_configuration_and_does_not_trip_the_breaker";
     let Some((_moto, client)) = moto_with_verified_sender(test).await else {
         return;
     };
@@ -156,7 +156,7 @@ async fn unverified_sender_is_rejected_and_does_not_trip_the_breaker() {
             .send(&message_from(UNVERIFIED))
             .await
             .expect_err("moto refuses an unverified sender");
-        assert_eq!(error.category(), Category::Rejected);
+        assert_eq!(error.category(), Category::Configuration);
         assert_eq!(error.code(), "ses.MessageRejected");
         assert!(!error.to_string().contains("stranger@"), "{error}");
         assert_no_secrets(&error);
@@ -185,7 +185,7 @@ async fn send_many_answers_each_message_in_order() {
             }
             Err(error) => {
                 assert_eq!(*from, UNVERIFIED);
-                assert_eq!(error.category(), Category::Rejected);
+                assert_eq!(error.category(), Category::Configuration);
             }
         }
     }
@@ -276,7 +276,7 @@ async fn message_rejected_400_is_rejected() {
     let error = send_against(Fault::ses_error(
         400,
         "MessageRejected",
-        "Email address is not verified. The following identities failed the check in region US-EAST-1: app@example.com",
+        "Illegal address: app@example.com",
     ))
     .await;
     assert_eq!(error.category(), Category::Rejected);
@@ -285,14 +285,14 @@ async fn message_rejected_400_is_rejected() {
 }
 
 #[tokio::test]
-async fn mail_from_domain_not_verified_is_rejected() {
+async fn mail_from_domain_not_verified_is_configuration() {
     let error = send_against(Fault::ses_error(
         400,
         "MailFromDomainNotVerifiedException",
         "The sending domain is not verified.",
     ))
     .await;
-    assert_eq!(error.category(), Category::Rejected);
+    assert_eq!(error.category(), Category::Configuration);
 }
 
 #[tokio::test]
@@ -360,10 +360,11 @@ async fn suspended_or_paused_account_is_configuration_and_does_not_trip_the_brea
 }
 
 #[tokio::test]
-async fn dropped_connection_is_network() {
+async fn a_connection_dropped_after_the_request_is_network_and_maybe_delivered() {
     let error = send_against(Fault::Drop).await;
     assert_eq!(error.category(), Category::Network);
     assert_eq!(error.code(), "ses.network");
+    assert!(error.is_maybe_delivered(), "the request went out: {error}");
 }
 
 #[tokio::test]
@@ -375,10 +376,11 @@ async fn refused_connection_is_network() {
         .expect_err("nothing listens");
     assert_eq!(error.category(), Category::Network);
     assert_eq!(error.code(), "ses.network");
+    assert!(!error.is_maybe_delivered(), "nothing was sent: {error}");
 }
 
 #[tokio::test]
-async fn server_that_hangs_past_the_operation_timeout_is_timeout() {
+async fn server_that_hangs_past_the_operation_timeout_is_timeout_and_maybe_delivered() {
     let server = FaultServer::start(Fault::Hang).await;
     let ses = SesTransport::new(client(&server.endpoint()));
     let started = Instant::now();
@@ -390,6 +392,7 @@ async fn server_that_hangs_past_the_operation_timeout_is_timeout() {
     println!("hang: timed out after {} ms", elapsed.as_millis());
     assert_eq!(error.category(), Category::Timeout);
     assert_eq!(error.code(), "ses.timeout");
+    assert!(error.is_maybe_delivered(), "the request went out: {error}");
     assert!(elapsed >= OPERATION_TIMEOUT, "{elapsed:?}");
     assert!(elapsed < Duration::from_secs(3), "{elapsed:?}");
 }
@@ -494,4 +497,107 @@ fn transport_is_named_after_the_region() {
     let ses = SesTransport::new(client("http://127.0.0.1:9"));
     assert_eq!(ses.name(), "ses:us-east-1");
     assert_eq!(ses.with_name("ses-primary").name(), "ses-primary");
+}
+
+// Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
+
+/// LimitExceededException says "too many instances of the specified resource type" (the
+/// SES v2 API reference): an account limit, not a send rate.
+#[tokio::test]
+async fn limit_exceeded_is_configuration_not_a_rate_limit() {
+    let error = send_against(Fault::ses_error(
+        400,
+        "LimitExceededException",
+        "There are too many instances of the specified resource type.",
+    ))
+    .await;
+    assert_eq!(error.category(), Category::Configuration);
+    assert_eq!(error.code(), "ses.LimitExceededException");
+}
+
+/// "Email address is not verified" hits every message from that sender: the account is set
+/// up wrong, so a pool fails over instead of stopping.
+#[tokio::test]
+async fn an_email_address_that_is_not_verified_is_configuration() {
+    let error = send_against(Fault::ses_error(
+        400,
+        "MessageRejected",
+        "Email address is not verified. The following identities failed the check in region US-EAST-1: app@example.com",
+    ))
+    .await;
+    assert_eq!(error.category(), Category::Configuration);
+    assert_eq!(error.code(), "ses.MessageRejected");
+}
+
+#[tokio::test]
+async fn a_2xx_cut_off_mid_body_is_maybe_delivered() {
+    let error = send_against(Fault::CutOff {
+        status: 200,
+        declared: 500,
+        sent: r#"{"MessageId":"#.to_owned(),
+    })
+    .await;
+    assert!(error.is_maybe_delivered(), "SES answered 200: {error}");
+}
+
+#[tokio::test]
+async fn new_imposes_a_30_second_operation_timeout_on_a_client_without_one() {
+    let config = aws_sdk_sesv2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("AKID", SECRET_KEY, None, None, "tests"))
+        .endpoint_url("http://127.0.0.1:9")
+        .build();
+    let ses = SesTransport::new(Client::from_conf(config));
+    let timeout = ses
+        .client()
+        .config()
+        .timeout_config()
+        .and_then(|timeouts| timeouts.operation_timeout());
+    assert_eq!(timeout, Some(Duration::from_secs(30)));
+    // A client that has its own keeps it.
+    let own = SesTransport::new(client("http://127.0.0.1:9"));
+    let timeout = own
+        .client()
+        .config()
+        .timeout_config()
+        .and_then(|timeouts| timeouts.operation_timeout());
+    assert_eq!(timeout, Some(OPERATION_TIMEOUT));
+}
+
+#[tokio::test]
+async fn with_timeout_sets_the_operation_timeout_and_keeps_the_others() {
+    let config = aws_sdk_sesv2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new("us-east-1"))
+        .credentials_provider(Credentials::new("AKID", SECRET_KEY, None, None, "tests"))
+        .endpoint_url("http://127.0.0.1:9")
+        .timeout_config(
+            TimeoutConfig::builder()
+                .connect_timeout(Duration::from_secs(2))
+                .build(),
+        )
+        .build();
+    let ses = SesTransport::new(Client::from_conf(config)).with_timeout(Duration::from_secs(7));
+    let timeouts = ses
+        .client()
+        .config()
+        .timeout_config()
+        .cloned()
+        .expect("timeouts");
+    assert_eq!(timeouts.operation_timeout(), Some(Duration::from_secs(7)));
+    assert_eq!(timeouts.connect_timeout(), Some(Duration::from_secs(2)));
+}
+
+#[tokio::test]
+async fn debug_shows_the_settings_and_no_secret() {
+    let ses = SesTransport::new(client("http://127.0.0.1:9"))
+        .with_configuration_set("transactional")
+        .with_concurrency(3);
+    let text = format!("{ses:?}");
+    assert!(text.starts_with("SesTransport {"), "{text}");
+    assert!(text.contains("ses:us-east-1"), "{text}");
+    assert!(text.contains("transactional"), "{text}");
+    assert!(text.contains("concurrency: 3"), "{text}");
+    assert!(!text.contains(SECRET_KEY), "{text}");
 }

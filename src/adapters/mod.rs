@@ -2,6 +2,14 @@
 //! the HTTP e-mail APIs (Postmark, Resend, SendGrid, Mailgun).
 
 #[cfg(any(
+    feature = "ses",
+    feature = "postmark",
+    feature = "resend",
+    feature = "sendgrid",
+    feature = "mailgun"
+))]
+pub(crate) mod answer;
+#[cfg(any(
     feature = "postmark",
     feature = "resend",
     feature = "sendgrid",

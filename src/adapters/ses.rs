@@ -2,9 +2,11 @@
 //! sorted into [`Category`]s by [`classify_ses_error`].
 
 use std::fmt;
+use std::time::Duration;
 
 use aws_sdk_sesv2::Client;
 use aws_sdk_sesv2::config::retry::RetryConfig;
+use aws_sdk_sesv2::config::timeout::TimeoutConfig;
 use aws_sdk_sesv2::operation::get_account::GetAccountOutput;
 use aws_sdk_sesv2::primitives::Blob;
 use aws_sdk_sesv2::types::{Destination, EmailContent, RawMessage};
@@ -14,6 +16,9 @@ use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError
 mod classify;
 
 pub use classify::classify_ses_error;
+
+/// The operation timeout [`SesTransport::new`] gives a client that has none.
+const DEFAULT_OPERATION_TIMEOUT: Duration = Duration::from_secs(30);
 
 /// Sends through Amazon SES (API v2): each message goes as raw MIME in one `SendEmail` call.
 ///
@@ -43,8 +48,18 @@ pub use classify::classify_ses_error;
 /// let the SDK retry again, pass a retry configuration to
 /// [`with_sdk_retries`](Self::with_sdk_retries).
 ///
-/// Bound each call with the client's [`TimeoutConfig`](aws_sdk_sesv2::config::timeout::TimeoutConfig)
-/// (`operation_timeout`); an operation or attempt timeout is `ses.timeout` (Timeout).
+/// # Every call is bounded
+/// The SDK's default bounds only the connect (3.1 s): a hung answer would keep a send waiting
+/// for ever. [`new`](Self::new) gives a client without an operation timeout one of 30 s;
+/// [`with_timeout`](Self::with_timeout) sets another. An operation or attempt timeout is
+/// `ses.timeout` (Timeout).
+///
+/// # Maybe delivered
+/// A `SendEmail` request that went out and got no answer may have been taken:
+/// [`SendError::is_maybe_delivered`](crate::SendError::is_maybe_delivered) is set on an
+/// operation, attempt or read timeout, a connection dropped after connecting, and a 2xx whose
+/// body was cut off. A failure to connect (refused, DNS, TLS, connect timeout) sent nothing
+/// and is not marked. See [`classify_ses_error`].
 ///
 /// # Example
 /// ```no_run
@@ -84,15 +99,41 @@ pub struct SesTransport {
 }
 
 impl SesTransport {
-    /// Wraps an SES v2 client with the SDK's own retries turned off, named `ses:<region>`
-    /// (`ses` where the client has no region).
+    /// Wraps an SES v2 client with the SDK's own retries turned off and, where the client has
+    /// no operation timeout, one of 30 s; named `ses:<region>` (`ses` where the client has no
+    /// region).
+    ///
+    /// ```no_run
+    /// # fn run(client: aws_sdk_sesv2::Client) {
+    /// let ses = mail_breaker::SesTransport::new(client);
+    /// let timeouts = ses.client().config().timeout_config().cloned();
+    /// assert!(timeouts.and_then(|t| t.operation_timeout()).is_some());
+    /// # }
+    /// ```
     pub fn new(client: Client) -> Self {
         let name = match client.config().region() {
             Some(region) => format!("ses:{region}"),
             None => "ses".to_owned(),
         };
+        let mut timeouts = client
+            .config()
+            .timeout_config()
+            .cloned()
+            .unwrap_or_else(|| TimeoutConfig::builder().build());
+        if timeouts.operation_timeout().is_none() {
+            timeouts = timeouts
+                .to_builder()
+                .operation_timeout(DEFAULT_OPERATION_TIMEOUT)
+                .build();
+        }
+        let config = client
+            .config()
+            .to_builder()
+            .retry_config(RetryConfig::disabled())
+            .timeout_config(timeouts)
+            .build();
         SesTransport {
-            client: with_retry_config(&client, RetryConfig::disabled()),
+            client: Client::from_conf(config),
             name,
             concurrency: 10,
             configuration_set: None,
@@ -115,6 +156,35 @@ impl SesTransport {
     /// ```
     pub fn with_sdk_retries(mut self, retry: RetryConfig) -> Self {
         self.client = with_retry_config(&self.client, retry);
+        self
+    }
+
+    /// Bounds each call, the answer included, with this operation timeout (default: the
+    /// client's, else 30 s); the client's other timeouts stay.
+    ///
+    /// ```no_run
+    /// # use std::time::Duration;
+    /// # fn run(client: aws_sdk_sesv2::Client) {
+    /// let ses = mail_breaker::SesTransport::new(client).with_timeout(Duration::from_secs(10));
+    /// # let _ = ses;
+    /// # }
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        let timeouts = self
+            .client
+            .config()
+            .timeout_config()
+            .map(TimeoutConfig::to_builder)
+            .unwrap_or_default()
+            .operation_timeout(timeout)
+            .build();
+        let config = self
+            .client
+            .config()
+            .to_builder()
+            .timeout_config(timeouts)
+            .build();
+        self.client = Client::from_conf(config);
         self
     }
 

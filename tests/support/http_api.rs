@@ -115,6 +115,12 @@ pub enum Reply {
     Drop,
     /// Never answers (the connection stays open).
     Hang,
+    /// Writes these bytes as they are (a head, maybe part of a body), then closes: an answer
+    /// cut off, or one no well-behaved server sends.
+    Raw(Vec<u8>),
+    /// Writes these bytes as they are, then keeps the connection open without a word more: a
+    /// body that stalls after its first bytes.
+    RawThenHang(Vec<u8>),
 }
 
 impl Reply {
@@ -134,6 +140,17 @@ impl Reply {
             headers: vec![("Content-Type".to_owned(), "text/plain".to_owned())],
             body: body.to_owned(),
         }
+    }
+
+    /// A head saying `status` and a body of `declared` bytes, of which only `sent` is
+    /// written before the connection closes.
+    pub fn cut_off(status: u16, declared: usize, sent: &str) -> Reply {
+        let mut bytes = format!(
+            "HTTP/1.1 {status} Status\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n"
+        )
+        .into_bytes();
+        bytes.extend_from_slice(sent.as_bytes());
+        Reply::Raw(bytes)
     }
 
     /// Adds a header to an answer.
@@ -263,6 +280,14 @@ async fn serve(
             let _ = stream.shutdown().await;
         }
         Reply::Hang => {
+            tokio::time::sleep(Duration::from_secs(3600)).await;
+        }
+        Reply::Raw(bytes) => {
+            let _ = stream.write_all(&bytes).await;
+            let _ = stream.shutdown().await;
+        }
+        Reply::RawThenHang(bytes) => {
+            let _ = stream.write_all(&bytes).await;
             tokio::time::sleep(Duration::from_secs(3600)).await;
         }
     }

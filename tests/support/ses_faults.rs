@@ -25,6 +25,13 @@ pub enum Fault {
     Hang,
     /// Waits, then does what the inner fault says.
     After(Duration, Box<Fault>),
+    /// Writes a head saying `status` and a body of `declared` bytes, writes only `sent`, then
+    /// closes: an answer cut off.
+    CutOff {
+        status: u16,
+        declared: usize,
+        sent: String,
+    },
 }
 
 impl Fault {
@@ -180,6 +187,18 @@ async fn answer(stream: &mut TcpStream, fault: Fault) {
             let _ = stream.shutdown().await;
         }
         Fault::Hang => std::future::pending::<()>().await,
+        Fault::CutOff {
+            status,
+            declared,
+            sent,
+        } => {
+            let answer = format!(
+                "HTTP/1.1 {status} {}\r\nContent-Type: application/json\r\nContent-Length: {declared}\r\n\r\n{sent}",
+                reason(status)
+            );
+            let _ = stream.write_all(answer.as_bytes()).await;
+            let _ = stream.shutdown().await;
+        }
         Fault::After(..) => unreachable!("unwrapped above"),
     }
 }

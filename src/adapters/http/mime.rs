@@ -1,7 +1,10 @@
 //! Reading a formatted message back into what the JSON e-mail APIs take: sender, recipients,
 //! subject, one text and one HTML body, attachments (inline ones with their content ids) and
-//! the other headers. A structure those APIs cannot express is an InvalidMessage that names
-//! it, never a part silently left out.
+//! the other headers. A structure those APIs cannot express is
+//! [`Unsupported`](crate::Category::Unsupported), naming it, never a part silently left out:
+//! a transport that takes MIME (Mailgun, SES, SMTP) can carry it, so a pool fails over.
+//! Attachments keep their bytes exactly (the part with its transfer encoding undone, never
+//! text decoded and encoded again) and their type is a bare `type/subtype`.
 //!
 //! # The structure read
 //! - `text/plain` and `text/html` bodies, alone or in `multipart/alternative`;
@@ -11,21 +14,25 @@
 //!   `message/rfc822` included); an inline part with a `Content-ID` stays inline;
 //! - a part with `Content-Disposition: attachment` is an attachment wherever it is.
 //!
-//! Not expressible, so InvalidMessage: `multipart/signed`, `multipart/encrypted` and any
+//! Not expressible, so Unsupported: `multipart/signed`, `multipart/encrypted` and any
 //! other multipart kind; a second text or HTML body; an alternative that is neither text nor
-//! HTML (a `text/calendar` invitation); a related resource without a `Content-ID`.
+//! HTML (a `text/calendar` invitation); a related resource without a `Content-ID`; more than
+//! one From address; a header given twice, for APIs whose headers are a JSON object.
 //!
 //! # Recipients
 //! The envelope decides who gets the message. To and Cc recipients in the envelope stay To
 //! and Cc; envelope recipients in neither header are Bcc. A To or Cc address that is not in
-//! the envelope is InvalidMessage: these APIs deliver to every address they are given, so it
-//! would receive a message the envelope does not send it.
+//! the envelope is Unsupported: these APIs deliver to every address they are given, so it
+//! would receive a message the envelope does not send it. So is a message without a To
+//! recipient in the envelope (Bcc only): every JSON API requires one.
 
 #[cfg(any(feature = "resend", feature = "sendgrid"))]
 use std::collections::BTreeMap;
 use std::collections::HashSet;
 
-use mail_parser::{Address, Message, MessageParser, MessagePart, MimeHeaders, PartType};
+use mail_parser::decoders::base64::base64_decode;
+use mail_parser::decoders::quoted_printable::quoted_printable_decode;
+use mail_parser::{Address, Encoding, Message, MessageParser, MessagePart, MimeHeaders, PartType};
 
 use crate::{Category, Envelope, SendError};
 
@@ -124,7 +131,7 @@ impl ReadMessage {
     }
 
     /// The custom headers with one value per name, for APIs whose `headers` field is a JSON
-    /// object; a name given twice (in any case) is InvalidMessage, since the object cannot
+    /// object; a name given twice (in any case) is Unsupported, since the object cannot
     /// hold both.
     #[cfg(any(feature = "resend", feature = "sendgrid"))]
     pub(crate) fn headers_by_name(
@@ -137,7 +144,7 @@ impl ReadMessage {
                 .keys()
                 .any(|known: &&str| known.eq_ignore_ascii_case(name))
             {
-                return Err(invalid(
+                return Err(unsupported(
                     provider,
                     format!(
                         "the header {name} appears more than once; {provider}'s headers field takes each name once"
@@ -149,10 +156,11 @@ impl ReadMessage {
         Ok(headers)
     }
 
-    /// InvalidMessage unless the message has a To recipient, which every JSON API requires.
+    /// Unsupported unless the message has a To recipient, which every JSON API requires (a
+    /// transport that takes MIME carries a Bcc-only message).
     pub(crate) fn require_to(&self, provider: &str) -> Result<(), SendError> {
         if self.to.is_empty() {
-            return Err(invalid(
+            return Err(unsupported(
                 provider,
                 format!(
                     "{provider} needs at least one To recipient in the envelope; this message has none"
@@ -167,6 +175,15 @@ fn invalid(provider: &str, why: String) -> SendError {
     SendError::new(Category::InvalidMessage, format!("{provider}.message"), why)
 }
 
+/// This API cannot express the message, which a transport taking MIME can carry.
+fn unsupported(provider: &str, why: String) -> SendError {
+    SendError::new(
+        Category::Unsupported,
+        format!("{provider}.unsupported"),
+        why,
+    )
+}
+
 /// The one From address; none, or several, cannot be expressed.
 fn single_from(provider: &str, message: &Message<'_>) -> Result<Mailbox, SendError> {
     let mut from = mailboxes(message.from().into_iter());
@@ -176,7 +193,7 @@ fn single_from(provider: &str, message: &Message<'_>) -> Result<Mailbox, SendErr
             provider,
             "the message has no From address".to_owned(),
         )),
-        n => Err(invalid(
+        n => Err(unsupported(
             provider,
             format!("the message has {n} From addresses; {provider} takes one"),
         )),
@@ -217,7 +234,7 @@ fn split_recipients(
         for mailbox in list {
             let key = mailbox.address.to_lowercase();
             if !in_envelope.contains(&key) {
-                return Err(invalid(
+                return Err(unsupported(
                     provider,
                     format!(
                         "the {header} header names {}, which is not in the envelope; {provider} would deliver to it",
@@ -285,6 +302,7 @@ fn walk(
     let content_id = part.content_id().map(str::to_owned);
     if disposition.as_deref() == Some("attachment") {
         body.attachments.push(attachment(
+            message.raw_message(),
             part,
             &ctype,
             &subtype,
@@ -302,7 +320,7 @@ fn walk(
         Place::Body | Place::Alternative if is_html => {
             set_once(provider, &mut body.html, part, "text/html")
         }
-        Place::Alternative => Err(invalid(
+        Place::Alternative => Err(unsupported(
             provider,
             format!(
                 "a {ctype}/{subtype} alternative cannot be expressed by {provider}'s API, which takes text and HTML only"
@@ -310,11 +328,18 @@ fn walk(
         )),
         Place::Related => match content_id {
             Some(cid) => {
-                let inline = attachment(part, &ctype, &subtype, Some(cid), body.attachments.len());
+                let inline = attachment(
+                    message.raw_message(),
+                    part,
+                    &ctype,
+                    &subtype,
+                    Some(cid),
+                    body.attachments.len(),
+                );
                 body.attachments.push(inline);
                 Ok(())
             }
-            None => Err(invalid(
+            None => Err(unsupported(
                 provider,
                 format!(
                     "a {ctype}/{subtype} part of multipart/related has no Content-ID, so {provider}'s API cannot refer to it"
@@ -324,7 +349,7 @@ fn walk(
         Place::Attached
             if (is_text || is_html) && content_id.is_none() && part.attachment_name().is_none() =>
         {
-            Err(invalid(
+            Err(unsupported(
                 provider,
                 format!(
                     "a second {ctype}/{subtype} body (an inline part after the first of multipart/mixed) cannot be expressed by {provider}'s API"
@@ -336,6 +361,7 @@ fn walk(
         Place::Body | Place::Attached => {
             let inline = content_id.filter(|_| disposition.as_deref() == Some("inline"));
             body.attachments.push(attachment(
+                message.raw_message(),
                 part,
                 &ctype,
                 &subtype,
@@ -388,7 +414,7 @@ fn walk_multipart(
             }
             Ok(())
         }
-        _ => Err(invalid(
+        _ => Err(unsupported(
             provider,
             format!(
                 "a multipart/{subtype} part cannot be expressed by {provider}'s JSON API; send it through a transport that takes MIME (Mailgun, SES, SMTP)"
@@ -405,7 +431,7 @@ fn set_once(
     kind: &str,
 ) -> Result<(), SendError> {
     if slot.is_some() {
-        return Err(invalid(
+        return Err(unsupported(
             provider,
             format!("the message has more than one {kind} body; {provider}'s API takes one"),
         ));
@@ -425,19 +451,21 @@ fn content_type(part: &MessagePart<'_>) -> (String, String) {
     }
 }
 
-/// A part as an attachment: its decoded content, its file name (or a made-up one: every API
-/// requires one), and its type. Text has been decoded to UTF-8 on reading, so its type says
-/// so.
+/// A part as an attachment: its bytes (see [`transfer_decoded`]), its file name (or a
+/// made-up one: every API requires one), and its bare `type/subtype` (SendGrid refuses a type
+/// with parameters).
 fn attachment(
+    raw: &[u8],
     part: &MessagePart<'_>,
     ctype: &str,
     subtype: &str,
     content_id: Option<String>,
     index: usize,
 ) -> Attachment {
-    let content_type = match &part.body {
-        PartType::Text(_) | PartType::Html(_) => format!("{ctype}/{subtype}; charset=utf-8"),
-        _ => format!("{ctype}/{subtype}"),
+    let content_type = if subtype.is_empty() {
+        "application/octet-stream".to_owned()
+    } else {
+        format!("{ctype}/{subtype}")
     };
     let filename = match part.attachment_name() {
         Some(name) if !name.is_empty() => name.to_owned(),
@@ -447,9 +475,30 @@ fn attachment(
     Attachment {
         filename,
         content_type,
-        content: part.contents().to_vec(),
+        content: transfer_decoded(raw, part),
         content_id,
     }
+}
+
+/// A part's bytes as its sender wrote them: the body in the formatted message `raw` with its
+/// transfer encoding undone. mail-parser decodes `text/*` parts into UTF-8 text (a Latin-1
+/// byte becomes U+FFFD, a charset is transcoded), so for those the bytes are read again from
+/// `raw`; other parts mail-parser keeps as bytes already.
+fn transfer_decoded(raw: &[u8], part: &MessagePart<'_>) -> Vec<u8> {
+    if !matches!(part.body, PartType::Text(_) | PartType::Html(_)) {
+        return part.contents().to_vec();
+    }
+    let start = part.raw_body_offset() as usize;
+    let end = part.raw_end_offset() as usize;
+    let Some(body) = raw.get(start..end) else {
+        return part.contents().to_vec();
+    };
+    let decoded = match part.encoding {
+        Encoding::Base64 => base64_decode(body),
+        Encoding::QuotedPrintable => quoted_printable_decode(body),
+        Encoding::None => Some(body.to_vec()),
+    };
+    decoded.unwrap_or_else(|| part.contents().to_vec())
 }
 
 /// The headers not carried by the APIs' own fields, in order, each value unfolded.
@@ -563,7 +612,7 @@ mod tests {
     }
 
     #[test]
-    fn a_header_recipient_outside_the_envelope_is_invalid() {
+    fn a_header_recipient_outside_the_envelope_is_unsupported() {
         let envelope = Envelope::new(
             Some("app@example.com".parse().expect("an address")),
             vec!["bob@example.org".parse().expect("an address")],
@@ -575,14 +624,14 @@ mod tests {
             .body("hi".to_owned())
             .expect("a message");
         let error = read(&message).expect_err("carol is not in the envelope");
-        assert_eq!(error.category(), Category::InvalidMessage);
-        assert_eq!(error.code(), "test.message");
+        assert_eq!(error.category(), Category::Unsupported);
+        assert_eq!(error.code(), "test.unsupported");
         assert!(error.to_string().contains("Cc header"));
         assert!(!error.to_string().contains("carol@"));
     }
 
     #[test]
-    fn a_signed_message_is_invalid_naming_the_structure() {
+    fn a_signed_message_is_unsupported_naming_the_structure() {
         let raw = b"From: a@example.com\r\nTo: b@example.org\r\nSubject: s\r\nMIME-Version: 1.0\r\n\
 Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-signature\"\r\n\r\n\
 --XX\r\nContent-Type: text/plain\r\n\r\nhello\r\n--XX\r\nContent-Type: application/pgp-signature\r\n\r\nsig\r\n--XX--\r\n";
@@ -590,12 +639,12 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
             .expect("an envelope");
         let error =
             ReadMessage::read("test", &envelope, raw).expect_err("signed is not expressible");
-        assert_eq!(error.category(), Category::InvalidMessage);
+        assert_eq!(error.category(), Category::Unsupported);
         assert!(error.message().contains("multipart/signed"), "{error}");
     }
 
     #[test]
-    fn a_calendar_alternative_is_invalid_naming_it() {
+    fn a_calendar_alternative_is_unsupported_naming_it() {
         let body = MultiPart::alternative()
             .singlepart(SinglePart::plain("invite".to_owned()))
             .singlepart(
@@ -605,6 +654,7 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
             );
         let message = builder().multipart(body).expect("a message");
         let error = read(&message).expect_err("calendar is not expressible");
+        assert_eq!(error.category(), Category::Unsupported);
         assert!(error.message().contains("text/calendar"), "{error}");
     }
 
@@ -617,10 +667,137 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
             .expect("an envelope");
         let read = ReadMessage::read("test", &envelope, raw).expect("readable");
         let error = read.headers_by_name("test").expect_err("X-Tag twice");
+        assert_eq!(error.category(), Category::Unsupported);
         assert!(
             error.message().to_ascii_lowercase().contains("x-tag"),
             "{error}"
         );
+    }
+
+    fn raw_read(raw: &[u8]) -> Result<ReadMessage, SendError> {
+        let envelope = Envelope::new(None, vec!["b@example.org".parse().expect("an address")])
+            .expect("an envelope");
+        ReadMessage::read("test", &envelope, raw)
+    }
+
+    /// A mixed message whose second part is `part` (its headers and body).
+    fn mixed_with(part: &str) -> Vec<u8> {
+        format!(
+            "From: a@example.com\r\nTo: b@example.org\r\nMIME-Version: 1.0\r\n\
+Content-Type: multipart/mixed; boundary=\"B\"\r\n\r\n--B\r\nContent-Type: text/plain\r\n\r\nbody\r\n\
+--B\r\n{part}\r\n--B--\r\n"
+        )
+        .into_bytes()
+    }
+
+    #[test]
+    fn a_text_attachment_keeps_its_bytes_in_every_transfer_encoding() {
+        let cases = [
+            ("quoted-printable", "caf=E9;prix\r\nx=\r\ny"),
+            ("base64", "Y2Fm6Ttwcml4DQp4eQ=="),
+            ("8bit", "caf\u{e9};prix\r\nxy"),
+        ];
+        for (encoding, body) in cases {
+            let mut raw = mixed_with(&format!(
+                "Content-Type: text/csv; charset=iso-8859-1\r\nContent-Transfer-Encoding: {encoding}\r\n\
+Content-Disposition: attachment; filename=\"p.csv\"\r\n\r\n{body}"
+            ));
+            if encoding == "8bit" {
+                // The é as one Latin-1 byte, not UTF-8.
+                let text = String::from_utf8(raw).expect("utf-8");
+                raw = text.replace('\u{e9}', "\u{1}").into_bytes();
+                let at = raw.iter().position(|&b| b == 1).expect("the marker");
+                raw[at] = 0xe9;
+            }
+            let read = raw_read(&raw).expect("readable");
+            let csv = &read.attachments[0];
+            assert_eq!(csv.content, b"caf\xe9;prix\r\nxy", "{encoding}");
+            assert_eq!(csv.content_type, "text/csv", "{encoding}");
+            assert_eq!(csv.filename, "p.csv");
+        }
+    }
+
+    #[test]
+    fn a_second_body_and_a_related_part_without_content_id_are_unsupported() {
+        let second = raw_read(&mixed_with("Content-Type: text/plain\r\n\r\nagain"))
+            .expect_err("a second body");
+        assert_eq!(second.category(), Category::Unsupported);
+        let related = b"From: a@example.com\r\nTo: b@example.org\r\nMIME-Version: 1.0\r\n\
+Content-Type: multipart/related; boundary=\"R\"\r\n\r\n--R\r\nContent-Type: text/html\r\n\r\n<p>hi</p>\r\n\
+--R\r\nContent-Type: image/png\r\n\r\npng\r\n--R--\r\n";
+        let error = raw_read(related).expect_err("no Content-ID");
+        assert_eq!(error.category(), Category::Unsupported);
+        assert_eq!(error.code(), "test.unsupported");
+    }
+
+    #[test]
+    fn a_named_text_part_after_the_first_is_an_attachment_not_a_second_body() {
+        let read = raw_read(&mixed_with(
+            "Content-Type: text/plain; name=\"notes.txt\"\r\n\r\nnotes",
+        ))
+        .expect("a named part is an attachment");
+        assert_eq!(read.attachments.len(), 1);
+        assert_eq!(read.attachments[0].filename, "notes.txt");
+        assert_eq!(read.attachments[0].content, b"notes");
+        let inline = raw_read(&mixed_with(
+            "Content-Type: text/html\r\nContent-ID: <part1>\r\nContent-Disposition: inline\r\n\r\n<p>x</p>",
+        ))
+        .expect("an HTML part with a Content-ID is inline");
+        assert_eq!(inline.attachments[0].content_id.as_deref(), Some("part1"));
+    }
+
+    #[test]
+    fn a_mixed_part_inside_a_mixed_message_gives_its_attachments() {
+        let read = raw_read(&mixed_with(
+            "Content-Type: multipart/mixed; boundary=\"N\"\r\n\r\n--N\r\n\
+Content-Type: application/pdf\r\nContent-Disposition: attachment; filename=\"a.pdf\"\r\n\r\npdf\r\n--N--",
+        ))
+        .expect("a nested mixed part is read");
+        assert_eq!(read.attachments.len(), 1);
+        assert_eq!(read.attachments[0].filename, "a.pdf");
+    }
+
+    #[test]
+    fn an_attachment_without_a_file_name_gets_one() {
+        let name_of = |part: &str| {
+            raw_read(&mixed_with(part)).expect("readable").attachments[0]
+                .filename
+                .clone()
+        };
+        assert_eq!(
+            name_of(
+                "Content-Type: application/octet-stream\r\nContent-Disposition: attachment\r\n\r\nbin"
+            ),
+            "attachment-1"
+        );
+        assert_eq!(
+            name_of(
+                "Content-Type: application/octet-stream\r\nContent-Disposition: attachment; filename=\"\"\r\n\r\nbin"
+            ),
+            "attachment-1"
+        );
+        assert_eq!(
+            name_of(
+                "Content-Type: message/rfc822\r\nContent-Disposition: attachment\r\n\r\nFrom: x@example.com\r\n\r\nhi"
+            ),
+            "message-1.eml"
+        );
+    }
+
+    #[test]
+    fn a_message_without_a_to_recipient_is_unsupported() {
+        let raw = b"From: a@example.com\r\nBcc: b@example.org\r\n\r\nhi\r\n";
+        let read = raw_read(raw).expect("readable");
+        let error = read.require_to("test").expect_err("Bcc only");
+        assert_eq!(error.category(), Category::Unsupported);
+    }
+
+    #[test]
+    fn a_message_without_headers_is_invalid() {
+        let envelope = Envelope::new(None, vec!["b@example.org".parse().expect("an address")])
+            .expect("an envelope");
+        let error = ReadMessage::read("test", &envelope, b"").expect_err("nothing to read");
+        assert_eq!(error.category(), Category::InvalidMessage);
     }
 
     #[test]
@@ -639,5 +816,10 @@ Content-Type: multipart/signed; boundary=\"XX\"; protocol=\"application/pgp-sign
             mailbox.to_header_form(),
             "\"Doe, \\\"J\\\"\" <j@example.org>"
         );
+        let unnamed = Mailbox {
+            name: Some(String::new()),
+            address: "j@example.org".to_owned(),
+        };
+        assert_eq!(unnamed.to_header_form(), "j@example.org");
     }
 }

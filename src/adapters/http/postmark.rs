@@ -2,38 +2,32 @@
 //! JSON fields, its errors sorted into [`Category`](crate::Category)s by
 //! [`classify_postmark_error`].
 
-use std::fmt;
-use std::time::Duration;
-
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
+use super::frame::{Call, Provider, Sent};
 use super::mime::ReadMessage;
-use super::{HttpClient, base_url};
-use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use super::{ApiKey, HeaderMap, HttpTransport};
+use crate::{Envelope, SendError};
 
 mod classify;
 
 pub use classify::classify_postmark_error;
-
-/// The name of the provider in codes (`postmark.422.406`) and logs.
-const PROVIDER: &str = "postmark";
-
-/// Postmark's API.
-const DEFAULT_ENDPOINT: &str = "https://api.postmarkapp.com";
 
 /// Sends through Postmark's `/email` API with a server token.
 ///
 /// - **The message** is read back from its MIME form into Postmark's fields: From, To, Cc,
 ///   Bcc, ReplyTo, Subject, TextBody, HtmlBody, Attachments (inline ones with their
 ///   `ContentID`) and Headers (every other header, Message-ID included). A structure
-///   Postmark cannot express (a signed message, a calendar alternative) is InvalidMessage,
-///   naming it; see [`adapters::http`](crate::adapters::http) for the rules.
+///   Postmark cannot express (a signed message, a calendar alternative, Bcc recipients only)
+///   is [`Unsupported`](crate::Category::Unsupported), naming it, so a pool fails over to a
+///   transport that takes MIME. Attachments keep their bytes and a bare `type/subtype`.
 /// - **Recipients**: the envelope decides. Envelope recipients in neither To nor Cc go as
 ///   Bcc, so Bcc is kept. The envelope's sender is not sent: Postmark sets the bounce
 ///   address (Return-Path) of its own for the sender's domain.
-/// - **Receipts** carry Postmark's `MessageID`.
+/// - **Receipts** carry Postmark's `MessageID`; a 2xx without `MessageID` and `ErrorCode` 0
+///   is not Postmark's answer (see [`HttpTransport`]).
 /// - **Errors** are sorted by [`classify_postmark_error`]; a request that got no answer as
 ///   the [module table](crate::adapters::http) says. Postmark takes no idempotency key: a
 ///   maybe-delivered error, sent again, may deliver twice.
@@ -63,17 +57,20 @@ const DEFAULT_ENDPOINT: &str = "https://api.postmarkapp.com";
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct PostmarkTransport {
-    server_token: String,
-    endpoint: String,
-    client: HttpClient,
-    name: String,
+pub type PostmarkTransport = HttpTransport<Postmark>;
+
+/// Postmark's part of a [`PostmarkTransport`]: the message stream it sends through.
+///
+/// ```
+/// let postmark = mail_breaker::PostmarkTransport::new("token").with_message_stream("broadcast");
+/// assert!(format!("{postmark:?}").contains("broadcast"));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Postmark {
     message_stream: Option<String>,
-    concurrency: usize,
 }
 
-impl PostmarkTransport {
+impl HttpTransport<Postmark> {
     /// A transport sending with the server token `server_token` to Postmark's API, with a
     /// 30-second timeout, named `postmark`.
     ///
@@ -82,50 +79,11 @@ impl PostmarkTransport {
     /// # let _ = postmark;
     /// ```
     pub fn new(server_token: impl Into<String>) -> Self {
-        PostmarkTransport {
-            server_token: server_token.into(),
-            endpoint: DEFAULT_ENDPOINT.to_owned(),
-            client: HttpClient::new(super::DEFAULT_TIMEOUT),
-            name: PROVIDER.to_owned(),
-            message_stream: None,
-            concurrency: 10,
-        }
-    }
-
-    /// Sends to another base URL than `https://api.postmarkapp.com` (a test server, a proxy).
-    ///
-    /// ```
-    /// let postmark = mail_breaker::PostmarkTransport::new("token").with_endpoint("http://127.0.0.1:8080");
-    /// # let _ = postmark;
-    /// ```
-    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
-        self.endpoint = base_url(url);
-        self
-    }
-
-    /// Bounds each request (default 30 s); connecting gets half of it (see the
-    /// [module table](crate::adapters::http)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let postmark = mail_breaker::PostmarkTransport::new("token").with_timeout(Duration::from_secs(5));
-    /// # let _ = postmark;
-    /// ```
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.client = HttpClient::new(timeout);
-        self
-    }
-
-    /// Sets the name used in logs, receipts and breaker keys (default `postmark`).
-    ///
-    /// ```
-    /// use mail_breaker::Transport;
-    /// let postmark = mail_breaker::PostmarkTransport::new("token").with_name("postmark-eu");
-    /// assert_eq!(postmark.name(), "postmark-eu");
-    /// ```
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
+        HttpTransport::with_provider(
+            Postmark::default(),
+            ApiKey::new(server_token),
+            Postmark::NAME.to_owned(),
+        )
     }
 
     /// Sends every message through this message stream (default: the server's
@@ -136,51 +94,61 @@ impl PostmarkTransport {
     /// # let _ = postmark;
     /// ```
     pub fn with_message_stream(mut self, stream: impl Into<String>) -> Self {
-        self.message_stream = Some(stream.into());
+        self.provider_mut().message_stream = Some(stream.into());
         self
     }
+}
 
-    /// How many messages `send_many` sends at once (default 10; at least 1).
-    ///
-    /// ```
-    /// let postmark = mail_breaker::PostmarkTransport::new("token").with_concurrency(4);
-    /// # let _ = postmark;
-    /// ```
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
-        self
+impl Provider for Postmark {
+    const NAME: &'static str = "postmark";
+    const TYPE_NAME: &'static str = "PostmarkTransport";
+    const DEFAULT_ENDPOINT: &'static str = "https://api.postmarkapp.com";
+
+    fn authorize(&self, request: reqwest::RequestBuilder, key: &ApiKey) -> reqwest::RequestBuilder {
+        request
+            .header("X-Postmark-Server-Token", key.expose())
+            .header(reqwest::header::ACCEPT, "application/json")
     }
 
-    /// The bound on each request.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let postmark = mail_breaker::PostmarkTransport::new("token");
-    /// assert_eq!(postmark.timeout(), Duration::from_secs(30));
-    /// ```
-    pub fn timeout(&self) -> Duration {
-        self.client.timeout()
+    fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError> {
+        let message = ReadMessage::read(Self::NAME, envelope, raw)?;
+        message.require_to(Self::NAME)?;
+        Call::post_json("/email", &email(&message, self.message_stream.as_deref()))
     }
 
-    fn request(
+    fn sent(&self, answer: &super::client::Answer) -> Sent {
+        match answer.json::<Reply>() {
+            Some(Reply {
+                error_code: Some(0),
+                message_id: Some(id),
+            }) => Sent::Delivered(Some(id)),
+            Some(Reply {
+                error_code: Some(code),
+                ..
+            }) if code != 0 => Sent::Refused,
+            _ => Sent::Foreign,
+        }
+    }
+
+    fn classify(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> SendError {
+        classify_postmark_error(status, headers, body)
+    }
+
+    /// Reads the server's settings (`GET /server`), which any valid server token may.
+    fn verify_call(&self) -> Call {
+        Call::new(reqwest::Method::GET, "/server")
+    }
+
+    fn verified(
         &self,
-        method: reqwest::Method,
-        path: &str,
-    ) -> Result<reqwest::RequestBuilder, SendError> {
-        Ok(self
-            .client
-            .request(PROVIDER, method, &format!("{}{path}", self.endpoint))?
-            .header("X-Postmark-Server-Token", &self.server_token)
-            .header(reqwest::header::ACCEPT, "application/json"))
-    }
-
-    /// The answer as a [`SendError`], classified without the token in sight.
-    fn failure(&self, answer: &super::Answer) -> SendError {
-        classify_postmark_error(
-            answer.status,
-            &answer.headers,
-            &answer.body_without(&self.server_token),
-        )
+        answer: &super::client::Answer,
+        failure: impl FnOnce() -> SendError,
+    ) -> Result<(), SendError> {
+        if answer.is_success() {
+            Ok(())
+        } else {
+            Err(failure())
+        }
     }
 }
 
@@ -229,13 +197,13 @@ struct Attachment<'a> {
     content_id: Option<String>,
 }
 
-/// What `/email` answers on success.
+/// What `/email` answers: on success `ErrorCode` 0 and the `MessageID`.
 #[derive(Debug, Deserialize)]
-struct Sent {
+struct Reply {
     #[serde(rename = "MessageID")]
     message_id: Option<String>,
-    #[serde(rename = "ErrorCode", default)]
-    error_code: i64,
+    #[serde(rename = "ErrorCode")]
+    error_code: Option<i64>,
 }
 
 /// Comma-separated addresses in header form, or `None` for none.
@@ -273,63 +241,5 @@ fn email<'a>(message: &'a ReadMessage, message_stream: Option<&'a str>) -> Email
             })
             .collect(),
         message_stream,
-    }
-}
-
-#[async_trait::async_trait]
-impl Transport for PostmarkTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let message = ReadMessage::read(PROVIDER, envelope, raw).map_err(tag)?;
-        message.require_to(PROVIDER).map_err(tag)?;
-        let body = email(&message, self.message_stream.as_deref());
-        let request = self
-            .request(reqwest::Method::POST, "/email")
-            .map_err(tag)?
-            .json(&body);
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        let sent: Option<Sent> = answer.json();
-        if !answer.is_success() || sent.as_ref().is_some_and(|sent| sent.error_code != 0) {
-            return Err(tag(self.failure(&answer)));
-        }
-        let receipt = Receipt::new(&self.name);
-        match sent.and_then(|sent| sent.message_id) {
-            Some(id) => Ok(receipt.with_message_id(id)),
-            None => {
-                tracing::warn!(transport = %self.name, "Postmark took the message but its answer had no MessageID");
-                Ok(receipt)
-            }
-        }
-    }
-
-    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        crate::transport::send_concurrently(self, messages, self.concurrency)
-    }
-
-    async fn verify(&self) -> Result<(), SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let request = self.request(reqwest::Method::GET, "/server").map_err(tag)?;
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        if answer.is_success() {
-            Ok(())
-        } else {
-            Err(tag(self.failure(&answer)))
-        }
-    }
-}
-
-impl fmt::Debug for PostmarkTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("PostmarkTransport")
-            .field("name", &self.name)
-            .field("endpoint", &self.endpoint)
-            .field("timeout", &self.client.timeout())
-            .field("message_stream", &self.message_stream)
-            .field("concurrency", &self.concurrency)
-            .finish_non_exhaustive()
     }
 }

@@ -3,26 +3,20 @@
 //! [`classify_resend_error`].
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
+use super::client::Answer;
+use super::frame::{Call, Provider, Sent};
 use super::mime::{Mailbox, ReadMessage};
-use super::{HttpClient, base_url};
-use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use super::{ApiKey, HeaderMap, HttpTransport};
+use crate::{Envelope, SendError};
 
 mod classify;
 
 pub use classify::classify_resend_error;
-
-/// The name of the provider in codes (`resend.rate_limit_exceeded`) and logs.
-const PROVIDER: &str = "resend";
-
-/// Resend's API.
-const DEFAULT_ENDPOINT: &str = "https://api.resend.com";
 
 /// The longest idempotency key Resend takes.
 const MAX_KEY_CHARS: usize = 256;
@@ -33,12 +27,15 @@ const MAX_KEY_CHARS: usize = 256;
 ///   bcc, reply_to, subject, text, html, attachments (inline ones with their `content_id`)
 ///   and headers (every other header, Message-ID included). A structure Resend cannot
 ///   express (a signed message, a calendar alternative, a header given twice, which its
-///   `headers` object cannot hold) is InvalidMessage, naming it; see
-///   [`adapters::http`](crate::adapters::http) for the rules.
+///   `headers` object cannot hold, Bcc recipients only) is
+///   [`Unsupported`](crate::Category::Unsupported), naming it, so a pool fails over to a
+///   transport that takes MIME. Attachments keep their bytes, with a bare `type/subtype` as
+///   `content_type` (the key of Resend's API reference; `contentType` is its Node SDK's).
 /// - **Recipients**: the envelope decides. Envelope recipients in neither To nor Cc go as
 ///   bcc, so Bcc is kept. The envelope's sender is not sent: Resend sets its own bounce
 ///   address for the sender's domain.
-/// - **Receipts** carry Resend's email `id`.
+/// - **Receipts** carry Resend's email `id`; a 2xx without one is not Resend's answer (see
+///   [`HttpTransport`]).
 /// - **Errors** are sorted by [`classify_resend_error`]; a request that got no answer as
 ///   the [module table](crate::adapters::http) says.
 /// - **verify** lists the account's domains (`GET /domains`). A bad key is Authentication;
@@ -76,16 +73,18 @@ const MAX_KEY_CHARS: usize = 256;
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct ResendTransport {
-    api_key: String,
-    endpoint: String,
-    client: HttpClient,
-    name: String,
-    concurrency: usize,
-}
+pub type ResendTransport = HttpTransport<Resend>;
 
-impl ResendTransport {
+/// Resend's part of a [`ResendTransport`]: nothing to set beyond the shared settings.
+///
+/// ```
+/// let resend = mail_breaker::ResendTransport::new("re_123");
+/// assert!(format!("{resend:?}").contains("Resend"));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct Resend;
+
+impl HttpTransport<Resend> {
     /// A transport sending with `api_key` to Resend's API, with a 30-second timeout, named
     /// `resend`.
     ///
@@ -94,90 +93,56 @@ impl ResendTransport {
     /// # let _ = resend;
     /// ```
     pub fn new(api_key: impl Into<String>) -> Self {
-        ResendTransport {
-            api_key: api_key.into(),
-            endpoint: DEFAULT_ENDPOINT.to_owned(),
-            client: HttpClient::new(super::DEFAULT_TIMEOUT),
-            name: PROVIDER.to_owned(),
-            concurrency: 10,
+        HttpTransport::with_provider(Resend, ApiKey::new(api_key), Resend::NAME.to_owned())
+    }
+}
+
+impl Provider for Resend {
+    const NAME: &'static str = "resend";
+    const TYPE_NAME: &'static str = "ResendTransport";
+    const DEFAULT_ENDPOINT: &'static str = "https://api.resend.com";
+
+    fn authorize(&self, request: reqwest::RequestBuilder, key: &ApiKey) -> reqwest::RequestBuilder {
+        request.bearer_auth(key.expose())
+    }
+
+    fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError> {
+        let message = ReadMessage::read(Self::NAME, envelope, raw)?;
+        message.require_to(Self::NAME)?;
+        let key = idempotency_key(message.message_id.as_deref(), raw);
+        Ok(Call::post_json("/emails", &email(&message)?)?.header("Idempotency-Key", key))
+    }
+
+    fn sent(&self, answer: &Answer) -> Sent {
+        match answer.json::<Reply>() {
+            Some(reply) => Sent::Delivered(Some(reply.id)),
+            None => Sent::Foreign,
         }
     }
 
-    /// Sends to another base URL than `https://api.resend.com` (a test server, a proxy).
-    ///
-    /// ```
-    /// let resend = mail_breaker::ResendTransport::new("re_123").with_endpoint("http://127.0.0.1:8080");
-    /// # let _ = resend;
-    /// ```
-    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
-        self.endpoint = base_url(url);
-        self
+    fn classify(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> SendError {
+        classify_resend_error(status, headers, body)
     }
 
-    /// Bounds each request (default 30 s); connecting gets half of it (see the
-    /// [module table](crate::adapters::http)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let resend = mail_breaker::ResendTransport::new("re_123").with_timeout(Duration::from_secs(5));
-    /// # let _ = resend;
-    /// ```
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.client = HttpClient::new(timeout);
-        self
+    /// Lists the account's domains (`GET /domains`).
+    fn verify_call(&self) -> Call {
+        Call::new(reqwest::Method::GET, "/domains")
     }
 
-    /// Sets the name used in logs, receipts and breaker keys (default `resend`).
-    ///
-    /// ```
-    /// use mail_breaker::Transport;
-    /// let resend = mail_breaker::ResendTransport::new("re_123").with_name("resend-marketing");
-    /// assert_eq!(resend.name(), "resend-marketing");
-    /// ```
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
-    }
-
-    /// How many messages `send_many` sends at once (default 10; at least 1). Resend's
-    /// default rate limit is a few requests a second: keep it near yours.
-    ///
-    /// ```
-    /// let resend = mail_breaker::ResendTransport::new("re_123").with_concurrency(2);
-    /// # let _ = resend;
-    /// ```
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
-        self
-    }
-
-    /// The bound on each request.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert_eq!(mail_breaker::ResendTransport::new("re_123").timeout(), Duration::from_secs(30));
-    /// ```
-    pub fn timeout(&self) -> Duration {
-        self.client.timeout()
-    }
-
-    fn request(
+    /// A key restricted to sending may not list domains, and says so: it is a valid key.
+    fn verified(
         &self,
-        method: reqwest::Method,
-        path: &str,
-    ) -> Result<reqwest::RequestBuilder, SendError> {
-        Ok(self
-            .client
-            .request(PROVIDER, method, &format!("{}{path}", self.endpoint))?
-            .bearer_auth(&self.api_key))
-    }
-
-    fn failure(&self, answer: &super::Answer) -> SendError {
-        classify_resend_error(
-            answer.status,
-            &answer.headers,
-            &answer.body_without(&self.api_key),
-        )
+        answer: &Answer,
+        failure: impl FnOnce() -> SendError,
+    ) -> Result<(), SendError> {
+        if answer.is_success() {
+            return Ok(());
+        }
+        let error = failure();
+        if error.code() == "resend.restricted_api_key" {
+            return Ok(());
+        }
+        Err(error)
     }
 }
 
@@ -214,8 +179,8 @@ struct Attachment<'a> {
 
 /// What `/emails` answers on success.
 #[derive(Debug, Deserialize)]
-struct Sent {
-    id: Option<String>,
+struct Reply {
+    id: String,
 }
 
 fn header_forms(mailboxes: &[Mailbox]) -> Vec<String> {
@@ -223,7 +188,7 @@ fn header_forms(mailboxes: &[Mailbox]) -> Vec<String> {
 }
 
 fn email(message: &ReadMessage) -> Result<Email<'_>, SendError> {
-    let headers = message.headers_by_name(PROVIDER)?;
+    let headers = message.headers_by_name(Resend::NAME)?;
     Ok(Email {
         from: message.from.to_header_form(),
         to: header_forms(&message.to),
@@ -273,70 +238,6 @@ fn fnv1a(bytes: &[u8]) -> u64 {
     bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
         (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
     })
-}
-
-#[async_trait::async_trait]
-impl Transport for ResendTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let message = ReadMessage::read(PROVIDER, envelope, raw).map_err(tag)?;
-        message.require_to(PROVIDER).map_err(tag)?;
-        let body = email(&message).map_err(tag)?;
-        let key = idempotency_key(message.message_id.as_deref(), raw);
-        let request = self
-            .request(reqwest::Method::POST, "/emails")
-            .map_err(tag)?
-            .header("Idempotency-Key", key)
-            .json(&body);
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        if !answer.is_success() {
-            return Err(tag(self.failure(&answer)));
-        }
-        let receipt = Receipt::new(&self.name);
-        match answer.json::<Sent>().and_then(|sent| sent.id) {
-            Some(id) => Ok(receipt.with_message_id(id)),
-            None => {
-                tracing::warn!(transport = %self.name, "Resend took the message but its answer had no id");
-                Ok(receipt)
-            }
-        }
-    }
-
-    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        crate::transport::send_concurrently(self, messages, self.concurrency)
-    }
-
-    async fn verify(&self) -> Result<(), SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let request = self
-            .request(reqwest::Method::GET, "/domains")
-            .map_err(tag)?;
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        if answer.is_success() {
-            return Ok(());
-        }
-        let error = self.failure(&answer);
-        // A sending-only key may not list domains, and says so: it is a valid key.
-        if error.code() == "resend.restricted_api_key" {
-            return Ok(());
-        }
-        Err(tag(error))
-    }
-}
-
-impl fmt::Debug for ResendTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ResendTransport")
-            .field("name", &self.name)
-            .field("endpoint", &self.endpoint)
-            .field("timeout", &self.client.timeout())
-            .field("concurrency", &self.concurrency)
-            .finish_non_exhaustive()
-    }
 }
 
 #[cfg(test)]

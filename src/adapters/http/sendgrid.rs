@@ -3,26 +3,20 @@
 //! [`classify_sendgrid_error`].
 
 use std::collections::BTreeMap;
-use std::fmt;
-use std::time::Duration;
 
 use base64::Engine;
 use base64::engine::general_purpose::STANDARD as BASE64;
 use serde::{Deserialize, Serialize};
 
+use super::client::Answer;
+use super::frame::{Call, Provider, Sent};
 use super::mime::{Mailbox, ReadMessage};
-use super::{HttpClient, base_url};
-use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use super::{ApiKey, HeaderMap, HttpTransport};
+use crate::{Category, Envelope, SendError};
 
 mod classify;
 
 pub use classify::classify_sendgrid_error;
-
-/// The name of the provider in codes (`sendgrid.429`) and logs.
-const PROVIDER: &str = "sendgrid";
-
-/// SendGrid's global API.
-const DEFAULT_ENDPOINT: &str = "https://api.sendgrid.com";
 
 /// SendGrid's API for EU regional subusers.
 const EU_ENDPOINT: &str = "https://api.eu.sendgrid.com";
@@ -37,11 +31,14 @@ const MAIL_SEND_SCOPE: &str = "mail.send";
 ///   first, then HTML, as SendGrid requires), attachments (inline ones with their
 ///   `content_id`) and headers (every other header, Message-ID included). A structure
 ///   SendGrid cannot express (a signed message, a calendar alternative, a header given
-///   twice) is InvalidMessage, naming it; see [`adapters::http`](crate::adapters::http).
+///   twice, Bcc recipients only) is [`Unsupported`](crate::Category::Unsupported), naming it,
+///   so a pool fails over to a transport that takes MIME. Attachments keep their bytes, with
+///   a bare `type/subtype` (SendGrid refuses a type with `;`).
 /// - **Recipients**: the envelope decides, in one personalization. Envelope recipients in
 ///   neither To nor Cc go as bcc, so Bcc is kept. The envelope's sender is not sent:
 ///   SendGrid sets its own bounce address.
-/// - **Receipts** carry SendGrid's `X-Message-Id`.
+/// - **Receipts** carry SendGrid's `X-Message-Id`. SendGrid answers a send with an empty
+///   202; a 2xx with a body is not its answer (see [`HttpTransport`]).
 /// - **Errors** are sorted by [`classify_sendgrid_error`]; a request that got no answer as
 ///   the [module table](crate::adapters::http) says. SendGrid takes no idempotency key: a
 ///   maybe-delivered error, sent again, may deliver twice.
@@ -68,16 +65,19 @@ const MAIL_SEND_SCOPE: &str = "mail.send";
 /// # Ok(())
 /// # }
 /// ```
-#[derive(Clone)]
-pub struct SendGridTransport {
-    api_key: String,
-    endpoint: String,
-    client: HttpClient,
-    name: String,
-    concurrency: usize,
-}
+pub type SendGridTransport = HttpTransport<SendGrid>;
 
-impl SendGridTransport {
+/// SendGrid's part of a [`SendGridTransport`]: nothing to set beyond the shared settings
+/// ([`eu`](HttpTransport::eu) sets the endpoint).
+///
+/// ```
+/// let sendgrid = mail_breaker::SendGridTransport::new("SG.key");
+/// assert!(format!("{sendgrid:?}").contains("SendGrid"));
+/// ```
+#[derive(Debug, Clone, Default)]
+pub struct SendGrid;
+
+impl HttpTransport<SendGrid> {
     /// A transport sending with `api_key` to SendGrid's global API, with a 30-second
     /// timeout, named `sendgrid`.
     ///
@@ -86,13 +86,7 @@ impl SendGridTransport {
     /// # let _ = sendgrid;
     /// ```
     pub fn new(api_key: impl Into<String>) -> Self {
-        SendGridTransport {
-            api_key: api_key.into(),
-            endpoint: DEFAULT_ENDPOINT.to_owned(),
-            client: HttpClient::new(super::DEFAULT_TIMEOUT),
-            name: PROVIDER.to_owned(),
-            concurrency: 10,
-        }
+        HttpTransport::with_provider(SendGrid, ApiKey::new(api_key), SendGrid::NAME.to_owned())
     }
 
     /// Sends to SendGrid's API for EU regional subusers, `https://api.eu.sendgrid.com`.
@@ -104,81 +98,62 @@ impl SendGridTransport {
     pub fn eu(self) -> Self {
         self.with_endpoint(EU_ENDPOINT)
     }
+}
 
-    /// Sends to another base URL than `https://api.sendgrid.com` (a test server, a proxy).
-    ///
-    /// ```
-    /// let sendgrid = mail_breaker::SendGridTransport::new("SG.key").with_endpoint("http://127.0.0.1:8080");
-    /// # let _ = sendgrid;
-    /// ```
-    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
-        self.endpoint = base_url(url);
-        self
+impl Provider for SendGrid {
+    const NAME: &'static str = "sendgrid";
+    const TYPE_NAME: &'static str = "SendGridTransport";
+    const DEFAULT_ENDPOINT: &'static str = "https://api.sendgrid.com";
+
+    fn authorize(&self, request: reqwest::RequestBuilder, key: &ApiKey) -> reqwest::RequestBuilder {
+        request.bearer_auth(key.expose())
     }
 
-    /// Bounds each request (default 30 s); connecting gets half of it (see the
-    /// [module table](crate::adapters::http)).
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// let sendgrid = mail_breaker::SendGridTransport::new("SG.key").with_timeout(Duration::from_secs(5));
-    /// # let _ = sendgrid;
-    /// ```
-    pub fn with_timeout(mut self, timeout: Duration) -> Self {
-        self.client = HttpClient::new(timeout);
-        self
+    fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError> {
+        let message = ReadMessage::read(Self::NAME, envelope, raw)?;
+        message.require_to(Self::NAME)?;
+        Call::post_json("/v3/mail/send", &mail(&message)?)
     }
 
-    /// Sets the name used in logs, receipts and breaker keys (default `sendgrid`).
-    ///
-    /// ```
-    /// use mail_breaker::Transport;
-    /// let sendgrid = mail_breaker::SendGridTransport::new("SG.key").with_name("sendgrid-eu");
-    /// assert_eq!(sendgrid.name(), "sendgrid-eu");
-    /// ```
-    pub fn with_name(mut self, name: impl Into<String>) -> Self {
-        self.name = name.into();
-        self
+    /// SendGrid's answer to a send is an empty body, the id in `X-Message-Id`.
+    fn sent(&self, answer: &Answer) -> Sent {
+        if !answer.body.trim_ascii().is_empty() {
+            return Sent::Foreign;
+        }
+        Sent::Delivered(answer.header("x-message-id").map(str::to_owned))
     }
 
-    /// How many messages `send_many` sends at once (default 10; at least 1).
-    ///
-    /// ```
-    /// let sendgrid = mail_breaker::SendGridTransport::new("SG.key").with_concurrency(4);
-    /// # let _ = sendgrid;
-    /// ```
-    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
-        self.concurrency = concurrency.max(1);
-        self
+    fn classify(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> SendError {
+        classify_sendgrid_error(status, headers, body)
     }
 
-    /// The bound on each request.
-    ///
-    /// ```
-    /// # use std::time::Duration;
-    /// assert_eq!(mail_breaker::SendGridTransport::new("SG.key").timeout(), Duration::from_secs(30));
-    /// ```
-    pub fn timeout(&self) -> Duration {
-        self.client.timeout()
+    /// Lists the key's scopes (`GET /v3/scopes`), which any key may.
+    fn verify_call(&self) -> Call {
+        Call::new(reqwest::Method::GET, "/v3/scopes")
     }
 
-    fn request(
+    /// A key without the `mail.send` scope is Authentication (`sendgrid.scope`).
+    fn verified(
         &self,
-        method: reqwest::Method,
-        path: &str,
-    ) -> Result<reqwest::RequestBuilder, SendError> {
-        Ok(self
-            .client
-            .request(PROVIDER, method, &format!("{}{path}", self.endpoint))?
-            .bearer_auth(&self.api_key))
-    }
-
-    fn failure(&self, answer: &super::Answer) -> SendError {
-        classify_sendgrid_error(
-            answer.status,
-            &answer.headers,
-            &answer.body_without(&self.api_key),
-        )
+        answer: &Answer,
+        failure: impl FnOnce() -> SendError,
+    ) -> Result<(), SendError> {
+        if !answer.is_success() {
+            return Err(failure());
+        }
+        let scopes = answer
+            .json::<Scopes>()
+            .map(|s| s.scopes)
+            .unwrap_or_default();
+        if scopes.iter().any(|scope| scope == MAIL_SEND_SCOPE) {
+            Ok(())
+        } else {
+            Err(SendError::fixed(
+                Category::Authentication,
+                "sendgrid.scope",
+                "the API key lacks the mail.send scope",
+            ))
+        }
     }
 }
 
@@ -253,7 +228,7 @@ fn addresses(mailboxes: &[Mailbox]) -> Vec<Address<'_>> {
 }
 
 fn mail(message: &ReadMessage) -> Result<Mail<'_>, SendError> {
-    let headers = message.headers_by_name(PROVIDER)?;
+    let headers = message.headers_by_name(SendGrid::NAME)?;
     // SendGrid wants text/plain before text/html.
     let content = [
         ("text/plain", message.text.as_deref()),
@@ -300,73 +275,4 @@ fn mail(message: &ReadMessage) -> Result<Mail<'_>, SendError> {
             .collect(),
         headers,
     })
-}
-
-#[async_trait::async_trait]
-impl Transport for SendGridTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let message = ReadMessage::read(PROVIDER, envelope, raw).map_err(tag)?;
-        message.require_to(PROVIDER).map_err(tag)?;
-        let body = mail(&message).map_err(tag)?;
-        let request = self
-            .request(reqwest::Method::POST, "/v3/mail/send")
-            .map_err(tag)?
-            .json(&body);
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        if !answer.is_success() {
-            return Err(tag(self.failure(&answer)));
-        }
-        let receipt = Receipt::new(&self.name);
-        match answer.header("x-message-id") {
-            Some(id) => Ok(receipt.with_message_id(id)),
-            None => {
-                tracing::warn!(transport = %self.name, "SendGrid took the message but sent no X-Message-Id");
-                Ok(receipt)
-            }
-        }
-    }
-
-    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        crate::transport::send_concurrently(self, messages, self.concurrency)
-    }
-
-    async fn verify(&self) -> Result<(), SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let request = self
-            .request(reqwest::Method::GET, "/v3/scopes")
-            .map_err(tag)?;
-        let answer = self.client.send(PROVIDER, request).await.map_err(tag)?;
-        if !answer.is_success() {
-            return Err(tag(self.failure(&answer)));
-        }
-        let scopes = answer
-            .json::<Scopes>()
-            .map(|s| s.scopes)
-            .unwrap_or_default();
-        if scopes.iter().any(|scope| scope == MAIL_SEND_SCOPE) {
-            Ok(())
-        } else {
-            Err(tag(SendError::new(
-                Category::Authentication,
-                "sendgrid.scope",
-                "the API key lacks the mail.send scope",
-            )))
-        }
-    }
-}
-
-impl fmt::Debug for SendGridTransport {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("SendGridTransport")
-            .field("name", &self.name)
-            .field("endpoint", &self.endpoint)
-            .field("timeout", &self.client.timeout())
-            .field("concurrency", &self.concurrency)
-            .finish_non_exhaustive()
-    }
 }

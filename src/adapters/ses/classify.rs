@@ -5,11 +5,9 @@ use std::time::Duration;
 use aws_sdk_sesv2::config::http::HttpResponse;
 use aws_sdk_sesv2::error::{DisplayErrorContext, ProvideErrorMetadata, SdkError};
 
+use crate::adapters::answer::safe_message;
 use crate::receipt::SourceText;
 use crate::{Category, SendError};
-
-/// The longest service message kept in a [`SendError`]; SES messages are a sentence or two.
-const MAX_MESSAGE_CHARS: usize = 300;
 
 /// Sorts an error of an SES v2 call (`SendEmail`, `GetAccount`, any other) into a
 /// [`Category`], with the code `ses.<ErrorCode>` for a service error that names its code
@@ -21,20 +19,27 @@ const MAX_MESSAGE_CHARS: usize = 300;
 ///
 /// | what happened | category |
 /// |---|---|
-/// | `TooManyRequestsException`, `Throttling`, `ThrottlingException`, `LimitExceededException` (daily quota), HTTP 429 | RateLimited |
+/// | `TooManyRequestsException`, `Throttling`, `ThrottlingException`, HTTP 429 | RateLimited |
 /// | `ServiceUnavailable`, `ServiceUnavailableException`, HTTP 503 | ServiceUnavailable |
 /// | `InternalFailure`, `InternalServerError`, other HTTP 5xx | ServerError |
-/// | `MessageRejected`, `MailFromDomainNotVerifiedException`, a message saying "not verified" | Rejected |
+/// | `MessageRejected` | Rejected |
+/// | `MailFromDomainNotVerifiedException`, `FromEmailAddressNotVerifiedException`; any code but an authentication or rate one with a message saying "not verified" ("Email address is not verified"): the sender identity, which fails every message | Configuration |
+/// | `LimitExceededException` ("there are too many instances of the specified resource type": an account limit, not a send rate) | Configuration |
 /// | HTTP 401 and 403, signature and credential codes (`SignatureDoesNotMatch`, `AccessDenied`, `UnrecognizedClientException`, `ExpiredToken`, ...) | Authentication |
 /// | `AccountSuspendedException`, `SendingPausedException`, `NotFoundException` (a configuration set or template that does not exist), other HTTP 4xx (a wrong endpoint) | Configuration |
 /// | `BadRequestException`, `ValidationException`, other HTTP 400, HTTP 413 | InvalidMessage |
-/// | operation or attempt timeout, a connect or read timeout | Timeout |
-/// | connection refused, reset or dropped, DNS, TLS; a response cut off | Network |
+/// | operation or attempt timeout, a read timeout (**maybe delivered**); a connect timeout | Timeout |
+/// | a connection dropped after the request went out, a 2xx whose body was cut off (**maybe delivered**); connection refused, DNS, TLS | Network |
 /// | a request that could not be built or dispatched (no region, no credentials) | Configuration |
 ///
 /// A `Retry-After` header, in seconds or as an HTTP-date, becomes [`SendError::retry_after`],
 /// whatever the category, capped at [`MAX_PROVIDER_WAIT`](crate::MAX_PROVIDER_WAIT) (a day). Account suspension is Configuration so that a pool fails over on it while a
 /// breaker does not count it: the provider is up, this account cannot use it.
+///
+/// **Maybe delivered** ([`SendError::is_maybe_delivered`]) marks a request that went out and
+/// got no answer: SES may have taken the message. An operation timeout is marked too, since
+/// the SDK does not say whether it struck before the request went out; a failure to connect
+/// (the hyper client's `Connect` error: refused, DNS, TLS, connect timeout) is not.
 ///
 /// The error's message is the service's message, addresses masked and cut at 300 characters
 /// (authentication messages at their first sentence, since signature errors can echo the
@@ -68,28 +73,44 @@ where
         SdkError::TimeoutError(_) => SendError::new(
             Category::Timeout,
             "ses.timeout",
-            "SES did not answer in time (operation or attempt timeout)",
+            "SES did not answer in time (operation or attempt timeout); it may have taken the message",
         )
+        .maybe_delivered()
         .with_source(source_text(error)),
         SdkError::DispatchFailure(failure) => {
-            let sorted = if failure.is_timeout() {
-                SendError::new(
-                    Category::Timeout,
-                    "ses.timeout",
-                    "SES did not answer in time (connect or read timeout)",
-                )
-            } else if failure.is_user() {
+            let connecting = is_connect_failure(&DisplayErrorContext(error).to_string());
+            let sorted = if failure.is_user() {
                 SendError::new(
                     Category::Configuration,
                     "ses.client",
                     "the request could not be dispatched as configured",
                 )
+            } else if failure.is_timeout() && connecting {
+                SendError::new(
+                    Category::Timeout,
+                    "ses.timeout",
+                    "no connection to SES in time (connect timeout)",
+                )
+            } else if failure.is_timeout() {
+                SendError::new(
+                    Category::Timeout,
+                    "ses.timeout",
+                    "SES did not answer in time (read timeout); it may have taken the message",
+                )
+                .maybe_delivered()
+            } else if connecting {
+                SendError::new(
+                    Category::Network,
+                    "ses.network",
+                    "the connection to SES could not be made",
+                )
             } else {
                 SendError::new(
                     Category::Network,
                     "ses.network",
-                    "the connection to SES failed or was dropped",
+                    "the connection to SES dropped before it answered; it may have taken the message",
                 )
+                .maybe_delivered()
             };
             sorted.with_source(source_text(error))
         }
@@ -99,12 +120,13 @@ where
             let sorted = if status >= 400 {
                 from_response(None, None, Some(status), response)
             } else {
-                // A success status with a body cut off or unreadable: the connection failed.
+                // A success status with a body cut off or unreadable: SES may have taken it.
                 SendError::new(
                     Category::Network,
                     "ses.response",
-                    "the response from SES was cut off or unreadable",
+                    "the response from SES was cut off or unreadable; it may have taken the message",
                 )
+                .maybe_delivered()
             };
             sorted.with_source(source_text(error))
         }
@@ -150,10 +172,15 @@ fn from_response(
 /// The table of [`classify_ses_error`]: the code decides first, then the HTTP status.
 fn category_of(code: Option<&str>, status: Option<u16>, message: &str) -> Category {
     let by_code = code.and_then(category_of_code);
-    // SES says "Email address is not verified" under more than one code; it is always about
-    // this message's addresses, not a malformed request.
-    if matches!(by_code, None | Some(Category::InvalidMessage)) && is_unverified_address(message) {
-        return Category::Rejected;
+    // SES says "Email address is not verified" under more than one code (MessageRejected
+    // among them): the sender identity (or, in the sandbox, the recipient) is not verified,
+    // which fails every such message until the account is set up, so a pool fails over.
+    if matches!(
+        by_code,
+        None | Some(Category::InvalidMessage | Category::Rejected)
+    ) && is_unverified_address(message)
+    {
+        return Category::Configuration;
     }
     if let Some(category) = by_code {
         return category;
@@ -161,7 +188,6 @@ fn category_of(code: Option<&str>, status: Option<u16>, message: &str) -> Catego
     match status {
         Some(429) => Category::RateLimited,
         Some(503) => Category::ServiceUnavailable,
-        Some(500..=599) => Category::ServerError,
         Some(401 | 403) => Category::Authentication,
         Some(400 | 413) => Category::InvalidMessage,
         Some(400..=499) => Category::Configuration,
@@ -177,16 +203,16 @@ fn category_of_code(code: &str) -> Option<Category> {
         | "Throttling"
         | "ThrottlingException"
         | "ThrottledException"
-        | "RequestLimitExceeded"
-        | "LimitExceededException" => Category::RateLimited,
+        | "RequestLimitExceeded" => Category::RateLimited,
         "ServiceUnavailable" | "ServiceUnavailableException" => Category::ServiceUnavailable,
         "InternalFailure" | "InternalServerError" | "InternalError" | "InternalServiceError" => {
             Category::ServerError
         }
-        "MessageRejected"
-        | "MailFromDomainNotVerifiedException"
+        "MessageRejected" => Category::Rejected,
+        "MailFromDomainNotVerifiedException"
         | "MailFromDomainNotVerified"
-        | "FromEmailAddressNotVerifiedException" => Category::Rejected,
+        | "FromEmailAddressNotVerifiedException"
+        | "LimitExceededException" => Category::Configuration,
         "SignatureDoesNotMatch"
         | "InvalidSignatureException"
         | "IncompleteSignature"
@@ -227,27 +253,15 @@ fn is_unverified_address(message: &str) -> bool {
     lower.contains("not verified") || lower.contains("did not have authority to send")
 }
 
-/// The service's message fit for logs: addresses are masked by [`SendError::new`]; this cuts
-/// it short, and an authentication message at its first sentence.
-fn safe_message(message: &str, category: Category) -> String {
-    let message = if category == Category::Authentication {
-        match message.find(". ") {
-            Some(end) => &message[..=end],
-            None => message,
-        }
-    } else {
-        message
-    };
-    match message.char_indices().nth(MAX_MESSAGE_CHARS) {
-        Some((cut, _)) => format!("{}...", &message[..cut]),
-        None => message.to_owned(),
-    }
+/// Whether a dispatch failure happened while connecting (nothing was sent): hyper's client
+/// names it `Connect` (refused, DNS, TLS handshake, connect timeout).
+fn is_connect_failure(chain: &str) -> bool {
+    chain.contains("client error (Connect)")
 }
 
 /// The response's `Retry-After` header (seconds or an HTTP-date), capped at a day.
 fn retry_after(response: &HttpResponse) -> Option<Duration> {
-    let value = response.headers().get("retry-after")?;
-    crate::time::parse_retry_after(value, std::time::SystemTime::now())
+    crate::adapters::answer::retry_after(response.headers().get("retry-after")?)
 }
 
 /// The SDK error's chain of causes as text, addresses masked, kept as the source.
@@ -345,21 +359,50 @@ mod tests {
     }
 
     #[test]
-    fn rejected_messages_and_unverified_addresses_are_rejected() {
+    fn rejected_messages_are_rejected_and_unverified_identities_configuration() {
         assert_eq!(
             sorted(400, Some("MessageRejected"), "").category(),
             Category::Rejected
         );
+        for code in [
+            "MailFromDomainNotVerifiedException",
+            "FromEmailAddressNotVerifiedException",
+            "LimitExceededException",
+        ] {
+            assert_eq!(
+                sorted(400, Some(code), "").category(),
+                Category::Configuration,
+                "{code}"
+            );
+        }
         assert_eq!(
-            sorted(400, Some("MailFromDomainNotVerifiedException"), "").category(),
-            Category::Rejected
+            sorted(
+                400,
+                Some("MessageRejected"),
+                "Email address is not verified."
+            )
+            .category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(
+                400,
+                Some("BadRequestException"),
+                "Email address is not verified."
+            )
+            .category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(403, Some("AccessDenied"), "identity is not verified").category(),
+            Category::Authentication
         );
         let unverified = sorted(
             400,
             Some("SomethingNew"),
             "Email address is not verified. The following identities failed the check in region US-EAST-1: bob@example.org",
         );
-        assert_eq!(unverified.category(), Category::Rejected);
+        assert_eq!(unverified.category(), Category::Configuration);
         assert!(!unverified.to_string().contains("bob@"));
     }
 
@@ -413,6 +456,81 @@ mod tests {
         assert_eq!(error.category(), Category::Network);
         assert_eq!(error.code(), "ses.network");
         assert!(std::error::Error::source(&error).is_some());
+    }
+
+    #[test]
+    fn a_request_that_went_out_without_an_answer_is_maybe_delivered_and_a_failed_connect_is_not() {
+        let dispatch = |error: ConnectorError| -> SendError {
+            classify_ses_error(&SdkError::<SendEmailError, HttpResponse>::dispatch_failure(
+                error,
+            ))
+        };
+        let refused = dispatch(ConnectorError::io(
+            "client error (Connect): tcp connect error: Connection refused".into(),
+        ));
+        assert_eq!(refused.category(), Category::Network);
+        assert!(!refused.is_maybe_delivered());
+        let connect_timeout = dispatch(ConnectorError::timeout(
+            "client error (Connect): HTTP connect timeout occurred after 3.1s".into(),
+        ));
+        assert_eq!(connect_timeout.category(), Category::Timeout);
+        assert!(!connect_timeout.is_maybe_delivered());
+        let read_timeout = dispatch(ConnectorError::timeout("read timed out".into()));
+        assert_eq!(read_timeout.category(), Category::Timeout);
+        assert!(read_timeout.is_maybe_delivered());
+        let dropped = dispatch(ConnectorError::io(
+            "connection closed before message completed".into(),
+        ));
+        assert_eq!(dropped.category(), Category::Network);
+        assert!(dropped.is_maybe_delivered());
+        let user = dispatch(ConnectorError::user("bad header".into()));
+        assert_eq!(user.category(), Category::Configuration);
+        assert!(!user.is_maybe_delivered());
+        let operation: SdkError<SendEmailError, HttpResponse> = SdkError::timeout_error("late");
+        assert!(classify_ses_error(&operation).is_maybe_delivered());
+    }
+
+    /// The code decides before the status: each under a status that would say another
+    /// category by itself.
+    #[test]
+    fn error_codes_decide_before_the_http_status() {
+        let table = [
+            ("ServiceUnavailable", 500, Category::ServiceUnavailable),
+            ("InternalFailure", 400, Category::ServerError),
+            ("ValidationException", 404, Category::InvalidMessage),
+            ("BadRequestException", 500, Category::InvalidMessage),
+        ];
+        for (code, status, category) in table {
+            assert_eq!(
+                sorted(status, Some(code), "").category(),
+                category,
+                "{code}"
+            );
+        }
+    }
+
+    #[test]
+    fn an_empty_error_code_gives_the_status_as_code() {
+        assert_eq!(sorted(400, Some(""), "").code(), "ses.400");
+    }
+
+    #[test]
+    fn a_response_that_could_not_be_read_is_sorted_by_its_status() {
+        let unreadable = |status: u16| -> SendError {
+            classify_ses_error(&SdkError::<SendEmailError, HttpResponse>::response_error(
+                "the body could not be read",
+                response(status, &[]),
+            ))
+        };
+        let cut_off = unreadable(200);
+        assert_eq!(cut_off.category(), Category::Network);
+        assert_eq!(cut_off.code(), "ses.response");
+        assert!(cut_off.is_maybe_delivered());
+        let unavailable = unreadable(503);
+        assert_eq!(unavailable.category(), Category::ServiceUnavailable);
+        assert_eq!(unavailable.code(), "ses.503");
+        assert!(!unavailable.is_maybe_delivered());
+        assert_eq!(unreadable(400).category(), Category::InvalidMessage);
     }
 
     #[test]

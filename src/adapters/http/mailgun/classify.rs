@@ -24,7 +24,8 @@ struct ErrorBody {
 /// | HTTP 401, 403 or 400 saying the domain or account is not allowed to send, disabled, suspended or not verified; a sandbox domain sending to a recipient it has not authorized | Configuration |
 /// | HTTP 404: the domain is not on the account, or a wrong endpoint or region | Configuration |
 /// | HTTP 400 otherwise (a bad `to` address, a missing field, a message that is not MIME), HTTP 413 | InvalidMessage |
-/// | HTTP 402: "parameters were valid but the request failed" | ServerError |
+/// | HTTP 402 (not on Mailgun's current list of response codes, which documents 400, 403, 404, 429 and 500; its older API reference: "Request Failed: parameters were valid but the request failed"): Mailgun failed | ServerError |
+/// | HTTP 408 | Timeout |
 /// | HTTP 429 | RateLimited |
 /// | HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
 /// | HTTP 503 | ServiceUnavailable |
@@ -79,7 +80,7 @@ fn category_of(status: u16, message: &str) -> Category {
     match status {
         400 | 401 | 403 if account_problem => Category::Configuration,
         402 => Category::ServerError,
-        404 => Category::Configuration,
+        // 404 (a domain not on the account, a wrong region) is Configuration by its status.
         _ => category_of_status(status),
     }
 }

@@ -29,6 +29,7 @@ struct ErrorBody {
 /// | `ErrorCode` 405 (not allowed to send: no credits), 412 (account pending), 413 (account may not send: suspended) | Configuration |
 /// | `ErrorCode` 300 (invalid email request: a bad address, a missing field), 402, 403, 409 (the JSON), 410 (too many messages), 411 (forbidden attachment type); any other code of a 422; HTTP 400, 413 and 422 | InvalidMessage |
 /// | `ErrorCode` 429; HTTP 429 | RateLimited |
+/// | HTTP 408 | Timeout |
 /// | `ErrorCode` 100 (maintenance); HTTP 503 | ServiceUnavailable |
 /// | HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
 /// | any other status (404, 405, 415: a wrong endpoint) | Configuration |
@@ -74,7 +75,7 @@ fn category_of(status: u16, error_code: i64, message: &str) -> Category {
         300 | 402 | 403 | 409 | 410 | 411 => Category::InvalidMessage,
         429 => Category::RateLimited,
         100 => Category::ServiceUnavailable,
-        code if code != 0 && status == 422 => Category::InvalidMessage,
+        // Any other code comes with a 422, which the status sorts as InvalidMessage.
         _ => category_of_status(status),
     }
 }
@@ -88,6 +89,26 @@ mod tests {
     fn sorted(status: u16, error_code: i64, message: &str) -> SendError {
         let body = format!(r#"{{"ErrorCode":{error_code},"Message":"{message}"}}"#);
         classify_postmark_error(status, &HeaderMap::new(), body.as_bytes())
+    }
+
+    /// The API error code decides before the status: each under a status (418) that would
+    /// say Configuration by itself.
+    #[test]
+    fn postmark_error_codes_decide_before_the_http_status() {
+        let table = [
+            (10, Category::Authentication),
+            (406, Category::Rejected),
+            (300, Category::InvalidMessage),
+            (402, Category::InvalidMessage),
+            (411, Category::InvalidMessage),
+            (429, Category::RateLimited),
+            (100, Category::ServiceUnavailable),
+        ];
+        for (code, category) in table {
+            assert_eq!(sorted(418, code, "").category(), category, "{code}");
+        }
+        assert_eq!(sorted(500, 405, "").category(), Category::Configuration);
+        assert_eq!(sorted(418, 999, "").category(), Category::Configuration);
     }
 
     #[test]

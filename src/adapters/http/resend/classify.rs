@@ -23,7 +23,7 @@ struct ErrorBody {
 /// | what happened | category |
 /// |---|---|
 /// | `missing_api_key`, `restricted_api_key` (401), `invalid_api_key` (403), any error saying "API key is invalid"; HTTP 401 and 403 | Authentication |
-/// | `validation_error` with HTTP 403: a testing-only account, or a sending domain not verified | Configuration |
+/// | `validation_error` with HTTP 403, `invalid_to_address` (403): a testing-only account, or a sending domain not verified | Configuration |
 /// | `monthly_quota_exceeded` (429): no sending until the plan changes | Configuration |
 /// | `invalid_access`, `invalid_region`, `not_found`, `method_not_allowed`: a wrong setup or endpoint | Configuration |
 /// | `validation_error` (400, 422), `invalid_idempotency_key`, `invalid_attachment`, `invalid_from_address`, `invalid_parameter`, `missing_required_field`; HTTP 400, 413 and 422 | InvalidMessage |
@@ -32,6 +32,7 @@ struct ErrorBody {
 /// | `security_error` (451); HTTP 451 | Rejected |
 /// | `application_error`, `internal_server_error`; HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
 /// | HTTP 503 | ServiceUnavailable |
+/// | HTTP 408 | Timeout |
 /// | any other status | Configuration |
 ///
 /// A request that got no answer is sorted by the transport (see the
@@ -70,6 +71,7 @@ fn category_of(status: u16, name: &str, message: &str) -> Category {
     match name {
         "missing_api_key" | "restricted_api_key" | "invalid_api_key" => Category::Authentication,
         "validation_error" if status == 403 => Category::Configuration,
+        "invalid_to_address" => Category::Configuration,
         "monthly_quota_exceeded"
         | "invalid_access"
         | "invalid_region"
@@ -101,6 +103,59 @@ mod tests {
     fn sorted(status: u16, name: &str, message: &str) -> SendError {
         let body = format!(r#"{{"statusCode":{status},"name":"{name}","message":"{message}"}}"#);
         classify_resend_error(status, &HeaderMap::new(), body.as_bytes())
+    }
+
+    /// The error type decides before the status: each under a status (418) that would say
+    /// Configuration by itself, and the Configuration ones under a 500.
+    #[test]
+    fn resend_error_types_decide_before_the_http_status() {
+        let table = [
+            ("missing_api_key", Category::Authentication),
+            ("restricted_api_key", Category::Authentication),
+            ("invalid_api_key", Category::Authentication),
+            ("validation_error", Category::InvalidMessage),
+            ("invalid_idempotency_key", Category::InvalidMessage),
+            ("invalid_attachment", Category::InvalidMessage),
+            ("invalid_from_address", Category::InvalidMessage),
+            ("invalid_parameter", Category::InvalidMessage),
+            ("missing_required_field", Category::InvalidMessage),
+            ("invalid_idempotent_request", Category::InvalidMessage),
+            ("rate_limit_exceeded", Category::RateLimited),
+            ("daily_quota_exceeded", Category::RateLimited),
+            ("concurrent_idempotent_requests", Category::RateLimited),
+            ("security_error", Category::Rejected),
+            ("application_error", Category::ServerError),
+            ("internal_server_error", Category::ServerError),
+        ];
+        for (name, category) in table {
+            assert_eq!(sorted(418, name, "").category(), category, "{name}");
+        }
+        for name in [
+            "invalid_to_address",
+            "monthly_quota_exceeded",
+            "invalid_access",
+            "invalid_region",
+            "not_found",
+            "method_not_allowed",
+        ] {
+            assert_eq!(
+                sorted(500, name, "").category(),
+                Category::Configuration,
+                "{name}"
+            );
+        }
+        assert_eq!(
+            sorted(500, "validation_error", "").category(),
+            Category::InvalidMessage
+        );
+    }
+
+    #[test]
+    fn resend_an_unnamed_451_is_rejected() {
+        assert_eq!(
+            classify_resend_error(451, &HeaderMap::new(), b"").category(),
+            Category::Rejected
+        );
     }
 
     #[test]
@@ -138,6 +193,10 @@ mod tests {
         );
         assert_eq!(
             sorted(422, "invalid_region", "").category(),
+            Category::Configuration
+        );
+        assert_eq!(
+            sorted(403, "invalid_to_address", "").category(),
             Category::Configuration
         );
     }

@@ -1,9 +1,11 @@
 //! Sorting SendGrid's error answers into [`Category`]s.
 
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
 use serde::Deserialize;
 
 use crate::adapters::http::{HeaderMap, answer_error, category_of_status};
-use crate::{Category, SendError};
+use crate::{Category, MAX_PROVIDER_WAIT, SendError};
 
 /// SendGrid's error body: `{"errors": [{"message": "...", "field": "...", "help": ...}]}`.
 #[derive(Debug, Default, Deserialize)]
@@ -35,6 +37,7 @@ struct ErrorItem {
 /// | HTTP 401 "Maximum credits exceeded"; HTTP 401 or 403 saying the account is suspended, disabled or banned | Configuration |
 /// | HTTP 403 "Too many bad requests" (a temporary block) | RateLimited |
 /// | HTTP 400 (a bad address, a missing field, a reserved header), HTTP 413 | InvalidMessage |
+/// | HTTP 408 | Timeout |
 /// | HTTP 429 | RateLimited |
 /// | HTTP 500 and any other 5xx (a 504 is also maybe delivered) | ServerError |
 /// | HTTP 503 | ServiceUnavailable |
@@ -44,8 +47,10 @@ struct ErrorItem {
 /// [module table](crate::adapters::http)): connection failures are Network, timeouts
 /// Timeout.
 ///
-/// A `Retry-After` header, in seconds or as an HTTP-date, becomes
-/// [`SendError::retry_after`], capped at a day. The error's message is SendGrid's messages
+/// SendGrid says when its rate limit resets in `X-RateLimit-Reset`, in seconds since the
+/// epoch (its "Rate Limits" page): the wait until then becomes [`SendError::retry_after`],
+/// capped at a day; a `Retry-After` header, where one comes, decides instead. The error's
+/// message is SendGrid's messages
 /// joined (each with its field), addresses masked and cut at 300 characters.
 ///
 /// ```
@@ -72,13 +77,35 @@ pub fn classify_sendgrid_error(status: u16, headers: &HeaderMap, body: &[u8]) ->
         .collect::<Vec<_>>()
         .join("; ");
     let category = category_of(status, &message);
-    answer_error(
+    let error = answer_error(
         category,
         format!("sendgrid.{status}"),
         status,
         &message,
         headers,
-    )
+    );
+    match (
+        error.retry_after(),
+        rate_limit_reset(headers, SystemTime::now()),
+    ) {
+        (None, Some(after)) => error.with_retry_after(after),
+        _ => error,
+    }
+}
+
+/// The wait until `X-RateLimit-Reset` (seconds since the epoch), capped at a day; none when
+/// the header is missing or not a number.
+fn rate_limit_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
+    let seconds: u64 = headers
+        .get("x-ratelimit-reset")?
+        .to_str()
+        .ok()?
+        .trim()
+        .parse()
+        .ok()?;
+    let reset = UNIX_EPOCH.checked_add(Duration::from_secs(seconds))?;
+    let wait = reset.duration_since(now).unwrap_or(Duration::ZERO);
+    Some(wait.min(MAX_PROVIDER_WAIT))
 }
 
 /// The table of [`classify_sendgrid_error`].
@@ -91,8 +118,7 @@ fn category_of(status: u16, message: &str) -> Category {
         }
         403 if says(&["sender identity", "not verified", "unverified"]) => Category::Configuration,
         403 if says(&["too many bad requests", "temporar"]) => Category::RateLimited,
-        400 | 413 => Category::InvalidMessage,
-        451 => Category::Configuration,
+        // 400 and 413 InvalidMessage; 451 (data residency) Configuration.
         _ => category_of_status(status),
     }
 }
@@ -163,6 +189,65 @@ mod tests {
             sorted(403, "Too many bad requests. Temporary block").category(),
             Category::RateLimited
         );
+    }
+
+    #[test]
+    fn sendgrid_rate_limit_reset_is_the_wait_until_then_capped_at_a_day() {
+        let now = UNIX_EPOCH + Duration::from_secs(1_700_000_000);
+        let headers = |value: &str| {
+            let mut headers = HeaderMap::new();
+            headers.insert("x-ratelimit-reset", value.parse().expect("a header value"));
+            headers
+        };
+        assert_eq!(
+            rate_limit_reset(&headers("1700000030"), now),
+            Some(Duration::from_secs(30))
+        );
+        assert_eq!(
+            rate_limit_reset(&headers("1699999990"), now),
+            Some(Duration::ZERO)
+        );
+        assert_eq!(
+            rate_limit_reset(&headers("1800000000"), now),
+            Some(MAX_PROVIDER_WAIT)
+        );
+        assert_eq!(rate_limit_reset(&headers("soon"), now), None);
+        assert_eq!(rate_limit_reset(&HeaderMap::new(), now), None);
+        // Retry-After, where one comes, decides.
+        let mut both = headers("99999999999");
+        both.insert("retry-after", "5".parse().expect("a header value"));
+        let error = classify_sendgrid_error(429, &both, b"");
+        assert_eq!(error.retry_after(), Some(Duration::from_secs(5)));
+    }
+
+    #[test]
+    fn sendgrid_x_ratelimit_reset_alone_gives_retry_after() {
+        let in_a_minute = SystemTime::now()
+            .duration_since(UNIX_EPOCH)
+            .expect("after 1970")
+            .as_secs()
+            + 60;
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "x-ratelimit-reset",
+            in_a_minute.to_string().parse().expect("a header value"),
+        );
+        let after = classify_sendgrid_error(429, &headers, b"")
+            .retry_after()
+            .expect("the reset is kept");
+        assert!(after > Duration::from_secs(50), "{after:?}");
+    }
+
+    #[test]
+    fn sendgrid_messages_without_a_field_stand_alone() {
+        let body = br#"{"errors":[{"message":"too many requests","field":""},{"message":"x","field":null}]}"#;
+        let error = classify_sendgrid_error(429, &HeaderMap::new(), body);
+        assert_eq!(error.message(), "HTTP 429: too many requests; x");
+    }
+
+    #[test]
+    fn sendgrid_408_is_a_timeout() {
+        assert_eq!(sorted(408, "").category(), Category::Timeout);
     }
 
     #[test]

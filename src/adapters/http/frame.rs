@@ -1,0 +1,403 @@
+//! The frame every provider transport shares: its settings and setters, the request and the
+//! reading of its answer, written once; a [`Provider`] fills in what is its own.
+
+use std::fmt;
+use std::time::Duration;
+
+use reqwest::header::HeaderMap;
+
+use super::ApiKey;
+use super::client::{Answer, HttpClient};
+use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+
+/// How long a request may take unless the transport is given another timeout.
+pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
+
+/// How many messages `send_many` sends at once unless told otherwise.
+const DEFAULT_CONCURRENCY: usize = 10;
+
+/// What one provider adds to the frame: its request, the shape of its success answer, its
+/// error table and its `verify`. Not nameable outside the crate: the four providers are the
+/// ones there are.
+pub trait Provider: fmt::Debug + Clone + Send + Sync + 'static {
+    /// The provider in codes (`postmark.422.406`) and logs.
+    const NAME: &'static str;
+    /// The name of the transport type, for `Debug`.
+    const TYPE_NAME: &'static str;
+    /// The base URL of the provider's API.
+    const DEFAULT_ENDPOINT: &'static str;
+
+    /// `request` with the key in the header the provider reads it from.
+    fn authorize(&self, request: reqwest::RequestBuilder, key: &ApiKey) -> reqwest::RequestBuilder;
+
+    /// The request that sends the formatted message `raw` to `envelope`'s recipients, or why
+    /// this provider cannot (Unsupported, InvalidMessage).
+    fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError>;
+
+    /// What a 2xx answer to [`send_call`](Self::send_call) says, read from its (whole) body.
+    fn sent(&self, answer: &Answer) -> Sent;
+
+    /// An error answer as a [`SendError`]; `body` has the key redacted.
+    fn classify(&self, status: u16, headers: &HeaderMap, body: &[u8]) -> SendError;
+
+    /// The request `verify` makes: one a key that may only send can pass.
+    fn verify_call(&self) -> Call;
+
+    /// Whether `answer` to [`verify_call`](Self::verify_call) shows a usable key and
+    /// account; `failure` sorts it as an error.
+    fn verified(
+        &self,
+        answer: &Answer,
+        failure: impl FnOnce() -> SendError,
+    ) -> Result<(), SendError>;
+}
+
+/// One request: method, path below the endpoint, extra headers, body.
+pub struct Call {
+    pub(crate) method: reqwest::Method,
+    pub(crate) path: String,
+    pub(crate) headers: Vec<(&'static str, String)>,
+    pub(crate) body: CallBody,
+}
+
+impl Call {
+    /// A request without a body.
+    pub(crate) fn new(method: reqwest::Method, path: impl Into<String>) -> Self {
+        Call {
+            method,
+            path: path.into(),
+            headers: Vec::new(),
+            body: CallBody::Empty,
+        }
+    }
+
+    /// A POST of `body` as JSON.
+    #[cfg(any(feature = "postmark", feature = "resend", feature = "sendgrid"))]
+    pub(crate) fn post_json(path: &str, body: &impl serde::Serialize) -> Result<Self, SendError> {
+        let bytes = serde_json::to_vec(body).map_err(|_| {
+            SendError::fixed(
+                crate::Category::InvalidMessage,
+                "http.json",
+                "the request body could not be written as JSON",
+            )
+        })?;
+        Ok(Call {
+            body: CallBody::Json(bytes),
+            ..Call::new(reqwest::Method::POST, path)
+        })
+    }
+
+    /// The request with one more header.
+    #[cfg(feature = "resend")]
+    pub(crate) fn header(mut self, name: &'static str, value: String) -> Self {
+        self.headers.push((name, value));
+        self
+    }
+}
+
+/// The body of a [`Call`].
+pub enum CallBody {
+    /// None.
+    Empty,
+    /// JSON, already written.
+    #[cfg(any(feature = "postmark", feature = "resend", feature = "sendgrid"))]
+    Json(Vec<u8>),
+    /// A `multipart/form-data` upload.
+    #[cfg(feature = "mailgun")]
+    Form(reqwest::multipart::Form),
+}
+
+/// What a 2xx answer to a send says.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Sent {
+    /// The provider took the message; its id, where the answer gives one.
+    Delivered(Option<String>),
+    /// The provider's own answer, saying it did not take the message (Postmark's
+    /// `ErrorCode` on a 200): sorted by the error table.
+    Refused,
+    /// Not the provider's answer (a proxy's page, a wrong endpoint).
+    Foreign,
+}
+
+/// A transport for an HTTP e-mail API: the settings every provider shares (key, endpoint,
+/// client and timeout, name, concurrency) and their setters, with the provider `P`'s own
+/// parts. Used through its names per provider:
+/// [`PostmarkTransport`](crate::PostmarkTransport), [`ResendTransport`](crate::ResendTransport),
+/// [`SendGridTransport`](crate::SendGridTransport), [`MailgunTransport`](crate::MailgunTransport).
+///
+/// # What every provider transport does
+/// - **No redirect is followed**: a 3xx is an error (Configuration), so the key and the
+///   message go nowhere but the endpoint.
+/// - **An answer body is read up to 64 KiB**; the rest is dropped unread.
+/// - **A 2xx is a delivery only with the provider's success answer**: a 2xx with another body
+///   (a proxy's HTML page, a wrong endpoint) is ServerError, code `<provider>.unexpected_answer`,
+///   maybe delivered. A 2xx whose body is *unreadable* (the connection dropped or the timeout
+///   passed in the middle of it) is a delivery without a message id, with a WARN: the status
+///   said the provider took it.
+/// - **The key** is an [`ApiKey`]: no `Debug`, log line or error shows it; an error body
+///   that echoes it has it replaced.
+///
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{PostmarkTransport, Transport};
+///
+/// let postmark = PostmarkTransport::new("server-token")
+///     .with_endpoint("http://127.0.0.1:8080/")
+///     .with_timeout(Duration::from_secs(5))
+///     .with_name("postmark-eu")
+///     .with_concurrency(4);
+/// assert_eq!(postmark.name(), "postmark-eu");
+/// assert_eq!(postmark.timeout(), Duration::from_secs(5));
+/// assert!(!format!("{postmark:?}").contains("server-token"));
+/// ```
+#[derive(Clone)]
+pub struct HttpTransport<P> {
+    provider: P,
+    key: ApiKey,
+    endpoint: String,
+    client: HttpClient,
+    name: String,
+    concurrency: usize,
+}
+
+impl<P: Provider> HttpTransport<P> {
+    /// A transport for `provider` with `key`, named `name`, at the provider's endpoint, with
+    /// the default timeout and concurrency.
+    pub(crate) fn with_provider(provider: P, key: ApiKey, name: String) -> Self {
+        HttpTransport {
+            provider,
+            key,
+            endpoint: P::DEFAULT_ENDPOINT.to_owned(),
+            client: HttpClient::new(DEFAULT_TIMEOUT),
+            name,
+            concurrency: DEFAULT_CONCURRENCY,
+        }
+    }
+
+    /// The provider's own settings.
+    pub(crate) fn provider(&self) -> &P {
+        &self.provider
+    }
+
+    /// The provider's own settings, to change.
+    #[cfg(feature = "postmark")]
+    pub(crate) fn provider_mut(&mut self) -> &mut P {
+        &mut self.provider
+    }
+
+    /// Sends to another base URL than the provider's (a test server, a proxy, a region);
+    /// trailing slashes are dropped.
+    ///
+    /// ```
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_endpoint("http://127.0.0.1:8080");
+    /// # let _ = resend;
+    /// ```
+    pub fn with_endpoint(mut self, url: impl Into<String>) -> Self {
+        let mut endpoint = url.into();
+        while endpoint.ends_with('/') {
+            endpoint.pop();
+        }
+        self.endpoint = endpoint;
+        self
+    }
+
+    /// Bounds each request (default 30 s), reading the answer included; connecting gets half
+    /// of it (see the [module table](crate::adapters::http)).
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// let sendgrid = mail_breaker::SendGridTransport::new("SG.key").with_timeout(Duration::from_secs(5));
+    /// assert_eq!(sendgrid.timeout(), Duration::from_secs(5));
+    /// ```
+    pub fn with_timeout(mut self, timeout: Duration) -> Self {
+        self.client = HttpClient::new(timeout);
+        self
+    }
+
+    /// Sets the name used in logs, receipts and breaker keys (default: the provider's, and
+    /// `mailgun:<domain>` for Mailgun).
+    ///
+    /// ```
+    /// use mail_breaker::Transport;
+    /// let resend = mail_breaker::ResendTransport::new("re_123").with_name("resend-marketing");
+    /// assert_eq!(resend.name(), "resend-marketing");
+    /// ```
+    pub fn with_name(mut self, name: impl Into<String>) -> Self {
+        self.name = name.into();
+        self
+    }
+
+    /// How many messages `send_many` sends at once (default 10; at least 1). Keep it near
+    /// the account's rate limit.
+    ///
+    /// ```
+    /// let mailgun = mail_breaker::MailgunTransport::new("key-123", "mg.example.com").with_concurrency(4);
+    /// # let _ = mailgun;
+    /// ```
+    pub fn with_concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency.max(1);
+        self
+    }
+
+    /// The bound on each request.
+    ///
+    /// ```
+    /// # use std::time::Duration;
+    /// assert_eq!(mail_breaker::ResendTransport::new("re_123").timeout(), Duration::from_secs(30));
+    /// ```
+    pub fn timeout(&self) -> Duration {
+        self.client.timeout()
+    }
+
+    /// Makes `call` with the key and reads its answer.
+    async fn call(&self, call: Call) -> Result<Answer, SendError> {
+        let url = format!("{}{}", self.endpoint, call.path);
+        let mut request = self.client.request(P::NAME, call.method, &url)?;
+        request = self.provider.authorize(request, &self.key);
+        for (name, value) in call.headers {
+            request = request.header(name, value);
+        }
+        request = match call.body {
+            CallBody::Empty => request,
+            #[cfg(any(feature = "postmark", feature = "resend", feature = "sendgrid"))]
+            CallBody::Json(bytes) => request
+                .header(reqwest::header::CONTENT_TYPE, "application/json")
+                .body(bytes),
+            #[cfg(feature = "mailgun")]
+            CallBody::Form(form) => request.multipart(form),
+        };
+        self.client.send(P::NAME, request).await
+    }
+
+    /// An error answer as a [`SendError`], sorted by the provider's table without the key in
+    /// sight, and left out where the key got through anyway (in a form no redaction knew).
+    fn failure(&self, answer: &Answer) -> SendError {
+        let body = self.key.redact(&String::from_utf8_lossy(&answer.body));
+        let error = self
+            .provider
+            .classify(answer.status, &answer.headers, body.as_bytes());
+        let key = self.key.expose();
+        if key.is_empty() || !format!("{error:?}").contains(key) {
+            return error;
+        }
+        let mut safe = SendError::new(
+            error.category(),
+            format!("{}.{}", P::NAME, answer.status),
+            format!(
+                "HTTP {} (the provider's message held the API key and was left out)",
+                answer.status
+            ),
+        );
+        if let Some(after) = error.retry_after() {
+            safe = safe.with_retry_after(after);
+        }
+        if error.is_maybe_delivered() {
+            safe = safe.maybe_delivered();
+        }
+        safe
+    }
+
+    /// A 2xx whose body is not the provider's answer: the provider may have taken the
+    /// message, or something else answered.
+    fn unexpected(&self, answer: &Answer) -> SendError {
+        SendError::new(
+            crate::Category::ServerError,
+            format!("{}.unexpected_answer", P::NAME),
+            format!(
+                "HTTP {}, but the body is not {}'s answer to a send (a proxy or a wrong endpoint?); it may have taken the message",
+                answer.status,
+                P::NAME
+            ),
+        )
+        .maybe_delivered()
+    }
+}
+
+#[async_trait::async_trait]
+impl<P: Provider> Transport for HttpTransport<P> {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let tag = |error: SendError| error.with_transport(&self.name);
+        let call = self.provider.send_call(envelope, raw).map_err(tag)?;
+        let answer = self.call(call).await.map_err(tag)?;
+        if !answer.is_success() {
+            return Err(tag(self.failure(&answer)));
+        }
+        let receipt = Receipt::new(&self.name);
+        if answer.cut_off {
+            tracing::warn!(
+                transport = %self.name,
+                status = answer.status,
+                "the provider took the message, but its answer was cut off: no message id"
+            );
+            return Ok(receipt);
+        }
+        match self.provider.sent(&answer) {
+            Sent::Delivered(Some(id)) => Ok(receipt.with_message_id(id)),
+            Sent::Delivered(None) => {
+                tracing::warn!(transport = %self.name, "the provider took the message but gave no message id");
+                Ok(receipt)
+            }
+            Sent::Refused => Err(tag(self.failure(&answer))),
+            Sent::Foreign => Err(tag(self.unexpected(&answer))),
+        }
+    }
+
+    fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
+        crate::transport::send_concurrently(self, messages, self.concurrency)
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        let tag = |error: SendError| error.with_transport(&self.name);
+        let answer = self.call(self.provider.verify_call()).await.map_err(tag)?;
+        self.provider
+            .verified(&answer, || self.failure(&answer))
+            .map_err(tag)
+    }
+}
+
+impl<P: Provider> fmt::Debug for HttpTransport<P> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct(P::TYPE_NAME)
+            .field("name", &self.name)
+            .field("endpoint", &self.endpoint)
+            .field("timeout", &self.client.timeout())
+            .field("concurrency", &self.concurrency)
+            .field("key", &self.key)
+            .field("provider", &self.provider)
+            .finish()
+    }
+}
+
+#[cfg(test)]
+#[cfg(feature = "postmark")]
+mod tests {
+    use crate::PostmarkTransport;
+
+    use super::*;
+
+    #[test]
+    fn a_transport_keeps_its_timeout_and_defaults_to_30_seconds() {
+        assert_eq!(PostmarkTransport::new("t").timeout(), DEFAULT_TIMEOUT);
+        let short = PostmarkTransport::new("t").with_timeout(Duration::from_millis(1500));
+        assert_eq!(short.timeout(), Duration::from_millis(1500));
+    }
+
+    #[test]
+    fn debug_shows_the_settings_and_stars_for_the_key() {
+        let postmark = PostmarkTransport::new("secret-token")
+            .with_endpoint("http://127.0.0.1:9//")
+            .with_name("pm")
+            .with_concurrency(0);
+        let text = format!("{postmark:?}");
+        assert!(text.starts_with("PostmarkTransport {"), "{text}");
+        assert!(text.contains("name: \"pm\""), "{text}");
+        assert!(text.contains("endpoint: \"http://127.0.0.1:9\""), "{text}");
+        assert!(text.contains("concurrency: 1"), "{text}");
+        assert!(text.contains("key: ***"), "{text}");
+        assert!(!text.contains("secret-token"), "{text}");
+    }
+}
