@@ -39,7 +39,9 @@ pub enum Strategy {
 /// answers at once and the pool moves on without waiting.
 ///
 /// # All members failed
-/// The error is `pool.exhausted` (ServiceUnavailable, so retryable) with the smallest
+/// When every member answered `Unsupported`, the error is `pool.unsupported` (Unsupported,
+/// so not retried), each member's error in [`causes`](SendError::causes). Otherwise it
+/// is `pool.exhausted` (ServiceUnavailable, so retryable) with the smallest
 /// `retry_after` of the members' errors, and each member's error in
 /// [`causes`](SendError::causes), in the order tried. A member whose error gives no
 /// `retry_after` may be tried again at once, so then the pool gives none either.
@@ -196,6 +198,22 @@ impl PoolTransport {
     /// The error for a message every member failed; `errors` holds each member's.
     fn exhausted(&self, errors: Vec<SendError>) -> SendError {
         tracing::debug!(pool = %self.name, members = errors.len(), "pool.exhausted");
+        if errors
+            .iter()
+            .all(|error| error.category() == Category::Unsupported)
+        {
+            // No member can carry it, now or later: trying the pool again would not help.
+            return SendError::new(
+                Category::Unsupported,
+                "pool.unsupported",
+                format!(
+                    "no member of the pool can carry this message ({} tried)",
+                    errors.len()
+                ),
+            )
+            .with_transport(&self.name)
+            .with_causes(errors);
+        }
         let mut error = SendError::new(
             Category::ServiceUnavailable,
             "pool.exhausted",

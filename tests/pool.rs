@@ -9,7 +9,7 @@ use std::time::Duration;
 use futures::StreamExt;
 use mail_breaker::{
     Category, CircuitBreakerTransport, Envelope, Message, MessageStream, PoolTransport, Receipt,
-    ReceiptStream, SendError, Strategy, Transport,
+    ReceiptStream, RetryTransport, SendError, Strategy, Transport,
 };
 use support::scripted::{Reply, Scripted};
 use support::{message, numbered_messages};
@@ -194,6 +194,34 @@ async fn every_category_but_rejected_and_invalid_message_fails_over() {
         let receipt = pool_of(&primary, &backup).send(&message()).await;
         assert_eq!(receipt.unwrap().transport(), "backup", "{category}");
     }
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_no_member_can_carry_a_message_the_pool_says_unsupported_and_a_retry_does_not_try_again()
+ {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Unsupported));
+    let backup = Scripted::answering("backup", Reply::fail(Category::Unsupported));
+    let retry = RetryTransport::builder(pool_of(&primary, &backup))
+        .max_attempts(3)
+        .build()
+        .expect("valid settings");
+    let err = retry.send(&message()).await.unwrap_err();
+    assert_eq!(err.category(), Category::Unsupported);
+    assert_eq!(err.code(), "pool.unsupported");
+    assert_eq!(err.causes().len(), 2);
+    assert_eq!((primary.sends(), backup.sends()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn when_one_member_cannot_carry_a_message_and_another_is_down_the_pool_is_exhausted() {
+    let primary = Scripted::answering("primary", Reply::fail(Category::Unsupported));
+    let backup = Scripted::answering("backup", Reply::fail(Category::ServiceUnavailable));
+    let err = pool_of(&primary, &backup)
+        .send(&message())
+        .await
+        .unwrap_err();
+    assert_eq!(err.code(), "pool.exhausted");
+    assert!(err.is_retryable());
 }
 
 #[tokio::test(start_paused = true)]
