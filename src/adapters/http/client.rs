@@ -202,3 +202,50 @@ fn error_chain(error: &reqwest::Error) -> String {
     }
     text
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+    /// Answers one request with a 200 and a body of `length` octets, then closes.
+    async fn answering_with(length: usize) -> String {
+        let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port");
+        let address = listener.local_addr().expect("an address");
+        tokio::spawn(async move {
+            if let Ok((mut stream, _)) = listener.accept().await {
+                let mut request = [0_u8; 4096];
+                let _ = stream.read(&mut request).await;
+                let head = format!("HTTP/1.1 200 OK\r\nContent-Length: {length}\r\n\r\n");
+                let _ = stream.write_all(head.as_bytes()).await;
+                let _ = stream.write_all(&vec![b'x'; length]).await;
+            }
+        });
+        format!("http://{address}/")
+    }
+
+    async fn body_of(length: usize) -> Answer {
+        let client = HttpClient::new(Duration::from_secs(5));
+        let url = answering_with(length).await;
+        let request = client
+            .request("test", reqwest::Method::GET, &url)
+            .expect("a client");
+        client.send("test", request).await.expect("an answer")
+    }
+
+    #[tokio::test]
+    async fn a_body_of_64_kib_is_read_whole() {
+        let answer = body_of(64 * 1024).await;
+        assert_eq!(answer.body.len(), 64 * 1024);
+        assert!(!answer.cut_off);
+    }
+
+    #[tokio::test]
+    async fn a_body_over_64_kib_is_read_up_to_64_kib() {
+        let answer = body_of(64 * 1024 + 100).await;
+        assert_eq!(answer.body.len(), 64 * 1024);
+        assert!(!answer.cut_off);
+    }
+}
