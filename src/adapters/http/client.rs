@@ -236,6 +236,32 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_request_that_cannot_connect_keeps_the_causes_reqwest_hides() {
+        let unused = tokio::net::TcpListener::bind("127.0.0.1:0")
+            .await
+            .expect("a port")
+            .local_addr()
+            .expect("an address");
+        let client = HttpClient::new(Duration::from_secs(5));
+        let request = client
+            .request("test", reqwest::Method::GET, &format!("http://{unused}/"))
+            .expect("a client");
+        let error = client
+            .send("test", request)
+            .await
+            .expect_err("nothing listens");
+        let source = std::error::Error::source(&error)
+            .expect("the causes are kept as the source")
+            .to_string();
+        // reqwest's own text is only "error sending request"; the cause says why.
+        assert!(source.starts_with("error sending request"), "{source}");
+        assert!(
+            source.len() > "error sending request".len() + 10,
+            "{source}"
+        );
+    }
+
+    #[tokio::test]
     async fn a_body_of_64_kib_is_read_whole() {
         let answer = body_of(64 * 1024).await;
         assert_eq!(answer.body.len(), 64 * 1024);
