@@ -28,6 +28,23 @@ fn pipelining(command: &str) -> Answer {
     }
 }
 
+/// A script that answers the first `name` command with `answer`, and every command
+/// otherwise (`name` again included) as `rest` does.
+fn first(
+    name: &'static str,
+    answer: Answer,
+    rest: fn(&str) -> Answer,
+) -> impl Fn(&str) -> Answer + Send + Sync + 'static {
+    let seen = AtomicUsize::new(0);
+    move |command| {
+        if command == name && seen.fetch_add(1, Ordering::SeqCst) == 0 {
+            answer.clone()
+        } else {
+            rest(command)
+        }
+    }
+}
+
 fn transport(server: &RawSmtp, pipelining: bool) -> SmtpTransport {
     SmtpTransport::builder_dangerous("127.0.0.1")
         .port(server.port())
@@ -120,14 +137,14 @@ async fn without_pipelining_a_refused_mail_sends_no_recipient() {
 
 #[tokio::test]
 async fn after_every_recipient_was_refused_the_next_transaction_begins_with_rset() {
-    let rcpts = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&rcpts);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
-        }
-        other => Answer::healthy(other),
-    })
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "RCPT",
+            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec()),
+            Answer::healthy,
+        ),
+    )
     .await;
     let smtp = transport(&server, false);
     smtp.send(&message())
@@ -193,14 +210,14 @@ async fn a_421_to_mail_on_a_fresh_connection_is_the_answer_not_a_second_connecti
 
 #[tokio::test]
 async fn a_421_to_a_recipient_closes_the_connection_and_the_next_send_opens_another() {
-    let rcpts = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&rcpts);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
-        }
-        other => pipelining(other),
-    })
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "RCPT",
+            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec()),
+            pipelining,
+        ),
+    )
     .await;
     let smtp = transport(&server, true);
     let error = smtp.send(&message()).await.expect_err("closing");
@@ -212,14 +229,14 @@ async fn a_421_to_a_recipient_closes_the_connection_and_the_next_send_opens_anot
 
 #[tokio::test]
 async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
-    let datas = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&datas);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "DATA" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"451 4.3.0 try later\r\n".to_vec())
-        }
-        other => Answer::healthy(other),
-    })
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "DATA",
+            Answer::Say(b"451 4.3.0 try later\r\n".to_vec()),
+            Answer::healthy,
+        ),
+    )
     .await;
     let smtp = transport(&server, false);
     let error = smtp.send(&message()).await.expect_err("refused");
@@ -389,14 +406,14 @@ async fn a_further_transaction_whose_connection_breaks_leaves_its_recipients_def
 
 #[tokio::test]
 async fn a_reply_out_of_turn_to_a_recipient_closes_the_connection() {
-    let rcpts = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&rcpts);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "RCPT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"354 out of turn\r\n".to_vec())
-        }
-        other => Answer::healthy(other),
-    })
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "RCPT",
+            Answer::Say(b"354 out of turn\r\n".to_vec()),
+            Answer::healthy,
+        ),
+    )
     .await;
     let smtp = transport(&server, false);
     let error = smtp.send(&message()).await.expect_err("out of turn");
