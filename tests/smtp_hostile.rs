@@ -66,6 +66,21 @@ async fn send(transport: &impl Transport, message: &Message) -> Result<Receipt, 
         .expect("the send hung past its own timeout")
 }
 
+/// The error of a send to a server that answers `name` with `answer`, healthily otherwise.
+async fn error_when_answering(name: &'static str, answer: Answer) -> SendError {
+    let server = RawSmtp::start(greeting(), move |command| {
+        if command == name {
+            answer.clone()
+        } else {
+            Answer::healthy(command)
+        }
+    })
+    .await;
+    send(&transport_to(&server), &message())
+        .await
+        .expect_err("a refusal is no delivery")
+}
+
 /// A message from `app@example.com` to each of `recipients`.
 fn message_to_each(recipients: &[&str]) -> Message {
     recipients
@@ -484,15 +499,11 @@ async fn ehlo_reply_lines_that_are_blank_or_one_space_end_the_send_without_a_pan
 
 #[tokio::test]
 async fn a_421_answer_to_the_final_dot_is_service_unavailable_and_not_maybe_delivered() {
-    let server = RawSmtp::start(greeting(), |command| match command {
-        "." => Answer::SayAndHangUp(b"421 4.3.2 shutting down\r\n".to_vec()),
-        other => Answer::healthy(other),
-    })
+    let error = error_when_answering(
+        ".",
+        Answer::SayAndHangUp(b"421 4.3.2 shutting down\r\n".to_vec()),
+    )
     .await;
-
-    let error = send(&transport_to(&server), &message())
-        .await
-        .expect_err("a 421 is no delivery");
 
     assert_eq!(error.category(), Category::ServiceUnavailable, "{error}");
     assert_eq!(error.code(), "smtp.421", "{error}");
@@ -501,15 +512,7 @@ async fn a_421_answer_to_the_final_dot_is_service_unavailable_and_not_maybe_deli
 
 #[tokio::test]
 async fn a_354_answer_to_the_final_dot_is_an_unexpected_reply_that_may_have_delivered() {
-    let server = RawSmtp::start(greeting(), |command| match command {
-        "." => Answer::Say(b"354 go ahead, again\r\n".to_vec()),
-        other => Answer::healthy(other),
-    })
-    .await;
-
-    let error = send(&transport_to(&server), &message())
-        .await
-        .expect_err("a 354 to the dot was taken for a delivery");
+    let error = error_when_answering(".", Answer::Say(b"354 go ahead, again\r\n".to_vec())).await;
 
     assert_eq!(error.category(), Category::Network, "{error}");
     assert_eq!(error.code(), "smtp.unexpected_reply", "{error}");
@@ -615,15 +618,11 @@ async fn a_pool_delivers_through_the_next_server_when_the_first_greets_with_554(
 
 #[tokio::test]
 async fn gmails_421_4_7_28_answer_to_mail_is_rate_limited() {
-    let server = RawSmtp::start(greeting(), |command| match command {
-        "MAIL" => Answer::SayAndHangUp(b"421 4.7.28 Try again later.\r\n".to_vec()),
-        other => Answer::healthy(other),
-    })
+    let error = error_when_answering(
+        "MAIL",
+        Answer::SayAndHangUp(b"421 4.7.28 Try again later.\r\n".to_vec()),
+    )
     .await;
-
-    let error = send(&transport_to(&server), &message())
-        .await
-        .expect_err("a 421 is no delivery");
 
     assert_eq!(error.category(), Category::RateLimited, "{error}");
     assert_eq!(error.code(), "smtp.421", "{error}");
@@ -631,15 +630,11 @@ async fn gmails_421_4_7_28_answer_to_mail_is_rate_limited() {
 
 #[tokio::test]
 async fn a_421_4_7_0_rate_limited_answer_to_rcpt_is_rate_limited() {
-    let server = RawSmtp::start(greeting(), |command| match command {
-        "RCPT" => Answer::SayAndHangUp(b"421 4.7.0 Try again later, rate limited\r\n".to_vec()),
-        other => Answer::healthy(other),
-    })
+    let error = error_when_answering(
+        "RCPT",
+        Answer::SayAndHangUp(b"421 4.7.0 Try again later, rate limited\r\n".to_vec()),
+    )
     .await;
-
-    let error = send(&transport_to(&server), &message())
-        .await
-        .expect_err("a 421 is no delivery");
 
     assert_eq!(error.category(), Category::RateLimited, "{error}");
     assert_eq!(error.code(), "smtp.421", "{error}");
@@ -647,15 +642,8 @@ async fn a_421_4_7_0_rate_limited_answer_to_rcpt_is_rate_limited() {
 
 #[tokio::test]
 async fn a_552_5_3_4_message_too_big_answer_to_the_final_dot_is_an_invalid_message() {
-    let server = RawSmtp::start(greeting(), |command| match command {
-        "." => Answer::Say(b"552 5.3.4 Message too big\r\n".to_vec()),
-        other => Answer::healthy(other),
-    })
-    .await;
-
-    let error = send(&transport_to(&server), &message())
-        .await
-        .expect_err("a 552 is no delivery");
+    let error =
+        error_when_answering(".", Answer::Say(b"552 5.3.4 Message too big\r\n".to_vec())).await;
 
     assert_eq!(error.category(), Category::InvalidMessage, "{error}");
     assert_eq!(error.code(), "smtp.552", "{error}");
