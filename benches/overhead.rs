@@ -12,179 +12,25 @@
 //! - `send_many`: a batch of 10,000 through `retry(pool(breaker, breaker))` against the bare
 //!   transport's `send_many`; the figure is the whole batch.
 
+#[path = "support/guards.rs"]
+mod guards;
+
 use std::hint::black_box;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
-use failsafe::StateMachine;
-use failsafe::backoff::{self, Constant};
-use failsafe::failure_policy::{self, ConsecutiveFailures};
 use futures::StreamExt;
+use guards::{
+    FAILING, Failsafe, FailsafeTransport, Immediate, OK, RecloserTransport, failsafe, message,
+    message_to, recloser, through_failsafe, through_recloser,
+};
 use mail_breaker::{
-    Category, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport,
-    Scope, SendError, Transport,
+    CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport, Scope,
+    SendError, Transport,
 };
-use recloser::{AsyncRecloser, Recloser};
+use recloser::AsyncRecloser;
 use tokio::runtime::{Builder, Runtime};
-
-/// A transport that answers every send at once, as success or as a Network failure.
-struct Immediate {
-    name: &'static str,
-    fail: bool,
-}
-
-const OK: Immediate = Immediate {
-    name: "immediate",
-    fail: false,
-};
-
-const FAILING: Immediate = Immediate {
-    name: "immediate",
-    fail: true,
-};
-
-#[async_trait::async_trait]
-impl Transport for Immediate {
-    fn name(&self) -> &str {
-        self.name
-    }
-
-    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
-        self.answer()
-    }
-
-    async fn send(&self, _message: &Message) -> Result<Receipt, SendError> {
-        self.answer()
-    }
-}
-
-impl Immediate {
-    fn answer(&self) -> Result<Receipt, SendError> {
-        if self.fail {
-            Err(SendError::new(Category::Network, "test.down", "down"))
-        } else {
-            Ok(Receipt::new(self.name))
-        }
-    }
-}
-
-fn message_to(to: &str) -> Message {
-    Message::builder()
-        .from("app@example.com".parse().expect("a valid sender"))
-        .to(to.parse().expect("a valid recipient"))
-        .subject("bench")
-        .body(String::from("hello"))
-        .expect("a valid message")
-}
-
-fn message() -> Message {
-    message_to("user@example.org")
-}
-
-/// failsafe's state machine: 5 failures in a row open it for 30 s, like the breaker's default.
-type Failsafe = StateMachine<ConsecutiveFailures<Constant>, ()>;
-
-fn failsafe() -> Failsafe {
-    let backoff = backoff::constant(Duration::from_secs(30));
-    StateMachine::new(failure_policy::consecutive_failures(5, backoff), ())
-}
-
-fn recloser() -> AsyncRecloser {
-    AsyncRecloser::from(
-        Recloser::custom()
-            .error_rate(0.5)
-            .closed_len(5)
-            .open_wait(Duration::from_secs(30))
-            .build(),
-    )
-}
-
-/// Sends through failsafe's state machine the way its futures API does: ask, send, record
-/// (here only Network-like errors fail, as in the breaker's default).
-async fn through_failsafe<F>(
-    machine: &Failsafe,
-    send: impl FnOnce() -> F,
-) -> Result<Receipt, SendError>
-where
-    F: Future<Output = Result<Receipt, SendError>>,
-{
-    if !machine.is_call_permitted() {
-        return Err(SendError::new(
-            Category::ServiceUnavailable,
-            "failsafe.rejected",
-            "rejected",
-        ));
-    }
-    let result = send().await;
-    match &result {
-        Err(error) if error.category().is_breaker_failure() => machine.on_error(),
-        _ => machine.on_success(),
-    }
-    result
-}
-
-async fn through_recloser<F>(recloser: &AsyncRecloser, send: F) -> Result<Receipt, SendError>
-where
-    F: Future<Output = Result<Receipt, SendError>>,
-{
-    recloser
-        .call_with(
-            |error: &SendError| error.category().is_breaker_failure(),
-            send,
-        )
-        .await
-        .map_err(|error| match error {
-            recloser::Error::Inner(error) => error,
-            recloser::Error::Rejected => SendError::new(
-                Category::ServiceUnavailable,
-                "recloser.rejected",
-                "rejected",
-            ),
-        })
-}
-
-/// failsafe as a [`Transport`]: what a user writes to put it in a pool.
-struct FailsafeTransport<T> {
-    inner: T,
-    machine: Failsafe,
-}
-
-#[async_trait::async_trait]
-impl<T: Transport> Transport for FailsafeTransport<T> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        through_failsafe(&self.machine, || self.inner.send_raw(envelope, raw)).await
-    }
-
-    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        through_failsafe(&self.machine, || self.inner.send(message)).await
-    }
-}
-
-/// recloser as a [`Transport`], the same way.
-struct RecloserTransport<T> {
-    inner: T,
-    recloser: AsyncRecloser,
-}
-
-#[async_trait::async_trait]
-impl<T: Transport> Transport for RecloserTransport<T> {
-    fn name(&self) -> &str {
-        self.inner.name()
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        through_recloser(&self.recloser, self.inner.send_raw(envelope, raw)).await
-    }
-
-    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        through_recloser(&self.recloser, self.inner.send(message)).await
-    }
-}
 
 /// The guards under test, each over its own copy of `inner`.
 struct Guards {
