@@ -132,6 +132,9 @@ pub fn describe() {
 /// Whether a send needs its start time read even when slow calls do not count.
 pub(crate) const TIMES_SENDS: bool = cfg!(feature = "metrics");
 
+/// Whether [`send_finished`] counts each send's outcome.
+pub(crate) const COUNTS_SENDS: bool = cfg!(feature = "metrics");
+
 /// A breaker held a send back.
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

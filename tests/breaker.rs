@@ -112,6 +112,26 @@ async fn a_success_between_failures_starts_the_count_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_success_let_go_before_failures_in_its_period_still_starts_the_count_again() {
+    let inner = Scripted::new("p");
+    let breaker = Arc::new(breaker(inner.clone()));
+    inner.then([Reply::after(Duration::from_secs(5), Reply::Ok)]);
+    let slow = Arc::clone(&breaker);
+    let early = tokio::spawn(async move { slow.send(&message()).await });
+    sleep(Duration::from_millis(1)).await;
+    fail_times(&breaker, 2).await;
+    early.await.unwrap().expect("the early send's success");
+    fail_times(&breaker, 2).await;
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "the success cleared the two failures before it"
+    );
+    fail_times(&breaker, 1).await;
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_rejected_recipient_never_opens_the_breaker() {
     let breaker = breaker(Scripted::answering("p", Reply::fail(Category::Rejected)));
     for _ in 0..10 {

@@ -8,12 +8,13 @@
 use std::borrow::Cow;
 use std::future::Future;
 use std::pin::Pin;
-use std::task::{Context, Poll, ready};
+use std::task::{Context, Poll};
 
 use super::BoxedSend;
 use super::gate::{Gate, Unspent};
+use crate::machine::{Outcome, Permit};
 use crate::store::MemoryStore;
-use crate::store::memory::LocalBreaker;
+use crate::store::memory::{FirstKey, LocalBreaker};
 use crate::transport::unanswered;
 use crate::{Envelope, Receipt, SendError};
 
@@ -34,7 +35,21 @@ pub(crate) struct LocalSend<'a, S> {
     /// sends under all of them); `None` before the first poll and once answered.
     send: Option<BoxedSend<'a>>,
     /// The one breaker that gave leave, and its permit, to count the result with.
-    held: Option<(LocalBreaker<'a>, Unspent<'a>)>,
+    held: Held<'a>,
+}
+
+/// What a send under one breaker holds while it is out.
+enum Held<'a> {
+    /// Nothing: not yet let go, answered, or under several breakers.
+    Nothing,
+    /// Let go by the first key's breaker while it was closed with no failure counted in a
+    /// row, on a gate that counts a result only by whether it failed: a permit that is never
+    /// a probe's, so there is nothing to give back if the send is dropped, and a success
+    /// changes nothing unless another result came first. The common case, kept to one word
+    /// read before and, for a success, one after.
+    Clean(&'a FirstKey, Permit),
+    /// Any other leave: the breaker and its permit, given back if the send is dropped.
+    Counted(LocalBreaker<'a>, Unspent<'a>),
 }
 
 impl<'a, S> LocalSend<'a, S>
@@ -55,7 +70,7 @@ where
             envelope,
             make: Some(make),
             send: None,
-            held: None,
+            held: Held::Nothing,
         }
     }
 
@@ -70,10 +85,18 @@ where
             }
         };
         let mut breaker = self.memory.breaker_of(&key, &gate.rules);
+        if let LocalBreaker::First(first) = breaker
+            && gate.counts_plainly()
+            && let Some(permit) = first.clean_permit()
+        {
+            self.held = Held::Clean(first, permit);
+            self.send = Some(make());
+            return Ok(());
+        }
         let decision = breaker.acquire(&key, &gate.rules);
         match gate.admitted(transport, key, decision) {
             Ok(unspent) => {
-                self.held = Some((breaker, unspent));
+                self.held = Held::Counted(breaker, unspent);
                 self.send = Some(make());
                 Ok(())
             }
@@ -99,14 +122,34 @@ where
             // Polled again after it answered: a caller's mistake, answered, not a panic.
             return Poll::Ready(Err(unanswered(this.transport)));
         };
-        let result = ready!(send.as_mut().poll(cx));
+        // The inner send's answer is handed back as the very value it polled to, so that it
+        // can be written once, where the caller reads it, and not moved out and back in.
+        let answer = send.as_mut().poll(cx);
+        let Poll::Ready(result) = &answer else {
+            return Poll::Pending;
+        };
         this.send = None;
-        if let Some((breaker, unspent)) = &mut this.held
-            && let Some((permit, outcome)) = unspent.counted(&result)
-        {
-            let transitions = breaker.record(unspent.key(), &this.gate.rules, permit, outcome);
-            unspent.recorded(transitions);
+        match &mut this.held {
+            Held::Nothing => {}
+            Held::Clean(first, permit) => {
+                let outcome = match result {
+                    Err(error) if (this.gate.is_failure)(error) => Outcome::Failure,
+                    _ => Outcome::Success,
+                };
+                let transitions = first.record(&this.gate.rules, *permit, outcome);
+                if !transitions.is_empty() {
+                    this.gate.announce(this.transport, first.key(), transitions);
+                }
+                this.held = Held::Nothing;
+            }
+            Held::Counted(breaker, unspent) => {
+                if let Some((permit, outcome)) = unspent.counted(result) {
+                    let transitions =
+                        breaker.record(unspent.key(), &this.gate.rules, permit, outcome);
+                    unspent.recorded(transitions);
+                }
+            }
         }
-        Poll::Ready(result)
+        answer
     }
 }

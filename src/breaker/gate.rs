@@ -298,6 +298,14 @@ impl Gate {
         }
     }
 
+    /// Whether a send's result counts only by whether it failed: no slow calls to time, no
+    /// metrics to tell. A send let go by a breaker closed with nothing counted then holds
+    /// only its permit (see [`LocalSend`](super::future::LocalSend)).
+    #[inline]
+    pub(crate) fn counts_plainly(&self) -> bool {
+        self.slow_call.is_none() && !metrics::TIMES_SENDS && !metrics::COUNTS_SENDS
+    }
+
     /// When a send let go now started, read only if slow calls or metrics need it.
     fn started(&self) -> Option<Instant> {
         (self.slow_call.is_some() || metrics::TIMES_SENDS).then(Instant::now)

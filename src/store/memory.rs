@@ -106,11 +106,14 @@ impl MemoryStore {
 
     /// The first key's breaker if `key` is it; made from `key` if there is none yet and
     /// `make` is true.
+    #[inline]
     fn first(&self, key: &str, rules: &Rules, make: bool) -> Option<&FirstKey> {
-        let first = if make && self.keeps_first_apart {
-            self.first.get_or_init(|| FirstKey::new(key, rules))
-        } else {
-            self.first.get()?
+        let first = match self.first.get() {
+            Some(first) => first,
+            None if make && self.keeps_first_apart => {
+                self.first.get_or_init(|| FirstKey::new(key, rules))
+            }
+            None => return None,
         };
         first.key.is(key).then_some(first)
     }
@@ -362,9 +365,23 @@ impl FirstKey {
         self.open_until.store(word, Ordering::Release);
     }
 
-    fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
-        let in_a_row = counts_in_a_row(rules);
-        if in_a_row
+    /// The permit of a send let go while the breaker is closed with no failure counted in a
+    /// row, read from one word without the lock; `None` in any other state.
+    #[inline]
+    pub(crate) fn clean_permit(&self) -> Option<Permit> {
+        let clean = self.clean.load(Ordering::Acquire);
+        (clean != 0).then(|| Permit::new(clean - 1, None))
+    }
+
+    /// The key this breaker is for.
+    pub(crate) fn key(&self) -> &str {
+        self.key.as_str()
+    }
+
+    /// Counts one result (see [`BreakerStore::record`]).
+    #[inline]
+    pub(crate) fn record(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
+        if counts_in_a_row(rules)
             && outcome == Outcome::Success
             && !permit.is_probe()
             && self.clean.load(Ordering::Acquire) == permit.period() + 1
@@ -373,6 +390,13 @@ impl FirstKey {
             // machine would set its count of failures to the 0 it already is.
             return Transitions::NONE;
         }
+        self.record_under_lock(rules, permit, outcome)
+    }
+
+    /// Counts one result that may change the machine.
+    #[inline(never)]
+    fn record_under_lock(&self, rules: &Rules, permit: Permit, outcome: Outcome) -> Transitions {
+        let in_a_row = counts_in_a_row(rules);
         let now = Instant::now();
         let mut machine = lock(&self.machine);
         let before = machine.period();
