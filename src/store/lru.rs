@@ -2,29 +2,40 @@
 //! of those, the ones its owner marks as cheap to forget (closed breakers) before the others.
 //!
 //! Built for recipient domains that come and go by the thousand: a lookup hashes its key
-//! once; a new key takes the place of the forgotten one and reuses its buffer, so a full map
-//! allocates nothing; and an entry used again while it is in the newer half of its list stays
+//! once; a new key takes the place of the forgotten one, in place in its entry, so a full map
+//! allocates nothing for a key of up to 46 bytes; and an entry used again while it is in the newer half of its list stays
 //! where it is, so a hit writes no links.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
 
+use crate::inline::InlineStr;
+
 const NIL: usize = usize::MAX;
 
+/// An entry, laid out for the churn of new keys: its first cache line holds the key (in
+/// place, when it is as short as nearly every domain) with its hash and the next of the same
+/// hash, which a lookup reads; the next lines hold its links and value, which a change
+/// writes. A new key written over a forgotten one then touches the entry alone, not a
+/// buffer elsewhere on the heap.
 #[derive(Debug)]
+#[repr(C, align(64))]
 struct Entry<V> {
-    key: String,
+    key: Key,
     /// The key's hash, kept so that forgetting the entry needs no second hash.
     hash: u64,
-    value: V,
-    cheap: bool,
-    newer: usize,
-    older: usize,
     /// The next entry whose key has the same hash (almost never one).
     same_hash: usize,
+    newer: usize,
+    older: usize,
     /// Its list's clock when it was linked as the newest.
     linked_at: u64,
+    cheap: bool,
+    value: V,
 }
+
+/// A key of up to 46 bytes in place (with its tag and length, 48 bytes), a longer one shared.
+type Key = InlineStr<46>;
 
 /// Two recency lists threaded through one slab: index 0 for entries cheap to forget, 1 for the rest.
 #[derive(Debug)]
@@ -120,7 +131,7 @@ impl<V> BoundedMap<V> {
     /// Runs `f` on every entry, oldest first or not: in no promised order, recency unchanged.
     pub(crate) fn for_each_mut(&mut self, mut f: impl FnMut(&str, &mut V)) {
         for entry in &mut self.slab {
-            f(&entry.key, &mut entry.value);
+            f(entry.key.as_str(), &mut entry.value);
         }
     }
 
@@ -129,14 +140,14 @@ impl<V> BoundedMap<V> {
     /// and when a result is recorded for the key just decided on.
     fn find(&self, key: &str) -> Result<usize, u64> {
         for newest in self.newest {
-            if newest != NIL && self.slab[newest].key == key {
+            if newest != NIL && self.slab[newest].key.is(key) {
                 return Ok(newest);
             }
         }
         let hash = self.hasher.hash_one(key);
         let mut at = self.index.get(&hash).copied().unwrap_or(NIL);
         while at != NIL {
-            if self.slab[at].key == key {
+            if self.slab[at].key.is(key) {
                 return Ok(at);
             }
             at = self.slab[at].same_hash;
@@ -149,14 +160,14 @@ impl<V> BoundedMap<V> {
     fn insert(&mut self, key: &str, hash: u64, value: V) -> usize {
         let at = if self.slab.len() < self.capacity {
             self.slab.push(Entry {
-                key: key.to_owned(),
+                key: Key::new(key),
                 hash,
-                value,
-                cheap: true,
+                same_hash: NIL,
                 newer: NIL,
                 older: NIL,
-                same_hash: NIL,
                 linked_at: 0,
+                cheap: true,
+                value,
             });
             self.slab.len() - 1
         } else {
@@ -168,9 +179,8 @@ impl<V> BoundedMap<V> {
             self.unlink(victim);
             self.unindex(victim);
             let entry = &mut self.slab[victim];
-            // The forgotten key's buffer holds the new one: domains are of much a length.
-            entry.key.clear();
-            entry.key.push_str(key);
+            // The new key takes the forgotten one's place in the entry itself.
+            entry.key.set(key);
             entry.hash = hash;
             entry.value = value;
             entry.cheap = true;
@@ -289,7 +299,7 @@ mod tests {
             let mut keys = Vec::new();
             let mut at = map.index.get(&7).copied().unwrap_or(NIL);
             while at != NIL {
-                keys.push(map.slab[at].key.clone());
+                keys.push(map.slab[at].key.as_str().to_owned());
                 at = map.slab[at].same_hash;
             }
             keys
