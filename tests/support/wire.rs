@@ -301,6 +301,22 @@ enum Direction {
     ToClient,
 }
 
+/// Waits until `when`, to well under a millisecond. Tokio's timers fire on the first whole
+/// millisecond after their deadline, which made each 10 ms direction 10-11 ms and a 20 ms
+/// round trip 21-22 ms; the last millisecond is waited out by yielding instead.
+async fn deliver_at(when: Instant) {
+    let early = when.checked_sub(Duration::from_millis(1)).unwrap_or(when);
+    tokio::time::sleep_until(early).await;
+    // Bounded, for a clock paused by a test, which yielding never moves on.
+    for _ in 0..1_000_000 {
+        if Instant::now() >= when {
+            return;
+        }
+        tokio::task::yield_now().await;
+    }
+    tokio::time::sleep_until(when).await;
+}
+
 /// One direction of one connection: a reader that stamps each chunk with when it may be
 /// delivered, and a writer that delivers it then. Returns both tasks' abort handles.
 fn spawn_direction(
@@ -353,7 +369,7 @@ fn spawn_direction(
     });
     let writer = tokio::spawn(async move {
         while let Some((when, chunk)) = due.recv().await {
-            tokio::time::sleep_until(when).await;
+            deliver_at(when).await;
             let Some(chunk) = chunk else {
                 let _ = to.shutdown().await;
                 return;
