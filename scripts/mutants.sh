@@ -47,12 +47,17 @@ tests[http]="--lib --test=postmark --test=resend --test=sendgrid --test=mailgun 
 files[ses]="src/adapters/ses/classify.rs src/adapters/ses.rs"
 tests[ses]="--lib --test=ses"
 
-files[smtp]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
+# The SMTP client: its pure parts (reply reader, command writer, capabilities) by their unit
+# tests and fuzz module; the transaction engine and connections by the tests against scripted,
+# hostile and real servers.
+files[smtp_wire]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs"
+tests[smtp_wire]="--lib"
+files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
 tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
 
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis smtp http ses)
+    groups=(machine batch gate retry pool redis smtp_wire smtp http ses)
 fi
 
 status=0
