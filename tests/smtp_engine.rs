@@ -444,6 +444,32 @@ async fn a_421_after_every_recipient_was_refused_keeps_their_refusal_as_the_answ
 }
 
 #[tokio::test]
+async fn a_421_from_a_server_that_keeps_the_socket_open_still_ends_the_session() {
+    let bdats = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&bdats);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "RCPT" if seen.load(Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
+        }
+        "BDAT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            // Says it is closing, and does not: the client must not send on this session.
+            Answer::Say(b"421 4.3.2 going down\r\n".to_vec())
+        }
+        other => chunking(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        server.connections(),
+        2,
+        "the next message went on a new connection, not on the session the server closed"
+    );
+}
+
+#[tokio::test]
 async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer_and_closes() {
     let mails = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&mails);
