@@ -228,6 +228,32 @@ async fn a_421_to_a_recipient_closes_the_connection_and_the_next_send_opens_anot
 }
 
 #[tokio::test]
+async fn a_421_to_the_first_of_two_recipients_ends_the_session_though_the_server_keeps_the_socket_open()
+ {
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "RCPT",
+            Answer::Say(b"421 4.3.2 going down\r\n".to_vec()),
+            pipelining,
+        ),
+    )
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp
+        .send(&message_to_two())
+        .await
+        .expect_err("the session ended: not delivered to the second recipient either");
+    assert_eq!(error.category(), Category::ServiceUnavailable);
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        server.connections(),
+        2,
+        "the closed session carried nothing more"
+    );
+}
+
+#[tokio::test]
 async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
     let server = RawSmtp::start(
         greeting(),
@@ -488,6 +514,32 @@ async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer
     assert_eq!(error.code(), "smtp.550", "{error}");
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test]
+async fn a_421_in_the_pipeline_of_a_refused_mail_ends_the_session_though_the_server_keeps_the_socket_open()
+ {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
+        }
+        "RCPT" if seen.load(Ordering::SeqCst) == 1 => {
+            Answer::Say(b"421 4.3.2 going down\r\n".to_vec())
+        }
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        server.connections(),
+        2,
+        "the closed session carried nothing more"
+    );
 }
 
 #[tokio::test]
