@@ -543,6 +543,31 @@ async fn a_421_in_the_pipeline_of_a_refused_mail_ends_the_session_though_the_ser
 }
 
 #[tokio::test]
+async fn a_recipient_accepted_in_a_transaction_the_server_refused_is_out_of_turn_and_ends_the_session()
+ {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
+        }
+        // A 250 to RCPT after MAIL was refused: the server and the client no longer agree
+        // on where the session stands.
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        server.connections(),
+        2,
+        "the session out of turn carried nothing more"
+    );
+}
+
+#[tokio::test]
 async fn an_empty_message_the_server_took_after_every_recipient_was_refused_keeps_the_connection() {
     let datas = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&datas);
