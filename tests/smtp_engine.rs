@@ -274,6 +274,57 @@ async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
 }
 
 #[tokio::test]
+async fn a_4xx_to_mail_on_a_fresh_connection_is_a_refusal_and_the_connection_is_kept() {
+    let server = RawSmtp::start(
+        greeting(),
+        first(
+            "MAIL",
+            Answer::Say(b"451 4.3.0 try later\r\n".to_vec()),
+            Answer::healthy,
+        ),
+    )
+    .await;
+    let smtp = transport(&server, false);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.451", "{error}");
+    smtp.send(&message()).await.expect("delivered");
+    assert_eq!(
+        server.connections(),
+        1,
+        "a refusal leaves the session usable"
+    );
+}
+
+#[tokio::test]
+async fn a_421_to_the_reset_of_a_pooled_connection_replaces_it_though_the_server_keeps_the_socket_open()
+ {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    let server = RawSmtp::start(greeting(), move |command| match command {
+        // The first transaction is refused, so the next one on this connection starts with
+        // RSET, which the server, having timed the connection out while idle, answers 421.
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
+        }
+        "RCPT" | "DATA" if seen.load(Ordering::SeqCst) == 1 => {
+            Answer::Say(b"503 5.5.1 no MAIL\r\n".to_vec())
+        }
+        "RSET" => Answer::Say(b"421 4.4.2 idle too long\r\n".to_vec()),
+        other => pipelining(other),
+    })
+    .await;
+    let smtp = transport(&server, true);
+    let error = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(error.code(), "smtp.550", "{error}");
+    let receipt = smtp
+        .send(&message())
+        .await
+        .expect("delivered on a fresh connection");
+    assert_eq!(receipt.attempts(), 1);
+    assert_eq!(server.connections(), 2);
+}
+
+#[tokio::test]
 async fn verify_replaces_an_idle_connection_that_fails_its_noop() {
     let server = RawSmtp::start(greeting(), |command| match command {
         "NOOP" => Answer::SayAndHangUp(b"421 4.4.2 idle too long\r\n".to_vec()),
