@@ -675,4 +675,27 @@ mod tests {
         assert!(parameters.eight_bit);
         assert!(!parameters.utf8);
     }
+
+    #[test]
+    fn a_sender_or_a_recipient_that_is_not_ascii_needs_smtputf8_and_declares_it() {
+        let envelopes = [
+            Envelope::new(Some(to("jöran@example.com")), vec![to("bob@example.org")]),
+            Envelope::new(Some(to("app@example.com")), vec![to("jöran@example.org")]),
+        ];
+        let offered = Capabilities {
+            smtputf8: true,
+            ..Capabilities::default()
+        };
+        for envelope in envelopes {
+            let envelope = envelope.expect("an envelope");
+            let error = mail_parameters(&Capabilities::default(), &envelope, b"x")
+                .expect_err("no SMTPUTF8");
+            assert_eq!(error.category(), Category::Configuration);
+            assert_eq!(error.code(), "smtp.client");
+            let parameters = mail_parameters(&offered, &envelope, b"x").expect("offered");
+            assert!(parameters.utf8);
+        }
+        let ascii = mail_parameters(&offered, &envelope(), b"x").expect("offered");
+        assert!(!ascii.utf8, "an ASCII envelope declares nothing");
+    }
 }
