@@ -333,6 +333,53 @@ mod tests {
     }
 
     #[test]
+    fn a_hit_in_the_older_half_makes_the_entry_the_newest_however_long_the_list() {
+        let mut map = BoundedMap::new(100);
+        for i in 0..100 {
+            touch(&mut map, &format!("k{i}"), 0);
+        }
+        // Linked 31st of 100: 69 links ago, in the older half.
+        touch(&mut map, "k30", 0);
+        for i in 0..31 {
+            touch(&mut map, &format!("new{i}"), 0);
+        }
+        assert!(map.peek_mut("k30", |_| ()).is_some(), "used again, so kept");
+        assert!(
+            map.peek_mut("k31", |_| ()).is_none(),
+            "the oldest went first"
+        );
+        assert!(map.peek_mut("k29", |_| ()).is_none());
+    }
+
+    #[test]
+    fn the_index_hasher_gives_byte_strings_their_own_hashes() {
+        let hash = |bytes: &[u8]| {
+            let mut hasher = AlreadyHashed::default();
+            hasher.write(bytes);
+            hasher.finish()
+        };
+        // Nine bytes: the first is rotated all the way round onto the last.
+        let wrapped = |first: u8, last: u8| hash(&[first, 0, 0, 0, 0, 0, 0, 0, last]);
+        let hashes = [
+            hash(b""),
+            hash(b"a"),
+            hash(b"b"),
+            hash(b"ab"),
+            hash(b"ba"),
+            wrapped(3, 1),
+            wrapped(2, 3),
+        ];
+        for (i, one) in hashes.iter().enumerate() {
+            for other in &hashes[i + 1..] {
+                assert_ne!(one, other);
+            }
+        }
+        let mut hasher = AlreadyHashed::default();
+        hasher.write_u64(42);
+        assert_eq!(hasher.finish(), 42, "a hash is its own hash");
+    }
+
+    #[test]
     fn a_million_keys_stay_within_the_bound() {
         let mut map = BoundedMap::new(1000);
         for i in 0..1_000_000u32 {
