@@ -38,6 +38,12 @@ files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
 tests[retry]="--lib --test=retry --test=batch_failures --test=extreme_settings --test=cancellation --test=metrics"
 files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs"
 tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancellation --test=metrics"
+# Where the breakers' state lives: the memory store's lock-free words and the bounded map of
+# per-domain breakers; and the Redis store's script, quorum and connections.
+files[stores]="src/store/memory.rs src/store/lru.rs"
+tests[stores]="--lib --test=store_scenarios --test=scope --test=breaker --test=operate --test=machine_model"
+files[redis-store]="src/store/redis/mod.rs src/store/redis/script.rs src/store/redis/quorum.rs src/store/redis/connection.rs"
+tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
@@ -57,7 +63,7 @@ tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies
 
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis smtp_wire smtp http ses)
+    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses)
 fi
 
 status=0
