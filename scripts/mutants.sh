@@ -80,7 +80,7 @@ for group in "${groups[@]}"; do
     # The machine model's 10,000 random sequences per mutant would take most of the run;
     # 1,000 still find every broken rule that the fixed scenarios miss.
     cases="${PROPTEST_CASES:-}"
-    if [ "$group" = machine ] && [ -z "$cases" ]; then cases=1000; fi
+    if [[ "$group" =~ ^(machine|stores)$ ]] && [ -z "$cases" ]; then cases=1000; fi
     # shellcheck disable=SC2086 # MUTANTS_ARGS is words on purpose
     env ${cases:+PROPTEST_CASES=$cases} cargo mutants "${args[@]}" --all-features --profile mutants --timeout-multiplier 3 \
         --output "mutants.out/$group" ${MUTANTS_ARGS:-} || status=$?
