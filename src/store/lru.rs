@@ -352,6 +352,27 @@ mod tests {
     }
 
     #[test]
+    fn a_hit_in_the_older_half_after_many_keys_were_forgotten_still_makes_the_entry_the_newest() {
+        let mut map = BoundedMap::new(100);
+        for i in 0..200 {
+            touch(&mut map, &format!("k{i}"), 0);
+        }
+        // k100 to k199 are left, each linked once; k129 was linked 70 links ago.
+        touch(&mut map, "k129", 0);
+        for i in 0..30 {
+            touch(&mut map, &format!("new{i}"), 0);
+        }
+        assert!(
+            map.peek_mut("k129", |_| ()).is_some(),
+            "used again, so kept"
+        );
+        assert!(
+            map.peek_mut("k130", |_| ()).is_none(),
+            "the oldest went first"
+        );
+    }
+
+    #[test]
     fn the_index_hasher_gives_byte_strings_their_own_hashes() {
         let hash = |bytes: &[u8]| {
             let mut hasher = AlreadyHashed::default();

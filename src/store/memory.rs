@@ -831,6 +831,25 @@ mod tests {
     }
 
     #[test]
+    fn an_open_breaker_is_kept_while_closed_ones_come_and_go() {
+        let rules = Rules::default();
+        // The first key apart, and three in the map.
+        let store = MemoryStore::with_max_keys(4);
+        leave(&store, "first", &rules);
+        open(&store, "down.example", &rules);
+        for i in 0..10 {
+            let key = format!("up{i}.example");
+            let (breaker, permit) = leave(&store, &key, &rules);
+            breaker.record(&key, &rules, permit, Outcome::Success);
+        }
+        assert_eq!(
+            store.state("down.example", &rules).0,
+            State::Open,
+            "closed breakers are forgotten first"
+        );
+    }
+
+    #[test]
     fn an_open_first_key_refuses_without_taking_its_lock() {
         let (store, rules) = opened();
         let first = store.first("smtp", &rules, false).expect("the first key");
