@@ -499,123 +499,87 @@ async fn a_reply_out_of_turn_to_a_recipient_closes_the_connection() {
     assert_eq!(server.connections(), 2);
 }
 
-#[tokio::test]
-async fn a_421_after_every_recipient_was_refused_keeps_their_refusal_as_the_answer_and_closes() {
+/// A server that refuses the first message's only recipient, then answers its BDAT with
+/// `answer`; every later command is a chunking server's.
+async fn refused_recipient_then_bdat(answer: Answer) -> RawSmtp {
     let bdats = Arc::new(AtomicUsize::new(0));
     let seen = Arc::clone(&bdats);
-    let server = RawSmtp::start(greeting(), move |command| match command {
+    RawSmtp::start(greeting(), move |command| match command {
         "RCPT" if seen.load(Ordering::SeqCst) == 0 => {
             Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
         }
-        "BDAT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
-        }
+        "BDAT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => answer.clone(),
         other => chunking(other),
     })
-    .await;
-    let smtp = transport(&server, true);
-    let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.550", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(server.connections(), 2);
+    .await
 }
 
-#[tokio::test]
-async fn a_421_from_a_server_that_keeps_the_socket_open_still_ends_the_session() {
-    let bdats = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&bdats);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "RCPT" if seen.load(Ordering::SeqCst) == 0 => {
-            Answer::Say(b"550 5.1.1 no such user\r\n".to_vec())
+/// A server that refuses the first MAIL, then answers the RCPT pipelined after it with
+/// `answer`; every later command is a pipelining server's.
+async fn refused_mail_then_rcpt(answer: Answer) -> RawSmtp {
+    let mails = Arc::new(AtomicUsize::new(0));
+    let seen = Arc::clone(&mails);
+    RawSmtp::start(greeting(), move |command| match command {
+        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
+            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
         }
-        "BDAT" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            // Says it is closing, and does not: the client must not send on this session.
-            Answer::Say(b"421 4.3.2 going down\r\n".to_vec())
-        }
-        other => chunking(other),
+        "RCPT" if seen.load(Ordering::SeqCst) == 1 => answer.clone(),
+        other => pipelining(other),
     })
-    .await;
-    let smtp = transport(&server, true);
+    .await
+}
+
+/// Sends twice: the first answer must be the refusal `code`, and the second message must go
+/// on a new connection, the first session having ended.
+async fn refused_then_sent_on_a_new_connection(server: &RawSmtp, code: &str) {
+    let smtp = transport(server, true);
     let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.550", "{error}");
+    assert_eq!(error.code(), code, "{error}");
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(
         server.connections(),
         2,
-        "the next message went on a new connection, not on the session the server closed"
+        "the next message went on a new connection, not on the session that ended"
     );
 }
 
 #[tokio::test]
+async fn a_421_after_every_recipient_was_refused_keeps_their_refusal_as_the_answer_and_closes() {
+    let server =
+        refused_recipient_then_bdat(Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec()))
+            .await;
+    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+}
+
+#[tokio::test]
+async fn a_421_from_a_server_that_keeps_the_socket_open_still_ends_the_session() {
+    // Says it is closing, and does not: the client must not send on this session.
+    let server =
+        refused_recipient_then_bdat(Answer::Say(b"421 4.3.2 going down\r\n".to_vec())).await;
+    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+}
+
+#[tokio::test]
 async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer_and_closes() {
-    let mails = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&mails);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
-        }
-        "RCPT" if seen.load(Ordering::SeqCst) == 1 => {
-            Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())
-        }
-        other => pipelining(other),
-    })
-    .await;
-    let smtp = transport(&server, true);
-    let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.550", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(server.connections(), 2);
+    let server =
+        refused_mail_then_rcpt(Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())).await;
+    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
 }
 
 #[tokio::test]
 async fn a_421_in_the_pipeline_of_a_refused_mail_ends_the_session_though_the_server_keeps_the_socket_open()
  {
-    let mails = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&mails);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
-        }
-        "RCPT" if seen.load(Ordering::SeqCst) == 1 => {
-            Answer::Say(b"421 4.3.2 going down\r\n".to_vec())
-        }
-        other => pipelining(other),
-    })
-    .await;
-    let smtp = transport(&server, true);
-    let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.550", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(
-        server.connections(),
-        2,
-        "the closed session carried nothing more"
-    );
+    let server = refused_mail_then_rcpt(Answer::Say(b"421 4.3.2 going down\r\n".to_vec())).await;
+    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
 }
 
 #[tokio::test]
 async fn a_recipient_accepted_in_a_transaction_the_server_refused_is_out_of_turn_and_ends_the_session()
  {
-    let mails = Arc::new(AtomicUsize::new(0));
-    let seen = Arc::clone(&mails);
-    let server = RawSmtp::start(greeting(), move |command| match command {
-        "MAIL" if seen.fetch_add(1, Ordering::SeqCst) == 0 => {
-            Answer::Say(b"550 5.7.1 sender refused\r\n".to_vec())
-        }
-        // A 250 to RCPT after MAIL was refused: the server and the client no longer agree
-        // on where the session stands.
-        other => pipelining(other),
-    })
-    .await;
-    let smtp = transport(&server, true);
-    let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.550", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(
-        server.connections(),
-        2,
-        "the session out of turn carried nothing more"
-    );
+    // A 250 to RCPT after MAIL was refused: the server and the client no longer agree on
+    // where the session stands.
+    let server = refused_mail_then_rcpt(pipelining("RCPT")).await;
+    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
 }
 
 #[tokio::test]
