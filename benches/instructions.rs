@@ -14,8 +14,11 @@ mod guards;
 use std::hint::black_box;
 use std::process::Command;
 
-use guards::{FAILING, FailsafeTransport, OK, RecloserTransport, failsafe, message, recloser};
-use mail_breaker::{CircuitBreakerTransport, Envelope, Scope, Transport};
+use guards::{
+    FAILING, FailsafeTransport, OK, RecloserTransport, domain_envelopes, failsafe, message,
+    recloser,
+};
+use mail_breaker::{CircuitBreakerTransport, Scope, Transport};
 
 /// Sends counted, and sends made before the count in both runs (they fill the churn's map).
 const SENDS: u64 = 100_000;
@@ -95,7 +98,7 @@ fn run(case: &str, sends: u64) {
     // Only the churn's cases read envelopes: made for the others, they would be most of the
     // profile of a closed send.
     let envelopes = if case.ends_with("raw") || case.starts_with("per_") {
-        domain_envelopes()
+        domain_envelopes(DOMAINS)
     } else {
         Vec::new()
     };
@@ -177,21 +180,4 @@ fn run(case: &str, sends: u64) {
             other => panic!("no such case: {other}"),
         }
     });
-}
-
-/// One envelope to each of `DOMAINS` recipient domains.
-fn domain_envelopes() -> Vec<Envelope> {
-    (0..DOMAINS)
-        .map(|i| {
-            Envelope::new(
-                Some("app@example.com".parse().expect("a valid sender")),
-                vec![
-                    format!("user@d{i}.example")
-                        .parse()
-                        .expect("a valid recipient"),
-                ],
-            )
-            .expect("a valid envelope")
-        })
-        .collect()
 }

@@ -22,12 +22,12 @@ use std::time::{Duration, Instant};
 use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
 use guards::{
-    FAILING, Failsafe, FailsafeTransport, Immediate, OK, RecloserTransport, failsafe, message,
-    message_to, recloser, through_failsafe, through_recloser,
+    FAILING, Failsafe, FailsafeTransport, Immediate, OK, RecloserTransport, domain_envelopes,
+    failsafe, message, message_to, recloser, through_failsafe, through_recloser,
 };
 use mail_breaker::{
-    CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport, Scope,
-    SendError, Transport,
+    CircuitBreakerTransport, Message, PoolTransport, Receipt, RetryTransport, Scope, SendError,
+    Transport,
 };
 use recloser::AsyncRecloser;
 use tokio::runtime::{Builder, Runtime};
@@ -213,19 +213,7 @@ fn domains(c: &mut Criterion) {
     let rt = current_thread();
     // Envelopes and `send_raw`: 100,000 whole messages would measure the memory more than
     // the breaker. Every candidate reads the same envelopes in the same order.
-    let envelopes: Vec<Envelope> = (0..DOMAINS)
-        .map(|i| {
-            Envelope::new(
-                Some("app@example.com".parse().expect("a valid sender")),
-                vec![
-                    format!("user@d{i}.example")
-                        .parse()
-                        .expect("a valid recipient"),
-                ],
-            )
-            .expect("a valid envelope")
-        })
-        .collect();
+    let envelopes = domain_envelopes(DOMAINS);
     let raw = b"Subject: bench\r\n\r\nhello\r\n";
     let bare = OK;
     let per_transport = CircuitBreakerTransport::new(OK);

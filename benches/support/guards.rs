@@ -168,3 +168,20 @@ impl<T: Transport> Transport for RecloserTransport<T> {
         through_recloser(&self.recloser, self.inner.send(message)).await
     }
 }
+
+/// One envelope to each of `count` recipient domains, `d0.example` on.
+pub fn domain_envelopes(count: usize) -> Vec<Envelope> {
+    (0..count)
+        .map(|i| {
+            Envelope::new(
+                Some("app@example.com".parse().expect("a valid sender")),
+                vec![
+                    format!("user@d{i}.example")
+                        .parse()
+                        .expect("a valid recipient"),
+                ],
+            )
+            .expect("a valid envelope")
+        })
+        .collect()
+}
