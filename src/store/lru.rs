@@ -3,8 +3,8 @@
 //!
 //! Built for recipient domains that come and go by the thousand: a lookup hashes its key
 //! once; a new key takes the place of the forgotten one, in place in its entry, so a full map
-//! allocates nothing for a key of up to 46 bytes; and an entry used again while it is in the newer half of its list stays
-//! where it is, so a hit writes no links.
+//! allocates nothing for a key of up to 46 bytes; and an entry used again while it is in the
+//! newer half of its list stays where it is, so a hit writes no links.
 
 use std::collections::HashMap;
 use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
