@@ -10,7 +10,7 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mail_breaker::{Category, SmtpTransport, Transport};
+use mail_breaker::{Category, SendError, SmtpTransport, Transport};
 use support::message;
 use support::raw_smtp::{Answer, RawSmtp};
 
@@ -264,13 +264,9 @@ async fn a_4xx_to_data_is_a_refusal_and_the_connection_is_kept() {
         ),
     )
     .await;
-    let smtp = transport(&server, false);
-    let error = smtp.send(&message()).await.expect_err("refused");
+    let error = refused_then_delivered(&server, false, "smtp.451", 1).await;
     assert_eq!(error.category(), Category::ServerError);
-    assert_eq!(error.code(), "smtp.451");
     assert!(!error.is_maybe_delivered());
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(server.connections(), 1);
 }
 
 #[tokio::test]
@@ -284,15 +280,7 @@ async fn a_4xx_to_mail_on_a_fresh_connection_is_a_refusal_and_the_connection_is_
         ),
     )
     .await;
-    let smtp = transport(&server, false);
-    let error = smtp.send(&message()).await.expect_err("refused");
-    assert_eq!(error.code(), "smtp.451", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(
-        server.connections(),
-        1,
-        "a refusal leaves the session usable"
-    );
+    refused_then_delivered(&server, false, "smtp.451", 1).await;
 }
 
 #[tokio::test]
@@ -492,11 +480,7 @@ async fn a_reply_out_of_turn_to_a_recipient_closes_the_connection() {
         ),
     )
     .await;
-    let smtp = transport(&server, false);
-    let error = smtp.send(&message()).await.expect_err("out of turn");
-    assert_eq!(error.code(), "smtp.unexpected_reply", "{error}");
-    smtp.send(&message()).await.expect("delivered");
-    assert_eq!(server.connections(), 2);
+    refused_then_delivered(&server, false, "smtp.unexpected_reply", 2).await;
 }
 
 /// A server that refuses the first message's only recipient, then answers its BDAT with
@@ -529,18 +513,26 @@ async fn refused_mail_then_rcpt(answer: Answer) -> RawSmtp {
     .await
 }
 
-/// Sends twice: the first answer must be the refusal `code`, and the second message must go
-/// on a new connection, the first session having ended.
-async fn refused_then_sent_on_a_new_connection(server: &RawSmtp, code: &str) {
-    let smtp = transport(server, true);
+/// Sends twice through a transport with or without PIPELINING: the first answer must be the
+/// refusal `code` (returned, for more checks), the second message delivered, and
+/// `connections` opened for the two: 1 where the refusal left the session usable, 2 where it
+/// ended it.
+async fn refused_then_delivered(
+    server: &RawSmtp,
+    pipelining: bool,
+    code: &str,
+    connections: usize,
+) -> SendError {
+    let smtp = transport(server, pipelining);
     let error = smtp.send(&message()).await.expect_err("refused");
     assert_eq!(error.code(), code, "{error}");
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(
         server.connections(),
-        2,
-        "the next message went on a new connection, not on the session that ended"
+        connections,
+        "connections opened for the refused message and the next"
     );
+    error
 }
 
 #[tokio::test]
@@ -548,7 +540,7 @@ async fn a_421_after_every_recipient_was_refused_keeps_their_refusal_as_the_answ
     let server =
         refused_recipient_then_bdat(Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec()))
             .await;
-    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+    refused_then_delivered(&server, true, "smtp.550", 2).await;
 }
 
 #[tokio::test]
@@ -556,21 +548,21 @@ async fn a_421_from_a_server_that_keeps_the_socket_open_still_ends_the_session()
     // Says it is closing, and does not: the client must not send on this session.
     let server =
         refused_recipient_then_bdat(Answer::Say(b"421 4.3.2 going down\r\n".to_vec())).await;
-    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+    refused_then_delivered(&server, true, "smtp.550", 2).await;
 }
 
 #[tokio::test]
 async fn a_421_in_the_pipeline_of_a_refused_mail_keeps_the_refusal_as_the_answer_and_closes() {
     let server =
         refused_mail_then_rcpt(Answer::SayAndHangUp(b"421 4.3.2 going down\r\n".to_vec())).await;
-    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+    refused_then_delivered(&server, true, "smtp.550", 2).await;
 }
 
 #[tokio::test]
 async fn a_421_in_the_pipeline_of_a_refused_mail_ends_the_session_though_the_server_keeps_the_socket_open()
  {
     let server = refused_mail_then_rcpt(Answer::Say(b"421 4.3.2 going down\r\n".to_vec())).await;
-    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+    refused_then_delivered(&server, true, "smtp.550", 2).await;
 }
 
 #[tokio::test]
@@ -579,7 +571,7 @@ async fn a_recipient_accepted_in_a_transaction_the_server_refused_is_out_of_turn
     // A 250 to RCPT after MAIL was refused: the server and the client no longer agree on
     // where the session stands.
     let server = refused_mail_then_rcpt(pipelining("RCPT")).await;
-    refused_then_sent_on_a_new_connection(&server, "smtp.550").await;
+    refused_then_delivered(&server, true, "smtp.550", 2).await;
 }
 
 #[tokio::test]
