@@ -8,6 +8,8 @@ mod config;
 mod inline;
 pub mod machine;
 pub mod metrics;
+#[cfg(feature = "outbox")]
+pub mod outbox;
 pub mod pool;
 mod receipt;
 pub mod retry;
@@ -31,6 +33,8 @@ pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classi
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
 pub use config::ConfigError;
 pub use machine::{ErrorRate, Snapshot, State};
+#[cfg(feature = "outbox")]
+pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use receipt::{Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};

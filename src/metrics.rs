@@ -12,6 +12,15 @@
 //! | [`mail_breaker_pool_failovers_total`](POOL_FAILOVERS_TOTAL) | counter | `pool`, `from` | a pool moving on from a member |
 //! | [`mail_breaker_retries_total`](RETRIES_TOTAL) | counter | `transport` | retries scheduled |
 //! | [`mail_breaker_retries_throttled_total`](RETRIES_THROTTLED_TOTAL) | counter | `transport` | retries the budget refused |
+//! | [`mail_breaker_outbox_queued`](OUTBOX_QUEUED) | gauge | | messages in the outbox waiting to be sent |
+//! | [`mail_breaker_outbox_due`](OUTBOX_DUE) | gauge | | of those, the ones due now |
+//! | [`mail_breaker_outbox_dead`](OUTBOX_DEAD) | gauge | | dead letters |
+//! | [`mail_breaker_outbox_oldest_seconds`](OUTBOX_OLDEST_SECONDS) | gauge | | how long the oldest queued message has waited |
+//! | [`mail_breaker_outbox_sent_total`](OUTBOX_SENT_TOTAL) | counter | `outcome` | answers an outbox worker recorded: `sent`, `retry` or `dead` |
+//!
+//! The outbox's gauges are what its workers last read from the database (each worker reads
+//! at most once a second while it works): with several workers, take any one's value, not
+//! their sum.
 //!
 //! `outcome` is one of `success` and `failure` (the result counted as such), `ignored` (the
 //! send went, but the breaker counted nothing: shadow mode let it through without leave) and
@@ -96,6 +105,42 @@ pub const RETRIES_TOTAL: &str = "mail_breaker_retries_total";
 /// ```
 pub const RETRIES_THROTTLED_TOTAL: &str = "mail_breaker_retries_throttled_total";
 
+/// Gauge of the messages in the outbox waiting to be sent, dead ones excluded.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OUTBOX_QUEUED, "mail_breaker_outbox_queued");
+/// ```
+pub const OUTBOX_QUEUED: &str = "mail_breaker_outbox_queued";
+
+/// Gauge of the queued messages due now that no worker holds.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OUTBOX_DUE, "mail_breaker_outbox_due");
+/// ```
+pub const OUTBOX_DUE: &str = "mail_breaker_outbox_due";
+
+/// Gauge of the outbox's dead letters.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OUTBOX_DEAD, "mail_breaker_outbox_dead");
+/// ```
+pub const OUTBOX_DEAD: &str = "mail_breaker_outbox_dead";
+
+/// Gauge of how long the oldest queued message has waited, in seconds (0 when none is).
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OUTBOX_OLDEST_SECONDS, "mail_breaker_outbox_oldest_seconds");
+/// ```
+pub const OUTBOX_OLDEST_SECONDS: &str = "mail_breaker_outbox_oldest_seconds";
+
+/// Counter of the answers an outbox worker recorded; label `outcome`: `sent` (it left the
+/// outbox), `retry` (due again later) or `dead`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::OUTBOX_SENT_TOTAL, "mail_breaker_outbox_sent_total");
+/// ```
+pub const OUTBOX_SENT_TOTAL: &str = "mail_breaker_outbox_sent_total";
+
 /// Gives each metric its description and unit, for exporters that show them (Prometheus'
 /// `# HELP` lines). Call it once, after installing the recorder; the metrics are recorded
 /// whether it is called or not.
@@ -127,6 +172,18 @@ pub fn describe() {
     );
     describe_counter!(RETRIES_TOTAL, "Retries scheduled");
     describe_counter!(RETRIES_THROTTLED_TOTAL, "Retries the retry budget refused");
+    describe_gauge!(OUTBOX_QUEUED, "Messages in the outbox waiting to be sent");
+    describe_gauge!(OUTBOX_DUE, "Messages in the outbox due now");
+    describe_gauge!(OUTBOX_DEAD, "Dead letters in the outbox");
+    describe_gauge!(
+        OUTBOX_OLDEST_SECONDS,
+        Unit::Seconds,
+        "How long the oldest message in the outbox has waited"
+    );
+    describe_counter!(
+        OUTBOX_SENT_TOTAL,
+        "Answers an outbox worker recorded, by outcome: sent, retry or dead"
+    );
 }
 
 /// Whether a send needs its start time read even when slow calls do not count.
@@ -210,4 +267,31 @@ pub(crate) fn retry(transport: &str) {
 pub(crate) fn retry_throttled(transport: &str) {
     #[cfg(feature = "metrics")]
     ::metrics::counter!(RETRIES_THROTTLED_TOTAL, "transport" => transport.to_owned()).increment(1);
+}
+
+/// An outbox worker recorded `count` answers with `outcome` (`sent`, `retry` or `dead`).
+#[inline]
+#[cfg_attr(
+    not(all(feature = "metrics", feature = "outbox")),
+    allow(dead_code, unused_variables)
+)]
+pub(crate) fn outbox_answers(outcome: &'static str, count: u64) {
+    #[cfg(feature = "metrics")]
+    if count > 0 {
+        ::metrics::counter!(OUTBOX_SENT_TOTAL, "outcome" => outcome).increment(count);
+    }
+}
+
+/// What an outbox worker last read of its outbox.
+#[cfg(feature = "outbox")]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn outbox_stats(stats: &crate::outbox::OutboxStats) {
+    #[cfg(feature = "metrics")]
+    {
+        ::metrics::gauge!(OUTBOX_QUEUED).set(stats.queued as f64);
+        ::metrics::gauge!(OUTBOX_DUE).set(stats.due as f64);
+        ::metrics::gauge!(OUTBOX_DEAD).set(stats.dead as f64);
+        ::metrics::gauge!(OUTBOX_OLDEST_SECONDS)
+            .set(stats.oldest.map_or(0.0, |oldest| oldest.as_secs_f64()));
+    }
 }

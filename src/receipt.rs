@@ -54,6 +54,8 @@ pub struct Receipt {
     rejected: Vec<(lettre::Address, SendError)>,
     /// Recipients the provider refused for now (a 4xx) while it accepted the others.
     deferred: Vec<(lettre::Address, SendError)>,
+    /// Kept in an outbox to be sent later, not delivered yet.
+    queued: bool,
 }
 
 impl Receipt {
@@ -66,7 +68,28 @@ impl Receipt {
             attempts: 1,
             rejected: Vec::new(),
             deferred: Vec::new(),
+            queued: false,
         }
+    }
+
+    /// Marks the message as kept in an outbox to be sent later rather than delivered:
+    /// [`OutboxTransport`](crate::outbox::OutboxTransport) answers so when it queued.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// let receipt = Receipt::new("outbox").with_message_id("42").queued();
+    /// assert!(receipt.is_queued());
+    /// assert!(!Receipt::new("smtp://relay:25").is_queued());
+    /// ```
+    pub fn queued(mut self) -> Self {
+        self.queued = true;
+        self
+    }
+
+    /// Whether the message was queued in an outbox (its [`message_id`](Self::message_id) is
+    /// then the outbox's id) rather than delivered.
+    pub fn is_queued(&self) -> bool {
+        self.queued
     }
 
     /// Adds the provider's id for the message (an SES MessageId, an SMTP queue id).
@@ -248,6 +271,28 @@ impl Category {
     /// assert_eq!(mail_breaker::Category::RateLimited.as_str(), "rate_limited");
     /// ```
     pub fn as_str(self) -> &'static str {
+        self.name()
+    }
+
+    /// The category named `name` (as [`as_str`](Self::as_str) writes it).
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // read back from the outbox's table
+    pub(crate) fn from_name(name: &str) -> Option<Category> {
+        const ALL: [Category; 10] = [
+            Category::Network,
+            Category::Timeout,
+            Category::ServerError,
+            Category::ServiceUnavailable,
+            Category::RateLimited,
+            Category::Rejected,
+            Category::Authentication,
+            Category::InvalidMessage,
+            Category::Configuration,
+            Category::Unsupported,
+        ];
+        ALL.into_iter().find(|category| category.name() == name)
+    }
+
+    const fn name(self) -> &'static str {
         match self {
             Category::Network => "network",
             Category::Timeout => "timeout",

@@ -9,6 +9,7 @@ pub mod http_api;
 pub mod http_checks;
 pub mod moto;
 pub mod postfix;
+pub mod postgres;
 pub mod raw_smtp;
 pub mod redis;
 pub mod redis_cluster;

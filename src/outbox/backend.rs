@@ -1,0 +1,53 @@
+//! The small trait the outbox's two databases implement: SQLite (`sqlite.rs`) and
+//! PostgreSQL (`postgres.rs`). Every method is one statement or one transaction.
+
+use std::fmt::Debug;
+
+use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError};
+use super::schedule::Millis;
+use super::{OutboxId, OutboxStats};
+use crate::SendError;
+
+/// What the worker wrote back for one claim.
+#[derive(Debug, Clone)]
+pub(crate) enum Finish {
+    /// Delivered: the row goes.
+    Sent,
+    /// Dead with its error, at a time.
+    Dead { error: StoredError, at: Millis },
+    /// Due again at `due_at`, its last error kept.
+    Retry { error: StoredError, due_at: Millis },
+}
+
+#[async_trait::async_trait]
+pub(crate) trait Backend: Send + Sync + Debug {
+    /// Stores the rows, all or none, committed before it returns; their ids in order.
+    async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError>;
+
+    /// Leases up to `limit` messages due at `now` (soonest first) until `lease_until`, in one
+    /// statement no other worker can interleave with.
+    async fn claim(
+        &self,
+        now: Millis,
+        lease_until: Millis,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, SendError>;
+
+    /// Writes back the outcome of each claim, in one transaction. A claim whose lease another
+    /// worker has taken since is left alone.
+    async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError>;
+
+    /// The soonest due time of a queued message (a held one's is its lease's end).
+    async fn next_due(&self) -> Result<Option<Millis>, SendError>;
+
+    async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError>;
+
+    /// The dead letters, oldest death first.
+    async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError>;
+
+    /// Makes a dead message due at `now` again, attempts and error kept; whether it was dead.
+    async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError>;
+
+    /// Deletes a message, queued or dead; whether it was there.
+    async fn purge(&self, id: OutboxId) -> Result<bool, SendError>;
+}

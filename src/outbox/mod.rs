@@ -1,0 +1,331 @@
+//! The outbox: mail that no provider takes now is kept in a database (SQLite, or PostgreSQL
+//! for a fleet) and sent by a [`Worker`] when a provider is back.
+//!
+//! # Delivery
+//! - **At least once** by default. A message leaves the outbox when a provider accepted it. A
+//!   worker that dies mid-send leaves its lease to run out, and the message is then sent
+//!   again: a provider may get it twice, never zero times.
+//! - **At most once** with [`Worker::at_most_once`]. A message whose last attempt may have
+//!   reached the provider (an error marked [maybe-delivered](SendError::is_maybe_delivered),
+//!   or a lease that ran out mid-send) goes to the dead letters as `outbox.maybe_delivered`
+//!   instead of being sent again.
+//!
+//! # Scheduling
+//! A queued message is due at once. After a failure it is due again at the error's
+//! [`retry_after`](SendError::retry_after) (a breaker's open time, the pool's soonest
+//! member) or at the worker's backoff, whichever is later. `Rejected` and `InvalidMessage`
+//! are dead at once with their error; `Authentication`, `Configuration` and `Unsupported`
+//! wait the worker's `setup_wait` (someone must fix the setup); everything else is retried
+//! until `max_age`, then dead as `outbox.expired`.
+//!
+//! # Example
+//! ```
+//! use mail_breaker::outbox::Outbox;
+//! use mail_breaker::{LettreTransport, Message};
+//! use lettre::transport::stub::AsyncStubTransport;
+//!
+//! # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+//! let dir = std::env::temp_dir().join(format!("outbox-doc-{}", std::process::id()));
+//! std::fs::create_dir_all(&dir).unwrap();
+//! let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+//!
+//! let message = Message::builder()
+//!     .from("app@example.com".parse().unwrap())
+//!     .to("user@example.org".parse().unwrap())
+//!     .body(String::from("welcome"))
+//!     .unwrap();
+//! outbox.enqueue(&message).await?; // Ok: committed to disk
+//! assert_eq!(outbox.stats().await?.queued, 1);
+//!
+//! let provider = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+//! outbox.worker(provider).drain().await?; // sends everything due, then returns
+//! assert_eq!(outbox.stats().await?.queued, 0);
+//! # std::fs::remove_dir_all(&dir).unwrap();
+//! # Ok::<(), mail_breaker::SendError>(())
+//! # }).unwrap();
+//! ```
+
+use std::fmt;
+use std::path::Path;
+use std::sync::Arc;
+use std::time::{Duration, SystemTime};
+
+use tokio::sync::Notify;
+
+use crate::{Envelope, Message, SendError, Transport};
+
+mod backend;
+#[cfg(feature = "postgres")]
+mod postgres;
+mod record;
+pub(crate) mod schedule;
+mod sqlite;
+mod transport;
+mod worker;
+
+use backend::Backend;
+use record::NewRow;
+pub use transport::OutboxTransport;
+pub use worker::Worker;
+
+/// A durable queue of messages waiting for a provider: SQLite in one file, or PostgreSQL.
+///
+/// Cheap to clone: clones share the database's connection pool. See the
+/// [module docs](self) for how messages are scheduled and what "delivered" means here.
+#[derive(Clone)]
+pub struct Outbox {
+    backend: Arc<dyn Backend>,
+    /// Wakes this process's idle workers when something is enqueued here.
+    enqueued: Arc<Notify>,
+    kind: Kind,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Kind {
+    Sqlite,
+    #[cfg(feature = "postgres")]
+    Postgres,
+}
+
+impl fmt::Debug for Outbox {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Outbox").field("kind", &self.kind).finish()
+    }
+}
+
+/// A message's id in its outbox.
+///
+/// ```
+/// # use mail_breaker::outbox::OutboxId;
+/// let id = OutboxId::from(42);
+/// assert_eq!(id.to_string(), "42");
+/// assert_eq!(i64::from(id), 42);
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct OutboxId(pub(crate) i64);
+
+impl fmt::Display for OutboxId {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        self.0.fmt(f)
+    }
+}
+
+impl From<i64> for OutboxId {
+    fn from(id: i64) -> Self {
+        OutboxId(id)
+    }
+}
+
+impl From<OutboxId> for i64 {
+    fn from(id: OutboxId) -> Self {
+        id.0
+    }
+}
+
+/// What an outbox holds, from [`Outbox::stats`].
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+#[non_exhaustive]
+pub struct OutboxStats {
+    /// Messages waiting to be sent (due or not, held by a worker or not); dead ones excluded.
+    pub queued: u64,
+    /// Queued messages due now that no worker holds.
+    pub due: u64,
+    /// Queued messages a worker holds right now (a send in flight).
+    pub leased: u64,
+    /// Dead letters.
+    pub dead: u64,
+    /// How long the oldest queued message has waited; `None` when nothing is queued.
+    pub oldest: Option<Duration>,
+}
+
+/// A message the outbox gave up on, from [`Outbox::dead_letters`].
+#[derive(Debug, Clone)]
+#[non_exhaustive]
+pub struct DeadLetter {
+    /// Its id: [`Outbox::requeue`] or [`Outbox::purge`] it.
+    pub id: OutboxId,
+    /// Who it was for.
+    pub envelope: Envelope,
+    /// Why it died: the provider's error (`Rejected`, `InvalidMessage`), or one coded
+    /// `outbox.expired` or `outbox.maybe_delivered` with the category of the last error.
+    /// Read back from the database: category, code, message and transport.
+    pub error: SendError,
+    /// How many times a worker took it to send.
+    pub attempts: u32,
+    /// When it died.
+    pub at: SystemTime,
+}
+
+impl Outbox {
+    /// Opens the outbox in the SQLite file at `path`, creating the file and its table if
+    /// missing. The file is in WAL mode and every commit waits for its sync to disk.
+    ///
+    /// Several processes may open one file; their workers never send one message at once.
+    /// An error is `Configuration` when the file cannot be opened or created.
+    pub async fn sqlite(path: impl AsRef<Path>) -> Result<Outbox, SendError> {
+        let backend = sqlite::SqliteBackend::open(path.as_ref()).await?;
+        Ok(Outbox::with(Arc::new(backend), Kind::Sqlite))
+    }
+
+    /// Opens the outbox in the PostgreSQL database at `url`
+    /// (`postgres://user:password@host/database`), creating its table if missing. Workers in
+    /// many processes share its queue: each claims due messages with `FOR UPDATE SKIP LOCKED`.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres(url: &str) -> Result<Outbox, SendError> {
+        let backend = postgres::PostgresBackend::open(url).await?;
+        Ok(Outbox::with(Arc::new(backend), Kind::Postgres))
+    }
+
+    fn with(backend: Arc<dyn Backend>, kind: Kind) -> Outbox {
+        Outbox {
+            backend,
+            enqueued: Arc::new(Notify::new()),
+            kind,
+        }
+    }
+
+    /// Keeps `message` to be sent; `Ok` once it is committed to the database.
+    pub async fn enqueue(&self, message: &Message) -> Result<OutboxId, SendError> {
+        self.enqueue_raw(message.envelope(), &message.formatted())
+            .await
+    }
+
+    /// Keeps a formatted message to be sent to `envelope`; `Ok` once it is committed.
+    pub async fn enqueue_raw(
+        &self,
+        envelope: &Envelope,
+        raw: &[u8],
+    ) -> Result<OutboxId, SendError> {
+        let ids = self.store(&[NewRow::new(envelope, raw)]).await?;
+        ids.into_iter().next().ok_or_else(|| {
+            SendError::new(
+                crate::Category::ServiceUnavailable,
+                "outbox.database",
+                "the database stored no row for the message",
+            )
+        })
+    }
+
+    /// Keeps every message of `messages` in one transaction: all or none, and much faster
+    /// than one at a time. Their ids, in order.
+    pub async fn enqueue_many(&self, messages: &[Message]) -> Result<Vec<OutboxId>, SendError> {
+        let rows: Vec<NewRow> = messages
+            .iter()
+            .map(|message| NewRow::new(message.envelope(), &message.formatted()))
+            .collect();
+        self.store(&rows).await
+    }
+
+    async fn store(&self, rows: &[NewRow]) -> Result<Vec<OutboxId>, SendError> {
+        let ids = self.backend.enqueue(rows, record::now()).await?;
+        self.enqueued.notify_waiters();
+        Ok(ids)
+    }
+
+    /// Keeps `message` in the caller's own transaction (or connection), so that it commits,
+    /// or rolls back, with the caller's own writes: the transactional-outbox pattern. The
+    /// connection must be to the outbox's database (`&mut *tx` of an `sqlx::Transaction` on
+    /// SQLite or PostgreSQL). A worker sees the message once the caller commits.
+    ///
+    /// ```no_run
+    /// # async fn signup(pool: sqlx::SqlitePool, outbox: mail_breaker::outbox::Outbox, welcome: mail_breaker::Message) -> Result<(), Box<dyn std::error::Error>> {
+    /// let mut tx = pool.begin().await?;
+    /// sqlx::query("INSERT INTO users (email) VALUES (?)").bind("user@example.org").execute(&mut *tx).await?;
+    /// outbox.enqueue_in(&mut *tx, &welcome).await?;
+    /// tx.commit().await?; // the user and the welcome mail, together or not at all
+    /// # Ok(()) }
+    /// ```
+    pub async fn enqueue_in<C: OutboxConnection>(
+        &self,
+        connection: C,
+        message: &Message,
+    ) -> Result<OutboxId, SendError> {
+        let row = NewRow::new(message.envelope(), &message.formatted());
+        let id = connection.insert(row, record::now()).await?;
+        // It is visible only after the caller commits; a woken worker that finds nothing
+        // falls back to its poll.
+        self.enqueued.notify_waiters();
+        Ok(id)
+    }
+
+    /// A worker that sends this outbox's due messages through `transport` (the breaker
+    /// stack); set it up with its builder methods, then [`run`](Worker::run) or
+    /// [`drain`](Worker::drain) it.
+    pub fn worker<T: Transport + 'static>(&self, transport: T) -> Worker<T> {
+        Worker::new(self.clone(), transport)
+    }
+
+    /// Counts what the outbox holds.
+    pub async fn stats(&self) -> Result<OutboxStats, SendError> {
+        self.backend.stats(record::now()).await
+    }
+
+    /// Up to `limit` dead letters, those dead longest first.
+    pub async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadLetter>, SendError> {
+        self.backend
+            .dead_letters(limit)
+            .await?
+            .into_iter()
+            .map(record::DeadRow::read)
+            .collect()
+    }
+
+    /// Makes a dead letter due again now (its attempt count and last error kept). `Ok(false)`
+    /// when `id` is not a dead letter.
+    pub async fn requeue(&self, id: OutboxId) -> Result<bool, SendError> {
+        let requeued = self.backend.requeue(id, record::now()).await?;
+        self.enqueued.notify_waiters();
+        Ok(requeued)
+    }
+
+    /// Deletes a message, queued or dead. `Ok(false)` when there was none with `id`.
+    pub async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
+        self.backend.purge(id).await
+    }
+
+    pub(crate) fn backend(&self) -> &dyn Backend {
+        &*self.backend
+    }
+
+    pub(crate) fn enqueued(&self) -> &Notify {
+        &self.enqueued
+    }
+}
+
+/// A connection [`Outbox::enqueue_in`] can write to: `&mut sqlx::SqliteConnection`, or
+/// `&mut sqlx::PgConnection` with the `postgres` feature (what `&mut *tx` gives for an
+/// `sqlx::Transaction`).
+pub trait OutboxConnection: sealed::Insert {}
+
+impl<C: sealed::Insert> OutboxConnection for C {}
+
+mod sealed {
+    use super::record::{self, NewRow};
+    use super::schedule::Millis;
+    use super::{OutboxId, SendError};
+
+    /// How each kind of connection stores a row.
+    #[async_trait::async_trait]
+    pub trait Insert: Send {
+        async fn insert(self, row: NewRow, now: Millis) -> Result<OutboxId, SendError>;
+    }
+
+    #[async_trait::async_trait]
+    impl Insert for &mut sqlx::SqliteConnection {
+        async fn insert(self, row: NewRow, now: Millis) -> Result<OutboxId, SendError> {
+            super::sqlite::insert(self, &row, now)
+                .await
+                .map_err(|e| record::database_error("enqueueing in the caller's transaction", e))
+        }
+    }
+
+    #[cfg(feature = "postgres")]
+    #[async_trait::async_trait]
+    impl Insert for &mut sqlx::PgConnection {
+        async fn insert(self, row: NewRow, now: Millis) -> Result<OutboxId, SendError> {
+            super::postgres::insert(self, &row, now)
+                .await
+                .map_err(|e| record::database_error("enqueueing in the caller's transaction", e))
+        }
+    }
+}

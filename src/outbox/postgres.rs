@@ -1,0 +1,293 @@
+//! The outbox in PostgreSQL, for a fleet: workers in many processes share one queue, and a
+//! claim takes due rows with `FOR UPDATE SKIP LOCKED`, so that two never take one message.
+
+use std::time::Duration;
+
+use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
+use sqlx::{Postgres, Row};
+
+use super::backend::{Backend, Finish};
+use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
+use super::schedule::Millis;
+use super::{OutboxId, OutboxStats};
+use crate::SendError;
+
+const SCHEMA: [&str; 3] = [
+    "CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
+        id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
+        sender TEXT,
+        recipients TEXT NOT NULL,
+        raw BYTEA NOT NULL,
+        enqueued_at BIGINT NOT NULL,
+        due_at BIGINT NOT NULL,
+        leased BOOLEAN NOT NULL DEFAULT FALSE,
+        attempts INTEGER NOT NULL DEFAULT 0,
+        dead_at BIGINT,
+        error_category TEXT,
+        error_code TEXT,
+        error_message TEXT,
+        error_transport TEXT
+    )",
+    "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
+        ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL",
+    "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
+        ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL",
+];
+
+/// A key for the advisory lock that keeps processes starting together from creating the
+/// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
+const SCHEMA_LOCK: i64 = 0x6d61_696c_6f75_7462; // "mailoutb"
+
+const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
+     VALUES ($1, $2, $3, $4, $4) RETURNING id";
+
+/// The outbox's PostgreSQL database.
+#[derive(Debug, Clone)]
+pub(crate) struct PostgresBackend {
+    pool: PgPool,
+}
+
+impl PostgresBackend {
+    pub(crate) async fn open(url: &str) -> Result<PostgresBackend, SendError> {
+        let pool = PgPoolOptions::new()
+            .max_connections(8)
+            .acquire_timeout(Duration::from_secs(5))
+            .connect(url)
+            .await
+            .map_err(|e| database_error("connecting to PostgreSQL", e))?;
+        let created = async {
+            let mut tx = pool.begin().await?;
+            sqlx::query("SELECT pg_advisory_xact_lock($1)")
+                .bind(SCHEMA_LOCK)
+                .execute(&mut *tx)
+                .await?;
+            for statement in SCHEMA {
+                sqlx::query(statement).execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        };
+        created
+            .await
+            .map_err(|e| database_error("creating the outbox's table", e))?;
+        Ok(PostgresBackend { pool })
+    }
+}
+
+/// Stores one row in the caller's connection (and so in its transaction, if it is in one).
+pub(crate) async fn insert(
+    connection: &mut PgConnection,
+    row: &NewRow,
+    now: Millis,
+) -> Result<OutboxId, sqlx::Error> {
+    let id: i64 = sqlx::query(INSERT)
+        .bind(row.sender.as_deref())
+        .bind(row.recipients.as_str())
+        .bind(row.raw.as_slice())
+        .bind(now)
+        .fetch_one(connection)
+        .await?
+        .try_get(0)?;
+    Ok(OutboxId(id))
+}
+
+#[async_trait::async_trait]
+impl Backend for PostgresBackend {
+    async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
+        let stored = async {
+            let mut tx = self.pool.begin().await?;
+            let mut ids = Vec::with_capacity(rows.len());
+            for row in rows {
+                ids.push(insert(&mut tx, row, now).await?);
+            }
+            tx.commit().await?;
+            Ok(ids)
+        };
+        stored.await.map_err(|e| database_error("enqueueing", e))
+    }
+
+    async fn claim(
+        &self,
+        now: Millis,
+        lease_until: Millis,
+        limit: u32,
+    ) -> Result<Vec<Claimed>, SendError> {
+        let rows = sqlx::query(
+            "WITH due AS ( \
+                 SELECT id, leased FROM mail_breaker_outbox \
+                 WHERE dead_at IS NULL AND due_at <= $1 \
+                 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+             UPDATE mail_breaker_outbox AS m \
+             SET attempts = m.attempts + 1, leased = TRUE, due_at = $3 \
+             FROM due WHERE m.id = due.id \
+             RETURNING m.id, m.attempts, m.enqueued_at, due.leased, m.sender, m.recipients, m.raw",
+        )
+        .bind(now)
+        .bind(i64::from(limit))
+        .bind(lease_until)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| database_error("claiming due mail", e))?;
+        let mut claimed: Vec<Claimed> = rows
+            .into_iter()
+            .map(|row| {
+                Ok(Claimed {
+                    claim: Claim {
+                        id: OutboxId(row.try_get(0)?),
+                        attempts: u32::try_from(row.try_get::<i32, _>(1)?).unwrap_or(0),
+                    },
+                    enqueued_at: row.try_get(2)?,
+                    lease_lost: row.try_get(3)?,
+                    sender: row.try_get(4)?,
+                    recipients: row.try_get(5)?,
+                    raw: row.try_get(6)?,
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| database_error("claiming due mail", e))?;
+        // RETURNING keeps no order; the soonest due go first.
+        claimed.sort_by_key(|message| message.claim.id);
+        Ok(claimed)
+    }
+
+    async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
+        let written = async {
+            let mut tx = self.pool.begin().await?;
+            for (claim, finish) in outcomes {
+                let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
+                let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
+                let query = match finish {
+                    Finish::Sent => keyed(
+                        "DELETE FROM mail_breaker_outbox \
+                         WHERE id = $1 AND attempts = $2 AND leased",
+                    ),
+                    Finish::Dead { error, at } => with_error(
+                        keyed(
+                            "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
+                             error_category = $4, error_code = $5, error_message = $6, \
+                             error_transport = $7 \
+                             WHERE id = $1 AND attempts = $2 AND leased",
+                        ),
+                        *at,
+                        error,
+                    ),
+                    Finish::Retry { error, due_at } => with_error(
+                        keyed(
+                            "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
+                             error_category = $4, error_code = $5, error_message = $6, \
+                             error_transport = $7 \
+                             WHERE id = $1 AND attempts = $2 AND leased",
+                        ),
+                        *due_at,
+                        error,
+                    ),
+                };
+                query.execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        };
+        written
+            .await
+            .map_err(|e| database_error("recording answers", e))
+    }
+
+    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+        sqlx::query_scalar("SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL")
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| database_error("reading the next due time", e))
+    }
+
+    async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError> {
+        let row = sqlx::query(
+            "SELECT \
+               COUNT(*) FILTER (WHERE dead_at IS NULL), \
+               COUNT(*) FILTER (WHERE dead_at IS NULL AND due_at <= $1), \
+               COUNT(*) FILTER (WHERE dead_at IS NULL AND leased AND due_at > $1), \
+               COUNT(*) FILTER (WHERE dead_at IS NOT NULL), \
+               MIN(enqueued_at) FILTER (WHERE dead_at IS NULL) \
+             FROM mail_breaker_outbox",
+        )
+        .bind(now)
+        .fetch_one(&self.pool)
+        .await
+        .map_err(|e| database_error("counting", e))?;
+        super::record::stats_from(
+            now,
+            [
+                row.try_get(0),
+                row.try_get(1),
+                row.try_get(2),
+                row.try_get(3),
+            ],
+            row.try_get(4),
+        )
+        .map_err(|e| database_error("counting", e))
+    }
+
+    async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError> {
+        let rows = sqlx::query(
+            "SELECT id, sender, recipients, attempts, dead_at, \
+               error_category, error_code, error_message, error_transport \
+             FROM mail_breaker_outbox WHERE dead_at IS NOT NULL \
+             ORDER BY dead_at, id LIMIT $1",
+        )
+        .bind(i64::from(limit))
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| database_error("reading the dead letters", e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(DeadRow {
+                    id: row.try_get(0)?,
+                    sender: row.try_get(1)?,
+                    recipients: row.try_get(2)?,
+                    attempts: i64::from(row.try_get::<i32, _>(3)?),
+                    dead_at: row.try_get(4)?,
+                    error: StoredError {
+                        category: row.try_get(5)?,
+                        code: row.try_get(6)?,
+                        message: row.try_get(7)?,
+                        transport: row.try_get(8)?,
+                    },
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| database_error("reading the dead letters", e))
+    }
+
+    async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
+        let done = sqlx::query(
+            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, due_at = $2 \
+             WHERE id = $1 AND dead_at IS NOT NULL",
+        )
+        .bind(id.0)
+        .bind(now)
+        .execute(&self.pool)
+        .await
+        .map_err(|e| database_error("requeueing", e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
+        let done = sqlx::query("DELETE FROM mail_breaker_outbox WHERE id = $1")
+            .bind(id.0)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| database_error("purging", e))?;
+        Ok(done.rows_affected() == 1)
+    }
+}
+
+/// Binds the time and the error of a `Dead` or `Retry` update (parameters 3 to 7).
+fn with_error<'q>(
+    query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
+    at: Millis,
+    error: &'q StoredError,
+) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
+    query
+        .bind(at)
+        .bind(error.category.as_deref())
+        .bind(error.code.as_deref())
+        .bind(error.message.as_deref())
+        .bind(error.transport.as_deref())
+}

@@ -1,0 +1,141 @@
+//! [`OutboxTransport`]: the outbox as a [`Transport`], queueing every message or only those
+//! the stack cannot send now.
+
+use crate::{Envelope, Receipt, SendError, Transport};
+
+use super::Outbox;
+
+/// A [`Transport`] in front of an [`Outbox`]:
+/// - [`queue_only`](Self::queue_only): every send is an enqueue; a worker sends it later.
+/// - [`send_or_queue`](Self::send_or_queue): sends through the stack now; a message that
+///   failed for a reason that may pass ([retryable](SendError::is_retryable): every
+///   provider down, `breaker.open`, `pool.exhausted`, `RateLimited`) is queued instead.
+///
+/// A queued message is answered `Ok` with [`Receipt::is_queued`] true, its
+/// [`message_id`](Receipt::message_id) the outbox's id. A message refused for good
+/// (`Rejected`, `InvalidMessage`, ...) is answered with its error: queueing would not help.
+/// `Err` means the message was neither sent nor kept.
+///
+/// # Example
+/// ```
+/// use mail_breaker::outbox::{Outbox, OutboxTransport};
+/// use mail_breaker::{LettreTransport, Message, Transport};
+/// use lettre::transport::stub::AsyncStubTransport;
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// # let dir = std::env::temp_dir().join(format!("outbox-transport-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+/// let down = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+///     mail_breaker::SendError::new(mail_breaker::Category::Network, "stub.down", "down")
+/// });
+/// let transport = OutboxTransport::send_or_queue(outbox.clone(), down);
+/// let message = Message::builder()
+///     .from("app@example.com".parse().unwrap())
+///     .to("user@example.org".parse().unwrap())
+///     .body(String::from("your receipt"))
+///     .unwrap();
+/// let receipt = transport.send(&message).await?;
+/// assert!(receipt.is_queued()); // the provider is down: kept, sent later by a worker
+/// assert_eq!(outbox.stats().await?.queued, 1);
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// # Ok::<(), mail_breaker::SendError>(())
+/// # }).unwrap();
+/// ```
+#[derive(Debug)]
+pub struct OutboxTransport<T = NoStack> {
+    outbox: Outbox,
+    stack: Option<T>,
+    at_most_once: bool,
+}
+
+/// The stack of an [`OutboxTransport::queue_only`]: there is none.
+#[derive(Debug, Clone, Copy)]
+pub struct NoStack;
+
+impl OutboxTransport<NoStack> {
+    /// Every message sent through it is enqueued; a [`Worker`](super::Worker) sends it.
+    pub fn queue_only(outbox: Outbox) -> Self {
+        OutboxTransport {
+            outbox,
+            stack: None,
+            at_most_once: false,
+        }
+    }
+}
+
+impl<T: Transport> OutboxTransport<T> {
+    /// Sends through `stack` now, and queues a message that failed for a reason that may pass.
+    pub fn send_or_queue(outbox: Outbox, stack: T) -> Self {
+        OutboxTransport {
+            outbox,
+            stack: Some(stack),
+            at_most_once: false,
+        }
+    }
+
+    /// A failure marked [maybe-delivered](SendError::is_maybe_delivered) is answered with
+    /// its error rather than queued: the provider may have the message already.
+    pub fn at_most_once(mut self) -> Self {
+        self.at_most_once = true;
+        self
+    }
+
+    /// The outbox it queues into.
+    pub fn outbox(&self) -> &Outbox {
+        &self.outbox
+    }
+
+    async fn queue(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let id = self.outbox.enqueue_raw(envelope, raw).await?;
+        Ok(Receipt::new("outbox")
+            .with_message_id(id.to_string())
+            .queued())
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for OutboxTransport<T> {
+    fn name(&self) -> &str {
+        match &self.stack {
+            Some(stack) => stack.name(),
+            None => "outbox",
+        }
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let Some(stack) = &self.stack else {
+            return self.queue(envelope, raw).await;
+        };
+        let error = match stack.send_raw(envelope, raw).await {
+            Ok(receipt) => return Ok(receipt),
+            Err(error) => error,
+        };
+        if !error.is_retryable() || (self.at_most_once && error.is_maybe_delivered()) {
+            return Err(error);
+        }
+        match self.queue(envelope, raw).await {
+            Ok(receipt) => {
+                tracing::debug!(code = error.code(), "outbox.queued_after_failure");
+                Ok(receipt)
+            }
+            // Neither sent nor kept: the caller gets the send's error, the database's inside.
+            Err(database) => Err(error.with_causes(vec![database])),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for NoStack {
+    fn name(&self) -> &str {
+        "outbox"
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        Err(SendError::new(
+            crate::Category::Configuration,
+            "outbox.no_stack",
+            "a queue-only outbox transport has no stack to send through",
+        ))
+    }
+}

@@ -1,0 +1,522 @@
+//! The [`Worker`]: claims due messages, sends them through a transport, and writes back what
+//! each answer does to its message.
+
+use std::fmt;
+use std::future::Future;
+use std::pin::Pin;
+use std::sync::Arc;
+use std::time::Duration;
+
+use futures::FutureExt;
+use futures::stream::{FuturesUnordered, StreamExt};
+use tokio::time::Instant;
+
+use super::Outbox;
+use super::backend::Finish;
+use super::record::{self, Claim, Claimed, StoredError};
+use super::schedule::{self, Attempted, Millis, Next, Policy};
+use crate::time::later;
+use crate::{Backoff, Category, ConfigError, Receipt, SendError, Transport};
+
+/// Sends an [`Outbox`]'s due messages through a transport (from [`Outbox::worker`]).
+///
+/// - Up to [`concurrency`](Self::concurrency) sends at once. It claims only what it starts
+///   at once, each with a [`lease`](Self::lease): no other worker, in this process or
+///   another, sends a message while it is held.
+/// - It does not look for work faster than the next due time, except to notice mail that
+///   other processes enqueue ([`poll`](Self::poll), 1 s by default). Mail enqueued through
+///   this process's [`Outbox`] wakes it at once.
+/// - When the stack refuses without sending (`breaker.open`, or `pool.exhausted` when every
+///   member's breaker is open) or the provider throttles (`RateLimited`) with a
+///   `retry_after`, it claims nothing until then, and then sends one message, the probe,
+///   before it fills its sends again: while everything is open, no message is tried
+///   against a breaker known to be open.
+/// - Database errors are waited out in [`run`](Self::run) (logged, tried again with a
+///   growing wait up to 5 s); [`drain`](Self::drain) returns them.
+///
+/// # Example
+/// ```
+/// # use mail_breaker::outbox::Outbox;
+/// # use mail_breaker::{CircuitBreakerTransport, LettreTransport};
+/// # use lettre::transport::stub::AsyncStubTransport;
+/// use std::time::Duration;
+///
+/// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+/// # let dir = std::env::temp_dir().join(format!("outbox-worker-doc-{}", std::process::id()));
+/// # std::fs::create_dir_all(&dir).unwrap();
+/// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+/// let stack = CircuitBreakerTransport::new(LettreTransport::new(
+///     AsyncStubTransport::new_ok(),
+///     |_| unreachable!(),
+/// ));
+/// let worker = outbox
+///     .worker(stack)
+///     .concurrency(16)
+///     .lease(Duration::from_secs(300))
+///     .max_age(Duration::from_secs(3 * 86_400));
+/// let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+/// let running = tokio::spawn(async move {
+///     worker.run(async { stopped.await.unwrap_or(()) }).await
+/// });
+/// stop.send(()).unwrap(); // e.g. on SIGTERM: sends in flight finish, nothing new starts
+/// running.await.unwrap()?;
+/// # std::fs::remove_dir_all(&dir).unwrap();
+/// # Ok::<(), mail_breaker::SendError>(())
+/// # }).unwrap();
+/// ```
+pub struct Worker<T> {
+    outbox: Outbox,
+    transport: Arc<T>,
+    concurrency: usize,
+    lease: Duration,
+    poll: Duration,
+    shutdown_timeout: Duration,
+    policy: Policy,
+}
+
+impl<T> fmt::Debug for Worker<T> {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Worker")
+            .field("outbox", &self.outbox)
+            .field("concurrency", &self.concurrency)
+            .field("lease", &self.lease)
+            .field("poll", &self.poll)
+            .field("policy", &self.policy)
+            .finish_non_exhaustive()
+    }
+}
+
+/// How a worker's loop ends.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Until {
+    /// The shutdown future completed (`run`).
+    Shutdown,
+    /// Nothing is due (`drain`).
+    NothingDue,
+}
+
+/// The longest wait between two tries of an unreachable database.
+const DATABASE_WAIT: Duration = Duration::from_secs(5);
+
+/// How often a working worker reads the outbox's counts for its gauges, at most.
+const STATS_EVERY: Duration = Duration::from_secs(1);
+
+impl<T: Transport + 'static> Worker<T> {
+    pub(super) fn new(outbox: Outbox, transport: T) -> Worker<T> {
+        Worker {
+            outbox,
+            transport: Arc::new(transport),
+            concurrency: 8,
+            lease: Duration::from_secs(300),
+            poll: Duration::from_secs(1),
+            shutdown_timeout: Duration::from_secs(30),
+            policy: Policy {
+                backoff: Backoff::exponential(Duration::from_secs(1), Duration::from_secs(600)),
+                setup_wait: Duration::from_secs(3_600),
+                max_age: Duration::from_secs(3 * 86_400),
+                at_most_once: false,
+            },
+        }
+    }
+
+    /// Sends in flight at once (default 8; at least 1).
+    pub fn concurrency(mut self, concurrency: usize) -> Self {
+        self.concurrency = concurrency;
+        self
+    }
+
+    /// How long a claimed message is held (default 5 minutes): longer than any send takes.
+    /// If this worker dies, others send its messages after this.
+    pub fn lease(mut self, lease: Duration) -> Self {
+        self.lease = lease;
+        self
+    }
+
+    /// How long a message is tried before it is dead as `outbox.expired` (default 3 days).
+    pub fn max_age(mut self, max_age: Duration) -> Self {
+        self.policy.max_age = max_age;
+        self
+    }
+
+    /// The wait after a failure that may pass, when the error asks for no longer (default
+    /// exponential from 1 s, doubling to 10 minutes, with jitter).
+    pub fn backoff(mut self, backoff: Backoff) -> Self {
+        self.policy.backoff = backoff;
+        self
+    }
+
+    /// The wait after an `Authentication`, `Configuration` or `Unsupported` error, which
+    /// someone must fix (default 1 hour).
+    pub fn setup_wait(mut self, wait: Duration) -> Self {
+        self.policy.setup_wait = wait;
+        self
+    }
+
+    /// A message that may have reached the provider (an error marked
+    /// [maybe-delivered](SendError::is_maybe_delivered), or a lease that ran out mid-send)
+    /// goes to the dead letters as `outbox.maybe_delivered` instead of being sent again.
+    pub fn at_most_once(mut self) -> Self {
+        self.policy.at_most_once = true;
+        self
+    }
+
+    /// How often an idle worker looks for mail enqueued by other processes (default 1 s).
+    pub fn poll(mut self, every: Duration) -> Self {
+        self.poll = every;
+        self
+    }
+
+    /// How long [`run`](Self::run) lets sends in flight finish after shutdown (default
+    /// 30 s); the leases of those still unanswered then run out, as if the worker died.
+    pub fn shutdown_timeout(mut self, timeout: Duration) -> Self {
+        self.shutdown_timeout = timeout;
+        self
+    }
+
+    /// The transport it sends through.
+    pub fn get_ref(&self) -> &T {
+        &self.transport
+    }
+
+    /// Sends due messages until `shutdown` completes; then claims nothing more, lets the
+    /// sends in flight finish (within [`shutdown_timeout`](Self::shutdown_timeout)), records
+    /// their answers and returns. `Err` only for a setting out of range (`Configuration`).
+    pub async fn run(
+        &self,
+        shutdown: impl Future<Output = ()> + Send + 'static,
+    ) -> Result<(), SendError> {
+        self.work(Box::pin(shutdown), Until::Shutdown).await
+    }
+
+    /// Sends until nothing is due now (a failed message due later stays queued), then
+    /// returns: for tests and cron jobs. A database error ends it with that error.
+    pub async fn drain(&self) -> Result<(), SendError> {
+        self.work(Box::pin(std::future::pending()), Until::NothingDue)
+            .await
+    }
+
+    fn validate(&self) -> Result<(), ConfigError> {
+        if self.concurrency == 0 {
+            return Err(ConfigError::new(
+                "concurrency",
+                "an outbox worker needs at least one send in flight",
+            ));
+        }
+        if self.lease.is_zero() {
+            return Err(ConfigError::new(
+                "lease",
+                "a lease must be longer than zero, or every claim runs out at once",
+            ));
+        }
+        if self.poll.is_zero() {
+            return Err(ConfigError::new(
+                "poll",
+                "the poll interval must be longer than zero",
+            ));
+        }
+        self.policy.backoff.validate()
+    }
+
+    async fn work(
+        &self,
+        mut shutdown: Pin<Box<dyn Future<Output = ()> + Send>>,
+        until: Until,
+    ) -> Result<(), SendError> {
+        self.validate()
+            .map_err(|e| SendError::new(Category::Configuration, "outbox.config", e.to_string()))?;
+        let backend = self.outbox.backend();
+        let mut flight = Flight::default();
+        let mut stopping: Option<Instant> = None;
+        let mut database = DatabaseWait::default();
+        let mut stats_read: Option<Instant> = None;
+        loop {
+            let notified = self.outbox.enqueued().notified();
+            tokio::pin!(notified);
+            notified.as_mut().enable();
+
+            if !flight.answers.is_empty() {
+                match backend.finish(&flight.answers).await {
+                    Ok(()) => {
+                        flight.record_written();
+                        database.reached();
+                    }
+                    Err(error) if until == Until::NothingDue => return Err(error),
+                    Err(error) => database.failed(&error),
+                }
+            }
+            let now = Instant::now();
+            if stopping.is_some() && flight.sends.is_empty() && flight.answers.is_empty() {
+                return Ok(());
+            }
+            let mut claimed = 0;
+            let room = flight.room(self.concurrency);
+            if stopping.is_none() && room > 0 && !flight.paused(now) && database.may_try(now) {
+                let at = record::now();
+                let lease_until = at.saturating_add(schedule::millis(self.lease));
+                match backend.claim(at, lease_until, room).await {
+                    Ok(messages) => {
+                        database.reached();
+                        claimed = messages.len();
+                        for message in messages {
+                            self.start(&mut flight, message);
+                        }
+                    }
+                    Err(error) if until == Until::NothingDue => return Err(error),
+                    Err(error) => database.failed(&error),
+                }
+            }
+            if until == Until::NothingDue
+                && claimed == 0
+                && flight.sends.is_empty()
+                && flight.answers.is_empty()
+            {
+                return Ok(());
+            }
+            if crate::metrics::COUNTS_SENDS
+                && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
+            {
+                stats_read = Some(now);
+                if let Ok(stats) = backend.stats(record::now()).await {
+                    crate::metrics::outbox_stats(&stats);
+                }
+            }
+            let wake = if stopping.is_some() || !flight.answers.is_empty() {
+                None
+            } else {
+                let (paused_until, room) = (flight.paused_until, flight.room(self.concurrency));
+                self.next_wake(paused_until, room, &database, now).await
+            };
+            let pending_answers = !flight.answers.is_empty() && database.may_try(now);
+            tokio::select! {
+                biased;
+                () = &mut shutdown, if stopping.is_none() => {
+                    stopping = Some(later(Instant::now(), self.shutdown_timeout));
+                }
+                Some(answer) = flight.sends.next(), if !flight.sends.is_empty() => {
+                    flight.answered(answer, &self.policy);
+                    flight.collect_ready(&self.policy);
+                }
+                () = tokio::time::sleep_until(stopping.unwrap_or(now)), if stopping.is_some() => {
+                    // Sends still unanswered keep their leases, which run out.
+                    tracing::warn!(
+                        unanswered = flight.sends.len(),
+                        "outbox.shutdown_timeout"
+                    );
+                    flight.sends.clear();
+                    if flight.answers.is_empty() {
+                        return Ok(());
+                    }
+                }
+                () = notified, if stopping.is_none() => {}
+                () = sleep_until_some(wake), if !pending_answers => {}
+                () = tokio::time::sleep_until(database.next_try(now)), if pending_answers => {}
+            }
+        }
+    }
+
+    /// When an idle worker looks again: the next due time, the end of a pause, the next try
+    /// of the database, or the poll, whichever is first.
+    async fn next_wake(
+        &self,
+        paused_until: Option<Instant>,
+        room: u32,
+        database: &DatabaseWait,
+        now: Instant,
+    ) -> Option<Instant> {
+        if !database.may_try(now) {
+            return Some(database.next_try(now));
+        }
+        if let Some(paused_until) = paused_until.filter(|until| *until > now) {
+            return Some(paused_until);
+        }
+        if room == 0 {
+            return None;
+        }
+        let poll = later(now, self.poll);
+        match self.outbox.backend().next_due().await {
+            Ok(Some(due_at)) => {
+                let wait = u64::try_from(due_at.saturating_sub(record::now())).unwrap_or(0);
+                Some(later(now, Duration::from_millis(wait)).min(poll))
+            }
+            Ok(None) | Err(_) => Some(poll),
+        }
+    }
+
+    /// Starts the send of a claimed message, or records it dead when it may not be sent.
+    fn start(&self, flight: &mut Flight, message: Claimed) {
+        if message.lease_lost {
+            if let Some(error) = schedule::after_lost_lease(&self.policy) {
+                let dead = Finish::Dead {
+                    error: StoredError::of(&error),
+                    at: record::now(),
+                };
+                flight.answers.push((message.claim, dead));
+                flight.counts.dead += 1;
+                return;
+            }
+        }
+        let transport = Arc::clone(&self.transport);
+        let send = async move {
+            let result = match record::envelope(message.sender.as_deref(), &message.recipients) {
+                Ok(envelope) => transport.send_raw(&envelope, &message.raw).await,
+                Err(corrupt) => Err(corrupt),
+            };
+            Answer {
+                claim: message.claim,
+                enqueued_at: message.enqueued_at,
+                result,
+            }
+        };
+        flight.sends.push(send.boxed());
+    }
+}
+
+/// A send's answer, with what the worker needs to record it.
+struct Answer {
+    claim: Claim,
+    enqueued_at: Millis,
+    result: Result<Receipt, SendError>,
+}
+
+/// The sends in flight and the answers not yet written.
+#[derive(Default)]
+struct Flight {
+    sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
+    answers: Vec<(Claim, Finish)>,
+    /// No claims until then: the stack refused, or the provider throttled.
+    paused_until: Option<Instant>,
+    /// After a pause, one send at a time until an answer other than a refusal comes.
+    probing: bool,
+    counts: Counts,
+}
+
+/// Answers recorded but not yet written, by outcome, for the metrics.
+#[derive(Default)]
+struct Counts {
+    sent: u64,
+    retry: u64,
+    dead: u64,
+}
+
+impl Flight {
+    fn room(&self, concurrency: usize) -> u32 {
+        let limit = if self.probing { 1 } else { concurrency };
+        u32::try_from(limit.saturating_sub(self.sends.len())).unwrap_or(u32::MAX)
+    }
+
+    fn paused(&self, now: Instant) -> bool {
+        self.paused_until.is_some_and(|until| until > now)
+    }
+
+    /// Records every answer already there without waiting.
+    fn collect_ready(&mut self, policy: &Policy) {
+        while let Some(Some(answer)) = self.sends.next().now_or_never() {
+            self.answered(answer, policy);
+        }
+    }
+
+    fn answered(&mut self, answer: Answer, policy: &Policy) {
+        let now = record::now();
+        let error = match answer.result {
+            Ok(_) => {
+                self.probing = false;
+                self.counts.sent += 1;
+                self.answers.push((answer.claim, Finish::Sent));
+                return;
+            }
+            Err(error) => error,
+        };
+        match stack_closed_for(&error) {
+            Some(wait) => {
+                let until = later(Instant::now(), wait);
+                self.paused_until =
+                    Some(self.paused_until.map_or(until, |paused| paused.max(until)));
+                self.probing = true;
+            }
+            None => self.probing = false,
+        }
+        let attempted = Attempted {
+            enqueued_at: answer.enqueued_at,
+            attempts: answer.claim.attempts,
+            now,
+        };
+        let finish = match schedule::after_failure(policy, attempted, error, |retry| {
+            policy.backoff.delay(retry)
+        }) {
+            Next::Dead(error) => {
+                self.counts.dead += 1;
+                Finish::Dead {
+                    error: StoredError::of(&error),
+                    at: now,
+                }
+            }
+            Next::Retry { due_at, error } => {
+                self.counts.retry += 1;
+                Finish::Retry {
+                    error: StoredError::of(&error),
+                    due_at,
+                }
+            }
+        };
+        self.answers.push((answer.claim, finish));
+    }
+
+    /// The answers are in the database.
+    fn record_written(&mut self) {
+        let counts = std::mem::take(&mut self.counts);
+        crate::metrics::outbox_answers("sent", counts.sent);
+        crate::metrics::outbox_answers("retry", counts.retry);
+        crate::metrics::outbox_answers("dead", counts.dead);
+        self.answers.clear();
+    }
+}
+
+/// How long the whole stack said it will not send: a breaker's or a pool's refusal with
+/// its open time, or a provider's throttle. `None` for any other error.
+fn stack_closed_for(error: &SendError) -> Option<Duration> {
+    let refused = matches!(error.code(), "breaker.open" | "pool.exhausted")
+        || error.category() == Category::RateLimited;
+    error.retry_after().filter(|_| refused)
+}
+
+/// Waits for a database that failed: 100 ms after the first failure, doubling to 5 s.
+#[derive(Default)]
+struct DatabaseWait {
+    failures: u32,
+    next_try: Option<Instant>,
+}
+
+impl DatabaseWait {
+    fn failed(&mut self, error: &SendError) {
+        self.failures = self.failures.saturating_add(1);
+        let wait = Duration::from_millis(100)
+            .saturating_mul(1 << self.failures.min(16).saturating_sub(1))
+            .min(DATABASE_WAIT);
+        tracing::warn!(error = %error, wait_ms = wait.as_millis() as u64, "outbox.database_unreachable");
+        self.next_try = Some(later(Instant::now(), wait));
+    }
+
+    fn reached(&mut self) {
+        if self.failures > 0 {
+            tracing::info!(failures = self.failures, "outbox.database_back");
+        }
+        self.failures = 0;
+        self.next_try = None;
+    }
+
+    fn may_try(&self, now: Instant) -> bool {
+        self.next_try.is_none_or(|at| at <= now)
+    }
+
+    fn next_try(&self, now: Instant) -> Instant {
+        self.next_try.unwrap_or(now)
+    }
+}
+
+/// Sleeps until `at`, or for ever when `None`.
+async fn sleep_until_some(at: Option<Instant>) {
+    match at {
+        Some(at) => tokio::time::sleep_until(at).await,
+        None => std::future::pending().await,
+    }
+}
