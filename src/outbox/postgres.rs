@@ -51,7 +51,8 @@ impl PostgresBackend {
     pub(crate) async fn open(url: &str) -> Result<PostgresBackend, SendError> {
         let pool = PgPoolOptions::new()
             .max_connections(8)
-            .acquire_timeout(Duration::from_secs(5))
+            // While the server is down, `enqueue` answers `Err` after this rather than hang.
+            .acquire_timeout(Duration::from_secs(3))
             .connect(url)
             .await
             .map_err(|e| database_error("connecting to PostgreSQL", e))?;

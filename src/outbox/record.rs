@@ -180,6 +180,15 @@ pub(crate) fn database_error(doing: &'static str, error: sqlx::Error) -> SendErr
         sqlx::Error::Configuration(_) | sqlx::Error::Tls(_) => Category::Configuration,
         _ => Category::ServiceUnavailable,
     };
+    database_error_of(category, doing, error)
+}
+
+/// The error for a database the outbox cannot reach or use, of `category`.
+pub(crate) fn database_error_of(
+    category: Category,
+    doing: &'static str,
+    error: sqlx::Error,
+) -> SendError {
     SendError::new(
         category,
         "outbox.database",

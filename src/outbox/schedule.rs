@@ -122,3 +122,306 @@ fn expired(error: SendError, max_age: Duration) -> SendError {
 pub(crate) fn millis(duration: Duration) -> Millis {
     Millis::try_from(duration.as_millis()).unwrap_or(Millis::MAX)
 }
+
+#[cfg(test)]
+mod tests {
+    use proptest::prelude::*;
+
+    use super::*;
+
+    const MINUTE: Duration = Duration::from_secs(60);
+
+    fn policy() -> Policy {
+        Policy {
+            backoff: Backoff::constant(Duration::from_secs(1)),
+            setup_wait: Duration::from_secs(3_600),
+            max_age: Duration::from_secs(86_400),
+            at_most_once: false,
+        }
+    }
+
+    fn attempted(attempts: u32, now: Millis) -> Attempted {
+        Attempted {
+            enqueued_at: 1_000,
+            attempts,
+            now,
+        }
+    }
+
+    fn error(category: Category) -> SendError {
+        SendError::new(category, "test.code", "scripted").with_transport("smtp://relay:25")
+    }
+
+    fn retry_at(next: Next) -> Millis {
+        match next {
+            Next::Retry { due_at, .. } => due_at,
+            Next::Dead(error) => panic!("expected a retry, got dead: {error}"),
+        }
+    }
+
+    fn dead(next: Next) -> SendError {
+        match next {
+            Next::Dead(error) => error,
+            Next::Retry { due_at, .. } => panic!("expected dead, got a retry at {due_at}"),
+        }
+    }
+
+    #[test]
+    fn a_rejected_message_is_dead_at_once_with_its_error() {
+        let next = after_failure(
+            &policy(),
+            attempted(1, 2_000),
+            error(Category::Rejected),
+            |_| MINUTE,
+        );
+        let error = dead(next);
+        assert_eq!(error.category(), Category::Rejected);
+        assert_eq!(error.code(), "test.code");
+        assert_eq!(error.transport(), Some("smtp://relay:25"));
+    }
+
+    #[test]
+    fn an_invalid_message_is_dead_at_once_with_its_error() {
+        let next = after_failure(
+            &policy(),
+            attempted(1, 2_000),
+            error(Category::InvalidMessage),
+            |_| MINUTE,
+        );
+        assert_eq!(dead(next).code(), "test.code");
+    }
+
+    #[test]
+    fn a_failure_that_may_pass_is_due_again_after_the_backoff_for_its_attempt() {
+        let next = after_failure(
+            &policy(),
+            attempted(3, 2_000),
+            error(Category::Network),
+            |retry| {
+                assert_eq!(retry, 3, "the backoff is asked for the attempt just made");
+                MINUTE
+            },
+        );
+        assert_eq!(retry_at(next), 2_000 + 60_000);
+    }
+
+    #[test]
+    fn a_retry_after_longer_than_the_backoff_sets_the_due_time() {
+        let open = error(Category::ServiceUnavailable).with_retry_after(2 * MINUTE);
+        let next = after_failure(&policy(), attempted(1, 2_000), open, |_| MINUTE);
+        assert_eq!(retry_at(next), 2_000 + 120_000);
+    }
+
+    #[test]
+    fn a_backoff_longer_than_the_retry_after_sets_the_due_time() {
+        let open = error(Category::ServiceUnavailable).with_retry_after(Duration::from_secs(5));
+        let next = after_failure(&policy(), attempted(1, 2_000), open, |_| MINUTE);
+        assert_eq!(retry_at(next), 2_000 + 60_000);
+    }
+
+    #[test]
+    fn a_setup_failure_waits_the_setup_wait_not_the_backoff() {
+        for category in [
+            Category::Authentication,
+            Category::Configuration,
+            Category::Unsupported,
+        ] {
+            let next = after_failure(&policy(), attempted(1, 2_000), error(category), |_| MINUTE);
+            assert_eq!(retry_at(next), 2_000 + 3_600_000, "{category:?}");
+        }
+    }
+
+    #[test]
+    fn a_failure_at_max_age_is_dead_as_expired_with_the_last_error_inside() {
+        let now = 1_000 + 86_400_000;
+        let error = dead(after_failure(
+            &policy(),
+            attempted(9, now),
+            error(Category::Timeout),
+            |_| MINUTE,
+        ));
+        assert_eq!(error.code(), "outbox.expired");
+        assert_eq!(error.category(), Category::Timeout);
+        assert_eq!(error.transport(), Some("smtp://relay:25"));
+        assert_eq!(error.causes()[0].code(), "test.code");
+    }
+
+    #[test]
+    fn a_failure_just_before_max_age_is_tried_once_more_at_max_age() {
+        let now = 1_000 + 86_400_000 - 1;
+        let next = after_failure(
+            &policy(),
+            attempted(9, now),
+            error(Category::Timeout),
+            |_| MINUTE,
+        );
+        assert_eq!(retry_at(next), 1_000 + 86_400_000);
+    }
+
+    #[test]
+    fn a_maybe_delivered_failure_is_retried_by_default() {
+        let lost = error(Category::Timeout).maybe_delivered();
+        let next = after_failure(&policy(), attempted(1, 2_000), lost, |_| MINUTE);
+        assert_eq!(retry_at(next), 62_000);
+    }
+
+    #[test]
+    fn a_maybe_delivered_failure_is_dead_under_at_most_once() {
+        let policy = Policy {
+            at_most_once: true,
+            ..policy()
+        };
+        let lost = error(Category::Timeout).maybe_delivered();
+        let error = dead(after_failure(&policy, attempted(1, 2_000), lost, |_| {
+            MINUTE
+        }));
+        assert_eq!(error.code(), "outbox.maybe_delivered");
+        assert_eq!(error.category(), Category::Timeout);
+        assert_eq!(error.transport(), Some("smtp://relay:25"));
+        assert_eq!(error.causes()[0].code(), "test.code");
+    }
+
+    #[test]
+    fn a_failure_not_maybe_delivered_is_retried_under_at_most_once() {
+        let policy = Policy {
+            at_most_once: true,
+            ..policy()
+        };
+        let next = after_failure(
+            &policy,
+            attempted(1, 2_000),
+            error(Category::Network),
+            |_| MINUTE,
+        );
+        assert_eq!(retry_at(next), 62_000);
+    }
+
+    #[test]
+    fn a_lost_lease_is_sent_again_by_default_and_dead_under_at_most_once() {
+        assert!(after_lost_lease(&policy()).is_none());
+        let policy = Policy {
+            at_most_once: true,
+            ..policy()
+        };
+        let error = after_lost_lease(&policy).expect("dead under at_most_once");
+        assert_eq!(error.code(), "outbox.maybe_delivered");
+    }
+
+    #[test]
+    fn durations_past_what_millis_hold_saturate() {
+        assert_eq!(millis(Duration::MAX), Millis::MAX);
+        assert_eq!(millis(Duration::from_millis(1_500)), 1_500);
+        let policy = Policy {
+            max_age: Duration::MAX,
+            setup_wait: Duration::MAX,
+            ..policy()
+        };
+        let next = after_failure(
+            &policy,
+            attempted(1, 2_000),
+            error(Category::Authentication),
+            |_| MINUTE,
+        );
+        assert_eq!(retry_at(next), Millis::MAX);
+    }
+
+    fn category() -> impl Strategy<Value = Category> {
+        prop::sample::select(vec![
+            Category::Network,
+            Category::Timeout,
+            Category::ServerError,
+            Category::ServiceUnavailable,
+            Category::RateLimited,
+            Category::Rejected,
+            Category::Authentication,
+            Category::InvalidMessage,
+            Category::Configuration,
+            Category::Unsupported,
+        ])
+    }
+
+    /// The rules of DESIGN §12, written out on their own: what happens to a failed message.
+    #[allow(clippy::too_many_arguments)]
+    fn model(
+        category: Category,
+        maybe_delivered: bool,
+        retry_after: Option<u64>,
+        at_most_once: bool,
+        backoff_ms: u64,
+        setup_ms: u64,
+        max_age_ms: u64,
+        enqueued_at: i64,
+        now: i64,
+    ) -> Result<i64, &'static str> {
+        if maybe_delivered && at_most_once {
+            return Err("outbox.maybe_delivered");
+        }
+        if matches!(category, Category::Rejected | Category::InvalidMessage) {
+            return Err("test.code");
+        }
+        let deadline = enqueued_at + max_age_ms as i64;
+        if now >= deadline {
+            return Err("outbox.expired");
+        }
+        let own_wait = match category {
+            Category::Authentication | Category::Configuration | Category::Unsupported => setup_ms,
+            _ => backoff_ms,
+        };
+        let wait = own_wait.max(retry_after.unwrap_or(0));
+        Ok((now + wait as i64).min(deadline))
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(2_000))]
+
+        #[test]
+        fn every_failure_follows_the_rules(
+            category in category(),
+            maybe_delivered: bool,
+            retry_after in prop::option::of(0u64..10_000_000),
+            at_most_once: bool,
+            backoff_ms in 0u64..10_000_000,
+            setup_ms in 0u64..10_000_000,
+            max_age_ms in 0u64..100_000_000,
+            enqueued_at in 0i64..1_000_000_000,
+            age in 0i64..200_000_000,
+            attempts in 1u32..100,
+        ) {
+            let now = enqueued_at + age;
+            let policy = Policy {
+                backoff: Backoff::constant(Duration::from_millis(backoff_ms)),
+                setup_wait: Duration::from_millis(setup_ms),
+                max_age: Duration::from_millis(max_age_ms),
+                at_most_once,
+            };
+            let mut error = SendError::new(category, "test.code", "scripted");
+            if maybe_delivered {
+                error = error.maybe_delivered();
+            }
+            if let Some(wait) = retry_after {
+                error = error.with_retry_after(Duration::from_millis(wait));
+            }
+            let message = Attempted { enqueued_at, attempts, now };
+            let next = after_failure(&policy, message, error, |retry| {
+                assert_eq!(retry, attempts);
+                Duration::from_millis(backoff_ms)
+            });
+            let expected = model(
+                category, maybe_delivered, retry_after, at_most_once,
+                backoff_ms, setup_ms, max_age_ms, enqueued_at, now,
+            );
+            match (next, expected) {
+                (Next::Retry { due_at, error }, Ok(expected_due)) => {
+                    prop_assert_eq!(due_at, expected_due);
+                    prop_assert!(due_at >= now);
+                    prop_assert_eq!(error.code(), "test.code");
+                }
+                (Next::Dead(error), Err(code)) => {
+                    prop_assert_eq!(error.code(), code);
+                    prop_assert_eq!(error.category(), category);
+                }
+                (next, expected) => prop_assert!(false, "got {next:?}, the rules say {expected:?}"),
+            }
+        }
+    }
+}

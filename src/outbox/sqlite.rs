@@ -11,10 +11,12 @@ use sqlx::sqlite::{
 use sqlx::{Row, Sqlite, Transaction};
 
 use super::backend::{Backend, Finish};
-use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
+use super::record::{
+    Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
+};
 use super::schedule::Millis;
 use super::{OutboxId, OutboxStats};
-use crate::SendError;
+use crate::{Category, SendError};
 
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
@@ -66,7 +68,9 @@ impl SqliteBackend {
             .max_connections(4)
             .connect_with(options)
             .await
-            .map_err(|e| database_error("opening the SQLite file", e))?;
+            .map_err(|e| {
+                database_error_of(Category::Configuration, "opening the SQLite file", e)
+            })?;
         sqlx::raw_sql(SCHEMA)
             .execute(&pool)
             .await

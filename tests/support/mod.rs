@@ -8,6 +8,8 @@ pub mod flaky;
 pub mod http_api;
 pub mod http_checks;
 pub mod moto;
+#[cfg(feature = "outbox")]
+pub mod outbox_rules;
 pub mod postfix;
 pub mod postgres;
 pub mod raw_smtp;

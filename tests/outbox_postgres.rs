@@ -1,0 +1,110 @@
+//! The outbox's rules on PostgreSQL, each test on a server of its own; and the database
+//! going down mid-run.
+
+mod support;
+
+use mail_breaker::outbox::Outbox;
+use support::postgres::PostgresServer;
+
+async fn open(test: &str) -> Option<(Outbox, PostgresServer)> {
+    let server = PostgresServer::start(test)?;
+    let outbox = Outbox::postgres(&server.url())
+        .await
+        .expect("a PostgreSQL outbox");
+    Some((outbox, server))
+}
+
+all_outbox_rules!(open);
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn enqueue_in_commits_with_the_callers_transaction_and_rolls_back_with_it() {
+    let Some((outbox, server)) = open("enqueue_in_on_postgres").await else {
+        return;
+    };
+    let pool = sqlx::PgPool::connect(&server.url()).await.unwrap();
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut *tx, &support::message())
+        .await
+        .unwrap();
+    tx.rollback().await.unwrap();
+    assert_eq!(
+        outbox.stats().await.unwrap().queued,
+        0,
+        "rolled back together"
+    );
+    let mut tx = pool.begin().await.unwrap();
+    outbox
+        .enqueue_in(&mut *tx, &support::message())
+        .await
+        .unwrap();
+    tx.commit().await.unwrap();
+    assert_eq!(
+        outbox.stats().await.unwrap().queued,
+        1,
+        "committed together"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_down_enqueue_fails_the_worker_waits_and_nothing_kept_is_lost() {
+    use std::time::Duration;
+    use support::scripted::{Reply, Scripted};
+
+    let Some((outbox, mut server)) = open("database_down").await else {
+        return;
+    };
+    let provider = Scripted::answering(
+        "provider",
+        Reply::after(Duration::from_millis(2), Reply::Ok),
+    );
+    let worker = outbox
+        .worker(provider.clone())
+        .concurrency(4)
+        .poll(Duration::from_millis(50));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+
+    let producer = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let (mut kept, mut failed) = (Vec::new(), 0);
+            for (i, message) in support::numbered_messages(400).into_iter().enumerate() {
+                match outbox.enqueue(&message).await {
+                    Ok(_) => kept.push(format!("message {i}")),
+                    Err(_) => failed += 1,
+                }
+                tokio::time::sleep(Duration::from_millis(5)).await;
+            }
+            (kept, failed)
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    server.stop();
+    // Longer than the pool's 3 s wait for a connection, so that enqueues fail.
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    server.restart();
+    let (kept, failed) = producer.await.unwrap();
+    assert!(failed > 0, "some enqueues met the database down");
+
+    for _ in 0..300 {
+        if outbox.stats().await.is_ok_and(|stats| stats.queued == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    let sent: std::collections::HashSet<String> = provider.subjects().into_iter().collect();
+    let lost: Vec<&String> = kept
+        .iter()
+        .filter(|subject| !sent.contains(*subject))
+        .collect();
+    assert!(
+        lost.is_empty(),
+        "{} enqueued with Ok but never sent: {lost:?}",
+        lost.len()
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}

@@ -1,0 +1,363 @@
+//! The outbox's rules as checks any backend must pass: `tests/outbox_sqlite.rs` runs them on
+//! an SQLite file, `tests/outbox_postgres.rs` on a PostgreSQL server, through
+//! [`outbox_rules!`](crate::outbox_rules).
+
+use std::time::Duration;
+
+use mail_breaker::outbox::{Outbox, OutboxTransport};
+use mail_breaker::{Category, CircuitBreakerTransport, SendError, Transport};
+
+use super::numbered_messages;
+use super::scripted::{Reply, Scripted};
+
+/// A worker's backoff short enough for tests that wait for a retry.
+fn quick(outbox: &Outbox, transport: Scripted) -> mail_breaker::outbox::Worker<Scripted> {
+    outbox
+        .worker(transport)
+        .backoff(mail_breaker::Backoff::constant(Duration::from_millis(50)))
+        .poll(Duration::from_millis(50))
+}
+
+pub async fn drain_sends_every_queued_message_once_and_empties_the_outbox(outbox: Outbox) {
+    outbox.enqueue_many(&numbered_messages(40)).await.unwrap();
+    let provider = Scripted::new("provider");
+    quick(&outbox, provider.clone())
+        .concurrency(4)
+        .drain()
+        .await
+        .unwrap();
+    let mut subjects = provider.subjects();
+    subjects.sort();
+    subjects.dedup();
+    assert_eq!(subjects.len(), 40);
+    assert_eq!(provider.sends(), 40);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead, stats.oldest), (0, 0, None));
+}
+
+pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 1, "a rejection is never tried again");
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].id, id);
+    assert_eq!(dead[0].error.category(), Category::Rejected);
+    assert_eq!(dead[0].error.code(), "test.rejected");
+    assert_eq!(dead[0].error.transport(), Some("provider"));
+    assert_eq!(dead[0].attempts, 1);
+    assert_eq!(dead[0].envelope.to()[0].to_string(), "user@example.org");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (0, 1));
+}
+
+pub async fn requeue_sends_a_dead_letter_again_keeping_its_attempt_count(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert!(outbox.requeue(id).await.unwrap());
+    assert!(
+        !outbox.requeue(id).await.unwrap(),
+        "only a dead letter is requeued"
+    );
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 2);
+    assert_eq!(outbox.dead_letters(10).await.unwrap()[0].attempts, 2);
+    provider.set_default(Reply::Ok);
+    assert!(outbox.requeue(id).await.unwrap());
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 3);
+    assert_eq!(outbox.stats().await.unwrap().dead, 0);
+}
+
+pub async fn a_failure_that_may_pass_is_not_due_before_its_retry_after(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let open = SendError::new(Category::ServiceUnavailable, "test.down", "down")
+        .with_retry_after(Duration::from_secs(3_600));
+    let provider = Scripted::answering("provider", Reply::Err(open));
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 1, "not due again for an hour");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.due, stats.leased, stats.dead),
+        (1, 0, 0, 0)
+    );
+}
+
+pub async fn a_failure_that_may_pass_is_sent_again_after_the_backoff(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let provider = Scripted::new("provider");
+    provider.then([Reply::fail(Category::Timeout)]);
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 2);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn a_maybe_delivered_failure_is_dead_under_at_most_once(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let lost = SendError::new(
+        Category::Timeout,
+        "test.after_dot",
+        "no reply after the dot",
+    )
+    .maybe_delivered();
+    let provider = Scripted::answering("provider", Reply::Err(lost));
+    quick(&outbox, provider.clone())
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
+    assert_eq!(dead[0].error.category(), Category::Timeout);
+    assert_eq!(provider.sends(), 1);
+}
+
+/// A worker that holds one message and never answers, until its lease of 200 ms runs out.
+async fn lose_a_lease(outbox: &Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let worker = quick(outbox, hung.clone()).lease(Duration::from_millis(200));
+    let held = tokio::spawn(async move { worker.drain().await });
+    while hung.sends() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    assert_eq!(outbox.stats().await.unwrap().leased, 1);
+    held.abort(); // the worker dies mid-send
+    tokio::time::sleep(Duration::from_millis(250)).await;
+}
+
+pub async fn a_message_whose_lease_ran_out_is_sent_again(outbox: Outbox) {
+    lose_a_lease(&outbox).await;
+    let provider = Scripted::new("provider");
+    quick(&outbox, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 1);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn a_message_whose_lease_ran_out_is_dead_under_at_most_once(outbox: Outbox) {
+    lose_a_lease(&outbox).await;
+    let provider = Scripted::new("provider");
+    quick(&outbox, provider.clone())
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(provider.sends(), 0, "never sent again");
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
+}
+
+pub async fn a_held_message_is_not_claimed_by_another_worker(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let slow = Scripted::answering("slow", Reply::after(Duration::from_millis(300), Reply::Ok));
+    let first = quick(&outbox, slow.clone());
+    let held = tokio::spawn(async move { first.drain().await });
+    while slow.sends() == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    let other = Scripted::new("other");
+    quick(&outbox, other.clone()).drain().await.unwrap();
+    assert_eq!(other.sends(), 0);
+    held.await.unwrap().unwrap();
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn two_workers_never_send_one_message_twice(outbox: Outbox) {
+    outbox.enqueue_many(&numbered_messages(200)).await.unwrap();
+    let provider = Scripted::answering(
+        "provider",
+        Reply::after(Duration::from_millis(1), Reply::Ok),
+    );
+    let a = quick(&outbox, provider.clone()).concurrency(4);
+    let b = quick(&outbox, provider.clone()).concurrency(4);
+    let (a, b) = tokio::join!(a.drain(), b.drain());
+    a.unwrap();
+    b.unwrap();
+    let mut subjects = provider.subjects();
+    assert_eq!(subjects.len(), 200);
+    subjects.sort();
+    subjects.dedup();
+    assert_eq!(subjects.len(), 200);
+}
+
+pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after_the_probe(
+    outbox: Outbox,
+) {
+    outbox.enqueue_many(&numbered_messages(30)).await.unwrap();
+    let provider = Scripted::answering("provider", Reply::fail(Category::Network));
+    let breaker = CircuitBreakerTransport::builder(provider.clone())
+        .failure_threshold(2)
+        .reset_timeout(Duration::from_millis(300))
+        .build()
+        .unwrap();
+    let worker = outbox
+        .worker(breaker)
+        .concurrency(1)
+        .backoff(mail_breaker::Backoff::constant(Duration::from_millis(1)))
+        .poll(Duration::from_millis(20));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    // 1 s of a provider down: the breaker opens after 2 failures, then lets a probe through
+    // every 300 ms.
+    tokio::time::sleep(Duration::from_millis(1_000)).await;
+    let while_down = provider.sends();
+    assert!(
+        (2..=6).contains(&while_down),
+        "2 failures to open, then one probe per open period: {while_down} tries"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 30);
+    provider.set_default(Reply::Ok);
+    for _ in 0..200 {
+        if outbox.stats().await.unwrap().queued == 0 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        outbox.stats().await.unwrap().queued,
+        0,
+        "all sent after the probe"
+    );
+    assert_eq!(provider.sends(), while_down + 30);
+}
+
+pub async fn shutdown_lets_sends_in_flight_finish_and_starts_no_more(outbox: Outbox) {
+    outbox.enqueue_many(&numbered_messages(6)).await.unwrap();
+    let provider = Scripted::answering(
+        "provider",
+        Reply::after(Duration::from_millis(200), Reply::Ok),
+    );
+    let worker = quick(&outbox, provider.clone()).concurrency(2);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    while provider.sends() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(provider.sends(), 2);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.due, stats.leased),
+        (4, 4, 0),
+        "{stats:?}"
+    );
+}
+
+pub async fn send_or_queue_queues_a_failure_that_may_pass(outbox: Outbox) {
+    let down = Scripted::answering("provider", Reply::fail(Category::ServiceUnavailable));
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), down);
+    let receipt = transport.send(&super::message()).await.unwrap();
+    assert!(receipt.is_queued());
+    let id: i64 = receipt.message_id().unwrap().parse().unwrap();
+    assert!(id > 0);
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+}
+
+pub async fn send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing(outbox: Outbox) {
+    let refusing = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), refusing);
+    let error = transport.send(&super::message()).await.unwrap_err();
+    assert_eq!(error.category(), Category::Rejected);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn send_or_queue_answers_a_delivery_as_delivered(outbox: Outbox) {
+    let provider = Scripted::new("provider");
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), provider.clone());
+    let receipt = transport.send(&super::message()).await.unwrap();
+    assert!(!receipt.is_queued());
+    assert_eq!(receipt.transport(), "provider");
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn queue_only_queues_every_message(outbox: Outbox) {
+    let transport = OutboxTransport::queue_only(outbox.clone());
+    for message in numbered_messages(3) {
+        assert!(transport.send(&message).await.unwrap().is_queued());
+    }
+    assert_eq!(outbox.stats().await.unwrap().queued, 3);
+}
+
+pub async fn purge_deletes_a_message_queued_or_dead(outbox: Outbox) {
+    let queued = outbox.enqueue(&super::message()).await.unwrap();
+    assert!(outbox.purge(queued).await.unwrap());
+    assert!(!outbox.purge(queued).await.unwrap());
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn stats_say_how_long_the_oldest_message_has_waited(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    outbox.enqueue(&super::message()).await.unwrap();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.due), (2, 2));
+    let oldest = stats.oldest.unwrap();
+    assert!(
+        oldest >= Duration::from_millis(50) && oldest < Duration::from_secs(30),
+        "{oldest:?}"
+    );
+}
+
+pub async fn a_worker_with_no_room_for_a_send_is_a_configuration_error(outbox: Outbox) {
+    let error = outbox
+        .worker(Scripted::new("p"))
+        .concurrency(0)
+        .drain()
+        .await
+        .unwrap_err();
+    assert_eq!(error.category(), Category::Configuration);
+    assert!(error.message().contains("concurrency"), "{error}");
+}
+
+/// One `#[tokio::test]` per rule above, each on a fresh outbox from `$open` (an async
+/// expression giving `Option<(Outbox, guard)>`, `None` when its server is missing).
+#[macro_export]
+macro_rules! outbox_rules {
+    ($open:expr; $($rule:ident),+ $(,)?) => {$(
+        #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+        async fn $rule() {
+            let Some((outbox, _guard)) = $open(stringify!($rule)).await else { return };
+            support::outbox_rules::$rule(outbox).await;
+        }
+    )+};
+}
+
+/// Every rule, for [`outbox_rules!`].
+#[macro_export]
+macro_rules! all_outbox_rules {
+    ($open:expr) => {
+        $crate::outbox_rules!($open;
+            drain_sends_every_queued_message_once_and_empties_the_outbox,
+            a_rejected_message_is_dead_at_once_with_its_error,
+            requeue_sends_a_dead_letter_again_keeping_its_attempt_count,
+            a_failure_that_may_pass_is_not_due_before_its_retry_after,
+            a_failure_that_may_pass_is_sent_again_after_the_backoff,
+            a_maybe_delivered_failure_is_dead_under_at_most_once,
+            a_message_whose_lease_ran_out_is_sent_again,
+            a_message_whose_lease_ran_out_is_dead_under_at_most_once,
+            a_held_message_is_not_claimed_by_another_worker,
+            two_workers_never_send_one_message_twice,
+            the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after_the_probe,
+            shutdown_lets_sends_in_flight_finish_and_starts_no_more,
+            send_or_queue_queues_a_failure_that_may_pass,
+            send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing,
+            send_or_queue_answers_a_delivery_as_delivered,
+            queue_only_queues_every_message,
+            purge_deletes_a_message_queued_or_dead,
+            stats_say_how_long_the_oldest_message_has_waited,
+            a_worker_with_no_room_for_a_send_is_a_configuration_error,
+        );
+    };
+}
