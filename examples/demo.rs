@@ -13,12 +13,17 @@
 //!
 //! Each line is a message (the members it went through, and where it was delivered) or a
 //! breaker's change of state.
+//!
+//! Then the outbox: both servers go down for a while, so each message is kept in an SQLite
+//! outbox (a temporary file) instead of lost; a worker sleeps while the breakers are open,
+//! and when the primary is back its probe succeeds and everything queued goes out.
 
 mod support;
 
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
+use mail_breaker::outbox::{Outbox, OutboxTransport};
 use mail_breaker::{
     Backoff, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport,
     SendError, SmtpTransport, StateChange, Transport,
@@ -109,6 +114,102 @@ async fn main() -> Result<(), Box<dyn std::error::Error>> {
     ));
     if primary + backup != number {
         return Err(format!("{number} messages sent but {} delivered", primary + backup).into());
+    }
+    outbox_act(&primary_server, &backup_server, clock).await
+}
+
+/// Every provider down: mail waits in the outbox and goes out when the primary is back.
+async fn outbox_act(
+    primary_server: &EmbeddedSmtp,
+    backup_server: &EmbeddedSmtp,
+    clock: Clock,
+) -> Result<(), Box<dyn std::error::Error>> {
+    let delivered_before = primary_server.accepted() + backup_server.accepted();
+    let folder = std::env::temp_dir().join(format!("mail-breaker-demo-{}", std::process::id()));
+    std::fs::create_dir_all(&folder)?;
+    let outbox = Outbox::sqlite(folder.join("outbox.db")).await?;
+    clock.say(format!(
+        "-- the outbox: {}; both servers go down (421)",
+        folder.join("outbox.db").display()
+    ));
+    primary_server.set_mode(Mode::Unavailable);
+    backup_server.set_mode(Mode::Unavailable);
+
+    let member = |name: &'static str, server: &EmbeddedSmtp| {
+        let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port())
+            .with_name(name)
+            .with_timeout(Duration::from_secs(5));
+        CircuitBreakerTransport::builder(smtp)
+            .failure_threshold(2)
+            .reset_timeout(RESET_TIMEOUT)
+            .on_state_change(move |change: &StateChange| {
+                clock.say(format!(
+                    "   breaker {}: {} -> {}",
+                    change.key, change.from, change.to
+                ));
+            })
+            .build()
+    };
+    let stack = Arc::new(
+        PoolTransport::builder()
+            .add(member("primary", primary_server)?, 1)
+            .add(member("backup", backup_server)?, 2)
+            .build()?,
+    );
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), Arc::clone(&stack));
+    const QUEUED: usize = 10;
+    for number in 1..=QUEUED {
+        let message = Message::builder()
+            .from("app@example.com".parse()?)
+            .to("user@example.org".parse()?)
+            .subject(format!("queued message {number}"))
+            .body(format!("queued message {number}"))?;
+        let receipt = transport.send(&message).await?;
+        clock.say(format!(
+            "#q{number:02} {} as {}",
+            if receipt.is_queued() {
+                "queued in the outbox"
+            } else {
+                "delivered"
+            },
+            receipt.message_id().unwrap_or("?")
+        ));
+    }
+    clock.say(format!("   outbox: {:?}", outbox.stats().await?));
+
+    let worker = outbox
+        .worker(Arc::clone(&stack))
+        .concurrency(4)
+        .backoff(Backoff::constant(Duration::from_millis(200)))
+        .poll(Duration::from_millis(100));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    clock.say("-- a worker runs: it sleeps while both breakers are open");
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    clock.say(format!(
+        "   outbox after 2.5 s down: {:?}",
+        outbox.stats().await?
+    ));
+    clock.say("-- the primary is back: its breaker's probe succeeds and the outbox drains");
+    primary_server.set_mode(Mode::Accept);
+    let started = Instant::now();
+    while outbox.stats().await?.queued > 0 && started.elapsed() < Duration::from_secs(20) {
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let _ = stop.send(());
+    running.await??;
+    backup_server.set_mode(Mode::Accept);
+
+    let stats = outbox.stats().await?;
+    let delivered = primary_server.accepted() + backup_server.accepted() - delivered_before;
+    let lost = QUEUED - delivered;
+    clock.say(format!(
+        "-- done: {QUEUED} queued, {delivered} delivered from the outbox, {lost} lost; outbox {stats:?}"
+    ));
+    std::fs::remove_dir_all(&folder)?;
+    if lost != 0 || stats.queued != 0 {
+        return Err(format!("{lost} of {QUEUED} queued messages were not delivered").into());
     }
     Ok(())
 }
