@@ -61,9 +61,15 @@ tests[smtp_wire]="--lib"
 files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
 tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
 
+# The outbox: what an answer does to a message (pure), the worker's loop, the rows, the
+# transport in front of it, and each database's statements, by the rules run on each.
+files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs"
+tests[outbox]="--lib --test=outbox_sqlite"
+files[outbox-postgres]="src/outbox/postgres.rs"
+tests[outbox-postgres]="--test=outbox_postgres"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses)
+    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres)
 fi
 
 status=0
