@@ -14,9 +14,19 @@ pub(crate) enum Finish {
     /// Delivered: the row goes.
     Sent,
     /// Dead with its error, at a time.
-    Dead { error: StoredError, at: Millis },
+    Dead {
+        error: StoredError,
+        at: Millis,
+        /// The recipients it is now for, when a delivery deferred only some of them.
+        recipients: Option<String>,
+    },
     /// Due again at `due_at`, its last error kept.
-    Retry { error: StoredError, due_at: Millis },
+    Retry {
+        error: StoredError,
+        due_at: Millis,
+        /// The recipients it is now for, when a delivery deferred only some of them.
+        recipients: Option<String>,
+    },
 }
 
 #[async_trait::async_trait]

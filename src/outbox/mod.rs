@@ -10,6 +10,10 @@
 //!   or a lease that ran out mid-send) goes to the dead letters as `outbox.maybe_delivered`
 //!   instead of being sent again.
 //!
+//! - **Deferred recipients.** A delivery the provider deferred for some recipients (SMTP
+//!   `450`/`451` to their `RCPT TO`, as greylisting answers) leaves the message in the outbox
+//!   for those recipients only, scheduled like a failure with the deferral's error.
+//!
 //! # Scheduling
 //! A queued message is due at once. After a failure it is due again at the error's
 //! [`retry_after`](SendError::retry_after) (a breaker's open time, the pool's soonest

@@ -161,25 +161,35 @@ impl Backend for PostgresBackend {
                         "DELETE FROM mail_breaker_outbox \
                          WHERE id = $1 AND attempts = $2 AND leased",
                     ),
-                    Finish::Dead { error, at } => with_error(
+                    Finish::Dead {
+                        error,
+                        at,
+                        recipients,
+                    } => with_error(
                         keyed(
                             "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
                              error_category = $4, error_code = $5, error_message = $6, \
-                             error_transport = $7 \
+                             error_transport = $7, recipients = COALESCE($8, recipients) \
                              WHERE id = $1 AND attempts = $2 AND leased",
                         ),
                         *at,
                         error,
+                        recipients.as_deref(),
                     ),
-                    Finish::Retry { error, due_at } => with_error(
+                    Finish::Retry {
+                        error,
+                        due_at,
+                        recipients,
+                    } => with_error(
                         keyed(
                             "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
                              error_category = $4, error_code = $5, error_message = $6, \
-                             error_transport = $7 \
+                             error_transport = $7, recipients = COALESCE($8, recipients) \
                              WHERE id = $1 AND attempts = $2 AND leased",
                         ),
                         *due_at,
                         error,
+                        recipients.as_deref(),
                     ),
                 };
                 query.execute(&mut *tx).await?;
@@ -279,11 +289,13 @@ impl Backend for PostgresBackend {
     }
 }
 
-/// Binds the time and the error of a `Dead` or `Retry` update (parameters 3 to 7).
+/// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
+/// (parameters 3 to 8).
 fn with_error<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     at: Millis,
     error: &'q StoredError,
+    recipients: Option<&'q str>,
 ) -> sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments> {
     query
         .bind(at)
@@ -291,4 +303,5 @@ fn with_error<'q>(
         .bind(error.code.as_deref())
         .bind(error.message.as_deref())
         .bind(error.transport.as_deref())
+        .bind(recipients)
 }

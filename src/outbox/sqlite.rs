@@ -176,25 +176,35 @@ impl Backend for SqliteBackend {
                         "DELETE FROM mail_breaker_outbox \
                          WHERE id = ?1 AND attempts = ?2 AND leased = 1",
                     ),
-                    Finish::Dead { error, at } => with_error(
+                    Finish::Dead {
+                        error,
+                        at,
+                        recipients,
+                    } => with_error(
                         keyed(
                             "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
                              error_category = ?4, error_code = ?5, error_message = ?6, \
-                             error_transport = ?7 \
+                             error_transport = ?7, recipients = COALESCE(?8, recipients) \
                              WHERE id = ?1 AND attempts = ?2 AND leased = 1",
                         ),
                         *at,
                         error,
+                        recipients.as_deref(),
                     ),
-                    Finish::Retry { error, due_at } => with_error(
+                    Finish::Retry {
+                        error,
+                        due_at,
+                        recipients,
+                    } => with_error(
                         keyed(
                             "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
                              error_category = ?4, error_code = ?5, error_message = ?6, \
-                             error_transport = ?7 \
+                             error_transport = ?7, recipients = COALESCE(?8, recipients) \
                              WHERE id = ?1 AND attempts = ?2 AND leased = 1",
                         ),
                         *due_at,
                         error,
+                        recipients.as_deref(),
                     ),
                 };
                 query.execute(&mut *tx).await?;
@@ -294,11 +304,13 @@ impl Backend for SqliteBackend {
     }
 }
 
-/// Binds the time and the error of a `Dead` or `Retry` update (parameters 3 to 7).
+/// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
+/// (parameters 3 to 8).
 fn with_error<'q>(
     query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
     at: Millis,
     error: &'q StoredError,
+    recipients: Option<&'q str>,
 ) -> sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>> {
     query
         .bind(at)
@@ -306,4 +318,5 @@ fn with_error<'q>(
         .bind(error.code.as_deref())
         .bind(error.message.as_deref())
         .bind(error.transport.as_deref())
+        .bind(recipients)
 }

@@ -241,7 +241,18 @@ impl<T: Transport + 'static> Worker<T> {
                         database.reached();
                     }
                     Err(error) if until == Until::NothingDue => return Err(error),
-                    Err(error) => database.failed(&error),
+                    Err(error) => {
+                        database.failed(&error);
+                        if stopping.is_some_and(|deadline| deadline <= Instant::now()) {
+                            // Shut down with the database away: the leases run out, and
+                            // the messages are sent again (or dead, under at_most_once).
+                            tracing::warn!(
+                                unwritten = flight.answers.len(),
+                                "outbox.shutdown_unwritten"
+                            );
+                            return Ok(());
+                        }
+                    }
                 }
             }
             let now = Instant::now();
@@ -349,6 +360,7 @@ impl<T: Transport + 'static> Worker<T> {
                 let dead = Finish::Dead {
                     error: StoredError::of(&error),
                     at: record::now(),
+                    recipients: None,
                 };
                 flight.answers.push((message.claim, dead));
                 flight.counts.dead += 1;
@@ -417,14 +429,20 @@ impl Flight {
 
     fn answered(&mut self, answer: Answer, policy: &Policy) {
         let now = record::now();
-        let error = match answer.result {
-            Ok(_) => {
+        let (error, recipients) = match answer.result {
+            Ok(receipt) => {
                 self.probing = false;
-                self.counts.sent += 1;
-                self.answers.push((answer.claim, Finish::Sent));
-                return;
+                match deferred(&receipt) {
+                    // Delivered to the others: the message stays for those deferred only.
+                    Some((error, recipients)) => (error, Some(recipients)),
+                    None => {
+                        self.counts.sent += 1;
+                        self.answers.push((answer.claim, Finish::Sent));
+                        return;
+                    }
+                }
             }
-            Err(error) => error,
+            Err(error) => (error, None),
         };
         match stack_closed_for(&error) {
             Some(wait) => {
@@ -448,6 +466,7 @@ impl Flight {
                 Finish::Dead {
                     error: StoredError::of(&error),
                     at: now,
+                    recipients,
                 }
             }
             Next::Retry { due_at, error } => {
@@ -455,6 +474,7 @@ impl Flight {
                 Finish::Retry {
                     error: StoredError::of(&error),
                     due_at,
+                    recipients,
                 }
             }
         };
@@ -469,6 +489,16 @@ impl Flight {
         crate::metrics::outbox_answers("dead", counts.dead);
         self.answers.clear();
     }
+}
+
+/// For a delivery that the provider deferred for some recipients (SMTP 4xx to their `RCPT
+/// TO`, as greylisting answers): the first deferral's error, and those recipients one per
+/// line, as the outbox keeps them.
+fn deferred(receipt: &Receipt) -> Option<(SendError, String)> {
+    let deferred = receipt.deferred_recipients();
+    let (_, first) = deferred.first()?;
+    let recipients: Vec<&str> = deferred.iter().map(|(to, _)| to.as_ref()).collect();
+    Some((first.clone(), recipients.join("\n")))
 }
 
 /// How long the whole stack said it will not send: a breaker's or a pool's refusal with

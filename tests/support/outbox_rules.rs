@@ -98,6 +98,71 @@ pub async fn a_failure_that_may_pass_is_sent_again_after_the_backoff(outbox: Out
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+/// Delivers to every recipient but `later@example.org`, which it defers once; records each
+/// envelope's recipients.
+#[derive(Clone, Default)]
+struct Greylisting {
+    envelopes: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for Greylisting {
+    fn name(&self) -> &str {
+        "greylisting"
+    }
+
+    async fn send_raw(
+        &self,
+        envelope: &mail_breaker::Envelope,
+        _raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, SendError> {
+        let to: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
+        let first_time = {
+            let mut envelopes = self.envelopes.lock().unwrap();
+            envelopes.push(to.clone());
+            envelopes.len() == 1
+        };
+        let mut receipt = mail_breaker::Receipt::new("greylisting");
+        if first_time {
+            let later = SendError::new(Category::ServerError, "smtp.450", "450 greylisted");
+            receipt = receipt.with_deferred_recipient("later@example.org".parse().unwrap(), later);
+        }
+        Ok(receipt)
+    }
+}
+
+pub async fn a_delivery_deferred_for_some_recipients_stays_queued_for_them_only(outbox: Outbox) {
+    let message = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("now@example.org".parse().unwrap())
+        .to("later@example.org".parse().unwrap())
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&message).await.unwrap();
+    let provider = Greylisting::default();
+    let worker = outbox
+        .worker(provider.clone())
+        .backoff(mail_breaker::Backoff::constant(Duration::from_millis(50)));
+    worker.drain().await.unwrap();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.due),
+        (1, 0),
+        "kept for the deferred recipient"
+    );
+    tokio::time::sleep(Duration::from_millis(80)).await;
+    worker.drain().await.unwrap();
+    let envelopes = provider.envelopes.lock().unwrap().clone();
+    assert_eq!(
+        envelopes,
+        [
+            vec!["now@example.org".to_owned(), "later@example.org".to_owned()],
+            vec!["later@example.org".to_owned()],
+        ]
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
 pub async fn a_maybe_delivered_failure_is_dead_under_at_most_once(outbox: Outbox) {
     outbox.enqueue(&super::message()).await.unwrap();
     let lost = SendError::new(
@@ -345,6 +410,7 @@ macro_rules! all_outbox_rules {
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
             a_failure_that_may_pass_is_sent_again_after_the_backoff,
             a_maybe_delivered_failure_is_dead_under_at_most_once,
+            a_delivery_deferred_for_some_recipients_stays_queued_for_them_only,
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
             a_held_message_is_not_claimed_by_another_worker,
