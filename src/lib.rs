@@ -11,6 +11,7 @@ pub mod metrics;
 #[cfg(feature = "outbox")]
 pub mod outbox;
 pub mod pool;
+pub mod rate;
 mod receipt;
 pub mod retry;
 pub mod store;
@@ -36,6 +37,7 @@ pub use machine::{ErrorRate, Snapshot, State};
 #[cfg(feature = "outbox")]
 pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
+pub use rate::{RateLimitBuilder, RateLimitTransport};
 pub use receipt::{Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
 #[cfg(feature = "redis")]

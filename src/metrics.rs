@@ -17,6 +17,11 @@
 //! | [`mail_breaker_outbox_dead`](OUTBOX_DEAD) | gauge | | dead letters |
 //! | [`mail_breaker_outbox_oldest_seconds`](OUTBOX_OLDEST_SECONDS) | gauge | | how long the oldest queued message has waited |
 //! | [`mail_breaker_outbox_sent_total`](OUTBOX_SENT_TOTAL) | counter | `outcome` | answers an outbox worker recorded: `sent`, `retry` or `dead` |
+//! | [`mail_breaker_rate_wait_seconds`](RATE_WAIT_SECONDS) | histogram | `transport` | how long sends waited for their turn at a rate limit |
+//! | [`mail_breaker_rate_per_second`](RATE_PER_SECOND) | gauge | `transport` | the rate a limiter allows now |
+//! | [`mail_breaker_rate_refused_total`](RATE_REFUSED_TOTAL) | counter | `transport` | sends a limiter answered `rate.limited` |
+//!
+//! A rate limiter's `transport` label is its name (the inner transport's unless set).
 //!
 //! The outbox's gauges are what its workers last read from the database (each worker reads
 //! at most once a second while it works): with several workers, take any one's value, not
@@ -141,6 +146,28 @@ pub const OUTBOX_OLDEST_SECONDS: &str = "mail_breaker_outbox_oldest_seconds";
 /// ```
 pub const OUTBOX_SENT_TOTAL: &str = "mail_breaker_outbox_sent_total";
 
+/// Histogram of how long each send waited for its turn at a rate limit, in seconds; label
+/// `transport` (the limiter's name).
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::RATE_WAIT_SECONDS, "mail_breaker_rate_wait_seconds");
+/// ```
+pub const RATE_WAIT_SECONDS: &str = "mail_breaker_rate_wait_seconds";
+
+/// Gauge of the rate a limiter allows now, in sends per second; label `transport`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::RATE_PER_SECOND, "mail_breaker_rate_per_second");
+/// ```
+pub const RATE_PER_SECOND: &str = "mail_breaker_rate_per_second";
+
+/// Counter of sends a limiter answered `rate.limited` without sending; label `transport`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::RATE_REFUSED_TOTAL, "mail_breaker_rate_refused_total");
+/// ```
+pub const RATE_REFUSED_TOTAL: &str = "mail_breaker_rate_refused_total";
+
 /// Gives each metric its description and unit, for exporters that show them (Prometheus'
 /// `# HELP` lines). Call it once, after installing the recorder; the metrics are recorded
 /// whether it is called or not.
@@ -172,6 +199,19 @@ pub fn describe() {
     );
     describe_counter!(RETRIES_TOTAL, "Retries scheduled");
     describe_counter!(RETRIES_THROTTLED_TOTAL, "Retries the retry budget refused");
+    describe_histogram!(
+        RATE_WAIT_SECONDS,
+        Unit::Seconds,
+        "How long sends waited for their turn at a rate limit"
+    );
+    describe_gauge!(
+        RATE_PER_SECOND,
+        "The rate a limiter allows now, in sends per second"
+    );
+    describe_counter!(
+        RATE_REFUSED_TOTAL,
+        "Sends a rate limiter answered rate.limited"
+    );
     describe_gauge!(OUTBOX_QUEUED, "Messages in the outbox waiting to be sent");
     describe_gauge!(OUTBOX_DUE, "Messages in the outbox due now");
     describe_gauge!(OUTBOX_DEAD, "Dead letters in the outbox");
@@ -294,4 +334,29 @@ pub(crate) fn outbox_stats(stats: &crate::outbox::OutboxStats) {
         ::metrics::gauge!(OUTBOX_OLDEST_SECONDS)
             .set(stats.oldest.map_or(0.0, |oldest| oldest.as_secs_f64()));
     }
+}
+
+/// A send through the limiter `name` waited `waited` for its turn.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn rate_wait(name: &str, waited: std::time::Duration) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(RATE_WAIT_SECONDS, "transport" => name.to_owned())
+        .record(waited.as_secs_f64());
+}
+
+/// The limiter `name` allows `per_second` now.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn rate_per_second(name: &str, per_second: f64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(RATE_PER_SECOND, "transport" => name.to_owned()).set(per_second);
+}
+
+/// The limiter `name` answered a send `rate.limited`.
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+pub(crate) fn rate_refused(name: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(RATE_REFUSED_TOTAL, "transport" => name.to_owned()).increment(1);
 }

@@ -355,17 +355,17 @@ impl<T: Transport + 'static> Worker<T> {
 
     /// Starts the send of a claimed message, or records it dead when it may not be sent.
     fn start(&self, flight: &mut Flight, message: Claimed) {
-        if message.lease_lost {
-            if let Some(error) = schedule::after_lost_lease(&self.policy) {
-                let dead = Finish::Dead {
-                    error: StoredError::of(&error),
-                    at: record::now(),
-                    recipients: None,
-                };
-                flight.answers.push((message.claim, dead));
-                flight.counts.dead += 1;
-                return;
-            }
+        if message.lease_lost
+            && let Some(error) = schedule::after_lost_lease(&self.policy)
+        {
+            let dead = Finish::Dead {
+                error: StoredError::of(&error),
+                at: record::now(),
+                recipients: None,
+            };
+            flight.answers.push((message.claim, dead));
+            flight.counts.dead += 1;
+            return;
         }
         let transport = Arc::clone(&self.transport);
         let send = async move {

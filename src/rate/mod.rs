@@ -1,0 +1,188 @@
+//! Pacing sends to a provider's quota: [`RateLimitTransport`], GCRA with a burst, a bound on
+//! sends in flight, and a rate that a provider's throttles lower and quiet seconds restore.
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use tokio::sync::Semaphore;
+use tokio::time::Instant;
+
+use crate::{Category, Envelope, Receipt, SendError, Transport};
+
+mod adaptive;
+mod builder;
+mod gcra;
+mod local;
+
+pub use builder::RateLimitBuilder;
+use gcra::Slot;
+use local::LocalLimiter;
+
+/// The code of the error a limiter answers when a send cannot have a slot in time.
+pub const RATE_LIMITED: &str = "rate.limited";
+
+/// A [`Transport`] that sends at most at a provider's rate: `per_second` on average,
+/// `burst` at once, at most `max_in_flight` under way.
+///
+/// - A send waits for its slot, up to [`max_wait`](RateLimitBuilder::max_wait). One that
+///   cannot have a slot within it is answered at once with a `RateLimited` error coded
+///   `rate.limited`, its [`retry_after`](SendError::retry_after) the time its slot would
+///   come past the wait; it never trips a breaker, and nothing was sent.
+/// - [Adaptive](RateLimitBuilder::adaptive): each `RateLimited` answer from the provider
+///   halves the rate (not below [`min_per_second`](RateLimitBuilder::min_per_second)); each
+///   second without one gives 5 % of the configured rate back, up to it.
+///
+/// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
+///
+/// # Example
+/// ```
+/// use std::time::Duration;
+/// use mail_breaker::{LettreTransport, RateLimitTransport, Transport};
+/// # use lettre::transport::stub::AsyncStubTransport;
+/// # let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+///
+/// let limited = RateLimitTransport::builder(ses)
+///     .per_second(14.0) // the account's quota
+///     .burst(14)
+///     .max_in_flight(10)
+///     .max_wait(Duration::from_secs(5))
+///     .adaptive(true)
+///     .build()?;
+/// assert_eq!(limited.per_second(), 14.0);
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// ```
+#[derive(Debug)]
+pub struct RateLimitTransport<T> {
+    inner: T,
+    name: Arc<str>,
+    limiter: LocalLimiter,
+    in_flight: Option<Arc<Semaphore>>,
+    max_wait: Duration,
+    adaptive: bool,
+}
+
+impl<T: Transport> RateLimitTransport<T> {
+    /// Settings for a limiter around `inner`; `per_second` must be set.
+    pub fn builder(inner: T) -> RateLimitBuilder<T> {
+        RateLimitBuilder::new(inner)
+    }
+
+    /// The rate allowed now, in sends per second: the configured rate, or less while an
+    /// adaptive limiter recovers from a throttle.
+    pub fn per_second(&self) -> f64 {
+        self.limiter.per_second()
+    }
+
+    /// The limiter's name: the inner transport's, unless set.
+    pub fn limiter_name(&self) -> &str {
+        &self.name
+    }
+
+    /// The transport it paces.
+    pub fn get_ref(&self) -> &T {
+        &self.inner
+    }
+
+    /// The transport it paces, to change.
+    pub fn get_mut(&mut self) -> &mut T {
+        &mut self.inner
+    }
+
+    /// The transport it paces, given back.
+    pub fn into_inner(self) -> T {
+        self.inner
+    }
+
+    /// Waits for a send's turn: a place among the sends in flight and a slot of the rate,
+    /// together within `max_wait`.
+    async fn turn(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SendError> {
+        let asked = Instant::now();
+        let permit = match &self.in_flight {
+            Some(places) => {
+                match tokio::time::timeout(self.max_wait, Arc::clone(places).acquire_owned()).await
+                {
+                    Ok(Ok(permit)) => Some(permit),
+                    // A semaphore this transport owns is never closed.
+                    Ok(Err(_)) | Err(_) => return Err(self.refusal(None)),
+                }
+            }
+            None => None,
+        };
+        let left = self.max_wait.saturating_sub(asked.elapsed());
+        match self.limiter.reserve(left) {
+            Slot::After(wait) => {
+                if !wait.is_zero() {
+                    tokio::time::sleep(wait).await;
+                }
+                crate::metrics::rate_wait(&self.name, asked.elapsed());
+                Ok(permit)
+            }
+            Slot::Refused { retry_after } => Err(self.refusal(Some(retry_after))),
+        }
+    }
+
+    fn refusal(&self, retry_after: Option<Duration>) -> SendError {
+        crate::metrics::rate_refused(&self.name);
+        let error = match retry_after {
+            Some(retry_after) => SendError::new(
+                Category::RateLimited,
+                RATE_LIMITED,
+                format!(
+                    "the rate limit has no slot within max_wait ({:?}): nothing was sent",
+                    self.max_wait
+                ),
+            )
+            .with_retry_after(retry_after),
+            None => SendError::new(
+                Category::RateLimited,
+                RATE_LIMITED,
+                format!(
+                    "max_in_flight sends stayed under way for max_wait ({:?}): nothing was sent",
+                    self.max_wait
+                ),
+            ),
+        };
+        error.with_transport(&*self.name)
+    }
+
+    /// Lowers the rate when the provider throttled (not this crate's own limiters).
+    fn heard(&self, result: &Result<Receipt, SendError>) {
+        if let Err(error) = result
+            && self.adaptive
+            && error.category() == Category::RateLimited
+            && error.code() != RATE_LIMITED
+        {
+            self.limiter.throttled();
+            let now = self.limiter.per_second();
+            tracing::info!(limiter = %self.name, per_second = now, "rate.throttled");
+            crate::metrics::rate_per_second(&self.name, now);
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for RateLimitTransport<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let _place = self.turn().await?;
+        let result = self.inner.send_raw(envelope, raw).await;
+        self.heard(&result);
+        result
+    }
+
+    async fn send(&self, message: &crate::Message) -> Result<Receipt, SendError> {
+        let _place = self.turn().await?;
+        let result = self.inner.send(message).await;
+        self.heard(&result);
+        result
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        self.inner.verify().await
+    }
+}
+
+crate::transport::lettre_async_transport!(RateLimitTransport<T>, T);

@@ -1,0 +1,282 @@
+//! The rate limiter's rules, under paused time: pacing, bursts, the longest wait, sends in
+//! flight, and an adaptive rate.
+
+mod support;
+
+use std::time::Duration;
+
+use futures::future::join_all;
+use mail_breaker::{
+    Category, CircuitBreakerTransport, RateLimitTransport, SendError, State, Transport,
+};
+use support::scripted::{Reply, Scripted};
+use tokio::time::Instant;
+
+fn limiter(provider: &Scripted, per_second: f64) -> mail_breaker::RateLimitBuilder<Scripted> {
+    RateLimitTransport::builder(provider.clone())
+        .per_second(per_second)
+        .max_wait(Duration::from_secs(60))
+}
+
+fn throttle() -> Reply {
+    Reply::Err(SendError::new(
+        Category::RateLimited,
+        "ses.throttling",
+        "Maximum sending rate exceeded",
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn five_hundred_sends_at_fifty_a_second_take_ten_seconds() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 50.0).build().unwrap();
+    let message = support::message();
+    let started = Instant::now();
+    let answers = join_all((0..500).map(|_| limited.send(&message))).await;
+    let took = started.elapsed();
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(provider.sends(), 500);
+    // The first goes at once, then one every 20 ms.
+    assert_eq!(took, Duration::from_millis(499 * 20), "{took:?}");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_burst_goes_at_once_and_the_rest_are_spaced() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0).burst(5).build().unwrap();
+    let message = support::message();
+    let started = Instant::now();
+    join_all((0..5).map(|_| limited.send(&message))).await;
+    assert_eq!(started.elapsed(), Duration::ZERO);
+    limited.send(&message).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_with_no_slot_within_max_wait_is_refused_at_once_with_its_retry_after() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 1.0)
+        .max_wait(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    let message = support::message();
+    limited.send(&message).await.unwrap();
+    let started = Instant::now();
+    let error = limited.send(&message).await.unwrap_err();
+    assert_eq!(started.elapsed(), Duration::ZERO, "answered at once");
+    assert_eq!(error.category(), Category::RateLimited);
+    assert_eq!(error.code(), "rate.limited");
+    assert_eq!(error.retry_after(), Some(Duration::from_millis(900)));
+    assert_eq!(error.transport(), Some("ses"));
+    assert_eq!(provider.sends(), 1, "nothing was sent");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refused_send_reserves_no_slot() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 1.0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let message = support::message();
+    limited.send(&message).await.unwrap();
+    for _ in 0..10 {
+        limited.send(&message).await.unwrap_err();
+    }
+    tokio::time::advance(Duration::from_secs(1)).await;
+    limited.send(&message).await.unwrap();
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limit_refusal_never_trips_a_breaker() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 1.0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let breaker = CircuitBreakerTransport::builder(limited)
+        .failure_threshold(1)
+        .build()
+        .unwrap();
+    let message = support::message();
+    for _ in 0..20 {
+        let _ = breaker.send(&message).await;
+    }
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn max_in_flight_bounds_the_sends_under_way() {
+    let provider = Scripted::answering("ses", Reply::after(Duration::from_secs(1), Reply::Ok));
+    let limited = limiter(&provider, 1_000.0)
+        .burst(1_000)
+        .max_in_flight(2)
+        .build()
+        .unwrap();
+    let message = support::message();
+    let started = Instant::now();
+    let answers = join_all((0..6).map(|_| limited.send(&message))).await;
+    assert!(answers.iter().all(Result::is_ok));
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_secs(3),
+        "two at a time, a second each"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_that_waits_for_a_place_past_max_wait_is_refused() {
+    let provider = Scripted::answering("ses", Reply::after(Duration::from_secs(10), Reply::Ok));
+    let limited = limiter(&provider, 1_000.0)
+        .burst(1_000)
+        .max_in_flight(1)
+        .max_wait(Duration::from_millis(500))
+        .build()
+        .unwrap();
+    let message = support::message();
+    let (first, second) = tokio::join!(limited.send(&message), async {
+        tokio::task::yield_now().await;
+        let started = Instant::now();
+        let answer = limited.send(&message).await;
+        (answer, started.elapsed())
+    });
+    first.unwrap();
+    let (answer, waited) = second;
+    assert_eq!(answer.unwrap_err().code(), "rate.limited");
+    assert_eq!(waited, Duration::from_millis(500));
+    assert_eq!(provider.sends(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_throttle_halves_an_adaptive_rate_and_each_quiet_second_gives_five_percent_back()
+{
+    let provider = Scripted::new("ses");
+    provider.then([throttle()]);
+    let limited = limiter(&provider, 100.0).adaptive(true).build().unwrap();
+    let error = limited.send(&support::message()).await.unwrap_err();
+    assert_eq!(
+        error.code(),
+        "ses.throttling",
+        "the provider's answer is passed on"
+    );
+    assert_eq!(limited.per_second(), 50.0);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    assert_eq!(limited.per_second(), 55.0);
+    tokio::time::advance(Duration::from_secs(20)).await;
+    assert_eq!(limited.per_second(), 100.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_halved_rate_spaces_sends_twice_as_far() {
+    let provider = Scripted::new("ses");
+    provider.then([throttle()]);
+    let limited = limiter(&provider, 10.0).adaptive(true).build().unwrap();
+    let message = support::message();
+    let _ = limited.send(&message).await; // at 0, throttled: 5 a second from now on
+    let started = Instant::now();
+    limited.send(&message).await.unwrap();
+    limited.send(&message).await.unwrap();
+    assert_eq!(
+        started.elapsed(),
+        Duration::from_millis(100 + 200),
+        "{:?}",
+        started.elapsed()
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_rate_never_falls_below_min_per_second() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 100.0)
+        .adaptive(true)
+        .min_per_second(30.0)
+        .build()
+        .unwrap();
+    for _ in 0..5 {
+        let _ = limited.send(&support::message()).await;
+    }
+    assert_eq!(limited.per_second(), 30.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limiter_that_is_not_adaptive_keeps_its_rate_after_a_throttle() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 100.0).build().unwrap();
+    let _ = limited.send(&support::message()).await;
+    assert_eq!(limited.per_second(), 100.0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_inner_limiters_refusal_does_not_lower_an_outer_adaptive_rate() {
+    let provider = Scripted::new("ses");
+    let inner = limiter(&provider, 1.0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let outer = RateLimitTransport::builder(inner)
+        .per_second(100.0)
+        .burst(100)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    for _ in 0..3 {
+        let _ = outer.send(&support::message()).await;
+    }
+    assert_eq!(outer.per_second(), 100.0);
+}
+
+#[test]
+fn every_setting_out_of_range_is_a_config_error_naming_it() {
+    let build = |f: fn(
+        mail_breaker::RateLimitBuilder<Scripted>,
+    ) -> mail_breaker::RateLimitBuilder<Scripted>| {
+        f(RateLimitTransport::builder(Scripted::new("p")))
+            .build()
+            .unwrap_err()
+            .setting()
+    };
+    assert_eq!(build(|b| b), "per_second");
+    for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+        assert_eq!(
+            RateLimitTransport::builder(Scripted::new("p"))
+                .per_second(bad)
+                .build()
+                .unwrap_err()
+                .setting(),
+            "per_second"
+        );
+    }
+    assert_eq!(build(|b| b.per_second(5.0).burst(0)), "burst");
+    assert_eq!(
+        build(|b| b.per_second(5.0).max_in_flight(0)),
+        "max_in_flight"
+    );
+    assert_eq!(
+        build(|b| b.per_second(5.0).min_per_second(6.0)),
+        "min_per_second"
+    );
+    assert_eq!(
+        build(|b| b.per_second(5.0).min_per_second(0.0)),
+        "min_per_second"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn the_longest_settings_neither_panic_nor_overflow() {
+    let provider = Scripted::new("ses");
+    let limited = RateLimitTransport::builder(provider.clone())
+        .per_second(f64::MIN_POSITIVE)
+        .min_per_second(f64::MIN_POSITIVE)
+        .burst(u32::MAX)
+        .max_in_flight(usize::MAX)
+        .max_wait(Duration::MAX)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    limited.send(&support::message()).await.unwrap();
+    let fast = RateLimitTransport::builder(provider)
+        .per_second(f64::MAX)
+        .build()
+        .unwrap();
+    fast.send(&support::message()).await.unwrap();
+}
