@@ -16,6 +16,9 @@ pub mod smtp_sink;
 #[path = "../../tests/support/redis.rs"]
 pub mod redis;
 
+#[path = "../../tests/support/postgres.rs"]
+pub mod postgres;
+
 #[path = "../../tests/support/postfix.rs"]
 pub mod postfix;
 

@@ -1,0 +1,218 @@
+//! The outbox, side by side in one run: enqueueing one message at a time (each a commit synced
+//! to disk) and in batches of 1,000 (`enqueue_many`), on SQLite and on PostgreSQL; and
+//! draining 1,000 messages to a local smtp-sink through a breaker at 16 in flight, against
+//! sending the same messages straight through the same stack.
+//!
+//! `cargo bench --bench outbox`. PostgreSQL runs from a temporary folder (as `nobody` under
+//! root), smtp-sink on a free port; each one missing is skipped with a message.
+
+mod support;
+
+use std::time::{Duration, Instant};
+
+use criterion::{
+    BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
+};
+use futures::{StreamExt, stream};
+use mail_breaker::outbox::Outbox;
+use mail_breaker::{CircuitBreakerTransport, Message, SmtpTransport, Transport};
+use support::smtp_sink::SmtpSink;
+
+const ONE_AT_A_TIME: usize = 100;
+const BATCH: usize = 1_000;
+const DRAINED: usize = 1_000;
+const IN_FLIGHT: usize = 16;
+
+fn messages(count: usize) -> Vec<Message> {
+    (0..count)
+        .map(|i| {
+            Message::builder()
+                .from("app@example.com".parse().expect("a sender"))
+                .to("user@example.org".parse().expect("a recipient"))
+                .subject(format!("outbox bench {i}"))
+                .body(format!(
+                    "a receipt, number {i}, of a few lines\r\nthank you\r\n"
+                ))
+                .expect("a message")
+        })
+        .collect()
+}
+
+/// The outboxes to measure: SQLite in a temporary folder, and PostgreSQL when installed.
+struct Databases {
+    folder: std::path::PathBuf,
+    postgres: Option<support::postgres::PostgresServer>,
+}
+
+impl Databases {
+    fn start() -> Databases {
+        let folder =
+            std::env::temp_dir().join(format!("mail-breaker-outbox-bench-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&folder);
+        std::fs::create_dir_all(&folder).expect("a temporary folder");
+        let postgres = support::installed("pg_ctlcluster", "outbox bench on PostgreSQL")
+            .then(|| support::postgres::PostgresServer::start("outbox bench"))
+            .flatten();
+        Databases { folder, postgres }
+    }
+
+    /// Each outbox by name, emptied.
+    async fn open(&self) -> Vec<(&'static str, Outbox)> {
+        let mut outboxes = vec![(
+            "sqlite",
+            Outbox::sqlite(self.folder.join("outbox.db"))
+                .await
+                .expect("an SQLite outbox"),
+        )];
+        if let Some(server) = &self.postgres {
+            outboxes.push((
+                "postgres",
+                Outbox::postgres(&server.url())
+                    .await
+                    .expect("a Postgres outbox"),
+            ));
+        }
+        outboxes
+    }
+}
+
+impl Drop for Databases {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_dir_all(&self.folder);
+    }
+}
+
+/// Deletes whatever an earlier measurement left.
+async fn empty(outbox: &Outbox) {
+    let stats = outbox.stats().await.expect("stats");
+    if stats.queued + stats.dead > 0 {
+        let provider = mail_breaker::LettreTransport::new(
+            lettre::transport::stub::AsyncStubTransport::new_ok(),
+            |_| unreachable!(),
+        );
+        outbox
+            .worker(provider)
+            .concurrency(64)
+            .drain()
+            .await
+            .expect("emptied");
+    }
+}
+
+fn enqueue(c: &mut Criterion) {
+    let rt = runtime();
+    let databases = Databases::start();
+    let outboxes = rt.block_on(databases.open());
+    let batch = messages(BATCH);
+    let mut group = c.benchmark_group("outbox_enqueue");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(5));
+    for (name, outbox) in &outboxes {
+        group.throughput(Throughput::Elements(ONE_AT_A_TIME as u64));
+        group.bench_function(BenchmarkId::new("one_at_a_time", name), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let batch = &batch;
+                async move {
+                    let mut took = Duration::ZERO;
+                    for _ in 0..iters {
+                        empty(outbox).await;
+                        let started = Instant::now();
+                        for message in &batch[..ONE_AT_A_TIME] {
+                            outbox.enqueue(message).await.expect("enqueued");
+                        }
+                        took += started.elapsed();
+                    }
+                    took
+                }
+            });
+        });
+        group.throughput(Throughput::Elements(BATCH as u64));
+        group.bench_function(BenchmarkId::new("batched", name), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let batch = &batch;
+                async move {
+                    let mut took = Duration::ZERO;
+                    for _ in 0..iters {
+                        empty(outbox).await;
+                        let started = Instant::now();
+                        outbox.enqueue_many(batch).await.expect("enqueued");
+                        took += started.elapsed();
+                    }
+                    took
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+fn drain(c: &mut Criterion) {
+    if !support::installed("smtp-sink", "outbox drain") {
+        return;
+    }
+    let Some(sink) = SmtpSink::start("outbox drain", &[]) else {
+        return;
+    };
+    let rt = runtime();
+    let databases = Databases::start();
+    let outboxes = rt.block_on(databases.open());
+    let batch = messages(DRAINED);
+    let stack = || {
+        let smtp = SmtpTransport::unencrypted("127.0.0.1", sink.port())
+            .with_concurrency(IN_FLIGHT)
+            .with_timeout(Duration::from_secs(5));
+        CircuitBreakerTransport::new(smtp)
+    };
+    let mut group = c.benchmark_group("outbox_drain");
+    group
+        .sampling_mode(SamplingMode::Flat)
+        .sample_size(10)
+        .measurement_time(Duration::from_secs(8))
+        .throughput(Throughput::Elements(DRAINED as u64));
+    let direct = stack();
+    group.bench_function(BenchmarkId::new("direct", IN_FLIGHT), |b| {
+        b.to_async(&rt).iter(|| async {
+            let sent = stream::iter(&batch)
+                .map(|message| direct.send(message))
+                .buffer_unordered(IN_FLIGHT)
+                .filter(|answer| std::future::ready(answer.is_ok()))
+                .count()
+                .await;
+            assert_eq!(sent, DRAINED);
+        });
+    });
+    for (name, outbox) in &outboxes {
+        let worker = outbox.worker(stack()).concurrency(IN_FLIGHT);
+        group.bench_function(BenchmarkId::new(format!("outbox_{name}"), IN_FLIGHT), |b| {
+            b.to_async(&rt).iter_custom(|iters| {
+                let (batch, worker) = (&batch, &worker);
+                async move {
+                    let mut took = Duration::ZERO;
+                    for _ in 0..iters {
+                        empty(outbox).await;
+                        outbox.enqueue_many(batch).await.expect("enqueued");
+                        let started = Instant::now();
+                        worker.drain().await.expect("drained");
+                        took += started.elapsed();
+                        assert_eq!(outbox.stats().await.expect("stats").queued, 0);
+                    }
+                    took
+                }
+            });
+        });
+    }
+    group.finish();
+}
+
+fn runtime() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime")
+}
+
+criterion_group!(benches, enqueue, drain);
+criterion_main!(benches);
