@@ -47,6 +47,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// worker has taken since is left alone.
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError>;
 
+    /// Hands back claims not started: due at `now`, unleased, their claim not counted as an
+    /// attempt. A claim whose lease another worker has taken since is left alone.
+    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError>;
+
     /// The soonest due time of a queued message (a held one's is its lease's end).
     async fn next_due(&self) -> Result<Option<Millis>, SendError>;
 

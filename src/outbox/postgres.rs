@@ -94,16 +94,37 @@ pub(crate) async fn insert(
 #[async_trait::async_trait]
 impl Backend for PostgresBackend {
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
-        let stored = async {
-            let mut tx = self.pool.begin().await?;
-            let mut ids = Vec::with_capacity(rows.len());
-            for row in rows {
-                ids.push(insert(&mut tx, row, now).await?);
-            }
-            tx.commit().await?;
-            Ok(ids)
-        };
-        stored.await.map_err(|e| database_error("enqueueing", e))
+        if let [row] = rows {
+            let mut connection = self
+                .pool
+                .acquire()
+                .await
+                .map_err(|e| database_error("enqueueing", e))?;
+            return insert(&mut connection, row, now)
+                .await
+                .map(|id| vec![id])
+                .map_err(|e| database_error("enqueueing", e));
+        }
+        let senders: Vec<Option<&str>> = rows.iter().map(|row| row.sender.as_deref()).collect();
+        let recipients: Vec<&str> = rows.iter().map(|row| row.recipients.as_str()).collect();
+        let raws: Vec<&[u8]> = rows.iter().map(|row| row.raw.as_slice()).collect();
+        // One statement for the whole batch: all or none, without a transaction around it.
+        let mut ids: Vec<i64> = sqlx::query_scalar(
+            "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
+             SELECT sender, recipients, raw, $4, $4 \
+             FROM UNNEST($1::text[], $2::text[], $3::bytea[]) AS batch(sender, recipients, raw) \
+             RETURNING id",
+        )
+        .bind(senders)
+        .bind(recipients)
+        .bind(raws)
+        .bind(now)
+        .fetch_all(&self.pool)
+        .await
+        .map_err(|e| database_error("enqueueing", e))?;
+        // Identities are drawn in the order of the rows, which RETURNING need not keep.
+        ids.sort_unstable();
+        Ok(ids.into_iter().map(OutboxId).collect())
     }
 
     async fn claim(
@@ -153,6 +174,12 @@ impl Backend for PostgresBackend {
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
             let mut tx = self.pool.begin().await?;
+            // Answers may be lost to a crash of the server, safely: the message stays leased,
+            // and is sent again when the lease runs out (dead as maybe delivered under
+            // at_most_once). So their commit does not wait for the WAL's flush.
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await?;
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
@@ -199,6 +226,30 @@ impl Backend for PostgresBackend {
         written
             .await
             .map_err(|e| database_error("recording answers", e))
+    }
+
+    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError> {
+        let given = async {
+            let mut tx = self.pool.begin().await?;
+            sqlx::query("SET LOCAL synchronous_commit = off")
+                .execute(&mut *tx)
+                .await?;
+            for claim in claims {
+                sqlx::query(
+                    "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, \
+                     due_at = $3 WHERE id = $1 AND attempts = $2 AND leased",
+                )
+                .bind(claim.id.0)
+                .bind(i32::try_from(claim.attempts).unwrap_or(i32::MAX))
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await
+        };
+        given
+            .await
+            .map_err(|e| database_error("giving back claims", e))
     }
 
     async fn next_due(&self) -> Result<Option<Millis>, SendError> {

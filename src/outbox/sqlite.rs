@@ -43,6 +43,9 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
 
+/// Rows in one INSERT of a batch: 5 parameters each, well below SQLite's 32,766.
+const ROWS_PER_INSERT: usize = 500;
+
 /// The due messages a claim takes, soonest first; the same rows for the read and the update.
 const DUE: &str = "SELECT id FROM mail_breaker_outbox WHERE dead_at IS NULL AND due_at <= ?1 \
      ORDER BY due_at, id LIMIT ?2";
@@ -50,7 +53,13 @@ const DUE: &str = "SELECT id FROM mail_breaker_outbox WHERE dead_at IS NULL AND 
 /// The outbox's SQLite database.
 #[derive(Debug, Clone)]
 pub(crate) struct SqliteBackend {
+    /// Every commit synced to disk: enqueues and claims.
     pool: SqlitePool,
+    /// Commits synced at WAL checkpoints only: a worker's answers and give-backs, which a
+    /// power cut may undo safely. An answer lost leaves the message leased, so it is sent
+    /// again when the lease runs out (at least once), or dead as maybe delivered under
+    /// `at_most_once`; a give-back lost is the same lease running out.
+    relaxed: SqlitePool,
 }
 
 impl SqliteBackend {
@@ -64,18 +73,22 @@ impl SqliteBackend {
             .synchronous(SqliteSynchronous::Full)
             // Workers in other processes hold the write lock for a claim's few milliseconds.
             .busy_timeout(Duration::from_secs(10));
+        let opening = |e| database_error_of(Category::Configuration, "opening the SQLite file", e);
         let pool = SqlitePoolOptions::new()
             .max_connections(4)
-            .connect_with(options)
+            .connect_with(options.clone())
             .await
-            .map_err(|e| {
-                database_error_of(Category::Configuration, "opening the SQLite file", e)
-            })?;
+            .map_err(opening)?;
         sqlx::raw_sql(SCHEMA)
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        Ok(SqliteBackend { pool })
+        let relaxed = SqlitePoolOptions::new()
+            .max_connections(2)
+            .connect_with(options.synchronous(SqliteSynchronous::Normal))
+            .await
+            .map_err(opening)?;
+        Ok(SqliteBackend { pool, relaxed })
     }
 
     async fn immediate(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
@@ -106,8 +119,26 @@ impl Backend for SqliteBackend {
         let stored = async {
             let mut tx = self.immediate().await?;
             let mut ids = Vec::with_capacity(rows.len());
-            for row in rows {
-                ids.push(insert(&mut tx, row, now).await?);
+            for chunk in rows.chunks(ROWS_PER_INSERT) {
+                let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+                let sql = format!(
+                    "INSERT INTO mail_breaker_outbox \
+                     (sender, recipients, raw, enqueued_at, due_at) VALUES {values} RETURNING id"
+                );
+                let mut insert = sqlx::query_scalar::<_, i64>(&sql);
+                for row in chunk {
+                    insert = insert
+                        .bind(row.sender.as_deref())
+                        .bind(row.recipients.as_str())
+                        .bind(row.raw.as_slice())
+                        .bind(now)
+                        .bind(now);
+                }
+                let mut chunk_ids = insert.fetch_all(&mut *tx).await?;
+                // One statement numbers its rows in the order of VALUES, which RETURNING
+                // need not keep.
+                chunk_ids.sort_unstable();
+                ids.extend(chunk_ids.into_iter().map(OutboxId));
             }
             tx.commit().await?;
             Ok(ids)
@@ -168,7 +199,7 @@ impl Backend for SqliteBackend {
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
-            let mut tx = self.immediate().await?;
+            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
                 let query = match finish {
@@ -214,6 +245,27 @@ impl Backend for SqliteBackend {
         written
             .await
             .map_err(|e| database_error("recording answers", e))
+    }
+
+    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError> {
+        let given = async {
+            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
+            for claim in claims {
+                sqlx::query(
+                    "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
+                     due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased = 1",
+                )
+                .bind(claim.id.0)
+                .bind(claim.attempts)
+                .bind(now)
+                .execute(&mut *tx)
+                .await?;
+            }
+            tx.commit().await
+        };
+        given
+            .await
+            .map_err(|e| database_error("giving back claims", e))
     }
 
     async fn next_due(&self) -> Result<Option<Millis>, SendError> {

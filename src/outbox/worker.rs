@@ -256,31 +256,30 @@ impl<T: Transport + 'static> Worker<T> {
                 }
             }
             let now = Instant::now();
-            if stopping.is_some() && flight.sends.is_empty() && flight.answers.is_empty() {
+            if (stopping.is_some() || flight.paused(now)) && !flight.ready.is_empty() {
+                self.give_back(&mut flight).await;
+            }
+            if stopping.is_some() && flight.is_idle() {
                 return Ok(());
             }
+            self.start_ready(&mut flight);
             let mut claimed = 0;
-            let room = flight.room(self.concurrency);
-            if stopping.is_none() && room > 0 && !flight.paused(now) && database.may_try(now) {
+            let wanted = flight.wanted(self.concurrency, self.prefetch());
+            if stopping.is_none() && wanted > 0 && !flight.paused(now) && database.may_try(now) {
                 let at = record::now();
                 let lease_until = at.saturating_add(schedule::millis(self.lease));
-                match backend.claim(at, lease_until, room).await {
+                match backend.claim(at, lease_until, wanted).await {
                     Ok(messages) => {
                         database.reached();
                         claimed = messages.len();
-                        for message in messages {
-                            self.start(&mut flight, message);
-                        }
+                        flight.ready.extend(messages);
+                        self.start_ready(&mut flight);
                     }
                     Err(error) if until == Until::NothingDue => return Err(error),
                     Err(error) => database.failed(&error),
                 }
             }
-            if until == Until::NothingDue
-                && claimed == 0
-                && flight.sends.is_empty()
-                && flight.answers.is_empty()
-            {
+            if until == Until::NothingDue && claimed == 0 && flight.is_idle() {
                 return Ok(());
             }
             if crate::metrics::COUNTS_SENDS
@@ -294,8 +293,9 @@ impl<T: Transport + 'static> Worker<T> {
             let wake = if stopping.is_some() || !flight.answers.is_empty() {
                 None
             } else {
-                let (paused_until, room) = (flight.paused_until, flight.room(self.concurrency));
-                self.next_wake(paused_until, room, &database, now).await
+                let wanted = flight.wanted(self.concurrency, self.prefetch());
+                self.next_wake(flight.paused_until, wanted, &database, now)
+                    .await
             };
             let pending_answers = !flight.answers.is_empty() && database.may_try(now);
             tokio::select! {
@@ -330,7 +330,7 @@ impl<T: Transport + 'static> Worker<T> {
     async fn next_wake(
         &self,
         paused_until: Option<Instant>,
-        room: u32,
+        wanted: u32,
         database: &DatabaseWait,
         now: Instant,
     ) -> Option<Instant> {
@@ -340,7 +340,7 @@ impl<T: Transport + 'static> Worker<T> {
         if let Some(paused_until) = paused_until.filter(|until| *until > now) {
             return Some(paused_until);
         }
-        if room == 0 {
+        if wanted == 0 {
             return None;
         }
         let poll = later(now, self.poll);
@@ -350,6 +350,46 @@ impl<T: Transport + 'static> Worker<T> {
                 Some(later(now, Duration::from_millis(wait)).min(poll))
             }
             Ok(None) | Err(_) => Some(poll),
+        }
+    }
+
+    /// Messages claimed beyond those that start at once, so that a claim serves several
+    /// sends: as many as `concurrency` (none under `at_most_once`, where a message claimed
+    /// by a worker that died counts as maybe sent, and must not have waited unsent).
+    fn prefetch(&self) -> usize {
+        if self.policy.at_most_once {
+            0
+        } else {
+            self.concurrency
+        }
+    }
+
+    /// Starts claimed messages while there is room among the sends.
+    fn start_ready(&self, flight: &mut Flight) {
+        while flight.room(self.concurrency) > 0 {
+            let Some(message) = flight.ready.pop_front() else {
+                break;
+            };
+            self.start(flight, message);
+        }
+    }
+
+    /// Hands back the messages claimed and not started (shutdown, or the stack refusing), so
+    /// that they are due at once for any worker. If the database cannot take them, their
+    /// leases run out instead.
+    async fn give_back(&self, flight: &mut Flight) {
+        let claims: Vec<Claim> = flight
+            .ready
+            .drain(..)
+            .map(|message| message.claim)
+            .collect();
+        if let Err(error) = self
+            .outbox
+            .backend()
+            .give_back(&claims, record::now())
+            .await
+        {
+            tracing::warn!(error = %error, held = claims.len(), "outbox.give_back_failed");
         }
     }
 
@@ -393,6 +433,8 @@ struct Answer {
 /// The sends in flight and the answers not yet written.
 #[derive(Default)]
 struct Flight {
+    /// Claimed, not started yet, soonest due first.
+    ready: std::collections::VecDeque<Claimed>,
     sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
     answers: Vec<(Claim, Finish)>,
     /// No claims until then: the stack refused, or the provider throttled.
@@ -414,6 +456,29 @@ impl Flight {
     fn room(&self, concurrency: usize) -> u32 {
         let limit = if self.probing { 1 } else { concurrency };
         u32::try_from(limit.saturating_sub(self.sends.len())).unwrap_or(u32::MAX)
+    }
+
+    /// How many messages to claim now: none while the messages held fill `concurrency`
+    /// sends and the prefetch above them by more than three quarters, so that each claim
+    /// serves several sends; else what fills them. While probing, one.
+    fn wanted(&self, concurrency: usize, prefetch: usize) -> u32 {
+        let (capacity, prefetch) = if self.probing {
+            (1, 0)
+        } else {
+            (concurrency.saturating_add(prefetch), prefetch)
+        };
+        let held = self.sends.len() + self.ready.len();
+        let free = capacity.saturating_sub(held);
+        let starving = self.ready.is_empty() && self.sends.len() < capacity - prefetch;
+        if free == 0 || (!starving && free < capacity.div_ceil(4)) {
+            return 0;
+        }
+        u32::try_from(free).unwrap_or(u32::MAX)
+    }
+
+    /// Nothing held: no send in flight, none claimed and waiting, no answer unwritten.
+    fn is_idle(&self) -> bool {
+        self.sends.is_empty() && self.ready.is_empty() && self.answers.is_empty()
     }
 
     fn paused(&self, now: Instant) -> bool {

@@ -362,6 +362,31 @@ pub async fn purge_deletes_a_message_queued_or_dead(outbox: Outbox) {
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+pub async fn enqueue_many_answers_each_messages_id_in_order(outbox: Outbox) {
+    let ids = outbox
+        .enqueue_many(&numbered_messages(1_200))
+        .await
+        .unwrap();
+    assert_eq!(ids.len(), 1_200);
+    for gone in [0, 1, 499, 500, 1_199] {
+        assert!(outbox.purge(ids[gone]).await.unwrap());
+    }
+    let provider = Scripted::new("provider");
+    quick(&outbox, provider.clone())
+        .concurrency(8)
+        .drain()
+        .await
+        .unwrap();
+    let sent: std::collections::HashSet<String> = provider.subjects().into_iter().collect();
+    assert_eq!(sent.len(), 1_195);
+    for gone in [0, 1, 499, 500, 1_199] {
+        assert!(
+            !sent.contains(&format!("message {gone}")),
+            "message {gone} was purged"
+        );
+    }
+}
+
 pub async fn stats_say_how_long_the_oldest_message_has_waited(outbox: Outbox) {
     outbox.enqueue(&super::message()).await.unwrap();
     tokio::time::sleep(Duration::from_millis(50)).await;
@@ -423,6 +448,7 @@ macro_rules! all_outbox_rules {
             queue_only_queues_every_message,
             purge_deletes_a_message_queued_or_dead,
             stats_say_how_long_the_oldest_message_has_waited,
+            enqueue_many_answers_each_messages_id_in_order,
             a_worker_with_no_room_for_a_send_is_a_configuration_error,
         );
     };
