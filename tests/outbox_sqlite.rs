@@ -112,3 +112,18 @@ async fn an_outbox_in_a_folder_that_cannot_exist_is_a_configuration_error() {
         "{error}"
     );
 }
+
+#[tokio::test]
+async fn an_outbox_id_is_its_number_and_an_outbox_says_its_database_when_debugged() {
+    let folder = Folder::new("ids");
+    let outbox = Outbox::sqlite(folder.database()).await.unwrap();
+    let first = outbox.enqueue(&support::message()).await.unwrap();
+    let second = outbox.enqueue(&support::message()).await.unwrap();
+    assert_eq!(i64::from(second), i64::from(first) + 1);
+    assert_eq!(second.to_string(), i64::from(second).to_string());
+    assert_eq!(
+        mail_breaker::outbox::OutboxId::from(i64::from(first)),
+        first
+    );
+    assert_eq!(format!("{outbox:?}"), "Outbox { kind: Sqlite }");
+}

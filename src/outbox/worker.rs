@@ -364,8 +364,12 @@ impl<T: Transport + 'static> Worker<T> {
         }
     }
 
-    /// Starts claimed messages while there is room among the sends.
+    /// Starts claimed messages while there is room among the sends, unless the stack said
+    /// it refuses for now.
     fn start_ready(&self, flight: &mut Flight) {
+        if flight.paused(Instant::now()) {
+            return;
+        }
         while flight.room(self.concurrency) > 0 {
             let Some(message) = flight.ready.pop_front() else {
                 break;

@@ -35,6 +35,33 @@ pub async fn drain_sends_every_queued_message_once_and_empties_the_outbox(outbox
     assert_eq!((stats.queued, stats.dead, stats.oldest), (0, 0, None));
 }
 
+pub async fn a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox(
+    outbox: Outbox,
+) {
+    let provider = Scripted::new("provider");
+    let worker = outbox
+        .worker(provider.clone())
+        .poll(Duration::from_secs(3_600));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    tokio::time::sleep(Duration::from_millis(100)).await; // idle, waiting an hour
+    outbox.enqueue(&super::message()).await.unwrap();
+    for _ in 0..100 {
+        if provider.sends() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        provider.sends(),
+        1,
+        "woken by the enqueue, not the hourly poll"
+    );
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+}
+
 pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
     let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
@@ -48,6 +75,11 @@ pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     assert_eq!(dead[0].error.transport(), Some("provider"));
     assert_eq!(dead[0].attempts, 1);
     assert_eq!(dead[0].envelope.to()[0].to_string(), "user@example.org");
+    let since = std::time::SystemTime::now()
+        .duration_since(dead[0].at)
+        .unwrap();
+    assert!(since < Duration::from_secs(60), "dead {since:?} ago");
+    assert_eq!(i64::from(dead[0].id), i64::from(id));
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.queued, stats.dead), (0, 1));
 }
@@ -219,6 +251,35 @@ pub async fn a_message_whose_lease_ran_out_is_dead_under_at_most_once(outbox: Ou
     assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
 }
 
+/// How many messages a worker with `concurrency` 2 holds while its sends hang.
+async fn held_while_sending(outbox: &Outbox, at_most_once: bool) -> u64 {
+    outbox.enqueue_many(&numbered_messages(10)).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let mut worker = quick(outbox, hung.clone()).concurrency(2);
+    if at_most_once {
+        worker = worker.at_most_once();
+    }
+    let held = tokio::spawn(async move { worker.drain().await });
+    while hung.sends() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    let leased = outbox.stats().await.unwrap().leased;
+    held.abort();
+    assert_eq!(hung.sends(), 2, "two sends in flight");
+    leased
+}
+
+pub async fn a_worker_claims_ahead_as_many_as_it_sends_so_that_one_claim_serves_several(
+    outbox: Outbox,
+) {
+    assert_eq!(held_while_sending(&outbox, false).await, 4);
+}
+
+pub async fn under_at_most_once_a_worker_holds_only_what_it_sends(outbox: Outbox) {
+    assert_eq!(held_while_sending(&outbox, true).await, 2);
+}
+
 pub async fn a_held_message_is_not_claimed_by_another_worker(outbox: Outbox) {
     outbox.enqueue(&super::message()).await.unwrap();
     let slow = Scripted::answering("slow", Reply::after(Duration::from_millis(300), Reply::Ok));
@@ -264,21 +325,26 @@ pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after
         .unwrap();
     let worker = outbox
         .worker(breaker)
-        .concurrency(1)
+        .concurrency(4)
         .backoff(mail_breaker::Backoff::constant(Duration::from_millis(1)))
         .poll(Duration::from_millis(20));
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
     let running =
         tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
-    // 1 s of a provider down: the breaker opens after 2 failures, then lets a probe through
-    // every 300 ms.
+    // 1 s of a provider down: the first sends fail (4 at once), the breaker opens after 2
+    // failures, then lets a probe through every 300 ms.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let while_down = provider.sends();
     assert!(
-        (2..=6).contains(&while_down),
-        "2 failures to open, then one probe per open period: {while_down} tries"
+        (2..=8).contains(&while_down),
+        "the first 4 in flight, then one probe per open period: {while_down} tries"
     );
-    assert_eq!(outbox.stats().await.unwrap().queued, 30);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(stats.queued, 30);
+    assert!(
+        stats.leased <= 1,
+        "nothing held but a probe while the breaker is open: {stats:?}"
+    );
     provider.set_default(Reply::Ok);
     for _ in 0..200 {
         if outbox.stats().await.unwrap().queued == 0 {
@@ -431,6 +497,7 @@ macro_rules! all_outbox_rules {
         $crate::outbox_rules!($open;
             drain_sends_every_queued_message_once_and_empties_the_outbox,
             a_rejected_message_is_dead_at_once_with_its_error,
+            a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
             requeue_sends_a_dead_letter_again_keeping_its_attempt_count,
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
             a_failure_that_may_pass_is_sent_again_after_the_backoff,
@@ -439,6 +506,8 @@ macro_rules! all_outbox_rules {
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
             a_held_message_is_not_claimed_by_another_worker,
+            a_worker_claims_ahead_as_many_as_it_sends_so_that_one_claim_serves_several,
+            under_at_most_once_a_worker_holds_only_what_it_sends,
             two_workers_never_send_one_message_twice,
             the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after_the_probe,
             shutdown_lets_sends_in_flight_finish_and_starts_no_more,
