@@ -8,6 +8,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use futures::FutureExt;
+use futures::future::BoxFuture;
 use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
@@ -229,60 +230,75 @@ impl<T: Transport + 'static> Worker<T> {
         let mut stopping: Option<Instant> = None;
         let mut database = DatabaseWait::default();
         let mut stats_read: Option<Instant> = None;
+        // The database's work runs beside the sends, so that a send's answer starts the next
+        // send at once rather than after a commit: one write of answers and one claim at a
+        // time, each owning what it needs.
+        let mut writing: Option<BoxFuture<'_, (Vec<(Claim, Finish)>, Result<(), SendError>)>> =
+            None;
+        let mut claiming: Option<BoxFuture<'_, (bool, Result<Vec<Claimed>, SendError>)>> = None;
+        // False once a claim found fewer due than it asked for: nothing more is due until a
+        // wake (an enqueue here, the next due time, the poll).
+        let mut may_claim = true;
+        let mut asked = 0;
+        // Whether the last claim was made with nothing held: a drain ends when such a claim
+        // finds less than it asked for.
+        let mut last_claim_idle = false;
         loop {
             let notified = self.outbox.enqueued().notified();
             tokio::pin!(notified);
             notified.as_mut().enable();
 
-            if !flight.answers.is_empty() {
-                match backend.finish(&flight.answers).await {
-                    Ok(()) => {
-                        flight.record_written();
-                        database.reached();
-                    }
-                    Err(error) if until == Until::NothingDue => return Err(error),
-                    Err(error) => {
-                        database.failed(&error);
-                        if stopping.is_some_and(|deadline| deadline <= Instant::now()) {
-                            // Shut down with the database away: the leases run out, and
-                            // the messages are sent again (or dead, under at_most_once).
-                            tracing::warn!(
-                                unwritten = flight.answers.len(),
-                                "outbox.shutdown_unwritten"
-                            );
-                            return Ok(());
-                        }
-                    }
-                }
-            }
             let now = Instant::now();
-            if (stopping.is_some() || flight.paused(now)) && !flight.ready.is_empty() {
+            // The database's work in the background holds SQLite's write lock while it is
+            // not polled: nothing else is awaited on the database until it is done.
+            let busy = writing.is_some() || claiming.is_some();
+            if !busy && (stopping.is_some() || flight.paused(now)) && !flight.ready.is_empty() {
                 self.give_back(&mut flight).await;
             }
-            if stopping.is_some() && flight.is_idle() {
-                return Ok(());
-            }
             self.start_ready(&mut flight);
-            let mut claimed = 0;
+            if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
+                let batch = std::mem::take(&mut flight.answers);
+                writing = Some(
+                    async move {
+                        let written = backend.finish(&batch).await;
+                        (batch, written)
+                    }
+                    .boxed(),
+                );
+            }
+            if until == Until::NothingDue
+                && flight.is_idle()
+                && writing.is_none()
+                && claiming.is_none()
+            {
+                if flight.paused(now) || (!may_claim && last_claim_idle) {
+                    // Nothing due now (or everything due was refused for now: due later).
+                    return Ok(());
+                }
+                may_claim = true; // one more claim, made idle, to be sure
+            }
             let wanted = flight.wanted(self.concurrency, self.prefetch());
-            if stopping.is_none() && wanted > 0 && !flight.paused(now) && database.may_try(now) {
+            if claiming.is_none()
+                && may_claim
+                && stopping.is_none()
+                && wanted > 0
+                && !flight.paused(now)
+                && database.may_try(now)
+            {
                 let at = record::now();
                 let lease_until = at.saturating_add(schedule::millis(self.lease));
-                match backend.claim(at, lease_until, wanted).await {
-                    Ok(messages) => {
-                        database.reached();
-                        claimed = messages.len();
-                        flight.ready.extend(messages);
-                        self.start_ready(&mut flight);
-                    }
-                    Err(error) if until == Until::NothingDue => return Err(error),
-                    Err(error) => database.failed(&error),
-                }
+                let idle = flight.is_idle() && writing.is_none();
+                asked = wanted as usize;
+                claiming = Some(
+                    async move { (idle, backend.claim(at, lease_until, wanted).await) }.boxed(),
+                );
             }
-            if until == Until::NothingDue && claimed == 0 && flight.is_idle() {
+            let busy = writing.is_some() || claiming.is_some();
+            if stopping.is_some() && flight.is_idle() && !busy {
                 return Ok(());
             }
             if crate::metrics::COUNTS_SENDS
+                && !busy
                 && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
             {
                 stats_read = Some(now);
@@ -290,14 +306,12 @@ impl<T: Transport + 'static> Worker<T> {
                     crate::metrics::outbox_stats(&stats);
                 }
             }
-            let wake = if stopping.is_some() || !flight.answers.is_empty() {
+            let wake = if stopping.is_some() || busy || !flight.is_idle() {
                 None
             } else {
-                let wanted = flight.wanted(self.concurrency, self.prefetch());
                 self.next_wake(flight.paused_until, wanted, &database, now)
                     .await
             };
-            let pending_answers = !flight.answers.is_empty() && database.may_try(now);
             tokio::select! {
                 biased;
                 () = &mut shutdown, if stopping.is_none() => {
@@ -307,6 +321,43 @@ impl<T: Transport + 'static> Worker<T> {
                     flight.answered(answer, &self.policy);
                     flight.collect_ready(&self.policy);
                 }
+                (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
+                    writing = None;
+                    match written {
+                        Ok(()) => {
+                            record_written(&batch);
+                            database.reached();
+                        }
+                        Err(error) if until == Until::NothingDue => return Err(error),
+                        Err(error) => {
+                            database.failed(&error);
+                            // Written again at the database's next try, before later ones.
+                            flight.answers.splice(0..0, batch);
+                            if stopping.is_some_and(|deadline| deadline <= Instant::now()) {
+                                // Shut down with the database away: the leases run out, and
+                                // the messages are sent again (or dead, under at_most_once).
+                                tracing::warn!(
+                                    unwritten = flight.answers.len(),
+                                    "outbox.shutdown_unwritten"
+                                );
+                                return Ok(());
+                            }
+                        }
+                    }
+                }
+                (started_idle, claimed) = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
+                    claiming = None;
+                    match claimed {
+                        Ok(messages) => {
+                            database.reached();
+                            may_claim = messages.len() >= asked;
+                            last_claim_idle = started_idle;
+                            flight.ready.extend(messages);
+                        }
+                        Err(error) if until == Until::NothingDue => return Err(error),
+                        Err(error) => database.failed(&error),
+                    }
+                }
                 () = tokio::time::sleep_until(stopping.unwrap_or(now)), if stopping.is_some() => {
                     // Sends still unanswered keep their leases, which run out.
                     tracing::warn!(
@@ -314,13 +365,13 @@ impl<T: Transport + 'static> Worker<T> {
                         "outbox.shutdown_timeout"
                     );
                     flight.sends.clear();
-                    if flight.answers.is_empty() {
+                    if flight.answers.is_empty() && writing.is_none() {
                         return Ok(());
                     }
                 }
-                () = notified, if stopping.is_none() => {}
-                () = sleep_until_some(wake), if !pending_answers => {}
-                () = tokio::time::sleep_until(database.next_try(now)), if pending_answers => {}
+                () = notified, if stopping.is_none() => may_claim = true,
+                () = sleep_until_some(wake), if !busy && database.may_try(now) => may_claim = true,
+                () = tokio::time::sleep_until(database.next_try(now)), if !database.may_try(now) => {}
             }
         }
     }
@@ -408,7 +459,6 @@ impl<T: Transport + 'static> Worker<T> {
                 recipients: None,
             };
             flight.answers.push((message.claim, dead));
-            flight.counts.dead += 1;
             return;
         }
         let transport = Arc::clone(&self.transport);
@@ -445,15 +495,6 @@ struct Flight {
     paused_until: Option<Instant>,
     /// After a pause, one send at a time until an answer other than a refusal comes.
     probing: bool,
-    counts: Counts,
-}
-
-/// Answers recorded but not yet written, by outcome, for the metrics.
-#[derive(Default)]
-struct Counts {
-    sent: u64,
-    retry: u64,
-    dead: u64,
 }
 
 impl Flight {
@@ -505,7 +546,6 @@ impl Flight {
                     // Delivered to the others: the message stays for those deferred only.
                     Some((error, recipients)) => (error, Some(recipients)),
                     None => {
-                        self.counts.sent += 1;
                         self.answers.push((answer.claim, Finish::Sent));
                         return;
                     }
@@ -530,34 +570,35 @@ impl Flight {
         let finish = match schedule::after_failure(policy, attempted, error, |retry| {
             policy.backoff.delay(retry)
         }) {
-            Next::Dead(error) => {
-                self.counts.dead += 1;
-                Finish::Dead {
-                    error: StoredError::of(&error),
-                    at: now,
-                    recipients,
-                }
-            }
-            Next::Retry { due_at, error } => {
-                self.counts.retry += 1;
-                Finish::Retry {
-                    error: StoredError::of(&error),
-                    due_at,
-                    recipients,
-                }
-            }
+            Next::Dead(error) => Finish::Dead {
+                error: StoredError::of(&error),
+                at: now,
+                recipients,
+            },
+            Next::Retry { due_at, error } => Finish::Retry {
+                error: StoredError::of(&error),
+                due_at,
+                recipients,
+            },
         };
         self.answers.push((answer.claim, finish));
     }
+}
 
-    /// The answers are in the database.
-    fn record_written(&mut self) {
-        let counts = std::mem::take(&mut self.counts);
-        crate::metrics::outbox_answers("sent", counts.sent);
-        crate::metrics::outbox_answers("retry", counts.retry);
-        crate::metrics::outbox_answers("dead", counts.dead);
-        self.answers.clear();
-    }
+/// Counts answers once they are in the database, by outcome.
+fn record_written(batch: &[(Claim, Finish)]) {
+    let count = |outcome: fn(&Finish) -> bool| {
+        batch.iter().filter(|(_, finish)| outcome(finish)).count() as u64
+    };
+    crate::metrics::outbox_answers("sent", count(|finish| matches!(finish, Finish::Sent)));
+    crate::metrics::outbox_answers(
+        "retry",
+        count(|finish| matches!(finish, Finish::Retry { .. })),
+    );
+    crate::metrics::outbox_answers(
+        "dead",
+        count(|finish| matches!(finish, Finish::Dead { .. })),
+    );
 }
 
 /// For a delivery that the provider deferred for some recipients (SMTP 4xx to their `RCPT
