@@ -35,12 +35,16 @@ pub(crate) trait Backend: Send + Sync + Debug {
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError>;
 
     /// Leases up to `limit` messages due at `now` (soonest first) until `lease_until`, in one
-    /// statement no other worker can interleave with.
+    /// statement no other worker can interleave with. `durable`: the claim is synced to disk
+    /// before it returns (`at_most_once` needs it: a claim that a power cut undid would let
+    /// a message that went be sent again); else a lost claim only means a message sent again,
+    /// which at-least-once allows.
     async fn claim(
         &self,
         now: Millis,
         lease_until: Millis,
         limit: u32,
+        durable: bool,
     ) -> Result<Vec<Claimed>, SendError>;
 
     /// Writes back the outcome of each claim, in one transaction. A claim whose lease another

@@ -44,7 +44,12 @@ const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, 
 /// The outbox's PostgreSQL database.
 #[derive(Debug, Clone)]
 pub(crate) struct PostgresBackend {
+    /// Every commit waits for the WAL's flush: enqueues, and claims under `at_most_once`.
     pool: PgPool,
+    /// Commits that do not wait for the flush (`synchronous_commit = off`): answers,
+    /// give-backs and claims, which a crash of the server may undo safely (a message held
+    /// longer, or sent again; see the SQLite backend).
+    relaxed: PgPool,
 }
 
 impl PostgresBackend {
@@ -70,7 +75,21 @@ impl PostgresBackend {
         created
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        Ok(PostgresBackend { pool })
+        let relaxed = PgPoolOptions::new()
+            .max_connections(4)
+            .acquire_timeout(Duration::from_secs(3))
+            .after_connect(|connection, _| {
+                Box::pin(async move {
+                    sqlx::query("SET synchronous_commit = off")
+                        .execute(connection)
+                        .await
+                        .map(drop)
+                })
+            })
+            .connect(url)
+            .await
+            .map_err(|e| database_error("connecting to PostgreSQL", e))?;
+        Ok(PostgresBackend { pool, relaxed })
     }
 }
 
@@ -132,7 +151,9 @@ impl Backend for PostgresBackend {
         now: Millis,
         lease_until: Millis,
         limit: u32,
+        durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        let pool = if durable { &self.pool } else { &self.relaxed };
         let rows = sqlx::query(
             "WITH due AS ( \
                  SELECT id, leased FROM mail_breaker_outbox \
@@ -146,7 +167,7 @@ impl Backend for PostgresBackend {
         .bind(now)
         .bind(i64::from(limit))
         .bind(lease_until)
-        .fetch_all(&self.pool)
+        .fetch_all(pool)
         .await
         .map_err(|e| database_error("claiming due mail", e))?;
         let mut claimed: Vec<Claimed> = rows
@@ -173,21 +194,51 @@ impl Backend for PostgresBackend {
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
-            let mut tx = self.pool.begin().await?;
             // Answers may be lost to a crash of the server, safely: the message stays leased,
             // and is sent again when the lease runs out (dead as maybe delivered under
             // at_most_once). So their commit does not wait for the WAL's flush.
-            sqlx::query("SET LOCAL synchronous_commit = off")
-                .execute(&mut *tx)
-                .await?;
+            let only_sent = outcomes
+                .iter()
+                .all(|(_, finish)| matches!(finish, Finish::Sent));
+            // One statement is atomic by itself: the usual batch, all delivered, needs no
+            // transaction around it.
+            let mut tx = if only_sent {
+                None
+            } else {
+                Some(self.relaxed.begin().await?)
+            };
+            let (ids, attempts): (Vec<i64>, Vec<i32>) = outcomes
+                .iter()
+                .filter(|(_, finish)| matches!(finish, Finish::Sent))
+                .map(|(claim, _)| {
+                    (
+                        claim.id.0,
+                        i32::try_from(claim.attempts).unwrap_or(i32::MAX),
+                    )
+                })
+                .unzip();
+            if !ids.is_empty() {
+                // The delivered, the most of every batch, in one statement.
+                let delete = sqlx::query(
+                    "DELETE FROM mail_breaker_outbox AS m \
+                     USING UNNEST($1::bigint[], $2::int[]) AS sent(id, attempts) \
+                     WHERE m.id = sent.id AND m.attempts = sent.attempts AND m.leased",
+                )
+                .bind(ids)
+                .bind(attempts);
+                match tx.as_mut() {
+                    Some(tx) => delete.execute(&mut **tx).await?,
+                    None => delete.execute(&self.relaxed).await?,
+                };
+            }
+            let Some(mut tx) = tx else {
+                return Ok(());
+            };
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
                 let query = match finish {
-                    Finish::Sent => keyed(
-                        "DELETE FROM mail_breaker_outbox \
-                         WHERE id = $1 AND attempts = $2 AND leased",
-                    ),
+                    Finish::Sent => continue,
                     Finish::Dead {
                         error,
                         at,
@@ -230,10 +281,7 @@ impl Backend for PostgresBackend {
 
     async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError> {
         let given = async {
-            let mut tx = self.pool.begin().await?;
-            sqlx::query("SET LOCAL synchronous_commit = off")
-                .execute(&mut *tx)
-                .await?;
+            let mut tx = self.relaxed.begin().await?;
             for claim in claims {
                 sqlx::query(
                     "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, \

@@ -55,10 +55,11 @@ const DUE: &str = "SELECT id FROM mail_breaker_outbox WHERE dead_at IS NULL AND 
 pub(crate) struct SqliteBackend {
     /// Every commit synced to disk: enqueues and claims.
     pool: SqlitePool,
-    /// Commits synced at WAL checkpoints only: a worker's answers and give-backs, which a
-    /// power cut may undo safely. An answer lost leaves the message leased, so it is sent
-    /// again when the lease runs out (at least once), or dead as maybe delivered under
-    /// `at_most_once`; a give-back lost is the same lease running out.
+    /// Commits synced at WAL checkpoints only: a worker's answers, give-backs and (but under
+    /// `at_most_once`) claims, which a power cut may undo safely. An answer lost leaves the
+    /// message leased, so it is sent again when the lease runs out (at least once), or dead
+    /// as maybe delivered under `at_most_once`; a give-back lost is the same lease running
+    /// out; a claim lost is a message sent again.
     relaxed: SqlitePool,
 }
 
@@ -151,46 +152,41 @@ impl Backend for SqliteBackend {
         now: Millis,
         lease_until: Millis,
         limit: u32,
+        durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         let claimed = async {
-            let mut tx = self.immediate().await?;
-            let rows = sqlx::query(&format!(
-                "SELECT id, attempts, enqueued_at, leased, sender, recipients, raw \
-                 FROM mail_breaker_outbox WHERE id IN ({DUE}) ORDER BY due_at, id"
-            ))
-            .bind(now)
-            .bind(limit)
-            .fetch_all(&mut *tx)
-            .await?;
-            if rows.is_empty() {
-                tx.rollback().await?;
-                return Ok(Vec::new());
-            }
-            sqlx::query(&format!(
-                "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = 1, due_at = ?3 \
-                 WHERE id IN ({DUE})"
+            let pool = if durable { &self.pool } else { &self.relaxed };
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            // `leased` counts the claims since the message was last free: 2 or more says a
+            // worker held it before and its lease ran out.
+            let mut rows = sqlx::query(&format!(
+                "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
+                 due_at = ?3 WHERE id IN ({DUE}) \
+                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw"
             ))
             .bind(now)
             .bind(limit)
             .bind(lease_until)
-            .execute(&mut *tx)
+            .fetch_all(&mut *tx)
             .await?;
             tx.commit().await?;
+            // RETURNING keeps no order; ids go with enqueue order.
+            rows.sort_by_key(|row| row.try_get::<i64, _>(0).unwrap_or(0));
             rows.into_iter()
                 .map(|row| {
                     Ok(Claimed {
                         claim: Claim {
                             id: OutboxId(row.try_get(0)?),
-                            attempts: row.try_get::<u32, _>(1)?.saturating_add(1),
+                            attempts: row.try_get(1)?,
                         },
                         enqueued_at: row.try_get(2)?,
-                        lease_lost: row.try_get(3)?,
+                        lease_lost: row.try_get::<i64, _>(3)? > 1,
                         sender: row.try_get(4)?,
                         recipients: row.try_get(5)?,
                         raw: row.try_get(6)?,
                     })
                 })
-                .collect()
+                .collect::<Result<Vec<_>, sqlx::Error>>()
         };
         claimed
             .await
@@ -200,13 +196,28 @@ impl Backend for SqliteBackend {
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
             let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
+            // The delivered, the most of every batch, go in as few statements as there are
+            // chunks of them.
+            let sent: Vec<&Claim> = outcomes
+                .iter()
+                .filter(|(_, finish)| matches!(finish, Finish::Sent))
+                .map(|(claim, _)| claim)
+                .collect();
+            for chunk in sent.chunks(ROWS_PER_INSERT) {
+                let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
+                let sql = format!(
+                    "DELETE FROM mail_breaker_outbox WHERE leased > 0 AND (id, attempts) IN (VALUES {pairs})"
+                );
+                let mut delete = sqlx::query(&sql);
+                for claim in chunk {
+                    delete = delete.bind(claim.id.0).bind(claim.attempts);
+                }
+                delete.execute(&mut *tx).await?;
+            }
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
                 let query = match finish {
-                    Finish::Sent => keyed(
-                        "DELETE FROM mail_breaker_outbox \
-                         WHERE id = ?1 AND attempts = ?2 AND leased = 1",
-                    ),
+                    Finish::Sent => continue,
                     Finish::Dead {
                         error,
                         at,
@@ -216,7 +227,7 @@ impl Backend for SqliteBackend {
                             "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
                              error_category = ?4, error_code = ?5, error_message = ?6, \
                              error_transport = ?7, recipients = COALESCE(?8, recipients) \
-                             WHERE id = ?1 AND attempts = ?2 AND leased = 1",
+                             WHERE id = ?1 AND attempts = ?2 AND leased > 0",
                         ),
                         *at,
                         error,
@@ -231,7 +242,7 @@ impl Backend for SqliteBackend {
                             "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
                              error_category = ?4, error_code = ?5, error_message = ?6, \
                              error_transport = ?7, recipients = COALESCE(?8, recipients) \
-                             WHERE id = ?1 AND attempts = ?2 AND leased = 1",
+                             WHERE id = ?1 AND attempts = ?2 AND leased > 0",
                         ),
                         *due_at,
                         error,
@@ -253,7 +264,7 @@ impl Backend for SqliteBackend {
             for claim in claims {
                 sqlx::query(
                     "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
-                     due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased = 1",
+                     due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased > 0",
                 )
                 .bind(claim.id.0)
                 .bind(claim.attempts)
@@ -280,7 +291,7 @@ impl Backend for SqliteBackend {
             "SELECT \
                COALESCE(SUM(dead_at IS NULL), 0), \
                COALESCE(SUM(dead_at IS NULL AND due_at <= ?1), 0), \
-               COALESCE(SUM(dead_at IS NULL AND leased = 1 AND due_at > ?1), 0), \
+               COALESCE(SUM(dead_at IS NULL AND leased > 0 AND due_at > ?1), 0), \
                COALESCE(SUM(dead_at IS NOT NULL), 0), \
                MIN(CASE WHEN dead_at IS NULL THEN enqueued_at END) \
              FROM mail_breaker_outbox",

@@ -21,9 +21,13 @@ use crate::{Backoff, Category, ConfigError, Receipt, SendError, Transport};
 
 /// Sends an [`Outbox`]'s due messages through a transport (from [`Outbox::worker`]).
 ///
-/// - Up to [`concurrency`](Self::concurrency) sends at once. It claims only what it starts
-///   at once, each with a [`lease`](Self::lease): no other worker, in this process or
-///   another, sends a message while it is held.
+/// - Up to [`concurrency`](Self::concurrency) sends at once. It claims due messages in
+///   batches, each with a [`lease`](Self::lease): no other worker, in this process or
+///   another, sends a message while it is held. It holds up to four times `concurrency`
+///   ahead of its sends (none under [`at_most_once`](Self::at_most_once)), and gives back
+///   those it has not started when it shuts down or the stack refuses. If it dies, those
+///   wait for their leases to run out, and are sent once: only the sends in flight may go
+///   twice.
 /// - It does not look for work faster than the next due time, except to notice mail that
 ///   other processes enqueue ([`poll`](Self::poll), 1 s by default). Mail enqueued through
 ///   this process's [`Outbox`] wakes it at once.
@@ -233,9 +237,8 @@ impl<T: Transport + 'static> Worker<T> {
         // The database's work runs beside the sends, so that a send's answer starts the next
         // send at once rather than after a commit: one write of answers and one claim at a
         // time, each owning what it needs.
-        let mut writing: Option<BoxFuture<'_, (Vec<(Claim, Finish)>, Result<(), SendError>)>> =
-            None;
-        let mut claiming: Option<BoxFuture<'_, (bool, Result<Vec<Claimed>, SendError>)>> = None;
+        let mut writing: Option<Writing<'_>> = None;
+        let mut claiming: Option<Claiming<'_>> = None;
         // False once a claim found fewer due than it asked for: nothing more is due until a
         // wake (an enqueue here, the next due time, the poll).
         let mut may_claim = true;
@@ -288,9 +291,11 @@ impl<T: Transport + 'static> Worker<T> {
                 let at = record::now();
                 let lease_until = at.saturating_add(schedule::millis(self.lease));
                 let idle = flight.is_idle() && writing.is_none();
+                let durable = self.policy.at_most_once;
                 asked = wanted as usize;
                 claiming = Some(
-                    async move { (idle, backend.claim(at, lease_until, wanted).await) }.boxed(),
+                    async move { (idle, backend.claim(at, lease_until, wanted, durable).await) }
+                        .boxed(),
                 );
             }
             let busy = writing.is_some() || claiming.is_some();
@@ -352,7 +357,9 @@ impl<T: Transport + 'static> Worker<T> {
                             database.reached();
                             may_claim = messages.len() >= asked;
                             last_claim_idle = started_idle;
-                            flight.ready.extend(messages);
+                            for message in messages {
+                                self.take(&mut flight, message);
+                            }
                         }
                         Err(error) if until == Until::NothingDue => return Err(error),
                         Err(error) => database.failed(&error),
@@ -405,13 +412,14 @@ impl<T: Transport + 'static> Worker<T> {
     }
 
     /// Messages claimed beyond those that start at once, so that a claim serves several
-    /// sends: as many as `concurrency` (none under `at_most_once`, where a message claimed
-    /// by a worker that died counts as maybe sent, and must not have waited unsent).
+    /// sends: four times `concurrency` (none under `at_most_once`, where a message claimed
+    /// by a worker that died counts as maybe sent, and must not have waited unsent). Each
+    /// claim is a commit; fewer, larger ones leave the database's time to the sends.
     fn prefetch(&self) -> usize {
         if self.policy.at_most_once {
             0
         } else {
-            self.concurrency
+            self.concurrency.saturating_mul(4)
         }
     }
 
@@ -448,8 +456,9 @@ impl<T: Transport + 'static> Worker<T> {
         }
     }
 
-    /// Starts the send of a claimed message, or records it dead when it may not be sent.
-    fn start(&self, flight: &mut Flight, message: Claimed) {
+    /// Takes a claimed message in: ready to send, or dead at once when its last holder's lease
+    /// ran out and `at_most_once` forbids sending it again (before it could be given back).
+    fn take(&self, flight: &mut Flight, message: Claimed) {
         if message.lease_lost
             && let Some(error) = schedule::after_lost_lease(&self.policy)
         {
@@ -461,6 +470,11 @@ impl<T: Transport + 'static> Worker<T> {
             flight.answers.push((message.claim, dead));
             return;
         }
+        flight.ready.push_back(message);
+    }
+
+    /// Starts the send of a claimed message.
+    fn start(&self, flight: &mut Flight, message: Claimed) {
         let transport = Arc::clone(&self.transport);
         let send = async move {
             let result = match record::envelope(message.sender.as_deref(), &message.recipients) {
@@ -476,6 +490,12 @@ impl<T: Transport + 'static> Worker<T> {
         flight.sends.push(send.boxed());
     }
 }
+
+/// A write of answers in the background: gives the batch back with how it went.
+type Writing<'a> = BoxFuture<'a, (Vec<(Claim, Finish)>, Result<(), SendError>)>;
+
+/// A claim in the background: whether nothing was held when it was made, and what it took.
+type Claiming<'a> = BoxFuture<'a, (bool, Result<Vec<Claimed>, SendError>)>;
 
 /// A send's answer, with what the worker needs to record it.
 struct Answer {
@@ -515,7 +535,7 @@ impl Flight {
         let held = self.sends.len() + self.ready.len();
         let free = capacity.saturating_sub(held);
         let starving = self.ready.is_empty() && self.sends.len() < capacity - prefetch;
-        if free == 0 || (!starving && free < capacity.div_ceil(4)) {
+        if free == 0 || (!starving && free < capacity.div_ceil(2)) {
             return 0;
         }
         u32::try_from(free).unwrap_or(u32::MAX)
