@@ -451,3 +451,110 @@ async fn a_breaker_per_recipient_domain_labels_its_metrics_with_the_transport_an
         );
     }
 }
+
+/// A folder of its own for one test's outbox.
+#[cfg(feature = "outbox")]
+fn outbox_folder(test: &str) -> std::path::PathBuf {
+    let folder = std::env::temp_dir().join(format!(
+        "mail-breaker-metrics-{test}-{}",
+        std::process::id()
+    ));
+    let _ = std::fs::remove_dir_all(&folder);
+    std::fs::create_dir_all(&folder).unwrap();
+    folder
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn an_outbox_worker_counts_each_answer_it_wrote_by_outcome() {
+    use mail_breaker::metrics::OUTBOX_SENT_TOTAL;
+    let (mut recorded, _guard) = Recorded::start();
+    let folder = outbox_folder("answers");
+    let outbox = mail_breaker::Outbox::sqlite(folder.join("outbox.db"))
+        .await
+        .unwrap();
+    outbox.enqueue_many(&numbered_messages(3)).await.unwrap();
+    let provider = Scripted::new("provider");
+    provider.then([
+        Reply::Ok,
+        Reply::fail(Category::Rejected),
+        Reply::fail(Category::Timeout),
+    ]);
+    outbox
+        .worker(provider)
+        .concurrency(1)
+        .drain()
+        .await
+        .unwrap();
+    for outcome in ["sent", "dead", "retry"] {
+        assert_eq!(
+            recorded.counter(OUTBOX_SENT_TOTAL, &[("outcome", outcome)]),
+            1,
+            "{outcome}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn an_outbox_worker_sets_the_gauges_from_the_counts_it_read() {
+    use mail_breaker::metrics::{OUTBOX_DEAD, OUTBOX_DUE, OUTBOX_OLDEST_SECONDS, OUTBOX_QUEUED};
+    let (mut recorded, _guard) = Recorded::start();
+    let folder = outbox_folder("gauges");
+    let outbox = mail_breaker::Outbox::sqlite(folder.join("outbox.db"))
+        .await
+        .unwrap();
+    outbox.enqueue_many(&numbered_messages(2)).await.unwrap();
+    tokio::time::sleep(Duration::from_millis(20)).await;
+    let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    // It reads the counts as it starts, before it sends anything.
+    outbox.worker(provider).drain().await.unwrap();
+    assert_eq!(recorded.gauge(OUTBOX_QUEUED, &[]), 2.0);
+    assert_eq!(recorded.gauge(OUTBOX_DUE, &[]), 2.0);
+    assert_eq!(recorded.gauge(OUTBOX_DEAD, &[]), 0.0);
+    assert!(recorded.gauge(OUTBOX_OLDEST_SECONDS, &[]) >= 0.02);
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limiter_counts_its_refusals_and_shows_its_rate() {
+    use mail_breaker::metrics::{RATE_PER_SECOND, RATE_REFUSED_TOTAL, RATE_WAIT_SECONDS};
+    let (mut recorded, _guard) = Recorded::start();
+    let provider = Scripted::new("ses");
+    provider.then([
+        Reply::Ok,
+        Reply::Err(mail_breaker::SendError::new(
+            Category::RateLimited,
+            "ses.throttling",
+            "slow down",
+        )),
+    ]);
+    let limited = mail_breaker::RateLimitTransport::builder(provider)
+        .per_second(10.0)
+        .max_wait(Duration::from_millis(150))
+        .adaptive(true)
+        .build()
+        .unwrap();
+    limited.send(&message()).await.unwrap();
+    let _ = limited.send(&message()).await; // waits 100 ms, then throttled: 5 a second
+    // Set to 10 when built, then to 5: the gauge holds the last.
+    assert_eq!(
+        recorded.gauge(RATE_PER_SECOND, &[("transport", "ses")]),
+        5.0
+    );
+    limited.send(&message()).await.unwrap(); // its slot was taken at 10 a second: 100 ms
+    // Now 200 ms apart: 50 ms past the longest wait.
+    assert_eq!(
+        limited.send(&message()).await.unwrap_err().code(),
+        "rate.limited"
+    );
+    assert_eq!(
+        recorded.counter(RATE_REFUSED_TOTAL, &[("transport", "ses")]),
+        1
+    );
+    assert_eq!(
+        recorded.histogram(RATE_WAIT_SECONDS, &[("transport", "ses")]),
+        [0.0, 0.1, 0.1]
+    );
+}

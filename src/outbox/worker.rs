@@ -258,6 +258,15 @@ impl<T: Transport + 'static> Worker<T> {
             if !busy && (stopping.is_some() || flight.paused(now)) && !flight.ready.is_empty() {
                 self.give_back(&mut flight).await;
             }
+            if crate::metrics::COUNTS_SENDS
+                && !busy
+                && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
+            {
+                stats_read = Some(now);
+                if let Ok(stats) = backend.stats(record::now()).await {
+                    crate::metrics::outbox_stats(&stats);
+                }
+            }
             self.start_ready(&mut flight);
             if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
                 let batch = std::mem::take(&mut flight.answers);
@@ -301,15 +310,6 @@ impl<T: Transport + 'static> Worker<T> {
             let busy = writing.is_some() || claiming.is_some();
             if stopping.is_some() && flight.is_idle() && !busy {
                 return Ok(());
-            }
-            if crate::metrics::COUNTS_SENDS
-                && !busy
-                && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
-            {
-                stats_read = Some(now);
-                if let Ok(stats) = backend.stats(record::now()).await {
-                    crate::metrics::outbox_stats(&stats);
-                }
             }
             let wake = if stopping.is_some() || busy || !flight.is_idle() {
                 None
