@@ -126,7 +126,12 @@ async fn an_outbox_id_is_its_number_and_an_outbox_says_its_database_when_debugge
         first
     );
     assert_eq!(format!("{outbox:?}"), "Outbox { kind: Sqlite }");
-    let worker = outbox.worker(support::scripted::Scripted::new("p")).concurrency(16);
+    let worker = outbox
+        .worker(support::scripted::Scripted::new("p"))
+        .concurrency(16);
     let shown = format!("{worker:?}");
-    assert!(shown.starts_with("Worker {") && shown.contains("concurrency: 16"), "{shown}");
+    assert!(
+        shown.starts_with("Worker {") && shown.contains("concurrency: 16"),
+        "{shown}"
+    );
 }
