@@ -131,3 +131,41 @@ async fn with_the_provider_down_for_10_s_the_queue_grows_few_attempts_are_made_a
     );
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_rejected_recipient_is_dead_at_once_with_its_error_and_requeue_sends_it_again() {
+    let test = "outbox_rejected_recipient";
+    // smtp-sink answers every RCPT TO with a hard reject (5xx).
+    let Some(mut sink) = SmtpSink::start_counting(test, &["-f", "RCPT"]) else {
+        return;
+    };
+    let folder = std::env::temp_dir().join(format!("mail-breaker-{test}-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let outbox = Outbox::sqlite(folder.join("outbox.db")).await.unwrap();
+    let id = outbox.enqueue(&support::message()).await.unwrap();
+    let stack = |port: u16| {
+        CircuitBreakerTransport::new(
+            SmtpTransport::unencrypted("127.0.0.1", port).with_timeout(Duration::from_millis(500)),
+        )
+    };
+    outbox.worker(stack(sink.port())).drain().await.unwrap();
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1, "dead at once, not retried");
+    assert_eq!(dead[0].id, id);
+    assert_eq!(dead[0].error.category(), mail_breaker::Category::Rejected);
+    assert!(
+        dead[0].error.code().starts_with("smtp.5"),
+        "{}",
+        dead[0].error.code()
+    );
+    assert_eq!(dead[0].attempts, 1);
+
+    // The recipient is fixed (here: a server that takes it); the operator requeues.
+    sink = SmtpSink::start_counting(test, &[]).expect("smtp-sink started before");
+    assert!(outbox.requeue(id).await.unwrap());
+    outbox.worker(stack(sink.port())).drain().await.unwrap();
+    assert_eq!(sink.received(), 1);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+    assert_eq!(outbox.dead_letters(10).await.unwrap().len(), 0);
+    let _ = std::fs::remove_dir_all(&folder);
+}
