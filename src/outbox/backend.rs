@@ -29,6 +29,34 @@ pub(crate) enum Finish {
     },
 }
 
+/// Which time a failed claim's update sets.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Failed {
+    /// `dead_at`: the message is dead.
+    Dead,
+    /// `due_at`: it is tried again then.
+    Retry,
+}
+
+impl Finish {
+    /// For a failure: which update, its time, the error, and the narrowed recipients.
+    pub(crate) fn failure(&self) -> Option<(Failed, Millis, &StoredError, Option<&str>)> {
+        match self {
+            Finish::Sent => None,
+            Finish::Dead {
+                error,
+                at,
+                recipients,
+            } => Some((Failed::Dead, *at, error, recipients.as_deref())),
+            Finish::Retry {
+                error,
+                due_at,
+                recipients,
+            } => Some((Failed::Retry, *due_at, error, recipients.as_deref())),
+        }
+    }
+}
+
 #[async_trait::async_trait]
 pub(crate) trait Backend: Send + Sync + Debug {
     /// Stores the rows, all or none, committed before it returns; their ids in order.

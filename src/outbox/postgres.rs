@@ -6,7 +6,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
 use sqlx::{Postgres, Row};
 
-use super::backend::{Backend, Finish};
+use super::backend::{Backend, Failed, Finish};
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
 use super::schedule::Millis;
 use super::{OutboxId, OutboxStats};
@@ -37,6 +37,14 @@ const SCHEMA: [&str; 3] = [
 /// A key for the advisory lock that keeps processes starting together from creating the
 /// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
 const SCHEMA_LOCK: i64 = 0x6d61_696c_6f75_7462; // "mailoutb"
+
+/// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
+const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
+     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
+const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
+     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
 
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES ($1, $2, $3, $4, $4) RETURNING id";
@@ -237,39 +245,14 @@ impl Backend for PostgresBackend {
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
-                let query = match finish {
-                    Finish::Sent => continue,
-                    Finish::Dead {
-                        error,
-                        at,
-                        recipients,
-                    } => with_error(
-                        keyed(
-                            "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
-                             error_category = $4, error_code = $5, error_message = $6, \
-                             error_transport = $7, recipients = COALESCE($8, recipients) \
-                             WHERE id = $1 AND attempts = $2 AND leased",
-                        ),
-                        *at,
-                        error,
-                        recipients.as_deref(),
-                    ),
-                    Finish::Retry {
-                        error,
-                        due_at,
-                        recipients,
-                    } => with_error(
-                        keyed(
-                            "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
-                             error_category = $4, error_code = $5, error_message = $6, \
-                             error_transport = $7, recipients = COALESCE($8, recipients) \
-                             WHERE id = $1 AND attempts = $2 AND leased",
-                        ),
-                        *due_at,
-                        error,
-                        recipients.as_deref(),
-                    ),
+                let Some((failed, at, error, recipients)) = finish.failure() else {
+                    continue;
                 };
+                let sql = match failed {
+                    Failed::Dead => FAILED_DEAD,
+                    Failed::Retry => FAILED_RETRY,
+                };
+                let query = with_error(keyed(sql), at, error, recipients);
                 query.execute(&mut *tx).await?;
             }
             tx.commit().await

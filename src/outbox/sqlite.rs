@@ -10,7 +10,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{Row, Sqlite, Transaction};
 
-use super::backend::{Backend, Finish};
+use super::backend::{Backend, Failed, Finish};
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
 };
@@ -39,6 +39,14 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
 ";
+
+/// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
+const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
+     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
+const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
+     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
 
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
@@ -216,39 +224,14 @@ impl Backend for SqliteBackend {
             }
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
-                let query = match finish {
-                    Finish::Sent => continue,
-                    Finish::Dead {
-                        error,
-                        at,
-                        recipients,
-                    } => with_error(
-                        keyed(
-                            "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
-                             error_category = ?4, error_code = ?5, error_message = ?6, \
-                             error_transport = ?7, recipients = COALESCE(?8, recipients) \
-                             WHERE id = ?1 AND attempts = ?2 AND leased > 0",
-                        ),
-                        *at,
-                        error,
-                        recipients.as_deref(),
-                    ),
-                    Finish::Retry {
-                        error,
-                        due_at,
-                        recipients,
-                    } => with_error(
-                        keyed(
-                            "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
-                             error_category = ?4, error_code = ?5, error_message = ?6, \
-                             error_transport = ?7, recipients = COALESCE(?8, recipients) \
-                             WHERE id = ?1 AND attempts = ?2 AND leased > 0",
-                        ),
-                        *due_at,
-                        error,
-                        recipients.as_deref(),
-                    ),
+                let Some((failed, at, error, recipients)) = finish.failure() else {
+                    continue;
                 };
+                let sql = match failed {
+                    Failed::Dead => FAILED_DEAD,
+                    Failed::Retry => FAILED_RETRY,
+                };
+                let query = with_error(keyed(sql), at, error, recipients);
                 query.execute(&mut *tx).await?;
             }
             tx.commit().await
