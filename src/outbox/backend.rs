@@ -13,6 +13,9 @@ use crate::SendError;
 pub(crate) enum Finish {
     /// Delivered: the row goes.
     Sent,
+    /// Claimed and never started (the worker stopped, or the stack refused): due again at
+    /// `now` for any worker, the claim not counted as an attempt.
+    GiveBack { now: Millis },
     /// Dead with its error, at a time.
     Dead {
         error: StoredError,
@@ -42,7 +45,7 @@ impl Finish {
     /// For a failure: which update, its time, the error, and the narrowed recipients.
     pub(crate) fn failure(&self) -> Option<(Failed, Millis, &StoredError, Option<&str>)> {
         match self {
-            Finish::Sent => None,
+            Finish::Sent | Finish::GiveBack { .. } => None,
             Finish::Dead {
                 error,
                 at,
@@ -78,10 +81,6 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// Writes back the outcome of each claim, in one transaction. A claim whose lease another
     /// worker has taken since is left alone.
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError>;
-
-    /// Hands back claims not started: due at `now`, unleased, their claim not counted as an
-    /// attempt. A claim whose lease another worker has taken since is left alone.
-    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError>;
 
     /// The soonest due time of a queued message (a held one's is its lease's end).
     async fn next_due(&self) -> Result<Option<Millis>, SendError>;

@@ -38,6 +38,10 @@ const SCHEMA: [&str; 3] = [
 /// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
 const SCHEMA_LOCK: i64 = 0x6d61_696c_6f75_7462; // "mailoutb"
 
+/// A claim handed back unstarted: free, due at once, not counted as an attempt.
+const GIVE_BACK: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, \
+     due_at = $3 WHERE id = $1 AND attempts = $2 AND leased";
+
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
 const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
      error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
@@ -245,6 +249,10 @@ impl Backend for PostgresBackend {
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
+                if let Finish::GiveBack { now } = finish {
+                    keyed(GIVE_BACK).bind(*now).execute(&mut *tx).await?;
+                    continue;
+                }
                 let Some((failed, at, error, recipients)) = finish.failure() else {
                     continue;
                 };
@@ -260,27 +268,6 @@ impl Backend for PostgresBackend {
         written
             .await
             .map_err(|e| database_error("recording answers", e))
-    }
-
-    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError> {
-        let given = async {
-            let mut tx = self.relaxed.begin().await?;
-            for claim in claims {
-                sqlx::query(
-                    "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, \
-                     due_at = $3 WHERE id = $1 AND attempts = $2 AND leased",
-                )
-                .bind(claim.id.0)
-                .bind(i32::try_from(claim.attempts).unwrap_or(i32::MAX))
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await
-        };
-        given
-            .await
-            .map_err(|e| database_error("giving back claims", e))
     }
 
     async fn next_due(&self) -> Result<Option<Millis>, SendError> {

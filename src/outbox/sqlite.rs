@@ -40,6 +40,10 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
 ";
 
+/// A claim handed back unstarted: free, due at once, not counted as an attempt.
+const GIVE_BACK: &str = "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
+     due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased > 0";
+
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
 const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
      error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
@@ -224,6 +228,10 @@ impl Backend for SqliteBackend {
             }
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
+                if let Finish::GiveBack { now } = finish {
+                    keyed(GIVE_BACK).bind(*now).execute(&mut *tx).await?;
+                    continue;
+                }
                 let Some((failed, at, error, recipients)) = finish.failure() else {
                     continue;
                 };
@@ -239,27 +247,6 @@ impl Backend for SqliteBackend {
         written
             .await
             .map_err(|e| database_error("recording answers", e))
-    }
-
-    async fn give_back(&self, claims: &[Claim], now: Millis) -> Result<(), SendError> {
-        let given = async {
-            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
-            for claim in claims {
-                sqlx::query(
-                    "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
-                     due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased > 0",
-                )
-                .bind(claim.id.0)
-                .bind(claim.attempts)
-                .bind(now)
-                .execute(&mut *tx)
-                .await?;
-            }
-            tx.commit().await
-        };
-        given
-            .await
-            .map_err(|e| database_error("giving back claims", e))
     }
 
     async fn next_due(&self) -> Result<Option<Millis>, SendError> {

@@ -252,14 +252,11 @@ impl<T: Transport + 'static> Worker<T> {
             notified.as_mut().enable();
 
             let now = Instant::now();
-            // The database's work in the background holds SQLite's write lock while it is
-            // not polled: nothing else is awaited on the database until it is done.
-            let busy = writing.is_some() || claiming.is_some();
-            if !busy && (stopping.is_some() || flight.paused(now)) && !flight.ready.is_empty() {
-                self.give_back(&mut flight).await;
+            if stopping.is_some() || flight.paused(now) {
+                flight.give_back();
             }
+            // A read: it never waits on the background work's write lock.
             if crate::metrics::COUNTS_SENDS
-                && !busy
                 && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
             {
                 stats_read = Some(now);
@@ -437,25 +434,6 @@ impl<T: Transport + 'static> Worker<T> {
         }
     }
 
-    /// Hands back the messages claimed and not started (shutdown, or the stack refusing), so
-    /// that they are due at once for any worker. If the database cannot take them, their
-    /// leases run out instead.
-    async fn give_back(&self, flight: &mut Flight) {
-        let claims: Vec<Claim> = flight
-            .ready
-            .drain(..)
-            .map(|message| message.claim)
-            .collect();
-        if let Err(error) = self
-            .outbox
-            .backend()
-            .give_back(&claims, record::now())
-            .await
-        {
-            tracing::warn!(error = %error, held = claims.len(), "outbox.give_back_failed");
-        }
-    }
-
     /// Takes a claimed message in: ready to send, or dead at once when its last holder's lease
     /// ran out and `at_most_once` forbids sending it again (before it could be given back).
     fn take(&self, flight: &mut Flight, message: Claimed) {
@@ -539,6 +517,18 @@ impl Flight {
             return 0;
         }
         u32::try_from(free).unwrap_or(u32::MAX)
+    }
+
+    /// Hands back the messages claimed and not started (shutdown, or the stack refusing),
+    /// with the next write of answers, so that they are due at once for any worker. If the
+    /// database cannot take them, their leases run out instead.
+    fn give_back(&mut self) {
+        let now = record::now();
+        let handed = self
+            .ready
+            .drain(..)
+            .map(|message| (message.claim, Finish::GiveBack { now }));
+        self.answers.extend(handed);
     }
 
     /// Nothing held: no send in flight, none claimed and waiting, no answer unwritten.
