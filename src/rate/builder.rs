@@ -29,6 +29,9 @@ pub struct RateLimitBuilder<T> {
     adaptive: bool,
     min_per_second: f64,
     name: Option<String>,
+    members: u32,
+    #[cfg(feature = "redis")]
+    shared: Option<Arc<crate::RedisStore>>,
 }
 
 impl<T: Transport> RateLimitBuilder<T> {
@@ -42,6 +45,9 @@ impl<T: Transport> RateLimitBuilder<T> {
             adaptive: false,
             min_per_second: 1.0,
             name: None,
+            members: 1,
+            #[cfg(feature = "redis")]
+            shared: None,
         }
     }
 
@@ -91,6 +97,25 @@ impl<T: Transport> RateLimitBuilder<T> {
         self
     }
 
+    /// One budget for every process whose limiter has the same [name](Self::name) in the
+    /// store's namespace: GCRA in Redis (or a Redis Cluster), one script call per send, timed
+    /// by the server's clock, on the store's connection and within its timeout. A throttle
+    /// lowers the fleet's rate. While Redis does not answer, each process paces itself at
+    /// its share (`per_second / members`, see [`members`](Self::members)), logs one
+    /// warning, and tries Redis again once per the store's retry interval.
+    #[cfg(feature = "redis")]
+    pub fn shared(mut self, store: Arc<crate::RedisStore>) -> Self {
+        self.shared = Some(store);
+        self
+    }
+
+    /// How many processes share the budget (default 1): while Redis does not answer, each
+    /// paces itself at `per_second / members`.
+    pub fn members(mut self, members: u32) -> Self {
+        self.members = members;
+        self
+    }
+
     /// The limiter, or a [`ConfigError`] naming the first setting out of range.
     pub fn build(self) -> Result<RateLimitTransport<T>, ConfigError> {
         let per_second = self.per_second.ok_or_else(|| {
@@ -108,6 +133,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             ));
         }
         crate::config::at_least_one("burst", u64::from(self.burst))?;
+        crate::config::at_least_one("members", u64::from(self.members))?;
         if let Some(max_in_flight) = self.max_in_flight {
             crate::config::at_least_one("max_in_flight", max_in_flight as u64)?;
         }
@@ -117,8 +143,23 @@ impl<T: Transport> RateLimitBuilder<T> {
             .map(|places| Arc::new(Semaphore::new(places.min(Semaphore::MAX_PERMITS))));
         let name: Arc<str> = Arc::from(self.name.unwrap_or_else(|| self.inner.name().to_owned()));
         crate::metrics::rate_per_second(&name, per_second);
+        let local = || LocalLimiter::new(per_second, self.burst, self.min_per_second);
+        #[cfg(feature = "redis")]
+        let limiter = match &self.shared {
+            Some(store) => super::Limiter::Shared(super::shared::SharedLimiter::new(
+                store,
+                &name,
+                per_second,
+                self.burst,
+                self.min_per_second,
+                self.members,
+            )),
+            None => super::Limiter::Local(local()),
+        };
+        #[cfg(not(feature = "redis"))]
+        let limiter = super::Limiter::Local(local());
         Ok(RateLimitTransport {
-            limiter: LocalLimiter::new(per_second, self.burst, self.min_per_second),
+            limiter,
             inner: self.inner,
             name,
             in_flight,

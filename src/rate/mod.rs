@@ -13,6 +13,8 @@ mod adaptive;
 mod builder;
 mod gcra;
 mod local;
+#[cfg(feature = "redis")]
+mod shared;
 
 pub use builder::RateLimitBuilder;
 use gcra::Slot;
@@ -55,7 +57,7 @@ pub const RATE_LIMITED: &str = "rate.limited";
 pub struct RateLimitTransport<T> {
     inner: T,
     name: Arc<str>,
-    limiter: LocalLimiter,
+    limiter: Limiter,
     in_flight: Option<Arc<Semaphore>>,
     max_wait: Duration,
     adaptive: bool,
@@ -109,7 +111,7 @@ impl<T: Transport> RateLimitTransport<T> {
             None => None,
         };
         let left = self.max_wait.saturating_sub(asked.elapsed());
-        match self.limiter.reserve(left) {
+        match self.limiter.reserve(left).await {
             Slot::After(wait) => {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
@@ -146,16 +148,50 @@ impl<T: Transport> RateLimitTransport<T> {
     }
 
     /// Lowers the rate when the provider throttled (not this crate's own limiters).
-    fn heard(&self, result: &Result<Receipt, SendError>) {
+    async fn heard(&self, result: &Result<Receipt, SendError>) {
         if let Err(error) = result
             && self.adaptive
             && error.category() == Category::RateLimited
             && error.code() != RATE_LIMITED
         {
-            self.limiter.throttled();
+            self.limiter.throttled().await;
             let now = self.limiter.per_second();
             tracing::info!(limiter = %self.name, per_second = now, "rate.throttled");
             crate::metrics::rate_per_second(&self.name, now);
+        }
+    }
+}
+
+/// Where a limiter keeps its budget: in this process, or in Redis for the fleet.
+#[derive(Debug)]
+enum Limiter {
+    Local(LocalLimiter),
+    #[cfg(feature = "redis")]
+    Shared(shared::SharedLimiter),
+}
+
+impl Limiter {
+    async fn reserve(&self, max_wait: Duration) -> Slot {
+        match self {
+            Limiter::Local(local) => local.reserve(max_wait),
+            #[cfg(feature = "redis")]
+            Limiter::Shared(shared) => shared.reserve(max_wait).await,
+        }
+    }
+
+    async fn throttled(&self) {
+        match self {
+            Limiter::Local(local) => local.throttled(),
+            #[cfg(feature = "redis")]
+            Limiter::Shared(shared) => shared.throttled().await,
+        }
+    }
+
+    fn per_second(&self) -> f64 {
+        match self {
+            Limiter::Local(local) => local.per_second(),
+            #[cfg(feature = "redis")]
+            Limiter::Shared(shared) => shared.per_second(),
         }
     }
 }
@@ -169,14 +205,14 @@ impl<T: Transport> Transport for RateLimitTransport<T> {
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let _place = self.turn().await?;
         let result = self.inner.send_raw(envelope, raw).await;
-        self.heard(&result);
+        self.heard(&result).await;
         result
     }
 
     async fn send(&self, message: &crate::Message) -> Result<Receipt, SendError> {
         let _place = self.turn().await?;
         let result = self.inner.send(message).await;
-        self.heard(&result);
+        self.heard(&result).await;
         result
     }
 

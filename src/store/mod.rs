@@ -15,7 +15,7 @@ use crate::machine::{Decision, Outcome, Permit, Rules, Snapshot, Transitions};
 mod lru;
 pub(crate) mod memory;
 #[cfg(feature = "redis")]
-mod redis;
+pub(crate) mod redis;
 
 #[cfg(feature = "redis")]
 pub use self::redis::{

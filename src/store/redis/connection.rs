@@ -17,7 +17,7 @@ use ::redis::{Cmd, Pipeline, RedisError, RedisFuture, Value};
 /// A connection to one Redis server or to a Redis Cluster; cheap to clone, each clone sharing
 /// the same sockets.
 #[derive(Clone)]
-pub(super) enum Connection {
+pub(crate) enum Connection {
     Single(ConnectionManager),
     Cluster(ClusterConnection),
 }

@@ -20,7 +20,9 @@ mod quorum;
 mod remote;
 mod script;
 
-use connection::Connection;
+pub(crate) use script::rate_key;
+
+pub(crate) use connection::Connection;
 use health::Health;
 use remote::RemoteCall;
 use script::{BadReply, Call, Reply};
@@ -458,6 +460,21 @@ impl RedisStore {
     }
 
     /// Loads the script into Redis's cache, which also tells whether Redis answers.
+    /// The connection, for a rate limiter shared through this store (`RateLimitTransport::shared`).
+    pub(crate) fn connection(&self) -> Connection {
+        self.connection.clone()
+    }
+
+    /// How long a call may take before the caller decides locally.
+    pub(crate) fn timeout(&self) -> Duration {
+        self.timeout
+    }
+
+    /// How often a silent Redis is tried again.
+    pub(crate) fn retry_interval(&self) -> Duration {
+        self.health.retry_interval()
+    }
+
     async fn load_script(&self) {
         let mut connection = self.connection.clone();
         let load = self.script.load_async(&mut connection);

@@ -35,6 +35,18 @@ pub(super) fn members_name(namespace: &str, key: &str) -> String {
     name
 }
 
+/// The name of the hash of the rate limiter `name` in `namespace`, escaped as a breaker's
+/// (a Redis Cluster keeps it on one node, under its own hash tag).
+pub(crate) fn rate_key(namespace: &str, name: &str) -> String {
+    let mut key = String::with_capacity(24 + namespace.len() + name.len());
+    key.push_str("mail-breaker:");
+    escape_into(&mut key, namespace);
+    key.push_str(":rate:{");
+    escape_into(&mut key, name);
+    key.push('}');
+    key
+}
+
 fn escape_into(out: &mut String, part: &str) {
     for byte in part.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {

@@ -1,0 +1,59 @@
+-- A rate limiter shared by a fleet: GCRA with a burst, and an adaptive rate, timed by the
+-- Redis server's clock. The same rules as src/rate/gcra.rs and src/rate/adaptive.rs.
+--
+-- KEYS[1]  the limiter's hash: tat (µs), base (sends per second after the last throttle),
+--          since (µs, the last throttle)
+-- ARGV[1]  "take" (reserve the next slot) or "throttle" (the provider throttled: halve)
+-- ARGV[2]  the configured rate, sends per second
+-- ARGV[3]  the burst
+-- ARGV[4]  the longest wait, µs
+-- ARGV[5]  the lowest rate, sends per second
+-- ARGV[6]  how long the hash stays after its last write, ms
+-- ARGV[7]  (tests only) the time, µs, instead of the server's clock
+--
+-- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second}: granted 1 with the
+-- wait before the reserved slot, 0 with how long past the longest wait the slot would come
+-- (nothing reserved); "throttle" replies {2, 0, the new rate}.
+
+local key = KEYS[1]
+local op = ARGV[1]
+local configured = tonumber(ARGV[2])
+local burst = tonumber(ARGV[3])
+local max_wait = tonumber(ARGV[4])
+local floor_rate = math.min(tonumber(ARGV[5]), configured)
+local expiry = tonumber(ARGV[6])
+local now
+if ARGV[7] then
+    now = tonumber(ARGV[7])
+else
+    local time = redis.call('TIME')
+    now = tonumber(time[1]) * 1000000 + tonumber(time[2])
+end
+
+local state = redis.call('HMGET', key, 'tat', 'base', 'since')
+local tat = tonumber(state[1]) or now
+local base = tonumber(state[2]) or configured
+local since = tonumber(state[3]) or 0
+
+-- Each whole second without a throttle gives back 5 % of the configured rate.
+local quiet = math.floor(math.max(now - since, 0) / 1000000)
+local rate = math.min(configured, base + 0.05 * configured * quiet)
+
+if op == 'throttle' then
+    local halved = math.max(rate * 0.5, floor_rate)
+    redis.call('HSET', key, 'base', tostring(halved), 'since', string.format('%.0f', now))
+    redis.call('PEXPIRE', key, expiry)
+    return {2, 0, math.floor(halved * 1000)}
+end
+
+local interval = 1000000 / rate
+local tolerance = interval * math.max(burst - 1, 0)
+tat = math.max(tat, now)
+local slot = math.max(tat - tolerance, now)
+local wait = slot - now
+if wait > max_wait then
+    return {0, math.ceil(wait - max_wait), math.floor(rate * 1000)}
+end
+redis.call('HSET', key, 'tat', string.format('%.0f', tat + interval))
+redis.call('PEXPIRE', key, expiry)
+return {1, math.floor(wait), math.floor(rate * 1000)}

@@ -1,0 +1,123 @@
+//! Rate limiters that share one budget through a real redis-server: the fleet's pacing, a
+//! throttle lowering everyone's rate, and each process on its own share while Redis is down.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use mail_breaker::{Category, RateLimitTransport, RedisStore, SendError, Transport};
+use support::redis::RedisServer;
+use support::scripted::{Reply, Scripted};
+
+async fn store(server: &RedisServer) -> Arc<RedisStore> {
+    Arc::new(
+        RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_namespace("rate-tests")
+            .with_timeout(Duration::from_millis(100))
+            .with_retry_interval(Duration::from_millis(100)),
+    )
+}
+
+fn limiter(
+    provider: &Scripted,
+    store: &Arc<RedisStore>,
+    per_second: f64,
+) -> mail_breaker::RateLimitBuilder<Scripted> {
+    RateLimitTransport::builder(provider.clone())
+        .name("ses")
+        .per_second(per_second)
+        .max_wait(Duration::from_secs(30))
+        .shared(Arc::clone(store))
+}
+
+/// Sends `count` messages one after another through `transport`; how long it took.
+async fn send_all(transport: &RateLimitTransport<Scripted>, count: usize) -> Duration {
+    let started = Instant::now();
+    for _ in 0..count {
+        transport.send(&support::message()).await.unwrap();
+    }
+    started.elapsed()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_limiters_sharing_one_budget_send_at_its_rate_together() {
+    let Some(server) = RedisServer::start("rate_shared_budget") else {
+        return;
+    };
+    let store = store(&server).await;
+    let (a, b) = (Scripted::new("ses"), Scripted::new("ses"));
+    let (first, second) = (
+        limiter(&a, &store, 50.0).build().unwrap(),
+        limiter(&b, &store, 50.0).build().unwrap(),
+    );
+    let started = Instant::now();
+    tokio::join!(send_all(&first, 50), send_all(&second, 50));
+    let took = started.elapsed();
+    // 100 sends at 50 a second between them: the first at once, then one every 20 ms.
+    assert!(
+        took >= Duration::from_millis(1_900) && took <= Duration::from_millis(2_400),
+        "{took:?}: alone each would have taken 1 s"
+    );
+    assert_eq!(a.sends() + b.sends(), 100);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_seen_by_one_limiter_halves_the_rate_of_every_limiter_sharing_it() {
+    let Some(server) = RedisServer::start("rate_shared_throttle") else {
+        return;
+    };
+    let store = store(&server).await;
+    let throttled = Scripted::new("ses");
+    throttled.then([Reply::Err(SendError::new(
+        Category::RateLimited,
+        "ses.throttling",
+        "slow down",
+    ))]);
+    let other = Scripted::new("ses");
+    let first = limiter(&throttled, &store, 100.0)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    let second = limiter(&other, &store, 100.0)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    assert_eq!(
+        first.send(&support::message()).await.unwrap_err().code(),
+        "ses.throttling"
+    );
+    second.send(&support::message()).await.unwrap();
+    assert_eq!(
+        second.per_second(),
+        50.0,
+        "the fleet's rate, as Redis told the other limiter"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_each_limiter_paces_itself_at_its_share_and_shares_again_once_it_is_back() {
+    let Some(mut server) = RedisServer::start("rate_shared_fallback") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 20.0).members(2).build().unwrap();
+    limited.send(&support::message()).await.unwrap();
+    server.stop();
+    // 11 sends at this process's share, 10 a second: at least 1 s (the first may go at once).
+    let took = send_all(&limited, 11).await;
+    assert!(took >= Duration::from_millis(950), "{took:?}");
+    assert!(
+        took <= Duration::from_millis(2_500),
+        "no send waited on the dead Redis: {took:?}"
+    );
+    assert_eq!(limited.per_second(), 10.0);
+    server.restart();
+    tokio::time::sleep(Duration::from_millis(150)).await; // past the retry interval
+    send_all(&limited, 2).await;
+    assert_eq!(limited.per_second(), 20.0, "shared again");
+}
