@@ -256,9 +256,7 @@ impl<T: Transport + 'static> Worker<T> {
                 flight.give_back();
             }
             // A read: it never waits on the background work's write lock.
-            if crate::metrics::COUNTS_SENDS
-                && stats_read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
-            {
+            if stats_due(stats_read, now) {
                 stats_read = Some(now);
                 if let Ok(stats) = backend.stats(record::now()).await {
                     crate::metrics::outbox_stats(&stats);
@@ -595,6 +593,12 @@ impl Flight {
     }
 }
 
+/// Whether a worker that last read the outbox's counts at `read` reads them again at `now`
+/// for its gauges: at once, then once a second; never without the metrics feature.
+fn stats_due(read: Option<Instant>, now: Instant) -> bool {
+    crate::metrics::COUNTS_SENDS && read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
+}
+
 /// Counts answers once they are in the database, by outcome.
 fn record_written(batch: &[(Claim, Finish)]) {
     let count = |outcome: fn(&Finish) -> bool| {
@@ -668,5 +672,23 @@ async fn sleep_until_some(at: Option<Instant>) {
     match at {
         Some(at) => tokio::time::sleep_until(at).await,
         None => std::future::pending().await,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
+        let now = Instant::now();
+        let metrics = crate::metrics::COUNTS_SENDS;
+        assert_eq!(stats_due(None, now), metrics);
+        assert!(!stats_due(Some(now), now));
+        assert!(!stats_due(
+            Some(now),
+            now + STATS_EVERY - Duration::from_millis(1)
+        ));
+        assert_eq!(stats_due(Some(now), now + STATS_EVERY), metrics);
     }
 }
