@@ -199,7 +199,7 @@ impl Backend for PostgresBackend {
             })
             .collect::<Result<_, sqlx::Error>>()
             .map_err(|e| database_error("claiming due mail", e))?;
-        // RETURNING keeps no order; the soonest due go first.
+        // RETURNING keeps no order; ids go with enqueue order.
         claimed.sort_by_key(|message| message.claim.id);
         Ok(claimed)
     }
