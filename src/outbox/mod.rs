@@ -9,7 +9,6 @@
 //!   reached the provider (an error marked [maybe-delivered](SendError::is_maybe_delivered),
 //!   or a lease that ran out mid-send) goes to the dead letters as `outbox.maybe_delivered`
 //!   instead of being sent again.
-//!
 //! - **Deferred recipients.** A delivery the provider deferred for some recipients (SMTP
 //!   `450`/`451` to their `RCPT TO`, as greylisting answers) leaves the message in the outbox
 //!   for those recipients only, scheduled like a failure with the deferral's error.
