@@ -33,6 +33,10 @@ pub const RATE_LIMITED: &str = "rate.limited";
 /// - [Adaptive](RateLimitBuilder::adaptive): each `RateLimited` answer from the provider
 ///   halves the rate (not below [`min_per_second`](RateLimitBuilder::min_per_second)); each
 ///   second without one gives 5 % of the configured rate back, up to it.
+/// - Shared with `.shared(store)` (feature `redis`): every process whose limiter has the
+///   same name in the store's namespace draws from one budget in Redis, and a throttle
+///   lowers everyone's rate; while Redis does not answer, each paces itself at its share
+///   (`per_second / members`).
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
 ///
