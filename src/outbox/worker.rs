@@ -320,6 +320,8 @@ impl<T: Transport + 'static> Worker<T> {
                 Some(answer) = flight.sends.next(), if !flight.sends.is_empty() => {
                     flight.answered(answer, &self.policy);
                     flight.collect_ready(&self.policy);
+                    // A failure may be due again at once: a drain claims once more, idle.
+                    last_claim_idle = false;
                 }
                 (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
                     writing = None;

@@ -195,6 +195,22 @@ pub async fn a_delivery_deferred_for_some_recipients_stays_queued_for_them_only(
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+pub async fn drain_sends_again_a_failed_message_that_is_due_again_at_once(outbox: Outbox) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let provider = Scripted::new("provider");
+    provider.then([Reply::fail(Category::Timeout)]);
+    let worker = outbox
+        .worker(provider.clone())
+        .backoff(mail_breaker::Backoff::constant(Duration::ZERO));
+    worker.drain().await.unwrap();
+    assert_eq!(
+        provider.sends(),
+        2,
+        "due again at once, so still due for the drain"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
 pub async fn a_maybe_delivered_failure_is_dead_under_at_most_once(outbox: Outbox) {
     outbox.enqueue(&super::message()).await.unwrap();
     let lost = SendError::new(
@@ -502,6 +518,7 @@ macro_rules! all_outbox_rules {
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
             a_failure_that_may_pass_is_sent_again_after_the_backoff,
             a_maybe_delivered_failure_is_dead_under_at_most_once,
+            drain_sends_again_a_failed_message_that_is_due_again_at_once,
             a_delivery_deferred_for_some_recipients_stays_queued_for_them_only,
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
