@@ -271,28 +271,6 @@ impl Category {
     /// assert_eq!(mail_breaker::Category::RateLimited.as_str(), "rate_limited");
     /// ```
     pub fn as_str(self) -> &'static str {
-        self.name()
-    }
-
-    /// The category named `name` (as [`as_str`](Self::as_str) writes it).
-    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // read back from the outbox's table
-    pub(crate) fn from_name(name: &str) -> Option<Category> {
-        const ALL: [Category; 10] = [
-            Category::Network,
-            Category::Timeout,
-            Category::ServerError,
-            Category::ServiceUnavailable,
-            Category::RateLimited,
-            Category::Rejected,
-            Category::Authentication,
-            Category::InvalidMessage,
-            Category::Configuration,
-            Category::Unsupported,
-        ];
-        ALL.into_iter().find(|category| category.name() == name)
-    }
-
-    const fn name(self) -> &'static str {
         match self {
             Category::Network => "network",
             Category::Timeout => "timeout",
@@ -305,6 +283,29 @@ impl Category {
             Category::Configuration => "configuration",
             Category::Unsupported => "unsupported",
         }
+    }
+
+    /// Every category, in the order declared.
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // read back from the outbox's table
+    pub(crate) const ALL: [Category; 10] = [
+        Category::Network,
+        Category::Timeout,
+        Category::ServerError,
+        Category::ServiceUnavailable,
+        Category::RateLimited,
+        Category::Rejected,
+        Category::Authentication,
+        Category::InvalidMessage,
+        Category::Configuration,
+        Category::Unsupported,
+    ];
+
+    /// The category named `name` (as [`as_str`](Self::as_str) writes it).
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // read back from the outbox's table
+    pub(crate) fn from_name(name: &str) -> Option<Category> {
+        Category::ALL
+            .into_iter()
+            .find(|category| category.as_str() == name)
     }
 }
 

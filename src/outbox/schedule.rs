@@ -326,18 +326,7 @@ mod tests {
     }
 
     fn category() -> impl Strategy<Value = Category> {
-        prop::sample::select(vec![
-            Category::Network,
-            Category::Timeout,
-            Category::ServerError,
-            Category::ServiceUnavailable,
-            Category::RateLimited,
-            Category::Rejected,
-            Category::Authentication,
-            Category::InvalidMessage,
-            Category::Configuration,
-            Category::Unsupported,
-        ])
+        prop::sample::select(Category::ALL.to_vec())
     }
 
     /// The rules of DESIGN §12, written out on their own: what happens to a failed message.
