@@ -3,6 +3,7 @@
 
 use std::fmt;
 use std::future::Future;
+use std::num::NonZeroU32;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::time::Duration;
@@ -273,44 +274,40 @@ impl<T: Transport + 'static> Worker<T> {
                     .boxed(),
                 );
             }
-            if until == Until::NothingDue
-                && flight.is_idle()
-                && writing.is_none()
-                && claiming.is_none()
-            {
+            if until == Until::NothingDue && at_rest(&flight, &writing, &claiming) {
                 if flight.paused(now) || (!may_claim && last_claim_idle) {
                     // Nothing due now (or everything due was refused for now: due later).
                     return Ok(());
                 }
                 may_claim = true; // one more claim, made idle, to be sure
             }
-            let wanted = flight.wanted(self.concurrency, self.prefetch());
             if claiming.is_none()
                 && may_claim
                 && stopping.is_none()
-                && wanted > 0
                 && !flight.paused(now)
                 && database.may_try(now)
+                && let Some(wanted) = flight.wanted(self.concurrency, self.prefetch())
             {
                 let at = record::now();
                 let lease_until = at.saturating_add(schedule::millis(self.lease));
-                let idle = flight.is_idle() && writing.is_none();
+                let idle = at_rest(&flight, &writing, &claiming);
                 let durable = self.policy.at_most_once;
+                let wanted = wanted.get();
                 asked = wanted as usize;
                 claiming = Some(
                     async move { (idle, backend.claim(at, lease_until, wanted, durable).await) }
                         .boxed(),
                 );
             }
-            let busy = writing.is_some() || claiming.is_some();
-            if stopping.is_some() && flight.is_idle() && !busy {
+            let rest = at_rest(&flight, &writing, &claiming);
+            if stopping.is_some() && rest {
                 return Ok(());
             }
-            let wake = if stopping.is_some() || busy || !flight.is_idle() {
-                None
+            // Only a worker at rest needs a wake: else an answer, a claim or a write wakes it.
+            let wake = if stopping.is_none() && rest && database.may_try(now) {
+                Some(self.next_wake(flight.pause(now), now).await)
             } else {
-                self.next_wake(flight.paused_until, wanted, &database, now)
-                    .await
+                None
             };
             tokio::select! {
                 biased;
@@ -374,37 +371,25 @@ impl<T: Transport + 'static> Worker<T> {
                     }
                 }
                 () = notified, if stopping.is_none() => may_claim = true,
-                () = sleep_until_some(wake), if !busy && database.may_try(now) => may_claim = true,
+                () = sleep_until_some(wake) => may_claim = true,
                 () = tokio::time::sleep_until(database.next_try(now)), if !database.may_try(now) => {}
             }
         }
     }
 
-    /// When an idle worker looks again: the next due time, the end of a pause, the next try
-    /// of the database, or the poll, whichever is first.
-    async fn next_wake(
-        &self,
-        paused_until: Option<Instant>,
-        wanted: u32,
-        database: &DatabaseWait,
-        now: Instant,
-    ) -> Option<Instant> {
-        if !database.may_try(now) {
-            return Some(database.next_try(now));
-        }
-        if let Some(paused_until) = paused_until.filter(|until| *until > now) {
-            return Some(paused_until);
-        }
-        if wanted == 0 {
-            return None;
+    /// When a worker at rest looks again: the end of its pause; else the next due time or
+    /// the poll, whichever is first.
+    async fn next_wake(&self, pause: Option<Instant>, now: Instant) -> Instant {
+        if let Some(end) = pause {
+            return end;
         }
         let poll = later(now, self.poll);
         match self.outbox.backend().next_due().await {
             Ok(Some(due_at)) => {
                 let wait = u64::try_from(due_at.saturating_sub(record::now())).unwrap_or(0);
-                Some(later(now, Duration::from_millis(wait)).min(poll))
+                later(now, Duration::from_millis(wait)).min(poll)
             }
-            Ok(None) | Err(_) => Some(poll),
+            Ok(None) | Err(_) => poll,
         }
     }
 
@@ -469,6 +454,16 @@ impl<T: Transport + 'static> Worker<T> {
     }
 }
 
+/// Nothing held and nothing under way: no send in flight, none claimed and waiting, no
+/// answer unwritten, no claim or write running.
+fn at_rest(
+    flight: &Flight,
+    writing: &Option<Writing<'_>>,
+    claiming: &Option<Claiming<'_>>,
+) -> bool {
+    flight.is_idle() && writing.is_none() && claiming.is_none()
+}
+
 /// A write of answers in the background: gives the batch back with how it went.
 type Writing<'a> = BoxFuture<'a, (Vec<(Claim, Finish)>, Result<(), SendError>)>;
 
@@ -501,10 +496,11 @@ impl Flight {
         u32::try_from(limit.saturating_sub(self.sends.len())).unwrap_or(u32::MAX)
     }
 
-    /// How many messages to claim now: none while the messages held fill `concurrency`
-    /// sends and the prefetch above them by more than three quarters, so that each claim
-    /// serves several sends; else what fills them. While probing, one.
-    fn wanted(&self, concurrency: usize, prefetch: usize) -> u32 {
+    /// How many messages to claim now, if any: what fills `concurrency` sends and the
+    /// `prefetch` above them; but none while more than half of that is held and the sends
+    /// are not starving (nothing ready while fewer than `concurrency` are in flight), so
+    /// that each claim serves several sends. While probing, one.
+    fn wanted(&self, concurrency: usize, prefetch: usize) -> Option<NonZeroU32> {
         let (capacity, prefetch) = if self.probing {
             (1, 0)
         } else {
@@ -513,10 +509,10 @@ impl Flight {
         let held = self.sends.len() + self.ready.len();
         let free = capacity.saturating_sub(held);
         let starving = self.ready.is_empty() && self.sends.len() < capacity - prefetch;
-        if free == 0 || (!starving && free < capacity.div_ceil(2)) {
-            return 0;
+        if !starving && free < capacity.div_ceil(2) {
+            return None;
         }
-        u32::try_from(free).unwrap_or(u32::MAX)
+        NonZeroU32::new(u32::try_from(free).unwrap_or(u32::MAX))
     }
 
     /// Hands back the messages claimed and not started (shutdown, or the stack refusing),
@@ -536,8 +532,13 @@ impl Flight {
         self.sends.is_empty() && self.ready.is_empty() && self.answers.is_empty()
     }
 
+    /// The end of the pause the stack asked for, if it has not come by `now`.
+    fn pause(&self, now: Instant) -> Option<Instant> {
+        self.paused_until.filter(|until| *until > now)
+    }
+
     fn paused(&self, now: Instant) -> bool {
-        self.paused_until.is_some_and(|until| until > now)
+        self.pause(now).is_some()
     }
 
     /// Records every answer already there without waiting.
@@ -678,19 +679,5 @@ async fn sleep_until_some(at: Option<Instant>) {
 }
 
 #[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
-        let now = Instant::now();
-        let metrics = crate::metrics::COUNTS_SENDS;
-        assert_eq!(stats_due(None, now), metrics);
-        assert!(!stats_due(Some(now), now));
-        assert!(!stats_due(
-            Some(now),
-            now + STATS_EVERY - Duration::from_millis(1)
-        ));
-        assert_eq!(stats_due(Some(now), now + STATS_EVERY), metrics);
-    }
-}
+#[path = "worker_tests.rs"]
+mod tests;

@@ -234,14 +234,25 @@ pub async fn a_maybe_delivered_failure_is_dead_under_at_most_once(outbox: Outbox
 
 /// A worker that holds one message and never answers, until its lease of 200 ms runs out.
 async fn lose_a_lease(outbox: &Outbox) {
-    outbox.enqueue(&super::message()).await.unwrap();
+    lose_leases(outbox, 1).await;
+}
+
+/// A worker that sends `count` messages at once and never answers, until their leases of
+/// 200 ms run out.
+async fn lose_leases(outbox: &Outbox, count: usize) {
+    outbox
+        .enqueue_many(&numbered_messages(count))
+        .await
+        .unwrap();
     let hung = Scripted::answering("hung", Reply::Hang);
-    let worker = quick(outbox, hung.clone()).lease(Duration::from_millis(200));
+    let worker = quick(outbox, hung.clone())
+        .concurrency(count)
+        .lease(Duration::from_millis(200));
     let held = tokio::spawn(async move { worker.drain().await });
-    while hung.sends() == 0 {
+    while hung.sends() < count {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    assert_eq!(outbox.stats().await.unwrap().leased, 1);
+    assert_eq!(outbox.stats().await.unwrap().leased, count as u64);
     held.abort(); // the worker dies mid-send
     tokio::time::sleep(Duration::from_millis(250)).await;
 }
@@ -265,6 +276,22 @@ pub async fn a_message_whose_lease_ran_out_is_dead_under_at_most_once(outbox: Ou
     assert_eq!(provider.sends(), 0, "never sent again");
     let dead = outbox.dead_letters(10).await.unwrap();
     assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
+}
+
+pub async fn drain_ends_only_once_every_message_whose_lease_ran_out_is_dead_under_at_most_once(
+    outbox: Outbox,
+) {
+    lose_leases(&outbox, 3).await;
+    let provider = Scripted::new("provider");
+    quick(&outbox, provider.clone())
+        .at_most_once()
+        .concurrency(1)
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(provider.sends(), 0, "none sent again");
+    assert_eq!(outbox.dead_letters(10).await.unwrap().len(), 3);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
 /// How many messages a worker with `concurrency` 2 holds while its sends hang.
@@ -522,6 +549,7 @@ macro_rules! all_outbox_rules {
             a_delivery_deferred_for_some_recipients_stays_queued_for_them_only,
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
+            drain_ends_only_once_every_message_whose_lease_ran_out_is_dead_under_at_most_once,
             a_held_message_is_not_claimed_by_another_worker,
             a_worker_claims_ahead_four_times_what_it_sends_so_that_one_claim_serves_several,
             under_at_most_once_a_worker_holds_only_what_it_sends,

@@ -1,0 +1,288 @@
+//! The worker's rules that only its inside shows: how much it claims, when a pause ends, and
+//! how often it touches the database (counted by a backend that wraps SQLite's).
+
+use std::sync::atomic::{AtomicUsize, Ordering};
+
+use lettre::Message;
+
+use super::*;
+use crate::outbox::backend::Backend;
+use crate::outbox::record::{DeadRow, NewRow};
+use crate::outbox::{Kind, OutboxId, OutboxStats};
+
+#[test]
+fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
+    let now = Instant::now();
+    let metrics = crate::metrics::COUNTS_SENDS;
+    assert_eq!(stats_due(None, now), metrics);
+    assert!(!stats_due(Some(now), now));
+    assert!(!stats_due(
+        Some(now),
+        now + STATS_EVERY - Duration::from_millis(1)
+    ));
+    assert_eq!(stats_due(Some(now), now + STATS_EVERY), metrics);
+}
+
+/// A flight with `sends` in flight (never answering) and `ready` claimed and not started.
+fn flight(sends: usize, ready: usize) -> Flight {
+    let mut flight = Flight::default();
+    for _ in 0..sends {
+        flight.sends.push(std::future::pending::<Answer>().boxed());
+    }
+    for id in 0..ready {
+        flight.ready.push_back(Claimed {
+            claim: Claim {
+                id: OutboxId(id as i64),
+                attempts: 1,
+            },
+            enqueued_at: 0,
+            lease_lost: false,
+            sender: None,
+            recipients: String::new(),
+            raw: Vec::new(),
+        });
+    }
+    flight
+}
+
+fn wanted(flight: &Flight, concurrency: usize, prefetch: usize) -> u32 {
+    flight
+        .wanted(concurrency, prefetch)
+        .map_or(0, NonZeroU32::get)
+}
+
+#[test]
+fn a_flight_holding_nothing_claims_what_fills_its_sends_and_its_prefetch() {
+    assert_eq!(wanted(&flight(0, 0), 4, 16), 20);
+}
+
+#[test]
+fn a_flight_more_than_half_full_claims_nothing_until_half_is_free() {
+    assert_eq!(wanted(&flight(4, 7), 4, 16), 0, "9 of 20 free");
+    assert_eq!(wanted(&flight(4, 6), 4, 16), 10, "10 of 20 free");
+    assert_eq!(wanted(&flight(4, 16), 4, 16), 0, "full");
+}
+
+#[test]
+fn a_starving_flight_claims_for_its_empty_sends_though_less_than_half_is_free() {
+    assert_eq!(wanted(&flight(3, 0), 4, 0), 1);
+}
+
+#[test]
+fn a_flight_with_a_message_ready_is_not_starving() {
+    assert_eq!(wanted(&flight(2, 1), 4, 0), 0);
+}
+
+#[test]
+fn a_flight_whose_sends_are_all_in_flight_is_not_starving() {
+    assert_eq!(wanted(&flight(4, 0), 4, 2), 0, "2 of 6 free");
+}
+
+#[test]
+fn a_probing_flight_claims_one_message_and_no_more_while_it_is_out() {
+    let mut probing = flight(0, 0);
+    probing.probing = true;
+    assert_eq!(wanted(&probing, 4, 16), 1);
+    probing.sends.push(std::future::pending::<Answer>().boxed());
+    assert_eq!(wanted(&probing, 4, 16), 0);
+}
+
+#[test]
+fn a_pause_lasts_until_its_instant_and_no_longer() {
+    let end = Instant::now() + Duration::from_secs(1);
+    let mut flight = flight(0, 0);
+    assert_eq!(flight.pause(end), None, "no pause asked for");
+    flight.paused_until = Some(end);
+    assert_eq!(flight.pause(end - Duration::from_millis(1)), Some(end));
+    assert!(flight.paused(end - Duration::from_millis(1)));
+    assert_eq!(flight.pause(end), None);
+    assert!(!flight.paused(end));
+    assert_eq!(flight.pause(end + Duration::from_millis(1)), None);
+}
+
+/// SQLite's backend, counting the claims and the reads of the next due time.
+#[derive(Debug)]
+struct Counting {
+    inner: Arc<dyn Backend>,
+    claims: AtomicUsize,
+    next_dues: AtomicUsize,
+}
+
+#[async_trait::async_trait]
+impl Backend for Counting {
+    async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
+        self.inner.enqueue(rows, now).await
+    }
+    async fn claim(
+        &self,
+        now: Millis,
+        lease_until: Millis,
+        limit: u32,
+        durable: bool,
+    ) -> Result<Vec<Claimed>, SendError> {
+        self.claims.fetch_add(1, Ordering::SeqCst);
+        self.inner.claim(now, lease_until, limit, durable).await
+    }
+    async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
+        self.inner.finish(outcomes).await
+    }
+    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+        self.next_dues.fetch_add(1, Ordering::SeqCst);
+        self.inner.next_due().await
+    }
+    async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError> {
+        self.inner.stats(now).await
+    }
+    async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError> {
+        self.inner.dead_letters(limit).await
+    }
+    async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
+        self.inner.requeue(id, now).await
+    }
+    async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
+        self.inner.purge(id).await
+    }
+}
+
+/// An outbox in a fresh SQLite file, and the counts of what its workers ask of it.
+async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
+    let dir =
+        std::env::temp_dir().join(format!("mail-breaker-worker-{name}-{}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let sqlite = crate::outbox::sqlite::SqliteBackend::open(&dir.join("outbox.db"))
+        .await
+        .expect("an SQLite outbox");
+    let counting = Arc::new(Counting {
+        inner: Arc::new(sqlite),
+        claims: AtomicUsize::new(0),
+        next_dues: AtomicUsize::new(0),
+    });
+    let backend: Arc<dyn Backend> = counting.clone();
+    (Outbox::with(backend, Kind::Sqlite), counting)
+}
+
+fn messages(count: usize) -> Vec<Message> {
+    (0..count)
+        .map(|i| {
+            Message::builder()
+                .from("app@example.com".parse().expect("a sender"))
+                .to("user@example.org".parse().expect("a recipient"))
+                .subject(format!("message {i}"))
+                .body(format!("message {i}"))
+                .expect("a message")
+        })
+        .collect()
+}
+
+/// Answers every send with a clone of one answer, after a delay, counting the sends.
+struct Answering {
+    answer: Result<Receipt, SendError>,
+    delay: Duration,
+    sends: AtomicUsize,
+}
+
+impl Answering {
+    fn new(answer: Result<Receipt, SendError>, delay: Duration) -> Arc<Answering> {
+        Arc::new(Answering {
+            answer,
+            delay,
+            sends: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Answering {
+    fn name(&self) -> &str {
+        "answering"
+    }
+    async fn send_raw(
+        &self,
+        _envelope: &lettre::address::Envelope,
+        _raw: &[u8],
+    ) -> Result<Receipt, SendError> {
+        self.sends.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        self.answer.clone()
+    }
+}
+
+/// Runs `worker` for `period`, then stops it.
+async fn run_for<T: Transport + 'static>(worker: Worker<T>, period: Duration) {
+    let running = tokio::spawn(async move { worker.run(tokio::time::sleep(period)).await });
+    running.await.expect("the worker ran").expect("no error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_at_rest_looks_for_work_once_per_poll() {
+    let (outbox, counts) = counted_outbox("rest").await;
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::ZERO);
+    let worker = outbox.worker(provider).poll(Duration::from_millis(100));
+    run_for(worker, Duration::from_millis(550)).await;
+    let claims = counts.claims.load(Ordering::SeqCst);
+    assert!(
+        (4..=7).contains(&claims),
+        "one claim at the start, then one per 100 ms poll: {claims}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_with_sends_in_flight_never_reads_when_the_next_is_due() {
+    let (outbox, counts) = counted_outbox("busy").await;
+    outbox.enqueue_many(&messages(200)).await.expect("enqueued");
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::from_millis(1));
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(4)
+        .poll(Duration::from_secs(60));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let running =
+        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    while outbox.stats().await.expect("stats").queued > 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.notify_one();
+    running.await.expect("the worker ran").expect("no error");
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 200);
+    let reads = counts.next_dues.load(Ordering::SeqCst);
+    assert!(
+        reads <= 1,
+        "read once at rest after the queue ran out, never between sends: {reads}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_the_stack_refuses_tries_one_probe_per_pause_and_touches_the_database_only_then() {
+    let (outbox, counts) = counted_outbox("paused").await;
+    outbox.enqueue_many(&messages(10)).await.expect("enqueued");
+    let open = SendError::new(
+        Category::ServiceUnavailable,
+        "breaker.open",
+        "the circuit breaker is open",
+    )
+    .with_retry_after(Duration::from_millis(300));
+    let stack = Answering::new(Err(open), Duration::ZERO);
+    let worker = outbox
+        .worker(Arc::clone(&stack))
+        .concurrency(2)
+        .poll(Duration::from_millis(20));
+    // 1 s: the first 2 sends refused, then a probe at 300, 600 and 900 ms.
+    run_for(worker, Duration::from_millis(1_000)).await;
+    let tries = stack.sends.load(Ordering::SeqCst);
+    assert!(
+        (4..=6).contains(&tries),
+        "2 at the start, then one probe per 300 ms pause: {tries}"
+    );
+    let claims = counts.claims.load(Ordering::SeqCst);
+    assert!(
+        claims <= 5,
+        "the first claim, then one per probe, not one per 20 ms poll: {claims}"
+    );
+    let reads = counts.next_dues.load(Ordering::SeqCst);
+    assert_eq!(
+        reads, 0,
+        "a pause's end is known without asking the database"
+    );
+}
