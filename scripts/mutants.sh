@@ -44,8 +44,8 @@ files[stores]="src/store/memory.rs src/store/lru.rs"
 tests[stores]="--lib --test=store_scenarios --test=scope --test=breaker --test=operate --test=machine_model"
 files[redis-store]="src/store/redis/mod.rs src/store/redis/script.rs src/store/redis/quorum.rs src/store/redis/connection.rs"
 tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios"
-files[redis]="src/store/redis/health.rs src/store/redis/remote.rs"
-tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model"
+files[redis]="src/store/redis/health.rs src/store/redis/remote.rs src/store/redis/tls.rs"
+tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model --test=redis_tls"
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
 # the frame every provider shares (its answer rules, the key's redaction).
 files[http]="src/adapters/http/mod.rs src/adapters/http/frame.rs src/adapters/http/key.rs src/adapters/http/mime.rs src/adapters/http/postmark/classify.rs src/adapters/http/resend/classify.rs src/adapters/http/sendgrid/classify.rs src/adapters/http/mailgun/classify.rs"

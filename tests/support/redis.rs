@@ -14,18 +14,67 @@ pub struct RedisServer {
     program: PathBuf,
     port: u16,
     child: Option<Child>,
+    /// Options beyond the defaults: a TLS port and its certificate, ACL users.
+    extra: Vec<String>,
+    tls_port: Option<u16>,
 }
+
+/// The ACL user that [`RedisServer::start_with_tls_and_user`] adds, and its password.
+pub const ACL_USER: (&str, &str) = ("mailer", "s3cret-pass");
 
 impl RedisServer {
     /// Starts a server on a free port and waits until it answers; `None` (after printing
     /// SKIPPED) where redis-server is not installed, a panic under CI.
     pub fn start(test: &str) -> Option<RedisServer> {
+        RedisServer::start_with(test, None)
+    }
+
+    /// A server that also listens for TLS on [`tls_port`](Self::tls_port) with the test CA's
+    /// server certificate (for `localhost` and 127.0.0.1), and has the ACL user
+    /// [`ACL_USER`] on both ports beside the default one.
+    pub fn start_with_tls_and_user(
+        test: &str,
+        certificates: &super::test_certs::TestCertificates,
+    ) -> Option<RedisServer> {
+        RedisServer::start_with(test, Some(certificates))
+    }
+
+    fn start_with(
+        test: &str,
+        certificates: Option<&super::test_certs::TestCertificates>,
+    ) -> Option<RedisServer> {
         let program = require_program("redis-server", test)?;
         for _ in 0..5 {
+            let tls_port = certificates.map(|_| free_port());
+            let mut extra = Vec::new();
+            if let (Some(certificates), Some(tls_port)) = (certificates, tls_port) {
+                let file = |name| certificates.path(name).display().to_string();
+                extra.extend([
+                    "--tls-port".to_owned(),
+                    tls_port.to_string(),
+                    "--tls-cert-file".to_owned(),
+                    file("server.pem"),
+                    "--tls-key-file".to_owned(),
+                    file("server.key"),
+                    "--tls-ca-cert-file".to_owned(),
+                    file("ca.pem"),
+                    "--tls-auth-clients".to_owned(),
+                    "no".to_owned(),
+                    "--user".to_owned(),
+                    ACL_USER.0.to_owned(),
+                    "on".to_owned(),
+                    format!(">{}", ACL_USER.1),
+                    "~*".to_owned(),
+                    "&*".to_owned(),
+                    "+@all".to_owned(),
+                ]);
+            }
             let mut server = RedisServer {
                 program: program.clone(),
                 port: free_port(),
                 child: None,
+                extra,
+                tls_port,
             };
             // Another process may take the port between free_port and the bind: try another.
             if server.spawn().is_ok() {
@@ -38,6 +87,11 @@ impl RedisServer {
     /// The server's URL.
     pub fn url(&self) -> String {
         format!("redis://127.0.0.1:{}/", self.port)
+    }
+
+    /// The TLS port, for a server started with TLS.
+    pub fn tls_port(&self) -> u16 {
+        self.tls_port.expect("a server started with TLS")
     }
 
     /// Kills the server at once (SIGKILL), as a crash would.
@@ -88,6 +142,7 @@ impl RedisServer {
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
             .args(["--appendonly", "no"])
+            .args(&self.extra)
             .stdin(Stdio::null())
             .stdout(Stdio::null())
             .stderr(Stdio::null())

@@ -48,6 +48,11 @@ impl TestCertificates {
         Some(TestCertificates { dir })
     }
 
+    /// One of the files: `ca.pem`, `server.pem` or `server.key`.
+    pub fn path(&self, name: &str) -> PathBuf {
+        self.dir.join(name)
+    }
+
     /// Client TLS for `localhost` that trusts the test CA.
     pub fn tls_parameters(&self) -> TlsParameters {
         let pem = fs::read(self.dir.join("ca.pem")).expect("reading the test CA");

@@ -32,8 +32,17 @@ pub(super) enum ScanTarget {
 impl Connection {
     /// A cluster connection that connects in the background: a cluster that cannot be reached
     /// yet is not an error, as for one server.
-    pub(super) fn cluster(urls: &[&str], timeout: Duration) -> Result<Connection, RedisError> {
-        let client = ::redis::cluster::ClusterClient::builder(urls.iter().copied())
+    /// `certificates`: the authority to trust over TLS, instead of the system's.
+    pub(super) fn cluster(
+        urls: &[&str],
+        timeout: Duration,
+        certificates: Option<::redis::TlsCertificates>,
+    ) -> Result<Connection, RedisError> {
+        let mut builder = ::redis::cluster::ClusterClient::builder(urls.iter().copied());
+        if let Some(certificates) = certificates {
+            builder = builder.certs(certificates);
+        }
+        let client = builder
             .connection_timeout(timeout)
             .response_timeout(timeout)
             // Few and quick retries: the store's own timeout bounds each call anyway, and a

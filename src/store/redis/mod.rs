@@ -19,6 +19,7 @@ mod health;
 mod quorum;
 mod remote;
 mod script;
+mod tls;
 
 pub(crate) use script::rate_key;
 
@@ -152,16 +153,22 @@ enum Failure {
 }
 
 impl RedisStore {
-    /// A store on the Redis at `url` (`redis://[user:password@]host:port/db`, `rediss://`
-    /// for TLS where redis-rs is built with it, or `unix:///path`), in the namespace
-    /// `default`.
+    /// A store on the Redis at `url`, in the namespace `default`:
+    /// - `redis://[user:password@]host:port/db`: an ACL user and its password (or the
+    ///   password alone, for `requirepass`);
+    /// - `rediss://…`, the same over TLS, the server's certificate checked against the
+    ///   system's trusted authorities (for a private authority, see
+    ///   [`connect_with_ca`](Self::connect_with_ca));
+    /// - `unix:///path`.
     ///
     /// The connection is made at once (waiting up to 1 s for it) and kept, reconnecting by
     /// itself. A server that cannot be reached is not an error: the store starts deciding
     /// locally, logs one warning, and uses Redis as soon as it answers.
     ///
     /// # Errors
-    /// A [`ConfigError`] for the setting `url` when `url` is not a Redis URL.
+    /// A [`ConfigError`] for the setting `url` when `url` is not a Redis URL, when the server
+    /// refuses its user or password, or when its TLS certificate is not trusted: settings
+    /// that waiting would not mend.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
@@ -176,6 +183,37 @@ impl RedisStore {
             )
         };
         let client = ::redis::Client::open(url).map_err(|_| not_a_url())?;
+        RedisStore::with_client(client).await
+    }
+
+    /// A store on the Redis at `url` (`rediss://[user:password@]host:port/db`) over TLS,
+    /// trusting the certificate authority in `ca_pem` (PEM), and only it: for a server
+    /// whose certificate a private authority signed. Otherwise as [`connect`](Self::connect).
+    ///
+    /// # Errors
+    /// A [`ConfigError`] for `url` as for [`connect`](Self::connect), and when it is not a
+    /// `rediss://` URL; for `ca_pem` when it holds no certificate.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let ca = std::fs::read("/etc/redis/ca.pem").expect("the CA's certificate");
+    /// let store = mail_breaker::RedisStore::connect_with_ca(
+    ///     "rediss://mailer:secret@redis.internal:6380/",
+    ///     &ca,
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_with_ca(url: &str, ca_pem: &[u8]) -> Result<RedisStore, ConfigError> {
+        tls::require_tls_url("url", url)?;
+        let client = ::redis::Client::build_with_tls(url, tls::certificates(ca_pem)?)
+            .map_err(|error| ConfigError::new("url", format!("not a Redis URL: {error}")))?;
+        RedisStore::with_client(client).await
+    }
+
+    async fn with_client(client: ::redis::Client) -> Result<RedisStore, ConfigError> {
+        tls::install_provider();
+        let not_a_url = || ConfigError::new("url", "not a Redis URL");
         let config = ConnectionManagerConfig::new()
             .set_connection_timeout(Some(CONNECT_TIMEOUT))
             .set_number_of_retries(2)
@@ -183,7 +221,7 @@ impl RedisStore {
         let connection = client
             .get_connection_manager_lazy(config)
             .map_err(|_| not_a_url())?;
-        Ok(RedisStore::on(Connection::Single(connection)).await)
+        RedisStore::on(Connection::Single(connection), "url").await
     }
 
     /// A store on the Redis Cluster that `urls` lead to (one or more of its nodes, each
@@ -221,18 +259,64 @@ impl RedisStore {
                 "no node given: name at least one node of the cluster",
             ));
         }
-        let urls: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
-        let connection = Connection::cluster(&urls, CONNECT_TIMEOUT).map_err(|_| {
-            ConfigError::new(
-                "urls",
-                "not Redis URLs of one cluster: expected redis://host:port/ for each node",
-            )
-        })?;
-        Ok(RedisStore::on(connection).await)
+        RedisStore::cluster(urls, None).await
     }
 
-    /// A store on `connection` with the default settings, its script loaded.
-    async fn on(connection: Connection) -> RedisStore {
+    /// A store on the Redis Cluster that `urls` lead to (each
+    /// `rediss://[user:password@]host:port/`) over TLS, trusting the certificate authority
+    /// in `ca_pem` (PEM), and only it. Otherwise as
+    /// [`connect_cluster`](Self::connect_cluster).
+    ///
+    /// # Errors
+    /// As for [`connect_cluster`](Self::connect_cluster), and a [`ConfigError`] for `urls`
+    /// when one is not a `rediss://` URL, for `ca_pem` when it holds no certificate.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
+    /// let ca = std::fs::read("/etc/redis/ca.pem").expect("the CA's certificate");
+    /// let store = mail_breaker::RedisStore::connect_cluster_with_ca(
+    ///     &["rediss://mailer:secret@10.0.0.1:6380/"],
+    ///     &ca,
+    /// )
+    /// .await?;
+    /// # Ok(()) }
+    /// ```
+    pub async fn connect_cluster_with_ca<S: AsRef<str>>(
+        urls: &[S],
+        ca_pem: &[u8],
+    ) -> Result<RedisStore, ConfigError> {
+        for url in urls {
+            tls::require_tls_url("urls", url.as_ref())?;
+        }
+        RedisStore::cluster(urls, Some(tls::certificates(ca_pem)?)).await
+    }
+
+    async fn cluster<S: AsRef<str>>(
+        urls: &[S],
+        certificates: Option<::redis::TlsCertificates>,
+    ) -> Result<RedisStore, ConfigError> {
+        if urls.is_empty() {
+            return Err(ConfigError::new(
+                "urls",
+                "no node given: name at least one node of the cluster",
+            ));
+        }
+        tls::install_provider();
+        let urls: Vec<&str> = urls.iter().map(AsRef::as_ref).collect();
+        let connection =
+            Connection::cluster(&urls, CONNECT_TIMEOUT, certificates).map_err(|_| {
+                ConfigError::new(
+                    "urls",
+                    "not Redis URLs of one cluster: expected redis://host:port/ for each node",
+                )
+            })?;
+        RedisStore::on(connection, "urls").await
+    }
+
+    /// A store on `connection` with the default settings, its script loaded; a
+    /// [`ConfigError`] for `setting` when the server refused the credentials or the
+    /// certificate.
+    async fn on(connection: Connection, setting: &'static str) -> Result<RedisStore, ConfigError> {
         let store = RedisStore {
             connection,
             script: Arc::new(Script::new(script::SOURCE)),
@@ -248,8 +332,8 @@ impl RedisStore {
             local_decisions: AtomicU64::new(0),
             test_clock: None,
         };
-        store.load_script().await;
-        store
+        store.load_script(setting).await?;
+        Ok(store)
     }
 
     /// How many members of the fleet must see failures before the fleet's breaker opens
@@ -475,16 +559,24 @@ impl RedisStore {
         self.health.retry_interval()
     }
 
-    async fn load_script(&self) {
+    /// Loads the script, the store's first call: a server that does not answer is waited
+    /// out, one that refuses the credentials or the certificate is an error for `setting`.
+    async fn load_script(&self, setting: &'static str) -> Result<(), ConfigError> {
         let mut connection = self.connection.clone();
         let load = self.script.load_async(&mut connection);
         match tokio::time::timeout(CONNECT_TIMEOUT, load).await {
             Ok(Ok(_)) => self.health.answered(&self.namespace),
-            Ok(Err(error)) => self.health.failed(&self.namespace, &error),
+            Ok(Err(error)) => {
+                if let Some(refused) = tls::refusal(&error) {
+                    return Err(ConfigError::new(setting, refused));
+                }
+                self.health.failed(&self.namespace, &error);
+            }
             Err(_) => self
                 .health
                 .failed(&self.namespace, &Failure::Timeout(CONNECT_TIMEOUT)),
         }
+        Ok(())
     }
 
     /// One call of the script, within the timeout; notes whether Redis answered. An answer
