@@ -196,3 +196,22 @@ pub(crate) fn database_error_of(
     )
     .with_source(error)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_database_set_up_wrong_is_a_configuration_error_and_one_away_is_unavailable() {
+        let wrong = database_error("opening", sqlx::Error::Configuration("bad URL".into()));
+        assert_eq!(wrong.category(), Category::Configuration);
+        let tls = database_error("opening", sqlx::Error::Tls("no certificate".into()));
+        assert_eq!(tls.category(), Category::Configuration);
+        let away = database_error(
+            "claiming",
+            sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionRefused)),
+        );
+        assert_eq!(away.category(), Category::ServiceUnavailable);
+        assert_eq!(away.code(), "outbox.database");
+    }
+}
