@@ -111,9 +111,7 @@ async fn empty(measured: &Measured) {
             .expect("emptied");
     }
     if let Some(url) = &measured.postgres {
-        let mut connection = sqlx::PgConnection::connect(url)
-            .await
-            .expect("connected");
+        let mut connection = sqlx::PgConnection::connect(url).await.expect("connected");
         sqlx::raw_sql("VACUUM mail_breaker_outbox")
             .execute(&mut connection)
             .await

@@ -139,3 +139,21 @@ impl Transport for NoStack {
         ))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn no_stack_is_named_outbox_and_refuses_every_send_as_a_setup_error() {
+        assert_eq!(NoStack.name(), "outbox");
+        let message = lettre::Message::builder()
+            .from("app@example.com".parse().expect("a sender"))
+            .to("user@example.org".parse().expect("a recipient"))
+            .body(String::from("hello"))
+            .expect("a message");
+        let error = NoStack.send(&message).await.expect_err("no stack");
+        assert_eq!(error.category(), crate::Category::Configuration);
+        assert_eq!(error.code(), "outbox.no_stack");
+    }
+}

@@ -439,6 +439,53 @@ pub async fn send_or_queue_queues_a_failure_that_may_pass(outbox: Outbox) {
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
 
+/// An error from after SMTP's final dot: the provider may have the message.
+fn maybe_delivered() -> SendError {
+    SendError::new(
+        Category::Timeout,
+        "test.after_dot",
+        "no reply after the dot",
+    )
+    .maybe_delivered()
+}
+
+pub async fn send_or_queue_queues_a_maybe_delivered_failure_to_send_again(outbox: Outbox) {
+    let lost = Scripted::answering("provider", Reply::Err(maybe_delivered()));
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), lost);
+    let receipt = transport.send(&super::message()).await.unwrap();
+    assert!(receipt.is_queued(), "at least once: sent again later");
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+}
+
+pub async fn send_or_queue_under_at_most_once_answers_a_maybe_delivered_failure_and_keeps_nothing(
+    outbox: Outbox,
+) {
+    let lost = Scripted::answering("provider", Reply::Err(maybe_delivered()));
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), lost).at_most_once();
+    let error = transport.send(&super::message()).await.unwrap_err();
+    assert_eq!(error.code(), "test.after_dot");
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+pub async fn send_or_queue_under_at_most_once_still_queues_a_failure_that_sent_nothing(
+    outbox: Outbox,
+) {
+    let down = Scripted::answering("provider", Reply::fail(Category::ServiceUnavailable));
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), down).at_most_once();
+    assert!(transport.send(&super::message()).await.unwrap().is_queued());
+}
+
+pub async fn an_outbox_transport_bears_its_stacks_name_or_outbox_when_it_only_queues(
+    outbox: Outbox,
+) {
+    let stack = Scripted::new("provider");
+    assert_eq!(
+        OutboxTransport::send_or_queue(outbox.clone(), stack).name(),
+        "provider"
+    );
+    assert_eq!(OutboxTransport::queue_only(outbox).name(), "outbox");
+}
+
 pub async fn send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing(outbox: Outbox) {
     let refusing = Scripted::answering("provider", Reply::fail(Category::Rejected));
     let transport = OutboxTransport::send_or_queue(outbox.clone(), refusing);
@@ -558,6 +605,10 @@ macro_rules! all_outbox_rules {
             shutdown_lets_sends_in_flight_finish_and_starts_no_more,
             send_or_queue_queues_a_failure_that_may_pass,
             send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing,
+            send_or_queue_queues_a_maybe_delivered_failure_to_send_again,
+            send_or_queue_under_at_most_once_answers_a_maybe_delivered_failure_and_keeps_nothing,
+            send_or_queue_under_at_most_once_still_queues_a_failure_that_sent_nothing,
+            an_outbox_transport_bears_its_stacks_name_or_outbox_when_it_only_queues,
             send_or_queue_answers_a_delivery_as_delivered,
             queue_only_queues_every_message,
             purge_deletes_a_message_queued_or_dead,
