@@ -192,7 +192,10 @@ async fn an_adaptive_rate_never_falls_below_min_per_second() {
         .min_per_second(30.0)
         .build()
         .unwrap();
-    for _ in 0..5 {
+    for throttle in 0..5 {
+        if throttle > 0 {
+            tokio::time::advance(Duration::from_secs(1)).await; // each throttle a new signal
+        }
         let _ = limited.send(&support::message()).await;
     }
     assert_eq!(limited.per_second(), 30.0);

@@ -99,6 +99,30 @@ async fn a_throttle_seen_by_one_limiter_halves_the_rate_of_every_limiter_sharing
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn throttles_heard_across_the_fleet_within_a_second_of_a_halving_halve_it_once() {
+    let Some(server) = RedisServer::start("rate_shared_settling") else {
+        return;
+    };
+    let store = store(&server).await;
+    let throttle = || {
+        let provider = Scripted::new("ses");
+        provider.then([Reply::Err(SendError::new(
+            Category::RateLimited,
+            "ses.throttling",
+            "slow down",
+        ))]);
+        provider
+    };
+    let (a, b) = (throttle(), throttle());
+    let first = limiter(&a, &store, 100.0).adaptive(true).build().unwrap();
+    let second = limiter(&b, &store, 100.0).adaptive(true).build().unwrap();
+    let _ = first.send(&support::message()).await;
+    let _ = second.send(&support::message()).await;
+    second.send(&support::message()).await.unwrap();
+    assert_eq!(second.per_second(), 50.0, "one halving, not two");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn with_redis_down_each_limiter_paces_itself_at_its_share_and_shares_again_once_it_is_back() {
     let Some(mut server) = RedisServer::start("rate_shared_fallback") else {
         return;

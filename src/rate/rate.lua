@@ -2,7 +2,7 @@
 -- Redis server's clock. The same rules as src/rate/gcra.rs and src/rate/adaptive.rs.
 --
 -- KEYS[1]  the limiter's hash: tat (µs), base (sends per second after the last throttle),
---          since (µs, the last throttle)
+--          since (µs, the last halving)
 -- ARGV[1]  "take" (reserve the next slot) or "throttle" (the provider throttled: halve)
 -- ARGV[2]  the configured rate, sends per second
 -- ARGV[3]  the burst
@@ -40,6 +40,10 @@ local quiet = math.floor(math.max(now - since, 0) / 1000000)
 local rate = math.min(configured, base + 0.05 * configured * quiet)
 
 if op == 'throttle' then
+    -- Throttles within a second of a halving answer sends made before it: no new signal.
+    if state[3] and now - since < 1000000 then
+        return {2, 0, math.floor(rate * 1000)}
+    end
     local halved = math.max(rate * 0.5, floor_rate)
     redis.call('HSET', key, 'base', tostring(halved), 'since', string.format('%.0f', now))
     redis.call('PEXPIRE', key, expiry)

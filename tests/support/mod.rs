@@ -22,6 +22,7 @@ pub mod slow_store;
 pub mod smtp_sink;
 pub mod smtp_watch;
 pub mod test_certs;
+pub mod throttling;
 pub mod wire;
 
 use mail_breaker::Message;

@@ -1,0 +1,104 @@
+//! An adaptive rate limiter in front of a provider whose capacity drops and comes back: a
+//! Postmark-like API that takes R messages a second and throttles the rest with HTTP 429.
+#![cfg(feature = "postmark")]
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use mail_breaker::{Category, Message, PostmarkTransport, RateLimitTransport, Transport};
+use support::throttling::{TOKEN, ThrottlingApi};
+
+/// When the capacity drops, how long it stays low, and how long the run goes on after.
+const DROP_AT: Duration = Duration::from_secs(3);
+const LOW_FOR: Duration = Duration::from_secs(8);
+const BACK_FOR: Duration = Duration::from_secs(16);
+
+fn message(index: usize) -> Message {
+    Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("user@example.org".parse().expect("a recipient"))
+        .subject(format!("message {index}"))
+        .body(String::from("hello"))
+        .expect("a message")
+}
+
+/// Sends message after message until `stop`, each again until the API takes it; how many it
+/// started.
+async fn send_until(
+    limiter: Arc<RateLimitTransport<PostmarkTransport>>,
+    next: Arc<AtomicUsize>,
+    stop: Instant,
+) {
+    while Instant::now() < stop {
+        let message = message(next.fetch_add(1, Ordering::SeqCst));
+        loop {
+            match limiter.send(&message).await {
+                Ok(_) => break,
+                Err(error) if error.category() == Category::RateLimited => continue,
+                Err(error) => panic!("only throttles are expected: {error}"),
+            }
+        }
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limiter_follows_the_providers_capacity_down_and_back_losing_nothing() {
+    let api = ThrottlingApi::start(100.0).await;
+    let postmark = PostmarkTransport::new(TOKEN)
+        .with_endpoint(api.endpoint())
+        .with_timeout(Duration::from_secs(2));
+    let limiter = Arc::new(
+        RateLimitTransport::builder(postmark)
+            .per_second(100.0)
+            .adaptive(true)
+            .max_wait(Duration::from_secs(30))
+            .build()
+            .expect("valid settings"),
+    );
+    let started = Instant::now();
+    let (dropped, back) = (started + DROP_AT, started + DROP_AT + LOW_FOR);
+    let stop = back + BACK_FOR;
+    let next = Arc::new(AtomicUsize::new(0));
+    let senders: Vec<_> = (0..16)
+        .map(|_| tokio::spawn(send_until(Arc::clone(&limiter), Arc::clone(&next), stop)))
+        .collect();
+    tokio::time::sleep_until(dropped.into()).await;
+    api.set_rate(40.0);
+    tokio::time::sleep_until(back.into()).await;
+    api.set_rate(100.0);
+    for sender in senders {
+        sender.await.expect("a sender ran");
+    }
+
+    let settled = dropped + Duration::from_secs(5);
+    let (taken, throttled) = api.answers(settled, back - settled);
+    let share = throttled as f64 / (taken + throttled) as f64;
+    eprintln!("low: {taken} taken, {throttled} throttled");
+    assert!(
+        taken as f64 >= 0.5 * 40.0 * (back - settled).as_secs_f64(),
+        "at 40/s, it still uses at least half of it: {taken} in {:?}",
+        back - settled
+    );
+    assert!(
+        share < 0.05,
+        "5 s after the drop, throttles are {:.1} % of sends ({throttled} of {})",
+        share * 100.0,
+        taken + throttled
+    );
+    let last = Duration::from_secs(3);
+    let (taken, throttled) = api.answers(stop - last, last);
+    eprintln!("back: {taken} taken, {throttled} throttled");
+    assert!(
+        taken as f64 >= 0.9 * 100.0 * last.as_secs_f64(),
+        "back at 100/s, it takes {taken} in the last {last:?}"
+    );
+    let mut subjects = api.subjects();
+    let sent = next.load(Ordering::SeqCst);
+    assert_eq!(subjects.len(), sent, "every message taken, once");
+    subjects.sort();
+    subjects.dedup();
+    assert_eq!(subjects.len(), sent, "none twice");
+}
