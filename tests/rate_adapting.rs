@@ -1,5 +1,6 @@
-//! An adaptive rate limiter in front of a provider whose capacity drops and comes back: a
-//! Postmark-like API that takes R messages a second and throttles the rest with HTTP 429.
+//! A rate limiter in real time in front of a Postmark-like API that takes R messages a second
+//! and throttles the rest with HTTP 429: pacing to it, and adapting when its capacity drops
+//! and comes back.
 #![cfg(feature = "postmark")]
 
 mod support;
@@ -101,4 +102,42 @@ async fn an_adaptive_limiter_follows_the_providers_capacity_down_and_back_losing
     subjects.sort();
     subjects.dedup();
     assert_eq!(subjects.len(), sent, "none twice");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_limiter_at_50_a_second_sends_500_messages_in_10_seconds_unthrottled() {
+    let api = ThrottlingApi::start(60.0).await;
+    let postmark = PostmarkTransport::new(TOKEN)
+        .with_endpoint(api.endpoint())
+        .with_timeout(Duration::from_secs(2));
+    let limiter = Arc::new(
+        RateLimitTransport::builder(postmark)
+            .per_second(50.0)
+            .max_wait(Duration::from_secs(30))
+            .build()
+            .expect("valid settings"),
+    );
+    let next = Arc::new(AtomicUsize::new(0));
+    let started = Instant::now();
+    let senders: Vec<_> = (0..4)
+        .map(|_| {
+            let (limiter, next) = (Arc::clone(&limiter), Arc::clone(&next));
+            tokio::spawn(async move {
+                while next.fetch_add(1, Ordering::SeqCst) < 500 {
+                    limiter.send(&message(0)).await.expect("sent");
+                }
+            })
+        })
+        .collect();
+    for sender in senders {
+        sender.await.expect("a sender ran");
+    }
+    let took = started.elapsed();
+    let (taken, throttled) = api.answers(started, took + Duration::from_secs(1));
+    assert_eq!((taken, throttled), (500, 0));
+    // The first at once, then one every 20 ms: 9.98 s.
+    assert!(
+        took >= Duration::from_millis(9_500) && took <= Duration::from_millis(10_500),
+        "500 sends at 50/s took {took:?}"
+    );
 }

@@ -54,11 +54,13 @@ pub struct ThrottlingApi {
 
 impl ThrottlingApi {
     pub async fn start(per_second: f64) -> ThrottlingApi {
-        let bucket = Arc::new(Mutex::new(Bucket {
+        let mut full = Bucket {
             per_second,
             tokens: 0.0,
             refilled: Instant::now(),
-        }));
+        };
+        full.tokens = full.capacity();
+        let bucket = Arc::new(Mutex::new(full));
         let log: Arc<Mutex<Log>> = Arc::default();
         let (answering, logging) = (Arc::clone(&bucket), Arc::clone(&log));
         let server = ApiServer::start(move |request| {
