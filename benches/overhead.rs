@@ -11,6 +11,8 @@
 //!   `max_keys` 10,000 (every send a new key), against the per-transport breaker.
 //! - `send_many`: a batch of 10,000 through `retry(pool(breaker, breaker))` against the bare
 //!   transport's `send_many`; the figure is the whole batch.
+//! - `rate`: one send through a local `RateLimitTransport` whose rate is never reached (so
+//!   no send waits: the figure is the limiter's own cost) against the bare transport.
 
 #[path = "support/guards.rs"]
 mod guards;
@@ -310,11 +312,32 @@ fn send_many(c: &mut Criterion) {
     group.finish();
 }
 
+/// A local rate limiter's cost per send, at a rate no send waits for.
+fn rate(c: &mut Criterion) {
+    let rt = current_thread();
+    let message = message();
+    let bare = OK;
+    let limited = mail_breaker::RateLimitTransport::builder(OK)
+        .per_second(1e12)
+        .build()
+        .expect("valid settings");
+    let mut group = c.benchmark_group("rate");
+    group.bench_function("bare", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(bare.send(&message).await) })
+    });
+    group.bench_function("local_limiter", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(limited.send(&message).await) })
+    });
+    group.finish();
+}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2));
-    targets = closed, open, scaling, domains, send_many
+    targets = closed, open, scaling, domains, send_many, rate
 }
 criterion_main!(benches);

@@ -102,25 +102,29 @@ impl<T: Transport> RateLimitTransport<T> {
     /// Waits for a send's turn: a place among the sends in flight and a slot of the rate,
     /// together within `max_wait`.
     async fn turn(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SendError> {
-        let asked = Instant::now();
-        let permit = match &self.in_flight {
+        // The clock is read only where a wait must be measured: the limiter reads it once.
+        let (permit, queued) = match &self.in_flight {
             Some(places) => {
+                let asked = Instant::now();
                 match tokio::time::timeout(self.max_wait, Arc::clone(places).acquire_owned()).await
                 {
-                    Ok(Ok(permit)) => Some(permit),
+                    Ok(Ok(permit)) => (Some(permit), asked.elapsed()),
                     // A semaphore this transport owns is never closed.
                     Ok(Err(_)) | Err(_) => return Err(self.refusal(None)),
                 }
             }
-            None => None,
+            None => (None, Duration::ZERO),
         };
-        let left = self.max_wait.saturating_sub(asked.elapsed());
-        match self.limiter.reserve(left).await {
+        match self
+            .limiter
+            .reserve(self.max_wait.saturating_sub(queued))
+            .await
+        {
             Slot::After(wait) => {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                crate::metrics::rate_wait(&self.name, asked.elapsed());
+                crate::metrics::rate_wait(&self.name, queued + wait);
                 Ok(permit)
             }
             Slot::Refused { retry_after } => Err(self.refusal(Some(retry_after))),
