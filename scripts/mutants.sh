@@ -67,9 +67,13 @@ files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs 
 tests[outbox]="--lib --test=outbox_sqlite --test=metrics"
 files[outbox-postgres]="src/outbox/postgres.rs"
 tests[outbox-postgres]="--test=outbox_postgres"
+# The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
+# transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
+files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
+tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=metrics"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres)
+    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate)
 fi
 
 status=0

@@ -33,6 +33,7 @@ end
 local state = redis.call('HMGET', key, 'tat', 'base', 'since')
 local tat = tonumber(state[1]) or now
 local base = tonumber(state[2]) or configured
+-- A hash without `since` was never halved: 0 is decades before any clock's now.
 local since = tonumber(state[3]) or 0
 
 -- Each whole second without a throttle gives back 5 % of the configured rate.
@@ -41,7 +42,7 @@ local rate = math.min(configured, base + 0.05 * configured * quiet)
 
 if op == 'throttle' then
     -- Throttles within a second of a halving answer sends made before it: no new signal.
-    if state[3] and now - since < 1000000 then
+    if now - since < 1000000 then
         return {2, 0, math.floor(rate * 1000)}
     end
     local halved = math.max(rate * 0.5, floor_rate)

@@ -1,0 +1,195 @@
+//! Property test: the fleet's rate script (`src/rate/rate.lua`) keeps the rate limiter's
+//! rules, on a real redis-server. Random sequences of waits, takes and throttles go to the
+//! script (timed by its test-only clock argument) and to a model written here from the rules
+//! below, and every reply must be the same.
+//!
+//! The rules, in whole microseconds:
+//! - The rate: the configured rate until the first halving; then the rate just after the last
+//!   halving plus 5 % of the configured rate for each whole second since, never above the
+//!   configured rate.
+//! - A throttle halves the rate (not below the floor, itself at most the configured rate),
+//!   unless the last halving was less than a second ago: then it changes nothing.
+//! - A take (GCRA): a slot every `1/rate` s; a send may go up to `burst - 1` intervals ahead
+//!   of the theoretical arrival time; its wait is how far its slot is from now. A wait beyond
+//!   the longest wait is refused, nothing reserved, with how far past it the slot would be;
+//!   else the theoretical arrival time moves on by one interval (kept in whole µs).
+//! - Replies: `{1, wait, rate}`, `{0, past the longest wait, rate}` or `{2, 0, rate}` for a
+//!   throttle, times in µs rounded down (up for the refusal), rates in thousandths.
+#![cfg(feature = "redis")]
+
+mod support;
+
+use proptest::prelude::*;
+use proptest::test_runner::{Config, TestCaseError, TestRunner};
+use support::redis::RedisServer;
+
+const SCRIPT: &str = include_str!("../src/rate/rate.lua");
+const EPOCH: f64 = 1_700_000_000_000_000.0;
+const SECOND: f64 = 1_000_000.0;
+
+#[derive(Debug, Clone)]
+enum Op {
+    Wait(u32),
+    Take { max_wait: u32 },
+    Throttle,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        // Whole seconds and a µs either side, where the rules change their minds.
+        1 => prop_oneof![Just(1_000_000u32), Just(999_999), Just(1_000_001), Just(2_000_000)]
+            .prop_map(Op::Wait),
+        3 => (0u32..1_500_000).prop_map(Op::Wait),
+        5 => prop_oneof![Just(0u32), Just(10_000), Just(100_000), Just(1_000_000), 0u32..3_000_000]
+            .prop_map(|max_wait| Op::Take { max_wait }),
+        1 => Just(Op::Throttle),
+    ]
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Settings {
+    configured: f64,
+    burst: u32,
+    floor: f64,
+}
+
+fn settings() -> impl Strategy<Value = Settings> {
+    (
+        prop_oneof![
+            Just(1.0),
+            Just(3.0),
+            Just(14.5),
+            Just(50.0),
+            Just(100.0),
+            0.5f64..500.0
+        ],
+        1u32..6,
+        prop_oneof![Just(0.5), Just(1.0), Just(30.0), Just(1_000.0)],
+    )
+        .prop_map(|(configured, burst, floor)| Settings {
+            configured,
+            burst,
+            floor,
+        })
+}
+
+/// The model: the rules above, on what the script keeps.
+#[derive(Debug, Default)]
+struct Model {
+    tat: Option<f64>,
+    base: Option<f64>,
+    since: Option<f64>,
+}
+
+/// A number as the script keeps it with `tostring`: 14 significant digits.
+fn as_lua_keeps(value: f64) -> f64 {
+    format!("{value:.13e}").parse().expect("a number")
+}
+
+impl Model {
+    fn rate(&self, settings: Settings, now: f64) -> f64 {
+        match (self.base, self.since) {
+            (Some(base), Some(since)) => {
+                let quiet = ((now - since).max(0.0) / SECOND).floor();
+                settings
+                    .configured
+                    .min(base + 0.05 * settings.configured * quiet)
+            }
+            _ => settings.configured,
+        }
+    }
+
+    fn throttle(&mut self, settings: Settings, now: f64) -> [i64; 3] {
+        let rate = self.rate(settings, now);
+        if self.since.is_some_and(|since| now - since < SECOND) {
+            return [2, 0, (rate * 1000.0).floor() as i64];
+        }
+        let halved = (rate * 0.5).max(settings.floor.min(settings.configured));
+        self.base = Some(as_lua_keeps(halved));
+        self.since = Some(now);
+        [2, 0, (halved * 1000.0).floor() as i64]
+    }
+
+    fn take(&mut self, settings: Settings, now: f64, max_wait: f64) -> [i64; 3] {
+        let rate = self.rate(settings, now);
+        let interval = SECOND / rate;
+        let tolerance = interval * f64::from(settings.burst.saturating_sub(1));
+        let tat = self.tat.unwrap_or(now).max(now);
+        let slot = (tat - tolerance).max(now);
+        let wait = slot - now;
+        let rate_millis = (rate * 1000.0).floor() as i64;
+        if wait > max_wait {
+            return [0, (wait - max_wait).ceil() as i64, rate_millis];
+        }
+        self.tat = Some((tat + interval).round_ties_even());
+        [1, wait.floor() as i64, rate_millis]
+    }
+}
+
+#[test]
+fn the_rate_script_keeps_the_rate_limiters_rules() {
+    let Some(server) = RedisServer::start("rate_script_model") else {
+        return;
+    };
+    let runtime = tokio::runtime::Runtime::new().expect("a runtime");
+    let client = redis::Client::open(server.url()).expect("a URL");
+    let connection = runtime
+        .block_on(client.get_multiplexed_async_connection())
+        .expect("a connection");
+    let script = redis::Script::new(SCRIPT);
+    let cases: u32 = std::env::var("PROPTEST_CASES")
+        .ok()
+        .and_then(|cases| cases.parse().ok())
+        .unwrap_or(300);
+    let mut runner = TestRunner::new(Config {
+        cases,
+        ..Config::default()
+    });
+    let case = std::sync::atomic::AtomicU64::new(0);
+    let sequences = (settings(), proptest::collection::vec(op(), 1..60));
+    runner
+        .run(&sequences, |(settings, ops)| {
+            let key = format!(
+                "rate-model:{}",
+                case.fetch_add(1, std::sync::atomic::Ordering::Relaxed)
+            );
+            let mut model = Model::default();
+            let mut now = EPOCH;
+            for (step, op) in ops.iter().enumerate() {
+                let (name, max_wait) = match op {
+                    Op::Wait(micros) => {
+                        now += f64::from(*micros);
+                        continue;
+                    }
+                    Op::Take { max_wait } => ("take", f64::from(*max_wait)),
+                    Op::Throttle => ("throttle", 0.0),
+                };
+                let mut call = script.key(&key);
+                call.arg(name)
+                    .arg(settings.configured)
+                    .arg(settings.burst)
+                    .arg(max_wait)
+                    .arg(settings.floor)
+                    .arg(60_000)
+                    .arg(now);
+                let said: Vec<i64> = runtime
+                    .block_on(call.invoke_async(&mut connection.clone()))
+                    .map_err(|error| TestCaseError::fail(error.to_string()))?;
+                let expected = match op {
+                    Op::Throttle => model.throttle(settings, now),
+                    _ => model.take(settings, now, max_wait),
+                };
+                prop_assert_eq!(
+                    said.as_slice(),
+                    expected.as_slice(),
+                    "step {} ({:?}) of {:?} under {:?}",
+                    step,
+                    op,
+                    ops,
+                    settings
+                );
+            }
+            Ok(())
+        })
+        .unwrap();
+}
