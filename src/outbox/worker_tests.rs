@@ -106,6 +106,7 @@ struct Counting {
     inner: Arc<dyn Backend>,
     claims: AtomicUsize,
     next_dues: AtomicUsize,
+    finishes: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -124,6 +125,7 @@ impl Backend for Counting {
         self.inner.claim(now, lease_until, limit, durable).await
     }
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
+        self.finishes.fetch_add(1, Ordering::SeqCst);
         self.inner.finish(outcomes).await
     }
     async fn next_due(&self) -> Result<Option<Millis>, SendError> {
@@ -157,6 +159,7 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         inner: Arc::new(sqlite),
         claims: AtomicUsize::new(0),
         next_dues: AtomicUsize::new(0),
+        finishes: AtomicUsize::new(0),
     });
     let backend: Arc<dyn Backend> = counting.clone();
     (Outbox::with(backend, Kind::Sqlite), counting)
@@ -284,5 +287,46 @@ async fn a_worker_the_stack_refuses_tries_one_probe_per_pause_and_touches_the_da
     assert_eq!(
         reads, 0,
         "a pause's end is known without asking the database"
+    );
+}
+
+/// Holds every send until `together` are under way, then answers them all at once.
+struct Together {
+    barrier: tokio::sync::Barrier,
+}
+
+#[async_trait::async_trait]
+impl Transport for Together {
+    fn name(&self) -> &str {
+        "together"
+    }
+    async fn send_raw(
+        &self,
+        _envelope: &lettre::address::Envelope,
+        _raw: &[u8],
+    ) -> Result<Receipt, SendError> {
+        self.barrier.wait().await;
+        Ok(Receipt::new("together"))
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_that_come_together_are_written_in_one_write() {
+    let (outbox, counts) = counted_outbox("together").await;
+    outbox.enqueue_many(&messages(8)).await.expect("enqueued");
+    let together = Together {
+        barrier: tokio::sync::Barrier::new(8),
+    };
+    outbox
+        .worker(together)
+        .concurrency(8)
+        .drain()
+        .await
+        .expect("drained");
+    assert_eq!(outbox.stats().await.expect("stats").queued, 0);
+    assert_eq!(
+        counts.finishes.load(Ordering::SeqCst),
+        1,
+        "8 answers, one write"
     );
 }
