@@ -330,3 +330,43 @@ async fn answers_that_come_together_are_written_in_one_write() {
         "8 answers, one write"
     );
 }
+
+fn unreachable() -> SendError {
+    SendError::new(
+        Category::ServiceUnavailable,
+        "outbox.database",
+        "connection refused",
+    )
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_database_that_failed_waits_100_ms_then_twice_as_long_each_time_up_to_5_s() {
+    let mut database = DatabaseWait::default();
+    let mut waits = Vec::new();
+    for _ in 0..9 {
+        let now = Instant::now();
+        database.failed(&unreachable());
+        assert!(!database.may_try(now));
+        waits.push(database.next_try(now) - now);
+    }
+    let millis: Vec<u128> = waits.iter().map(Duration::as_millis).collect();
+    assert_eq!(
+        millis,
+        [100, 200, 400, 800, 1_600, 3_200, 5_000, 5_000, 5_000]
+    );
+    let end = Instant::now() + Duration::from_secs(5);
+    assert!(database.may_try(end), "tried again once the wait is over");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_database_that_answered_again_is_tried_at_once_and_waits_100_ms_after_its_next_failure() {
+    let mut database = DatabaseWait::default();
+    database.failed(&unreachable());
+    database.failed(&unreachable());
+    database.reached();
+    let now = Instant::now();
+    assert!(database.may_try(now));
+    assert_eq!(database.next_try(now), now);
+    database.failed(&unreachable());
+    assert_eq!(database.next_try(now) - now, Duration::from_millis(100));
+}
