@@ -654,11 +654,11 @@ impl DatabaseWait {
     }
 
     fn reached(&mut self) {
-        if self.failures > 0 {
+        // A wait is set by a failure and cleared here: one there means the database was away.
+        if self.next_try.take().is_some() {
             tracing::info!(failures = self.failures, "outbox.database_back");
         }
         self.failures = 0;
-        self.next_try = None;
     }
 
     fn may_try(&self, now: Instant) -> bool {

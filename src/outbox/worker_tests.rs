@@ -370,3 +370,41 @@ async fn a_database_that_answered_again_is_tried_at_once_and_waits_100_ms_after_
     database.failed(&unreachable());
     assert_eq!(database.next_try(now) - now, Duration::from_millis(100));
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_the_provider_throttles_tries_one_probe_per_retry_after() {
+    let (outbox, _counts) = counted_outbox("throttled").await;
+    outbox.enqueue_many(&messages(10)).await.expect("enqueued");
+    let throttle = SendError::new(Category::RateLimited, "ses.throttling", "slow down")
+        .with_retry_after(Duration::from_millis(300));
+    let provider = Answering::new(Err(throttle), Duration::ZERO);
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(2)
+        .poll(Duration::from_millis(20));
+    run_for(worker, Duration::from_millis(1_000)).await;
+    let tries = provider.sends.load(Ordering::SeqCst);
+    assert!(
+        (4..=6).contains(&tries),
+        "2 at the start, then one probe per 300 ms throttle: {tries}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failure_with_a_retry_after_that_is_no_refusal_or_throttle_pauses_nothing() {
+    let (outbox, _counts) = counted_outbox("busy-provider").await;
+    outbox.enqueue_many(&messages(10)).await.expect("enqueued");
+    let busy = SendError::new(Category::ServiceUnavailable, "smtp.421", "try later")
+        .with_retry_after(Duration::from_secs(30));
+    let provider = Answering::new(Err(busy), Duration::ZERO);
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(2)
+        .poll(Duration::from_millis(20));
+    run_for(worker, Duration::from_millis(300)).await;
+    assert_eq!(
+        provider.sends.load(Ordering::SeqCst),
+        10,
+        "each message tried once (each then due in 30 s), none held back"
+    );
+}
