@@ -45,20 +45,29 @@ async fn send_until(
     }
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_adaptive_limiter_follows_the_providers_capacity_down_and_back_losing_nothing() {
-    let api = ThrottlingApi::start(100.0).await;
+/// A limiter at `per_second` in front of `api`, whose sends wait up to 30 s for their slot.
+fn limiter(
+    api: &ThrottlingApi,
+    per_second: f64,
+    adaptive: bool,
+) -> Arc<RateLimitTransport<PostmarkTransport>> {
     let postmark = PostmarkTransport::new(TOKEN)
         .with_endpoint(api.endpoint())
         .with_timeout(Duration::from_secs(2));
-    let limiter = Arc::new(
+    Arc::new(
         RateLimitTransport::builder(postmark)
-            .per_second(100.0)
-            .adaptive(true)
+            .per_second(per_second)
+            .adaptive(adaptive)
             .max_wait(Duration::from_secs(30))
             .build()
             .expect("valid settings"),
-    );
+    )
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_adaptive_limiter_follows_the_providers_capacity_down_and_back_losing_nothing() {
+    let api = ThrottlingApi::start(100.0).await;
+    let limiter = limiter(&api, 100.0, true);
     let started = Instant::now();
     let (dropped, back) = (started + DROP_AT, started + DROP_AT + LOW_FOR);
     let stop = back + BACK_FOR;
@@ -107,16 +116,7 @@ async fn an_adaptive_limiter_follows_the_providers_capacity_down_and_back_losing
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_limiter_at_50_a_second_sends_500_messages_in_10_seconds_unthrottled() {
     let api = ThrottlingApi::start(60.0).await;
-    let postmark = PostmarkTransport::new(TOKEN)
-        .with_endpoint(api.endpoint())
-        .with_timeout(Duration::from_secs(2));
-    let limiter = Arc::new(
-        RateLimitTransport::builder(postmark)
-            .per_second(50.0)
-            .max_wait(Duration::from_secs(30))
-            .build()
-            .expect("valid settings"),
-    );
+    let limiter = limiter(&api, 50.0, false);
     let next = Arc::new(AtomicUsize::new(0));
     let started = Instant::now();
     let senders: Vec<_> = (0..4)

@@ -371,19 +371,25 @@ async fn a_database_that_answered_again_is_tried_at_once_and_waits_100_ms_after_
     assert_eq!(database.next_try(now) - now, Duration::from_millis(100));
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_worker_the_provider_throttles_tries_one_probe_per_retry_after() {
-    let (outbox, _counts) = counted_outbox("throttled").await;
+/// How many of 10 queued messages a worker (concurrency 2, poll 20 ms) tried in `period`
+/// against a provider that answers every send with `error`.
+async fn tries_against(name: &str, error: SendError, period: Duration) -> usize {
+    let (outbox, _counts) = counted_outbox(name).await;
     outbox.enqueue_many(&messages(10)).await.expect("enqueued");
-    let throttle = SendError::new(Category::RateLimited, "ses.throttling", "slow down")
-        .with_retry_after(Duration::from_millis(300));
-    let provider = Answering::new(Err(throttle), Duration::ZERO);
+    let provider = Answering::new(Err(error), Duration::ZERO);
     let worker = outbox
         .worker(Arc::clone(&provider))
         .concurrency(2)
         .poll(Duration::from_millis(20));
-    run_for(worker, Duration::from_millis(1_000)).await;
-    let tries = provider.sends.load(Ordering::SeqCst);
+    run_for(worker, period).await;
+    provider.sends.load(Ordering::SeqCst)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_the_provider_throttles_tries_one_probe_per_retry_after() {
+    let throttle = SendError::new(Category::RateLimited, "ses.throttling", "slow down")
+        .with_retry_after(Duration::from_millis(300));
+    let tries = tries_against("throttled", throttle, Duration::from_millis(1_000)).await;
     assert!(
         (4..=6).contains(&tries),
         "2 at the start, then one probe per 300 ms throttle: {tries}"
@@ -392,19 +398,11 @@ async fn a_worker_the_provider_throttles_tries_one_probe_per_retry_after() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_failure_with_a_retry_after_that_is_no_refusal_or_throttle_pauses_nothing() {
-    let (outbox, _counts) = counted_outbox("busy-provider").await;
-    outbox.enqueue_many(&messages(10)).await.expect("enqueued");
     let busy = SendError::new(Category::ServiceUnavailable, "smtp.421", "try later")
         .with_retry_after(Duration::from_secs(30));
-    let provider = Answering::new(Err(busy), Duration::ZERO);
-    let worker = outbox
-        .worker(Arc::clone(&provider))
-        .concurrency(2)
-        .poll(Duration::from_millis(20));
-    run_for(worker, Duration::from_millis(300)).await;
+    let tries = tries_against("busy-provider", busy, Duration::from_millis(300)).await;
     assert_eq!(
-        provider.sends.load(Ordering::SeqCst),
-        10,
+        tries, 10,
         "each message tried once (each then due in 30 s), none held back"
     );
 }

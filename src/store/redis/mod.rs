@@ -167,8 +167,8 @@ impl RedisStore {
     ///
     /// # Errors
     /// A [`ConfigError`] for the setting `url` when `url` is not a Redis URL, when the server
-    /// refuses its user or password, or when its TLS certificate is not trusted: settings
-    /// that waiting would not mend.
+    /// refuses its user or password, when the user lacks a permission the store needs, or
+    /// when its TLS certificate is not trusted: settings that waiting would not mend.
     ///
     /// ```no_run
     /// # async fn run() -> Result<(), mail_breaker::ConfigError> {
@@ -253,12 +253,6 @@ impl RedisStore {
     /// # Ok(()) }
     /// ```
     pub async fn connect_cluster<S: AsRef<str>>(urls: &[S]) -> Result<RedisStore, ConfigError> {
-        if urls.is_empty() {
-            return Err(ConfigError::new(
-                "urls",
-                "no node given: name at least one node of the cluster",
-            ));
-        }
         RedisStore::cluster(urls, None).await
     }
 
