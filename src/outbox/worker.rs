@@ -266,6 +266,7 @@ impl<T: Transport + 'static> Worker<T> {
             self.start_ready(&mut flight);
             if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
                 let batch = std::mem::take(&mut flight.answers);
+                flight.writing = batch.len();
                 writing = Some(
                     async move {
                         let written = backend.finish(&batch).await;
@@ -322,6 +323,7 @@ impl<T: Transport + 'static> Worker<T> {
                 }
                 (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
                     writing = None;
+                    flight.writing = 0;
                     match written {
                         Ok(()) => {
                             record_written(&batch);
@@ -484,6 +486,8 @@ struct Flight {
     ready: std::collections::VecDeque<Claimed>,
     sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
     answers: Vec<(Claim, Finish)>,
+    /// How many answers the write under way holds.
+    writing: usize,
     /// No claims until then: the stack refused, or the provider throttled.
     paused_until: Option<Instant>,
     /// After a pause, one send at a time until an answer other than a refusal comes.
@@ -491,9 +495,13 @@ struct Flight {
 }
 
 impl Flight {
+    /// Sends that may start: `concurrency` (one while probing) less the sends in flight and
+    /// the answers not yet written. A worker that dies can send again only what it sent and
+    /// had not written the answer of, so this keeps that to `concurrency`.
     fn room(&self, concurrency: usize) -> u32 {
         let limit = if self.probing { 1 } else { concurrency };
-        u32::try_from(limit.saturating_sub(self.sends.len())).unwrap_or(u32::MAX)
+        let held = self.sends.len() + self.answers.len() + self.writing;
+        u32::try_from(limit.saturating_sub(held)).unwrap_or(u32::MAX)
     }
 
     /// How many messages to claim now, if any: what fills `concurrency` sends and the
