@@ -124,7 +124,7 @@ impl<T: Transport> RateLimitTransport<T> {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                crate::metrics::rate_wait(&self.name, queued + wait);
+                crate::metrics::rate_wait(&self.name, queued.saturating_add(wait));
                 Ok(permit)
             }
             Slot::Refused { retry_after } => Err(self.refusal(Some(retry_after))),
