@@ -53,6 +53,9 @@ const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, due_a
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES ($1, $2, $3, $4, $4) RETURNING id";
 
+/// Connections for a worker's claims and answers: a claim and up to three writes at once.
+const RELAXED_CONNECTIONS: u32 = 4;
+
 /// The outbox's PostgreSQL database.
 #[derive(Debug, Clone)]
 pub(crate) struct PostgresBackend {
@@ -88,7 +91,10 @@ impl PostgresBackend {
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
         let relaxed = PgPoolOptions::new()
-            .max_connections(4)
+            .max_connections(RELAXED_CONNECTIONS)
+            // No ping before each statement: a worker's statement that meets a dead connection
+            // fails, and the worker tries again on a fresh one.
+            .test_before_acquire(false)
             .acquire_timeout(Duration::from_secs(3))
             .after_connect(|connection, _| {
                 Box::pin(async move {
@@ -202,6 +208,11 @@ impl Backend for PostgresBackend {
         // RETURNING keeps no order; ids go with enqueue order.
         claimed.sort_by_key(|message| message.claim.id);
         Ok(claimed)
+    }
+
+    fn writes_at_once(&self) -> usize {
+        // Answers touch rows no other write holds: they go in parallel, one per connection.
+        RELAXED_CONNECTIONS as usize - 1
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {

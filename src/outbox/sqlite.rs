@@ -96,8 +96,12 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
+        // One connection: the worker's claims and answers queue for it in this process
+        // rather than meet at SQLite's write lock, whose busy wait sleeps a millisecond or more.
         let relaxed = SqlitePoolOptions::new()
-            .max_connections(2)
+            .max_connections(1)
+            // A file's connection does not die: no ping before each statement.
+            .test_before_acquire(false)
             .connect_with(options.synchronous(SqliteSynchronous::Normal))
             .await
             .map_err(opening)?;
@@ -205,9 +209,13 @@ impl Backend for SqliteBackend {
             .map_err(|e| database_error("claiming due mail", e))
     }
 
+    fn writes_at_once(&self) -> usize {
+        // One writer at a time in SQLite, and one connection for them: more would only queue.
+        1
+    }
+
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
-            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
             // The delivered, the most of every batch, go in as few statements as there are
             // chunks of them.
             let sent: Vec<&Claim> = outcomes
@@ -215,16 +223,17 @@ impl Backend for SqliteBackend {
                 .filter(|(_, finish)| matches!(finish, Finish::Sent))
                 .map(|(claim, _)| claim)
                 .collect();
-            for chunk in sent.chunks(ROWS_PER_INSERT) {
-                let pairs = vec!["(?, ?)"; chunk.len()].join(", ");
-                let sql = format!(
-                    "DELETE FROM mail_breaker_outbox WHERE leased > 0 AND (id, attempts) IN (VALUES {pairs})"
-                );
-                let mut delete = sqlx::query(&sql);
-                for claim in chunk {
-                    delete = delete.bind(claim.id.0).bind(claim.attempts);
+            // The usual batch, all delivered, is one statement: atomic by itself, without the
+            // round trips of a transaction around it.
+            if sent.len() == outcomes.len() && sent.len() <= ROWS_PER_INSERT {
+                if !sent.is_empty() {
+                    delete_sent(&self.relaxed, &sent).await?;
                 }
-                delete.execute(&mut *tx).await?;
+                return Ok(());
+            }
+            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
+            for chunk in sent.chunks(ROWS_PER_INSERT) {
+                delete_sent(&mut *tx, chunk).await?;
             }
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
@@ -335,6 +344,23 @@ impl Backend for SqliteBackend {
             .map_err(|e| database_error("purging", e))?;
         Ok(done.rows_affected() == 1)
     }
+}
+
+/// Deletes the delivered messages of these claims (at most `ROWS_PER_INSERT`), each only if
+/// its claim is still the last one.
+async fn delete_sent<'c>(
+    executor: impl sqlx::SqliteExecutor<'c>,
+    claims: &[&Claim],
+) -> Result<(), sqlx::Error> {
+    let pairs = vec!["(?, ?)"; claims.len()].join(", ");
+    let sql = format!(
+        "DELETE FROM mail_breaker_outbox WHERE leased > 0 AND (id, attempts) IN (VALUES {pairs})"
+    );
+    let mut delete = sqlx::query(&sql);
+    for claim in claims {
+        delete = delete.bind(claim.id.0).bind(claim.attempts);
+    }
+    delete.execute(executor).await.map(drop)
 }
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update

@@ -236,9 +236,10 @@ impl<T: Transport + 'static> Worker<T> {
         let mut database = DatabaseWait::default();
         let mut stats_read: Option<Instant> = None;
         // The database's work runs beside the sends, so that a send's answer starts the next
-        // send at once rather than after a commit: one write of answers and one claim at a
-        // time, each owning what it needs.
-        let mut writing: Option<Writing<'_>> = None;
+        // send at once rather than after a commit: one claim at a time, and as many writes
+        // of answers as the database takes in parallel, each owning what it needs.
+        let mut writing: FuturesUnordered<Writing<'_>> = FuturesUnordered::new();
+        let writes_at_once = backend.writes_at_once();
         let mut claiming: Option<Claiming<'_>> = None;
         // False once a claim found fewer due than it asked for: nothing more is due until a
         // wake (an enqueue here, the next due time, the poll).
@@ -264,10 +265,11 @@ impl<T: Transport + 'static> Worker<T> {
                 }
             }
             self.start_ready(&mut flight);
-            if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
+            if writing.len() < writes_at_once && !flight.answers.is_empty() && database.may_try(now)
+            {
                 let batch = std::mem::take(&mut flight.answers);
-                flight.writing = batch.len();
-                writing = Some(
+                flight.writing += batch.len();
+                writing.push(
                     async move {
                         let written = backend.finish(&batch).await;
                         (batch, written)
@@ -321,9 +323,8 @@ impl<T: Transport + 'static> Worker<T> {
                     // A failure may be due again at once: a drain claims once more, idle.
                     last_claim_idle = false;
                 }
-                (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
-                    writing = None;
-                    flight.writing = 0;
+                Some((batch, written)) = writing.next(), if !writing.is_empty() => {
+                    flight.writing -= batch.len();
                     match written {
                         Ok(()) => {
                             record_written(&batch);
@@ -368,7 +369,7 @@ impl<T: Transport + 'static> Worker<T> {
                         "outbox.shutdown_timeout"
                     );
                     flight.sends.clear();
-                    if flight.answers.is_empty() && writing.is_none() {
+                    if flight.answers.is_empty() && writing.is_empty() {
                         return Ok(());
                     }
                 }
@@ -460,10 +461,10 @@ impl<T: Transport + 'static> Worker<T> {
 /// answer unwritten, no claim or write running.
 fn at_rest(
     flight: &Flight,
-    writing: &Option<Writing<'_>>,
+    writing: &FuturesUnordered<Writing<'_>>,
     claiming: &Option<Claiming<'_>>,
 ) -> bool {
-    flight.is_idle() && writing.is_none() && claiming.is_none()
+    flight.is_idle() && writing.is_empty() && claiming.is_none()
 }
 
 /// A write of answers in the background: gives the batch back with how it went.
@@ -486,7 +487,7 @@ struct Flight {
     ready: std::collections::VecDeque<Claimed>,
     sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
     answers: Vec<(Claim, Finish)>,
-    /// How many answers the write under way holds.
+    /// How many answers the writes under way hold.
     writing: usize,
     /// No claims until then: the stack refused, or the provider throttled.
     paused_until: Option<Instant>,
