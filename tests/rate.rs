@@ -283,3 +283,19 @@ async fn the_longest_settings_neither_panic_nor_overflow() {
         .unwrap();
     fast.send(&support::message()).await.unwrap();
 }
+
+#[test]
+fn a_limiter_is_named_after_its_transport_unless_named() {
+    let provider = Scripted::new("ses");
+    let unnamed = limiter(&provider, 10.0).build().unwrap();
+    assert_eq!(unnamed.limiter_name(), "ses");
+    let named = limiter(&provider, 10.0).name("ses-eu").build().unwrap();
+    assert_eq!(named.limiter_name(), "ses-eu");
+}
+
+#[test]
+fn a_limiter_keeps_its_transports_name_as_a_transport() {
+    let provider = Scripted::new("ses");
+    let named = limiter(&provider, 10.0).name("ses-eu").build().unwrap();
+    assert_eq!(Transport::name(&named), "ses");
+}
