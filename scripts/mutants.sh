@@ -70,7 +70,7 @@ tests[outbox-postgres]="--test=outbox_postgres"
 # The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
-tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=metrics"
+tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=metrics --test=logs"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
     groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate)

@@ -1,7 +1,8 @@
 //! The logs the README promises (DESIGN §3, tracing): the breaker's changes and refusals,
-//! shadow mode, a panicking listener, the SES sandbox warning. Alone in their own test binary:
-//! tracing caches whether a call site is wanted per process, so a test in another thread with
-//! no subscriber could hide these events from the scoped subscribers below.
+//! shadow mode, a panicking listener, the SES sandbox warning, a shared rate limiter's Redis
+//! outage. Alone in their own test binary: tracing caches whether a call site is wanted per
+//! process, so a test in another thread with no subscriber could hide these events from the
+//! scoped subscribers below.
 
 mod support;
 
@@ -162,4 +163,44 @@ async fn an_ses_account_in_the_sandbox_passes_verify_with_one_warning() {
     let warnings: Vec<_> = log.lines().filter(|l| l.contains("ses.sandbox")).collect();
     assert_eq!(warnings.len(), 1, "{log}");
     assert!(warnings[0].contains("WARN"), "{log}");
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_shared_rate_limiter_warns_once_per_redis_outage_and_says_when_redis_is_back() {
+    use mail_breaker::{RateLimitTransport, RedisStore};
+    let Some(mut server) = support::redis::RedisServer::start("logs_rate_outage") else {
+        return;
+    };
+    let (captured, _guard) = capture();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100))
+        .with_retry_interval(Duration::from_millis(20));
+    let limited = RateLimitTransport::builder(Scripted::new("ses"))
+        .per_second(1_000.0)
+        .shared(Arc::new(store))
+        .build()
+        .unwrap();
+    let send_spaced = |count| {
+        let limited = &limited;
+        async move {
+            for _ in 0..count {
+                limited.send(&message()).await.unwrap();
+                tokio::time::sleep(Duration::from_millis(30)).await; // past the retry interval
+            }
+        }
+    };
+    send_spaced(1).await;
+    server.stop();
+    send_spaced(4).await; // Redis asked, and silent, four times
+    let count = |event: &str| captured.text().matches(event).count();
+    assert_eq!(count("rate.redis_unreachable"), 1, "{}", captured.text());
+    server.restart();
+    send_spaced(3).await;
+    assert_eq!(count("rate.redis_answering"), 1, "{}", captured.text());
+    server.stop();
+    send_spaced(2).await;
+    assert_eq!(count("rate.redis_unreachable"), 2, "{}", captured.text());
 }

@@ -183,3 +183,70 @@ async fn with_redis_down_each_limiter_paces_itself_at_its_share_and_shares_again
     send_all(&limited, 2).await;
     assert_eq!(limited.per_second(), 20.0, "shared again");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_limiter_refuses_a_send_with_no_slot_within_max_wait_with_the_fleets_retry_after()
+{
+    let Some(server) = RedisServer::start("rate_shared_refusal") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 1.0)
+        .max_wait(Duration::from_millis(100))
+        .build()
+        .unwrap();
+    limited.send(&support::message()).await.unwrap();
+    let refused = limited.send(&support::message()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate.limited");
+    // The next slot is a second after the first send, less the moment since.
+    let retry_after = refused.retry_after().expect("a retry_after");
+    assert!(
+        retry_after > Duration::from_millis(500) && retry_after <= Duration::from_secs(1),
+        "{retry_after:?}"
+    );
+    assert_eq!(provider.sends(), 1, "a refused send is not sent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_hangs_holds_one_send_per_retry_interval_for_its_timeout_not_every_send() {
+    let Some(server) = RedisServer::start("rate_shared_hang") else {
+        return;
+    };
+    let store = Arc::new(
+        RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_namespace("rate-tests")
+            .with_timeout(Duration::from_millis(100))
+            .with_retry_interval(Duration::from_secs(30)),
+    );
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 1_000.0).build().unwrap();
+    limited.send(&support::message()).await.unwrap();
+    server.freeze();
+    // The first waits out the timeout, and the limiter paces alone until the retry
+    // interval has passed: 10 sends at 1,000 a second take 100 ms and a few more.
+    let took = send_all(&limited, 10).await;
+    server.thaw();
+    assert!(took >= Duration::from_millis(100), "{took:?}");
+    assert!(
+        took < Duration::from_millis(400),
+        "only the first send waited for the silent Redis: {took:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_limiters_debug_shows_its_key_and_rate() {
+    let Some(server) = RedisServer::start("rate_shared_debug") else {
+        return;
+    };
+    let store = store(&server).await;
+    let limited = limiter(&Scripted::new("ses"), &store, 14.0)
+        .build()
+        .unwrap();
+    let debug = format!("{limited:?}");
+    assert!(debug.contains("SharedLimiter"), "{debug}");
+    assert!(debug.contains("rate-tests"), "{debug}");
+    assert!(debug.contains("14.0"), "{debug}");
+}

@@ -83,6 +83,18 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_above_one_a_nanosecond_still_spaces_sends_by_one_nanosecond() {
+        assert_eq!(rate(2e9, 1).interval_nanos(), 1);
+        assert_eq!(rate(f64::MAX, 1).interval_nanos(), 1);
+    }
+
+    #[test]
+    fn a_rate_too_low_to_space_in_nanoseconds_waits_the_longest_interval() {
+        assert_eq!(rate(f64::MIN_POSITIVE, 1).interval_nanos(), u64::MAX);
+        assert_eq!(rate(1.0, 1).interval_nanos(), 1_000_000_000);
+    }
+
+    #[test]
     fn the_first_send_goes_at_once() {
         let mut gcra = Gcra::default();
         assert_eq!(

@@ -150,12 +150,12 @@ impl SharedLimiter {
         let reply: Result<Result<Vec<i64>, _>, _> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await;
         match reply {
-            Ok(Ok(values)) if values.len() == 3 => {
+            Ok(Ok(values)) if let [verdict, micros, rate] = values[..] => {
                 self.answered();
-                let rate = values[2] as f64 / 1000.0;
+                let rate = rate as f64 / 1000.0;
                 self.last_rate.store(rate.to_bits(), Ordering::Relaxed);
-                let micros = Duration::from_micros(u64::try_from(values[1]).unwrap_or(0));
-                Some(match values[0] {
+                let micros = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
+                Some(match verdict {
                     1 => Said::Slot(Slot::After(micros)),
                     0 => Said::Slot(Slot::Refused {
                         retry_after: micros,
