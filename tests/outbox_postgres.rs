@@ -108,3 +108,43 @@ async fn with_the_database_down_enqueue_fails_the_worker_waits_and_nothing_kept_
     );
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
+    use sqlx::Connection as _;
+    use std::time::Duration;
+    use support::scripted::{Reply, Scripted};
+    let Some((outbox, server)) = open("outbox_postgres_next_due").await else {
+        return;
+    };
+    outbox.enqueue(&support::message()).await.unwrap();
+    // Every statement in the server's log from now on, the worker's connections' too.
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    for setting in [
+        "ALTER SYSTEM SET log_statement = 'all'",
+        "SELECT pg_reload_conf()",
+    ] {
+        sqlx::query(setting).execute(&mut admin).await.unwrap();
+    }
+    let down = mail_breaker::SendError::new(
+        mail_breaker::Category::ServiceUnavailable,
+        "test.down",
+        "down",
+    )
+    .with_retry_after(Duration::from_secs(3_600));
+    let provider = Scripted::answering("provider", Reply::Err(down));
+    let worker = outbox
+        .worker(provider.clone())
+        .poll(Duration::from_secs(3_600));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(provider.sends(), 1, "due again in an hour");
+    // The claim that found it, and at most one more that found nothing; then the worker
+    // sleeps until the message is due (or the hourly poll).
+    let claims = server.log().matches("WITH due AS").count();
+    assert!((1..=2).contains(&claims), "{claims} claims");
+}

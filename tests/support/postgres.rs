@@ -179,10 +179,17 @@ impl PostgresServer {
         pg_isready.status().is_ok_and(|status| status.success())
     }
 
+    /// The server's log so far: what it printed, and each statement once a test has set
+    /// `log_statement`.
+    #[allow(dead_code)] // not every test binary reads it
+    pub fn log(&self) -> String {
+        let log = std::fs::read(self.dir.join("postgres.log")).unwrap_or_default();
+        String::from_utf8_lossy(&log).into_owned()
+    }
+
     /// The last lines of the server's log, for a panic message.
     fn log_tail(&self) -> String {
-        let log = std::fs::read(self.dir.join("postgres.log")).unwrap_or_default();
-        let log = String::from_utf8_lossy(&log);
+        let log = self.log();
         let lines: Vec<&str> = log.lines().collect();
         lines[lines.len().saturating_sub(30)..].join("\n")
     }
