@@ -15,6 +15,7 @@ pub mod rate;
 mod receipt;
 pub mod retry;
 pub mod store;
+mod sync;
 mod time;
 mod transport;
 

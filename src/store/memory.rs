@@ -1,7 +1,6 @@
 //! [`MemoryStore`]: breaker state in this process.
 
-use std::sync::atomic::{AtomicU64, Ordering};
-use std::sync::{Mutex, MutexGuard, OnceLock, PoisonError};
+use std::sync::{OnceLock, PoisonError};
 use std::time::Duration;
 
 use tokio::time::Instant;
@@ -11,6 +10,7 @@ use super::{BreakerStore, Reporter, StoreFuture};
 use crate::State;
 use crate::inline::InlineStr;
 use crate::machine::{Counting, Decision, Machine, Outcome, Permit, Rules, Snapshot, Transitions};
+use crate::sync::{AtomicU64, Mutex, MutexGuard, Ordering};
 
 /// The default number of keys a [`MemoryStore`] tracks.
 pub const DEFAULT_MAX_KEYS: usize = 10_000;
@@ -575,6 +575,10 @@ impl MemoryStore {
         }
     }
 }
+
+#[cfg(all(test, mail_breaker_loom))]
+#[path = "memory_loom.rs"]
+mod loom_model;
 
 #[cfg(test)]
 mod tests {
