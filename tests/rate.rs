@@ -299,3 +299,13 @@ fn a_limiter_keeps_its_transports_name_as_a_transport() {
     let named = limiter(&provider, 10.0).name("ses-eu").build().unwrap();
     assert_eq!(Transport::name(&named), "ses");
 }
+
+#[tokio::test(start_paused = true)]
+async fn verify_asks_the_paced_transport_and_answers_what_it_said() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0).build().unwrap();
+    provider.fail_verify_with(Reply::fail(Category::Authentication));
+    let error = limited.verify().await.unwrap_err();
+    assert_eq!(error.category(), Category::Authentication);
+    assert_eq!(provider.verifies(), 1);
+}
