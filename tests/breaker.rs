@@ -820,6 +820,7 @@ fn settings_that_cannot_work_are_config_errors_naming_the_setting() {
             .build()
             .unwrap_err()
             .setting()
+            .to_owned()
     };
     assert_eq!(build(|b| b.failure_threshold(0)), "failure_threshold");
     assert_eq!(build(|b| b.reset_timeout(Duration::ZERO)), "reset_timeout");

@@ -237,6 +237,7 @@ fn every_setting_out_of_range_is_a_config_error_naming_it() {
             .build()
             .unwrap_err()
             .setting()
+            .to_owned()
     };
     assert_eq!(build(|b| b), "per_second");
     for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {

@@ -171,7 +171,8 @@ mod tests {
 
     #[test]
     fn settings_that_cannot_work_are_refused_naming_the_setting() {
-        let setting = |result: Result<RetryBudget, ConfigError>| result.unwrap_err().setting();
+        let setting =
+            |result: Result<RetryBudget, ConfigError>| result.unwrap_err().setting().to_owned();
         assert_eq!(setting(RetryBudget::new(0, 0, 1)), "tokens");
         assert_eq!(setting(RetryBudget::new(10, 0, 0)), "error_cost");
         assert_eq!(setting(RetryBudget::new(10, 11, 1)), "min_tokens");

@@ -485,9 +485,20 @@ impl SmtpTransport {
             ),
             ("smtps", _) => SmtpTransport::relay(host)?,
             (scheme, tls) => {
+                // The value as given only when it is a plain word: a URL mistyped into it
+                // may carry a password.
+                let tls = match tls {
+                    None => String::new(),
+                    Some(word)
+                        if word.len() <= 20 && word.bytes().all(|b| b.is_ascii_alphanumeric()) =>
+                    {
+                        format!(" with tls={word}")
+                    }
+                    Some(_) => " with that tls option".to_owned(),
+                };
                 return Err(bad(format!(
-                    "scheme `{scheme}` with tls={tls:?}: expected smtp, smtp with \
-                     tls=required or tls=opportunistic, or smtps"
+                    "scheme `{scheme}`{tls}: expected smtp, smtp with tls=required or \
+                     tls=opportunistic, or smtps"
                 )));
             }
         };

@@ -1,4 +1,4 @@
-//! [`ConfigError`]: a builder setting that cannot work.
+//! [`ConfigError`]: a setting that cannot work, named by its builder method or its path.
 
 use std::borrow::Cow;
 
@@ -15,27 +15,48 @@ use std::borrow::Cow;
 #[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
 #[error("invalid {setting}: {reason}")]
 pub struct ConfigError {
-    setting: &'static str,
+    setting: Cow<'static, str>,
     reason: Cow<'static, str>,
 }
 
 impl ConfigError {
     /// An error for `setting`, saying `reason`.
-    pub fn new(setting: &'static str, reason: impl Into<Cow<'static, str>>) -> Self {
+    pub fn new(
+        setting: impl Into<Cow<'static, str>>,
+        reason: impl Into<Cow<'static, str>>,
+    ) -> Self {
         ConfigError {
-            setting,
+            setting: setting.into(),
             reason: reason.into(),
         }
     }
 
-    /// The name of the setting, as the builder method that takes it.
-    pub fn setting(&self) -> &'static str {
-        self.setting
+    /// The setting: the builder method that takes it, or for a whole stack's
+    /// configuration its path (`member[1].breaker.threshold`).
+    pub fn setting(&self) -> &str {
+        &self.setting
     }
 
     /// Why the value cannot work.
     pub fn reason(&self) -> &str {
         &self.reason
+    }
+
+    /// The same error, its setting read as a part of `path` (`member[1].url` for a
+    /// transport's `url` error, when it was built from that member).
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn within(self, path: &str) -> ConfigError {
+        let setting = if path.is_empty() {
+            self.setting
+        } else if self.setting.is_empty() || path.ends_with(&*self.setting) {
+            Cow::Owned(path.to_owned())
+        } else {
+            Cow::Owned(format!("{path}.{}", self.setting))
+        };
+        ConfigError {
+            setting,
+            reason: self.reason,
+        }
     }
 }
 

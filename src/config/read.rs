@@ -1,0 +1,432 @@
+//! Reading a configuration tree (TOML's values; a DSN is turned into the same tree) with the
+//! path of every value, so that each error names where it is: `member[1].breaker.threshold`.
+//!
+//! Every value may hold `${NAME}`, read from the environment when it is read. An error quotes
+//! a value as it was written, never as the environment filled it in, and never one that
+//! looks like a URL or an address, so that no secret is repeated in a message.
+
+use std::time::Duration;
+
+use toml::{Table, Value};
+
+use super::ConfigError;
+
+/// Quoted in an error, a value is cut to this many characters.
+const QUOTED: usize = 40;
+
+/// A value and where it is.
+pub(crate) struct Node<'a> {
+    path: String,
+    value: &'a Value,
+}
+
+impl<'a> Node<'a> {
+    /// The document itself, at the empty path.
+    pub(crate) fn root(value: &'a Value) -> Node<'a> {
+        Node {
+            path: String::new(),
+            value,
+        }
+    }
+
+    pub(crate) fn path(&self) -> &str {
+        &self.path
+    }
+
+    pub(crate) fn error(&self, reason: impl Into<String>) -> ConfigError {
+        let path = if self.path.is_empty() {
+            "configuration".to_owned()
+        } else {
+            self.path.clone()
+        };
+        ConfigError::new(path, reason.into())
+    }
+
+    /// The value as written, quoted for an error, cut short if long.
+    fn quoted(&self) -> String {
+        match self.value {
+            // A URL written into the wrong setting may carry a password: not quoted.
+            Value::String(text) if text.contains("://") || text.contains('@') => {
+                "a URL or an address".to_owned()
+            }
+            Value::String(text) => {
+                let cut: String = text.chars().take(QUOTED).collect();
+                let more = if cut.len() < text.len() { "..." } else { "" };
+                format!("{cut:?}{more}")
+            }
+            Value::Table(_) => "a table".to_owned(),
+            Value::Array(_) => "a list".to_owned(),
+            Value::Integer(number) => number.to_string(),
+            Value::Float(number) => number.to_string(),
+            Value::Boolean(flag) => flag.to_string(),
+            Value::Datetime(_) => "a date".to_owned(),
+        }
+    }
+
+    fn expected(&self, what: &str) -> ConfigError {
+        self.error(format!("expected {what}, got {}", self.quoted()))
+    }
+
+    /// A table's settings, each taken once; [`Fields::finish`] refuses the rest.
+    pub(crate) fn table(&self) -> Result<Fields<'a>, ConfigError> {
+        match self.value {
+            Value::Table(table) => Ok(Fields {
+                path: self.path.clone(),
+                table,
+                taken: Vec::new(),
+            }),
+            _ => Err(self.expected("a table of settings")),
+        }
+    }
+
+    /// The items of a list, each at `path[i]`.
+    pub(crate) fn list(&self) -> Result<Vec<Node<'a>>, ConfigError> {
+        match self.value {
+            Value::Array(items) => Ok(items
+                .iter()
+                .enumerate()
+                .map(|(i, value)| Node {
+                    path: format!("{}[{i}]", self.path),
+                    value,
+                })
+                .collect()),
+            _ => Err(self.expected("a list")),
+        }
+    }
+
+    /// Text, with `${NAME}` read from the environment.
+    pub(crate) fn text(&self) -> Result<String, ConfigError> {
+        match self.value {
+            Value::String(text) => expand(text).map_err(|reason| self.error(reason)),
+            _ => Err(self.expected("text")),
+        }
+    }
+
+    /// Text that must not be empty.
+    pub(crate) fn word(&self) -> Result<String, ConfigError> {
+        let text = self.text()?;
+        if text.trim().is_empty() {
+            return Err(self.error("must not be empty"));
+        }
+        Ok(text)
+    }
+
+    /// Texts that must not be empty: a list, or one text of them separated by commas (as a
+    /// DSN writes a list).
+    pub(crate) fn words(&self) -> Result<Vec<String>, ConfigError> {
+        match self.value {
+            Value::String(_) => {
+                let text = self.text()?;
+                let words: Vec<String> = text
+                    .split(',')
+                    .map(str::trim)
+                    .filter(|word| !word.is_empty())
+                    .map(str::to_owned)
+                    .collect();
+                Ok(words)
+            }
+            Value::Array(_) => self.list()?.iter().map(Node::word).collect(),
+            _ => Err(self.expected("a list")),
+        }
+    }
+
+    /// A whole number from `min` to `max`, written as a number or as text.
+    pub(crate) fn whole(&self, min: u64, max: u64) -> Result<u64, ConfigError> {
+        let what = || {
+            // The type's own limit goes unsaid: past it the number is simply too big.
+            if max >= u64::from(u32::MAX) {
+                format!("a whole number of at least {min}")
+            } else {
+                format!("a whole number from {min} to {max}")
+            }
+        };
+        let number = match self.value {
+            Value::Integer(number) => u64::try_from(*number).ok(),
+            Value::String(_) => self.text()?.trim().parse::<u64>().ok(),
+            _ => None,
+        };
+        number
+            .filter(|number| (min..=max).contains(number))
+            .ok_or_else(|| self.expected(&what()))
+    }
+
+    pub(crate) fn whole_u32(&self, min: u32) -> Result<u32, ConfigError> {
+        let number = self.whole(u64::from(min), u64::from(u32::MAX))?;
+        Ok(u32::try_from(number).unwrap_or(u32::MAX))
+    }
+
+    pub(crate) fn whole_usize(&self, min: usize) -> Result<usize, ConfigError> {
+        let max = u64::try_from(usize::MAX).unwrap_or(u64::MAX);
+        let number = self.whole(u64::try_from(min).unwrap_or(u64::MAX), max)?;
+        Ok(usize::try_from(number).unwrap_or(usize::MAX))
+    }
+
+    /// A finite number above zero, written as a number or as text; `unit` may follow it
+    /// (`14/s`).
+    pub(crate) fn positive(&self, unit: &str) -> Result<f64, ConfigError> {
+        let number = match self.value {
+            Value::Integer(number) => Some(*number as f64),
+            Value::Float(number) => Some(*number),
+            Value::String(_) => {
+                let text = self.text()?;
+                let text = text.trim();
+                let text = text.strip_suffix(unit).unwrap_or(text);
+                text.trim().parse::<f64>().ok()
+            }
+            _ => None,
+        };
+        number
+            .filter(|number| number.is_finite() && *number > 0.0)
+            .ok_or_else(|| self.expected("a number above 0"))
+    }
+
+    /// A percentage from 1 to 100, written `50%` or `50`.
+    pub(crate) fn percent(&self) -> Result<u8, ConfigError> {
+        let number = match self.value {
+            Value::Integer(number) => u8::try_from(*number).ok(),
+            Value::String(_) => {
+                let text = self.text()?;
+                let text = text.trim();
+                text.strip_suffix('%')
+                    .unwrap_or(text)
+                    .trim()
+                    .parse::<u8>()
+                    .ok()
+            }
+            _ => None,
+        };
+        number
+            .filter(|percent| (1..=100).contains(percent))
+            .ok_or_else(|| self.expected("a percentage from 1% to 100%"))
+    }
+
+    /// `true` or `false`, as TOML's or as text.
+    pub(crate) fn flag(&self) -> Result<bool, ConfigError> {
+        match self.value {
+            Value::Boolean(flag) => Ok(*flag),
+            Value::String(_) => match self.text()?.trim() {
+                "true" => Ok(true),
+                "false" => Ok(false),
+                _ => Err(self.expected("true or false")),
+            },
+            _ => Err(self.expected("true or false")),
+        }
+    }
+
+    /// A duration written with its unit: `250ms`, `30s`, `10m`, `1h`, `3d`.
+    pub(crate) fn duration(&self) -> Result<Duration, ConfigError> {
+        let parsed = match self.value {
+            Value::String(_) => parse_duration(self.text()?.trim()),
+            _ => None,
+        };
+        parsed.ok_or_else(|| {
+            self.expected("a duration with its unit, such as 250ms, 30s, 10m, 1h or 3d")
+        })
+    }
+
+    /// One of `choices`.
+    pub(crate) fn choice<'c>(&self, choices: &[&'c str]) -> Result<&'c str, ConfigError> {
+        let text = match self.value {
+            Value::String(_) => Some(self.text()?),
+            _ => None,
+        };
+        text.and_then(|text| {
+            choices
+                .iter()
+                .copied()
+                .find(|choice| *choice == text.trim())
+        })
+        .ok_or_else(|| self.expected(&format!("one of {}", choices.join(", "))))
+    }
+}
+
+/// A table's settings as they are taken.
+pub(crate) struct Fields<'a> {
+    path: String,
+    table: &'a Table,
+    taken: Vec<&'static str>,
+}
+
+impl<'a> Fields<'a> {
+    /// The setting `key`, if there.
+    pub(crate) fn get(&mut self, key: &'static str) -> Option<Node<'a>> {
+        self.taken.push(key);
+        let value = self.table.get(key)?;
+        let path = if self.path.is_empty() {
+            key.to_owned()
+        } else {
+            format!("{}.{key}", self.path)
+        };
+        Some(Node { path, value })
+    }
+
+    /// Reads the setting `key` with `read`, if there.
+    pub(crate) fn read<T>(
+        &mut self,
+        key: &'static str,
+        read: impl FnOnce(&Node<'a>) -> Result<T, ConfigError>,
+    ) -> Result<Option<T>, ConfigError> {
+        self.get(key).map(|node| read(&node)).transpose()
+    }
+
+    /// The setting `key`, which must be there.
+    pub(crate) fn required(&mut self, key: &'static str) -> Result<Node<'a>, ConfigError> {
+        self.get(key).ok_or_else(|| {
+            let path = if self.path.is_empty() {
+                key.to_owned()
+            } else {
+                format!("{}.{key}", self.path)
+            };
+            ConfigError::new(path, "is required")
+        })
+    }
+
+    /// Refuses a setting that was not taken: a typo is an error, never a setting ignored.
+    pub(crate) fn finish(self) -> Result<(), ConfigError> {
+        let Some(unknown) = self
+            .table
+            .keys()
+            .find(|key| !self.taken.contains(&key.as_str()))
+        else {
+            return Ok(());
+        };
+        let cut: String = unknown.chars().take(QUOTED).collect();
+        let path = if self.path.is_empty() {
+            cut
+        } else {
+            format!("{}.{cut}", self.path)
+        };
+        Err(ConfigError::new(
+            path,
+            format!(
+                "not a setting here; expected one of {}",
+                self.taken.join(", ")
+            ),
+        ))
+    }
+}
+
+/// `text` with each `${NAME}` replaced by the environment's `NAME`.
+pub(crate) fn expand(text: &str) -> Result<String, String> {
+    let mut out = String::with_capacity(text.len());
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        out.push_str(&rest[..start]);
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else {
+            return Err("has `${` without its closing `}`".to_owned());
+        };
+        let name = &after[..end];
+        let valid = name
+            .chars()
+            .next()
+            .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
+            && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
+        if !valid {
+            let cut: String = name.chars().take(QUOTED).collect();
+            return Err(format!(
+                "`${{{cut}}}` does not name an environment variable (letters, digits and _)"
+            ));
+        }
+        match std::env::var(name) {
+            Ok(value) => out.push_str(&value),
+            Err(std::env::VarError::NotPresent) => {
+                return Err(format!("the environment variable {name} is not set"));
+            }
+            Err(std::env::VarError::NotUnicode(_)) => {
+                return Err(format!("the environment variable {name} is not UTF-8"));
+            }
+        }
+        rest = &after[end + 1..];
+    }
+    out.push_str(rest);
+    Ok(out)
+}
+
+/// `250ms`, `30s`, `10m`, `1h`, `3d`: a whole number and its unit.
+fn parse_duration(text: &str) -> Option<Duration> {
+    let split = text.find(|c: char| !c.is_ascii_digit())?;
+    let (number, unit) = text.split_at(split);
+    let number: u64 = number.parse().ok()?;
+    let unit_secs = match unit.trim() {
+        "ms" => return Some(Duration::from_millis(number)),
+        "s" => 1,
+        "m" | "min" => 60,
+        "h" => 3_600,
+        "d" => 86_400,
+        _ => return None,
+    };
+    number.checked_mul(unit_secs).map(Duration::from_secs)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(value: &Value) -> Node<'_> {
+        Node {
+            path: "member[0].breaker.threshold".to_owned(),
+            value,
+        }
+    }
+
+    #[test]
+    fn a_whole_number_out_of_range_names_its_path_and_the_value_written() {
+        let value = Value::String("five".to_owned());
+        let error = at(&value).whole_u32(1).unwrap_err();
+        assert_eq!(error.setting(), "member[0].breaker.threshold");
+        assert_eq!(
+            error.reason(),
+            "expected a whole number of at least 1, got \"five\""
+        );
+        assert_eq!(
+            at(&Value::Integer(0)).whole_u32(1).unwrap_err().reason(),
+            "expected a whole number of at least 1, got 0"
+        );
+        assert_eq!(at(&Value::String("7".into())).whole_u32(1), Ok(7));
+    }
+
+    #[test]
+    fn durations_are_written_with_their_unit() {
+        let read = |text: &str| at(&Value::String(text.to_owned())).duration().ok();
+        assert_eq!(read("250ms"), Some(Duration::from_millis(250)));
+        assert_eq!(read("30s"), Some(Duration::from_secs(30)));
+        assert_eq!(read("10m"), Some(Duration::from_secs(600)));
+        assert_eq!(read("1h"), Some(Duration::from_secs(3_600)));
+        assert_eq!(read("3d"), Some(Duration::from_secs(259_200)));
+        assert_eq!(read("30"), None);
+        assert_eq!(read("s"), None);
+        assert_eq!(read("99999999999999999999d"), None);
+        assert_eq!(read(&format!("{}d", u64::MAX)), None);
+    }
+
+    #[test]
+    fn an_environment_variable_fills_in_a_value_and_a_missing_one_is_named() {
+        // SAFETY: no other test of this binary reads or writes this variable.
+        unsafe { std::env::set_var("MAIL_BREAKER_READ_TEST_KEY", "s3cret") };
+        assert_eq!(
+            expand("smtp://u:${MAIL_BREAKER_READ_TEST_KEY}@h").unwrap(),
+            "smtp://u:s3cret@h"
+        );
+        assert_eq!(
+            expand("${MAIL_BREAKER_READ_TEST_MISSING}").unwrap_err(),
+            "the environment variable MAIL_BREAKER_READ_TEST_MISSING is not set"
+        );
+        assert!(expand("${unclosed").is_err());
+        assert!(expand("${1abc}").is_err());
+        assert_eq!(
+            expand("a $ sign and $HOME stay").unwrap(),
+            "a $ sign and $HOME stay"
+        );
+    }
+
+    #[test]
+    fn an_error_quotes_the_value_as_written_not_as_the_environment_filled_it_in() {
+        // SAFETY: no other test of this binary reads or writes this variable.
+        unsafe { std::env::set_var("MAIL_BREAKER_READ_TEST_SECRET", "hunter2") };
+        let value = Value::String("${MAIL_BREAKER_READ_TEST_SECRET}".to_owned());
+        let error = at(&value).whole_u32(1).unwrap_err();
+        assert!(!error.to_string().contains("hunter2"), "{error}");
+        assert!(error.to_string().contains("MAIL_BREAKER_READ_TEST_SECRET"));
+    }
+}

@@ -1,0 +1,447 @@
+//! The configuration of a whole stack as it is read: [`MailerConfig`] and the settings of
+//! its members, retry, outbox and Redis, each checked where it is read.
+
+use std::fmt;
+use std::time::Duration;
+
+use serde::Deserialize;
+use toml::Value;
+
+use super::ConfigError;
+use super::provider::{self, Provider, Secret};
+use super::read::Node;
+
+/// The configuration of a whole stack: a pool of members (each a provider with its breaker
+/// and rate limit), a retry around them, an outbox and the Redis they share; read from a
+/// DSN ([`from_dsn`](Self::from_dsn)), a TOML document ([`from_toml`](Self::from_toml)) or
+/// any serde format (`Deserialize`), and checked as it is read: every error names the
+/// setting's path, and a setting the crate does not know is an error, never ignored.
+///
+/// `${NAME}` anywhere in a value is read from the environment, so that a DSN can be written
+/// down without its keys. `Debug` shows every key and password as `***`.
+///
+/// ```
+/// use mail_breaker::config::MailerConfig;
+///
+/// let config = MailerConfig::from_dsn(
+///     "failover(smtp://relay.example.com?tls=required&breaker.threshold=5 \
+///               smtp://backup.example.com)?retry.attempts=4",
+/// )?;
+/// assert_eq!(config.members(), 2);
+///
+/// let error = MailerConfig::from_toml(
+///     r#"
+///     [[member]]
+///     url = "smtp://relay.example.com"
+///     breaker = { threshold = "five" }
+///     "#,
+/// )
+/// .unwrap_err();
+/// assert_eq!(error.setting(), "member[0].breaker.threshold");
+/// assert_eq!(error.reason(), r#"expected a whole number of at least 1, got "five""#);
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// ```
+#[derive(Clone, PartialEq)]
+pub struct MailerConfig {
+    pub(crate) strategy: Strategy,
+    pub(crate) members: Vec<MemberConfig>,
+    pub(crate) retry: Option<RetryConfig>,
+    pub(crate) outbox: Option<OutboxConfig>,
+    pub(crate) redis: Option<RedisConfig>,
+}
+
+/// How the pool picks among its members.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Strategy {
+    /// The first member that is not open, in order (`failover(...)`).
+    Failover,
+    /// Each member in turn (`roundrobin(...)`).
+    RoundRobin,
+}
+
+/// One provider with its breaker and rate limit.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct MemberConfig {
+    pub name: Option<String>,
+    pub provider: Provider,
+    pub priority: Option<u32>,
+    pub breaker: BreakerConfig,
+    pub rate: Option<RateConfig>,
+}
+
+/// How a member's breaker counts: failures in a row, or an error rate.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Counting {
+    InARow(u32),
+    Rate {
+        percent: u8,
+        min_calls: Option<u32>,
+        window: Option<Duration>,
+    },
+}
+
+/// A member's breaker; `None` keeps the builder's default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct BreakerConfig {
+    pub counting: Option<Counting>,
+    pub reset: Option<Duration>,
+    pub max_reset: Option<Duration>,
+    pub probe_timeout: Option<Duration>,
+    pub half_open_successes: Option<u32>,
+    pub slow_call: Option<Duration>,
+    pub per_recipient_domain: Option<bool>,
+    pub max_keys: Option<usize>,
+    pub shadow: Option<bool>,
+}
+
+/// A member's rate limit.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RateConfig {
+    pub per_second: f64,
+    pub burst: Option<u32>,
+    pub max_in_flight: Option<usize>,
+    pub max_wait: Option<Duration>,
+    pub adaptive: Option<bool>,
+    pub min_per_second: Option<f64>,
+    /// One budget for the fleet, through the stack's Redis.
+    pub shared: bool,
+    pub fleet: Option<u32>,
+}
+
+/// The retry around the pool.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct RetryConfig {
+    pub attempts: Option<u32>,
+    pub backoff: Option<Backoff>,
+    pub max_elapsed: Option<Duration>,
+    pub at_most_once: bool,
+}
+
+/// The retry's wait between attempts.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub(crate) enum Backoff {
+    Exponential { initial: Duration, max: Duration },
+    Constant(Duration),
+}
+
+/// The outbox the stack queues in.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct OutboxConfig {
+    pub database: Database,
+    pub queue_only: bool,
+    pub concurrency: Option<usize>,
+    pub lease: Option<Duration>,
+    pub max_age: Option<Duration>,
+    pub poll: Option<Duration>,
+    pub at_most_once: bool,
+}
+
+/// Where the outbox keeps its mail.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) enum Database {
+    Sqlite(String),
+    Postgres(Secret),
+}
+
+/// The Redis the breakers (and shared rate limits) keep their state in.
+#[derive(Debug, Clone, PartialEq)]
+pub(crate) struct RedisConfig {
+    /// One URL, or a cluster's.
+    pub urls: Vec<Secret>,
+    pub cluster: bool,
+    pub quorum: Option<u32>,
+    pub namespace: Option<String>,
+    pub timeout: Option<Duration>,
+    pub retry_interval: Option<Duration>,
+    /// A file of PEM certificates to trust beside the system's.
+    pub ca: Option<String>,
+}
+
+impl MailerConfig {
+    /// Reads a DSN: one provider's URL (`smtp://user:pass@host:587?tls=required`), or
+    /// `failover(A B ...)` and `roundrobin(A B ...)` of them, optionally inside
+    /// `retry(...)`; see the module's documentation for every setting.
+    pub fn from_dsn(dsn: &str) -> Result<MailerConfig, ConfigError> {
+        MailerConfig::from_tree(&super::dsn::parse(dsn)?)
+    }
+
+    /// Reads a TOML document: `strategy`, `[[member]]` (each with `url`, and its
+    /// `breaker` and `rate`), `[retry]`, `[outbox]` and `[redis]`.
+    pub fn from_toml(toml: &str) -> Result<MailerConfig, ConfigError> {
+        let table: toml::Table = toml.parse().map_err(|error: toml::de::Error| {
+            let at = error
+                .span()
+                .map(|span| format!("at byte {}: ", span.start))
+                .unwrap_or_default();
+            ConfigError::new("toml", format!("{at}{}", error.message()))
+        })?;
+        MailerConfig::from_tree(&Value::Table(table))
+    }
+
+    /// How many members the pool has.
+    pub fn members(&self) -> usize {
+        self.members.len()
+    }
+
+    pub(crate) fn from_tree(tree: &Value) -> Result<MailerConfig, ConfigError> {
+        let root = Node::root(tree);
+        let mut fields = root.table()?;
+        let strategy = fields
+            .read("strategy", |node| node.choice(&["failover", "roundrobin"]))?
+            .map_or(Strategy::Failover, |choice| match choice {
+                "roundrobin" => Strategy::RoundRobin,
+                _ => Strategy::Failover,
+            });
+        let members = fields
+            .required("member")?
+            .list()?
+            .iter()
+            .map(member)
+            .collect::<Result<Vec<_>, _>>()?;
+        if members.is_empty() {
+            return Err(ConfigError::new("member", "needs at least one member"));
+        }
+        let retry = fields.read("retry", retry)?;
+        let outbox = fields.read("outbox", outbox)?;
+        let redis = fields.read("redis", redis)?;
+        fields.finish()?;
+        if let Some(index) = members
+            .iter()
+            .position(|member| member.rate.as_ref().is_some_and(|rate| rate.shared))
+            && redis.is_none()
+        {
+            return Err(ConfigError::new(
+                format!("member[{index}].rate.shared"),
+                "a shared rate limit needs the stack's [redis]",
+            ));
+        }
+        Ok(MailerConfig {
+            strategy,
+            members,
+            retry,
+            outbox,
+            redis,
+        })
+    }
+}
+
+impl fmt::Debug for MailerConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MailerConfig")
+            .field("strategy", &self.strategy)
+            .field("members", &self.members)
+            .field("retry", &self.retry)
+            .field("outbox", &self.outbox)
+            .field("redis", &self.redis)
+            .finish()
+    }
+}
+
+impl<'de> Deserialize<'de> for MailerConfig {
+    /// Any serde format's tree, read as a TOML document's: the same settings, the same
+    /// errors (as the format's custom error, the path first).
+    fn deserialize<D: serde::Deserializer<'de>>(deserializer: D) -> Result<Self, D::Error> {
+        let tree = Value::deserialize(deserializer)?;
+        MailerConfig::from_tree(&tree).map_err(serde::de::Error::custom)
+    }
+}
+
+fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let url = fields.required("url")?;
+    let provider = provider::read(&url.word()?, url.path())?;
+    let name = fields.read("name", Node::word)?;
+    let priority = fields.read("priority", |node| node.whole_u32(0))?;
+    let breaker = fields.read("breaker", breaker)?.unwrap_or_default();
+    let rate = fields.read("rate", rate)?;
+    fields.finish()?;
+    Ok(MemberConfig {
+        name,
+        provider,
+        priority,
+        breaker,
+        rate,
+    })
+}
+
+fn breaker(node: &Node<'_>) -> Result<BreakerConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let threshold = fields.read("threshold", |node| node.whole_u32(1))?;
+    let percent = fields.read("error_rate", Node::percent)?;
+    let min_calls = fields.read("min_calls", |node| node.whole_u32(1))?;
+    let window = fields.read("window", Node::duration)?;
+    let counting = match (threshold, percent) {
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                format!("{}.error_rate", node.path()),
+                "a breaker counts failures in a row (threshold) or an error rate, not both",
+            ));
+        }
+        (Some(threshold), None) => Some(Counting::InARow(threshold)),
+        (None, Some(percent)) => Some(Counting::Rate {
+            percent,
+            min_calls,
+            window,
+        }),
+        (None, None) => None,
+    };
+    if percent.is_none() && (min_calls.is_some() || window.is_some()) {
+        let setting = if min_calls.is_some() {
+            "min_calls"
+        } else {
+            "window"
+        };
+        return Err(ConfigError::new(
+            format!("{}.{setting}", node.path()),
+            "counts only with an error_rate",
+        ));
+    }
+    let config = BreakerConfig {
+        counting,
+        reset: fields.read("reset", Node::duration)?,
+        max_reset: fields.read("max_reset", Node::duration)?,
+        probe_timeout: fields.read("probe_timeout", Node::duration)?,
+        half_open_successes: fields.read("half_open_successes", |node| node.whole_u32(1))?,
+        slow_call: fields.read("slow_call", Node::duration)?,
+        per_recipient_domain: fields
+            .read("scope", |node| {
+                node.choice(&["transport", "recipient_domain"])
+            })?
+            .map(|scope| scope == "recipient_domain"),
+        max_keys: fields.read("max_keys", |node| node.whole_usize(1))?,
+        shadow: fields.read("shadow", Node::flag)?,
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+fn rate(node: &Node<'_>) -> Result<RateConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let per_second = fields.required("per_second")?.positive("/s")?;
+    let config = RateConfig {
+        per_second,
+        burst: fields.read("burst", |node| node.whole_u32(1))?,
+        max_in_flight: fields.read("max_in_flight", |node| node.whole_usize(1))?,
+        max_wait: fields.read("max_wait", Node::duration)?,
+        adaptive: fields.read("adaptive", Node::flag)?,
+        min_per_second: fields.read("min_per_second", |node| node.positive("/s"))?,
+        shared: fields.read("shared", Node::flag)?.unwrap_or(false),
+        fleet: fields.read("fleet", |node| node.whole_u32(1))?,
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+fn retry(node: &Node<'_>) -> Result<RetryConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let attempts = fields.read("attempts", |node| node.whole_u32(1))?;
+    let initial = fields.read("initial", Node::duration)?;
+    let max = fields.read("max_delay", Node::duration)?;
+    let delay = fields.read("delay", Node::duration)?;
+    let backoff = match (delay, initial, max) {
+        (Some(_), Some(_), _) | (Some(_), _, Some(_)) => {
+            return Err(ConfigError::new(
+                format!("{}.delay", node.path()),
+                "a constant delay, or an exponential backoff (initial, max_delay), not both",
+            ));
+        }
+        (Some(delay), None, None) => Some(Backoff::Constant(delay)),
+        (None, None, None) => None,
+        (None, initial, max) => Some(Backoff::Exponential {
+            initial: initial.unwrap_or(Duration::from_secs(1)),
+            max: max.unwrap_or(Duration::from_secs(60)),
+        }),
+    };
+    let config = RetryConfig {
+        attempts,
+        backoff,
+        max_elapsed: fields.read("max_elapsed", Node::duration)?,
+        at_most_once: fields.read("at_most_once", Node::flag)?.unwrap_or(false),
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let url = fields.required("url")?;
+    let text = url.word()?;
+    let database = if let Some(path) = text.strip_prefix("sqlite://") {
+        if !cfg!(feature = "outbox") {
+            return Err(url.error(
+                "an outbox needs the crate's `outbox` feature, which this build does not have",
+            ));
+        }
+        if path.is_empty() {
+            return Err(url.error("names no file: sqlite:///var/lib/app/outbox.db"));
+        }
+        Database::Sqlite(path.to_owned())
+    } else if text.starts_with("postgres://") || text.starts_with("postgresql://") {
+        if !cfg!(feature = "postgres") {
+            return Err(url.error(
+                "an outbox on PostgreSQL needs the crate's `postgres` feature, which this \
+                 build does not have",
+            ));
+        }
+        Database::Postgres(Secret(text))
+    } else {
+        return Err(url.error(
+            "expected sqlite:///path/to/outbox.db or postgres://user:password@host/database",
+        ));
+    };
+    let config = OutboxConfig {
+        database,
+        queue_only: fields.read("queue_only", Node::flag)?.unwrap_or(false),
+        concurrency: fields.read("concurrency", |node| node.whole_usize(1))?,
+        lease: fields.read("lease", Node::duration)?,
+        max_age: fields.read("max_age", Node::duration)?,
+        poll: fields.read("poll", Node::duration)?,
+        at_most_once: fields.read("at_most_once", Node::flag)?.unwrap_or(false),
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
+    if !cfg!(feature = "redis") {
+        return Err(node.error(
+            "a Redis store needs the crate's `redis` feature, which this build does not have",
+        ));
+    }
+    let mut fields = node.table()?;
+    let url = fields.read("url", Node::word)?;
+    let cluster = fields.read("cluster", Node::words)?;
+    let (urls, cluster) = match (url, cluster) {
+        (Some(url), None) => (vec![Secret(url)], false),
+        (None, Some(urls)) if !urls.is_empty() => (urls.into_iter().map(Secret).collect(), true),
+        (None, Some(_)) => {
+            return Err(ConfigError::new(
+                format!("{}.cluster", node.path()),
+                "needs at least one node's URL",
+            ));
+        }
+        (Some(_), Some(_)) => {
+            return Err(ConfigError::new(
+                format!("{}.cluster", node.path()),
+                "one Redis (url) or a cluster's nodes (cluster), not both",
+            ));
+        }
+        (None, None) => {
+            return Err(ConfigError::new(
+                format!("{}.url", node.path()),
+                "is required (or cluster, a list of the nodes' URLs)",
+            ));
+        }
+    };
+    let config = RedisConfig {
+        urls,
+        cluster,
+        quorum: fields.read("quorum", |node| node.whole_u32(1))?,
+        namespace: fields.read("namespace", Node::word)?,
+        timeout: fields.read("timeout", Node::duration)?,
+        retry_interval: fields.read("retry_interval", Node::duration)?,
+        ca: fields.read("ca", Node::word)?,
+    };
+    fields.finish()?;
+    Ok(config)
+}

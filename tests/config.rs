@@ -1,0 +1,272 @@
+//! A whole stack's configuration read from a DSN and from TOML (DESIGN §14): the same
+//! settings either way, errors that name the setting's path, nothing unknown ignored, no
+//! secret shown, and no input that makes it panic.
+#![cfg(all(feature = "config", feature = "smtp"))]
+
+use mail_breaker::config::MailerConfig;
+use proptest::prelude::*;
+
+/// The path an error names, for `text` read as a DSN.
+fn dsn_error(text: &str) -> (String, String) {
+    let error = MailerConfig::from_dsn(text).unwrap_err();
+    (error.setting().to_owned(), error.reason().to_owned())
+}
+
+/// The path an error names, for `text` read as TOML.
+fn toml_error(text: &str) -> (String, String) {
+    let error = MailerConfig::from_toml(text).unwrap_err();
+    (error.setting().to_owned(), error.reason().to_owned())
+}
+
+#[test]
+fn a_dsn_and_its_toml_read_as_the_same_configuration() {
+    let dsn = MailerConfig::from_dsn(
+        "retry(failover(smtp://relay.example.com?tls=required&breaker.threshold=5&breaker.reset=30s \
+         smtp://backup.example.com:2525?name=backup&rate=14/s))?attempts=4&delay=2s",
+    )
+    .unwrap();
+    let toml = MailerConfig::from_toml(
+        r#"
+        strategy = "failover"
+        retry = { attempts = 4, delay = "2s" }
+
+        [[member]]
+        url = "smtp://relay.example.com?tls=required"
+        breaker = { threshold = 5, reset = "30s" }
+
+        [[member]]
+        url = "smtp://backup.example.com:2525"
+        name = "backup"
+        rate = { per_second = 14 }
+        "#,
+    )
+    .unwrap();
+    assert_eq!(dsn, toml);
+    assert_eq!(dsn.members(), 2);
+}
+
+#[test]
+fn symfonys_failover_and_roundrobin_forms_read_nested_one_level_inside_a_retry() {
+    for dsn in [
+        "failover(smtp://a.example.com smtp://b.example.com)",
+        "roundrobin(smtp://a.example.com smtp://b.example.com)",
+        "retry(failover(smtp://a.example.com smtp://b.example.com))?attempts=3",
+        "retry(roundrobin(smtp://a.example.com smtp://b.example.com))",
+        "retry(smtp://a.example.com)",
+    ] {
+        MailerConfig::from_dsn(dsn).unwrap_or_else(|error| panic!("{dsn}: {error}"));
+    }
+    assert_eq!(
+        dsn_error("failover(roundrobin(smtp://a smtp://b))").0,
+        "dsn",
+        "a pool inside a pool"
+    );
+}
+
+#[test]
+fn a_setting_out_of_range_names_its_path_and_says_what_was_expected() {
+    assert_eq!(
+        toml_error(
+            r#"
+            [[member]]
+            url = "smtp://a.example.com"
+            [[member]]
+            url = "smtp://b.example.com"
+            breaker = { threshold = "five" }
+            "#
+        ),
+        (
+            "member[1].breaker.threshold".to_owned(),
+            r#"expected a whole number of at least 1, got "five""#.to_owned()
+        )
+    );
+    assert_eq!(
+        dsn_error("failover(smtp://a smtp://b?breaker.reset=30)").0,
+        "member[1].breaker.reset"
+    );
+    assert_eq!(
+        dsn_error("smtp://a?retry.attempts=0"),
+        (
+            "retry.attempts".to_owned(),
+            r#"expected a whole number of at least 1, got "0""#.to_owned()
+        )
+    );
+}
+
+#[test]
+fn an_unknown_setting_is_an_error_naming_it_never_ignored() {
+    let (path, reason) = dsn_error("smtp://a?breaker.treshold=5");
+    assert_eq!(path, "member[0].breaker.treshold");
+    assert!(reason.contains("threshold"), "{reason}");
+    assert_eq!(
+        toml_error("colour = \"blue\"\n[[member]]\nurl = \"smtp://a\"").0,
+        "colour"
+    );
+}
+
+#[test]
+fn a_provider_the_crate_does_not_know_is_an_error_on_its_url() {
+    assert_eq!(dsn_error("http://example.com").0, "member[0].url");
+    assert_eq!(
+        dsn_error("failover(smtp://a.example.com ftp://b.example.com)").0,
+        "member[1].url"
+    );
+}
+
+#[test]
+fn a_shared_rate_limit_without_redis_is_an_error() {
+    assert_eq!(
+        dsn_error("smtp://a?rate=14/s&rate.shared=true").0,
+        "member[0].rate.shared"
+    );
+}
+
+#[test]
+fn a_breaker_counts_in_a_row_or_at_a_rate_not_both() {
+    assert_eq!(
+        dsn_error("smtp://a?breaker.threshold=5&breaker.error_rate=50%25").0,
+        "member[0].breaker.error_rate"
+    );
+    MailerConfig::from_dsn(
+        "smtp://a?breaker.error_rate=50%25&breaker.min_calls=20&breaker.window=1m",
+    )
+    .unwrap();
+}
+
+#[test]
+fn environment_variables_fill_in_values_and_a_missing_one_is_named() {
+    // SAFETY: no other test of this binary reads or writes these variables.
+    unsafe { std::env::set_var("MAIL_BREAKER_CONFIG_TEST_PASSWORD", "hunter2") };
+    let config = MailerConfig::from_dsn(
+        "smtp://app:${MAIL_BREAKER_CONFIG_TEST_PASSWORD}@relay.example.com?tls=required",
+    )
+    .unwrap();
+    assert!(!format!("{config:?}").contains("hunter2"));
+    let (path, reason) =
+        dsn_error("smtp://app:${MAIL_BREAKER_CONFIG_TEST_UNSET}@relay.example.com");
+    assert_eq!(path, "member[0].url");
+    assert_eq!(
+        reason,
+        "the environment variable MAIL_BREAKER_CONFIG_TEST_UNSET is not set"
+    );
+}
+
+#[test]
+fn any_serde_format_reads_as_toml_does() {
+    let json = r#"{"member": [{"url": "smtp://a.example.com", "breaker": {"threshold": 3}}]}"#;
+    let from_json: MailerConfig = serde_json::from_str(json).unwrap();
+    let from_toml = MailerConfig::from_toml(
+        "[[member]]\nurl = \"smtp://a.example.com\"\nbreaker = { threshold = 3 }",
+    )
+    .unwrap();
+    assert_eq!(from_json, from_toml);
+    let error = serde_json::from_str::<MailerConfig>(r#"{"member": [{"url": 5}]}"#).unwrap_err();
+    assert!(error.to_string().contains("member[0].url"), "{error}");
+}
+
+/// Where an error may point: the DSN or TOML text itself, or a setting's path.
+fn names_a_path(setting: &str) -> bool {
+    let roots = [
+        "dsn",
+        "toml",
+        "configuration",
+        "strategy",
+        "member",
+        "retry",
+        "outbox",
+        "redis",
+    ];
+    roots.iter().any(|root| {
+        setting == *root
+            || setting.starts_with(&format!("{root}."))
+            || setting.starts_with(&format!("{root}["))
+    }) || !setting.contains('.') && !setting.is_empty()
+}
+
+/// A DSN that reads, with a secret in each place a secret goes.
+fn dsn_with_secrets() -> impl Strategy<Value = String> {
+    let member = prop_oneof![
+        Just("smtp://app:SECRET-1@relay.example.com?tls=required".to_owned()),
+        Just("smtps://app:SECRET-2@relay.example.com:465".to_owned()),
+        Just("smtp://b.example.com:2525?breaker.threshold=3&rate=14/s".to_owned()),
+    ];
+    (
+        prop::collection::vec(member, 1..4),
+        prop::sample::select(vec!["failover", "roundrobin"]),
+    )
+        .prop_map(|(members, strategy)| format!("{strategy}({})", members.join(" ")))
+}
+
+/// `text` with a few characters inserted, deleted or replaced at random.
+fn mutated(base: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
+    (
+        base,
+        prop::collection::vec((any::<prop::sample::Index>(), 0u8..3, any::<char>()), 0..6),
+    )
+        .prop_map(|(text, edits)| {
+            let mut chars: Vec<char> = text.chars().collect();
+            for (at, kind, c) in edits {
+                let at = at.index(chars.len() + 1);
+                match kind {
+                    0 => chars.insert(at, c),
+                    1 if at < chars.len() => {
+                        chars.remove(at);
+                    }
+                    _ if at < chars.len() => chars[at] = c,
+                    _ => {}
+                }
+            }
+            chars.into_iter().collect()
+        })
+}
+
+fn toml_document() -> impl Strategy<Value = String> {
+    let documents = vec![
+        "strategy = \"roundrobin\"\n[[member]]\nurl = \"smtp://a.example.com\"\nbreaker = { threshold = 5, reset = \"30s\" }\n[[member]]\nurl = \"smtp://b.example.com\"\nrate = { per_second = 14, burst = 2 }\n[retry]\nattempts = 4\ninitial = \"1s\"\nmax_delay = \"1m\"\n",
+        "[[member]]\nurl = \"smtp://app:SECRET-3@relay.example.com?tls=required\"\nname = \"relay\"\npriority = 1\n",
+        "[[member]]\nurl = \"smtp://a\"\n[outbox]\nurl = \"sqlite:///tmp/outbox.db\"\nconcurrency = 8\nlease = \"5m\"\n",
+    ];
+    prop::sample::select(documents).prop_map(str::to_owned)
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig::with_cases(2_500))]
+
+    #[test]
+    fn no_dsn_makes_it_panic_and_every_error_names_a_path(text in ".{0,120}") {
+        if let Err(error) = MailerConfig::from_dsn(&text) {
+            prop_assert!(names_a_path(error.setting()), "{:?}", error.setting());
+        }
+    }
+
+    #[test]
+    fn no_mutated_dsn_makes_it_panic_or_shows_a_secret(text in mutated(dsn_with_secrets())) {
+        match MailerConfig::from_dsn(&text) {
+            Ok(config) => prop_assert!(!format!("{config:?}").contains("SECRET-"), "{config:?}"),
+            Err(error) => {
+                prop_assert!(names_a_path(error.setting()), "{:?}", error.setting());
+                let shown = format!("{error} {error:?}");
+                prop_assert!(!shown.contains("SECRET-"), "{shown}");
+            }
+        }
+    }
+
+    #[test]
+    fn no_toml_makes_it_panic_and_every_error_names_a_path(text in ".{0,200}") {
+        if let Err(error) = MailerConfig::from_toml(&text) {
+            prop_assert!(names_a_path(error.setting()), "{:?}", error.setting());
+        }
+    }
+
+    #[test]
+    fn no_mutated_toml_makes_it_panic_or_shows_a_secret(text in mutated(toml_document())) {
+        match MailerConfig::from_toml(&text) {
+            Ok(config) => prop_assert!(!format!("{config:?}").contains("SECRET-"), "{config:?}"),
+            Err(error) => {
+                prop_assert!(names_a_path(error.setting()), "{:?}", error.setting());
+                let shown = format!("{error} {error:?}");
+                prop_assert!(!shown.contains("SECRET-"), "{shown}");
+            }
+        }
+    }
+}
