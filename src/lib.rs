@@ -4,7 +4,7 @@
 pub mod adapters;
 pub mod breaker;
 mod cascade;
-mod config;
+pub mod config;
 mod inline;
 pub mod machine;
 pub mod metrics;
