@@ -34,6 +34,8 @@ pub use adapters::ses::{SesTransport, classify_ses_error};
 pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
 pub use config::ConfigError;
+#[cfg(feature = "config")]
+pub use config::{Mailer, MailerConfig};
 pub use machine::{ErrorRate, Snapshot, State};
 #[cfg(feature = "outbox")]
 pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};

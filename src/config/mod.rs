@@ -6,6 +6,8 @@
 mod dsn;
 mod error;
 #[cfg(feature = "config")]
+mod mailer;
+#[cfg(feature = "config")]
 mod provider;
 #[cfg(feature = "config")]
 mod read;
@@ -14,5 +16,7 @@ mod tree;
 
 pub use error::ConfigError;
 pub(crate) use error::{at_least_one, non_zero_duration};
+#[cfg(feature = "config")]
+pub use mailer::{Mailer, MemberBreaker};
 #[cfg(feature = "config")]
 pub use tree::MailerConfig;

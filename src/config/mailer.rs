@@ -1,0 +1,588 @@
+//! [`Mailer`]: the stack a [`MailerConfig`] describes, built and ready to send.
+//!
+//! Each member is its provider, paced by its rate limit if it has one, behind its own
+//! breaker; the members are pooled (in order for `failover`, in turn for `roundrobin`); a
+//! retry goes around the pool; an outbox, if configured, keeps what the stack cannot send
+//! now and a worker in the background sends it later.
+
+use std::fmt;
+use std::sync::Arc;
+
+use super::ConfigError;
+use super::provider::Provider;
+use super::tree::{
+    Backoff, BreakerConfig, Counting, MailerConfig, MemberConfig, RateConfig, RedisConfig,
+    RetryConfig, Strategy,
+};
+use crate::{
+    CircuitBreakerTransport, Envelope, Message, PoolTransport, RateLimitTransport, Receipt,
+    RetryTransport, SendError, Transport,
+};
+
+/// A member's breaker as a [`Mailer`] holds it: around its provider (and rate limit), boxed
+/// so that every member's breaker is of one type.
+pub type MemberBreaker = CircuitBreakerTransport<Box<dyn Transport>>;
+
+/// The whole stack a [`MailerConfig`] describes, as one [`Transport`]; with its members'
+/// breakers by name, for snapshots, isolation and reset.
+///
+/// ```no_run
+/// use mail_breaker::config::Mailer;
+/// use mail_breaker::Transport;
+///
+/// # async fn run(message: lettre::Message) -> Result<(), Box<dyn std::error::Error>> {
+/// let mailer = Mailer::from_dsn(&std::env::var("MAILER_DSN")?)?.build().await?;
+/// mailer.send(&message).await?;
+/// if let Some(breaker) = mailer.breaker("backup") {
+///     println!("{:?}", breaker.snapshot().await.state());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct Mailer {
+    stack: Box<dyn Transport>,
+    breakers: Vec<(String, Arc<MemberBreaker>)>,
+    #[cfg(feature = "outbox")]
+    outbox: Option<crate::outbox::Outbox>,
+    /// Stops the outbox's worker when the mailer goes.
+    #[cfg(feature = "outbox")]
+    _worker: Option<WorkerGuard>,
+    config: MailerConfig,
+}
+
+impl Mailer {
+    /// Reads a DSN (see [`MailerConfig::from_dsn`]); [`build`](MailerConfig::build) makes
+    /// the mailer.
+    pub fn from_dsn(dsn: &str) -> Result<MailerConfig, ConfigError> {
+        MailerConfig::from_dsn(dsn)
+    }
+
+    /// Reads a TOML document (see [`MailerConfig::from_toml`]);
+    /// [`build`](MailerConfig::build) makes the mailer.
+    pub fn from_toml(toml: &str) -> Result<MailerConfig, ConfigError> {
+        MailerConfig::from_toml(toml)
+    }
+
+    /// The breaker of the member named `name` (its `name` setting, or its provider's name,
+    /// as `smtp://relay.example.com:587`).
+    pub fn breaker(&self, name: &str) -> Option<&MemberBreaker> {
+        self.breakers
+            .iter()
+            .find(|(member, _)| member == name)
+            .map(|(_, breaker)| &**breaker)
+    }
+
+    /// Every member's breaker with its name, in the configuration's order.
+    pub fn breakers(&self) -> impl Iterator<Item = (&str, &MemberBreaker)> {
+        self.breakers
+            .iter()
+            .map(|(name, breaker)| (name.as_str(), &**breaker))
+    }
+
+    /// The outbox the stack queues in, when it has one.
+    #[cfg(feature = "outbox")]
+    pub fn outbox(&self) -> Option<&crate::outbox::Outbox> {
+        self.outbox.as_ref()
+    }
+}
+
+impl fmt::Debug for Mailer {
+    /// The tree of the stack, every key and password as `***`.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Mailer")
+            .field("name", &self.stack.name())
+            .field("config", &self.config)
+            .finish_non_exhaustive()
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Mailer {
+    fn name(&self) -> &str {
+        self.stack.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.stack.send_raw(envelope, raw).await
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.stack.send(message).await
+    }
+
+    fn send_many<'a>(&'a self, messages: crate::MessageStream<'a>) -> crate::ReceiptStream<'a> {
+        self.stack.send_many(messages)
+    }
+
+    async fn verify(&self) -> Result<(), SendError> {
+        self.stack.verify().await
+    }
+}
+
+impl MailerConfig {
+    /// Builds the stack: connects to Redis and opens the outbox if configured, makes each
+    /// member's provider, rate limit and breaker, and starts the outbox's worker (which
+    /// stops when the mailer is dropped).
+    ///
+    /// A Redis that refuses the password or whose certificate is not trusted is an error
+    /// here, naming `redis.url`; one that does not answer is not: the breakers decide alone
+    /// until it does, as [`RedisStore`](crate::RedisStore) does. An outbox that cannot be
+    /// opened is an error naming `outbox.url`.
+    pub async fn build(self) -> Result<Mailer, ConfigError> {
+        let store = match &self.redis {
+            Some(redis) => Some(connect(redis).await?),
+            None => None,
+        };
+        let mut breakers: Vec<(String, Arc<MemberBreaker>)> = Vec::new();
+        for (index, member) in self.members.iter().enumerate() {
+            let path = format!("member[{index}]");
+            let (name, breaker) = build_member(member, &path, store.as_ref())?;
+            if let Some(taken) = breakers.iter().position(|(other, _)| *other == name) {
+                return Err(ConfigError::new(
+                    format!("{path}.name"),
+                    format!("member[{taken}] has the same name; give one of them its own name"),
+                ));
+            }
+            breakers.push((name, breaker));
+        }
+        let pooled: Box<dyn Transport> = match breakers.as_slice() {
+            [(_, only)] => Box::new(Arc::clone(only)),
+            members => {
+                let mut pool = PoolTransport::builder().strategy(match self.strategy {
+                    Strategy::Failover => crate::Strategy::Priority,
+                    Strategy::RoundRobin => crate::Strategy::RoundRobin,
+                });
+                for (index, ((_, breaker), member)) in members.iter().zip(&self.members).enumerate()
+                {
+                    let order = u32::try_from(index).unwrap_or(u32::MAX);
+                    pool = pool.add(Arc::clone(breaker), member.priority.unwrap_or(order));
+                }
+                Box::new(pool.build().map_err(|error| error.within("member"))?)
+            }
+        };
+        let stack: Box<dyn Transport> = match &self.retry {
+            Some(retry) => Box::new(build_retry(pooled, retry)?),
+            None => pooled,
+        };
+        #[cfg(feature = "outbox")]
+        {
+            let (stack, outbox, worker) = match &self.outbox {
+                Some(config) => with_outbox(stack, config).await?,
+                None => (stack, None, None),
+            };
+            Ok(Mailer {
+                stack,
+                breakers,
+                outbox,
+                _worker: worker,
+                config: self,
+            })
+        }
+        #[cfg(not(feature = "outbox"))]
+        Ok(Mailer {
+            stack,
+            breakers,
+            config: self,
+        })
+    }
+}
+
+/// The Redis store the breakers and shared rate limits keep their state in.
+#[cfg(feature = "redis")]
+type Store = Arc<crate::RedisStore>;
+/// Without the `redis` feature there is none ([`MailerConfig`] refuses a `[redis]`).
+#[cfg(not(feature = "redis"))]
+type Store = std::convert::Infallible;
+
+/// A member's name and breaker.
+fn build_member(
+    member: &MemberConfig,
+    path: &str,
+    store: Option<&Store>,
+) -> Result<(String, Arc<MemberBreaker>), ConfigError> {
+    let provider = build_provider(&member.provider, &format!("{path}.url"))?;
+    let name = member
+        .name
+        .clone()
+        .unwrap_or_else(|| provider.name().to_owned());
+    let paced: Box<dyn Transport> = match &member.rate {
+        Some(rate) => Box::new(build_rate(provider, rate, &name, store, path)?),
+        None => provider,
+    };
+    let breaker = build_breaker(paced, &member.breaker, store)
+        .map_err(|error| error.within(&format!("{path}.breaker")))?;
+    Ok((name, Arc::new(breaker)))
+}
+
+fn build_provider(provider: &Provider, path: &str) -> Result<Box<dyn Transport>, ConfigError> {
+    match provider {
+        #[cfg(feature = "smtp")]
+        Provider::Smtp { url } => {
+            let smtp = crate::SmtpTransport::from_url(&url.0)
+                .and_then(|builder| builder.build())
+                .map_err(|error| error.within(path))?;
+            Ok(Box::new(smtp))
+        }
+        #[cfg(feature = "ses")]
+        Provider::Ses { region, endpoint } => Ok(Box::new(ses(region, endpoint.as_deref(), path)?)),
+        Provider::Api {
+            api,
+            key,
+            domain,
+            eu,
+            endpoint,
+        } => api_transport(
+            *api,
+            &key.0,
+            domain.as_deref(),
+            *eu,
+            endpoint.as_deref(),
+            path,
+        ),
+        #[allow(unreachable_patterns)]
+        _ => Err(ConfigError::new(
+            path.to_owned(),
+            "this provider is not built in this version of the crate",
+        )),
+    }
+}
+
+#[allow(unused_variables)]
+fn api_transport(
+    api: super::provider::Api,
+    key: &str,
+    domain: Option<&str>,
+    eu: bool,
+    endpoint: Option<&str>,
+    path: &str,
+) -> Result<Box<dyn Transport>, ConfigError> {
+    #[allow(unused_imports)] // unused when no HTTP API is built
+    use super::provider::Api;
+    let not_built = || {
+        ConfigError::new(
+            path.to_owned(),
+            "this provider is not built in this version of the crate",
+        )
+    };
+    match api {
+        #[cfg(feature = "postmark")]
+        Api::Postmark => {
+            let mut postmark = crate::PostmarkTransport::new(key);
+            if let Some(endpoint) = endpoint {
+                postmark = postmark.with_endpoint(endpoint);
+            }
+            Ok(Box::new(postmark))
+        }
+        #[cfg(feature = "resend")]
+        Api::Resend => {
+            let mut resend = crate::ResendTransport::new(key);
+            if let Some(endpoint) = endpoint {
+                resend = resend.with_endpoint(endpoint);
+            }
+            Ok(Box::new(resend))
+        }
+        #[cfg(feature = "sendgrid")]
+        Api::SendGrid => {
+            let mut sendgrid = crate::SendGridTransport::new(key);
+            if eu {
+                sendgrid = sendgrid.eu();
+            }
+            if let Some(endpoint) = endpoint {
+                sendgrid = sendgrid.with_endpoint(endpoint);
+            }
+            Ok(Box::new(sendgrid))
+        }
+        #[cfg(feature = "mailgun")]
+        Api::Mailgun => {
+            let mut mailgun = crate::MailgunTransport::new(key, domain.unwrap_or_default());
+            if eu {
+                mailgun = mailgun.eu();
+            }
+            if let Some(endpoint) = endpoint {
+                mailgun = mailgun.with_endpoint(endpoint);
+            }
+            Ok(Box::new(mailgun))
+        }
+        #[allow(unreachable_patterns)]
+        _ => Err(not_built()),
+    }
+}
+
+/// SES in `region`, with the keys of the environment (`AWS_ACCESS_KEY_ID`,
+/// `AWS_SECRET_ACCESS_KEY`, and `AWS_SESSION_TOKEN` if set).
+#[cfg(feature = "ses")]
+fn ses(
+    region: &str,
+    endpoint: Option<&str>,
+    path: &str,
+) -> Result<crate::SesTransport, ConfigError> {
+    use aws_sdk_sesv2::config::{BehaviorVersion, Credentials, Region};
+    let key = |name: &str| {
+        std::env::var(name).map_err(|_| {
+            ConfigError::new(
+                path.to_owned(),
+                format!("SES takes its keys from the environment, and {name} is not set"),
+            )
+        })
+    };
+    let credentials = Credentials::new(
+        key("AWS_ACCESS_KEY_ID")?,
+        key("AWS_SECRET_ACCESS_KEY")?,
+        std::env::var("AWS_SESSION_TOKEN").ok(),
+        None,
+        "environment",
+    );
+    let mut config = aws_sdk_sesv2::Config::builder()
+        .behavior_version(BehaviorVersion::latest())
+        .region(Region::new(region.to_owned()))
+        .credentials_provider(credentials);
+    if let Some(endpoint) = endpoint {
+        config = config.endpoint_url(endpoint);
+    }
+    Ok(crate::SesTransport::new(aws_sdk_sesv2::Client::from_conf(
+        config.build(),
+    )))
+}
+
+/// The member's provider paced by its rate limit, named as the member (so that limiters of
+/// one name share a budget through Redis).
+#[allow(unused_variables)]
+fn build_rate(
+    provider: Box<dyn Transport>,
+    rate: &RateConfig,
+    name: &str,
+    store: Option<&Store>,
+    path: &str,
+) -> Result<RateLimitTransport<Box<dyn Transport>>, ConfigError> {
+    let mut builder = RateLimitTransport::builder(provider)
+        .name(name)
+        .per_second(rate.per_second);
+    if let Some(burst) = rate.burst {
+        builder = builder.burst(burst);
+    }
+    if let Some(max_in_flight) = rate.max_in_flight {
+        builder = builder.max_in_flight(max_in_flight);
+    }
+    if let Some(max_wait) = rate.max_wait {
+        builder = builder.max_wait(max_wait);
+    }
+    if let Some(adaptive) = rate.adaptive {
+        builder = builder.adaptive(adaptive);
+    }
+    if let Some(min) = rate.min_per_second {
+        builder = builder.min_per_second(min);
+    }
+    if let Some(fleet) = rate.fleet {
+        builder = builder.members(fleet);
+    }
+    #[cfg(feature = "redis")]
+    if rate.shared
+        && let Some(store) = store
+    {
+        builder = builder.shared(Arc::clone(store));
+    }
+    builder
+        .build()
+        .map_err(|error| error.within(&format!("{path}.rate")))
+}
+
+#[allow(unused_variables)]
+fn build_breaker(
+    inner: Box<dyn Transport>,
+    config: &BreakerConfig,
+    store: Option<&Store>,
+) -> Result<MemberBreaker, ConfigError> {
+    let mut builder = CircuitBreakerTransport::builder(inner);
+    match config.counting {
+        Some(Counting::InARow(threshold)) => builder = builder.failure_threshold(threshold),
+        Some(Counting::Rate {
+            percent,
+            min_calls,
+            window,
+        }) => {
+            let defaults = crate::ErrorRate::default();
+            builder = builder.error_rate(crate::ErrorRate {
+                threshold_percent: percent,
+                minimum_requests: min_calls.unwrap_or(defaults.minimum_requests),
+                window: window.unwrap_or(defaults.window),
+                ..defaults
+            });
+        }
+        None => {}
+    }
+    if let Some(reset) = config.reset {
+        builder = builder.reset_timeout(reset);
+    }
+    if let Some(longest) = config.max_reset {
+        builder = builder.max_reset_timeout(longest);
+    }
+    if let Some(timeout) = config.probe_timeout {
+        builder = builder.probe_timeout(timeout);
+    }
+    if let Some(successes) = config.half_open_successes {
+        builder = builder.half_open_successes(successes);
+    }
+    if let Some(limit) = config.slow_call {
+        builder = builder.slow_call(limit);
+    }
+    if config.per_recipient_domain == Some(true) {
+        builder = builder.scope(crate::Scope::RecipientDomain);
+    }
+    if let Some(max_keys) = config.max_keys {
+        builder = builder.max_keys(max_keys);
+    }
+    if let Some(shadow) = config.shadow {
+        builder = builder.shadow(shadow);
+    }
+    #[cfg(feature = "redis")]
+    if let Some(store) = store {
+        builder = builder.store(Arc::clone(store) as Arc<dyn crate::store::BreakerStore>);
+    }
+    builder.build()
+}
+
+fn build_retry(
+    inner: Box<dyn Transport>,
+    config: &RetryConfig,
+) -> Result<RetryTransport<Box<dyn Transport>>, ConfigError> {
+    let mut builder = RetryTransport::builder(inner);
+    if let Some(attempts) = config.attempts {
+        builder = builder.max_attempts(attempts);
+    }
+    match config.backoff {
+        Some(Backoff::Exponential { initial, max }) => {
+            builder = builder.backoff(crate::Backoff::exponential(initial, max));
+        }
+        Some(Backoff::Constant(delay)) => {
+            builder = builder.backoff(crate::Backoff::constant(delay))
+        }
+        None => {}
+    }
+    if let Some(limit) = config.max_elapsed {
+        builder = builder.max_elapsed(limit);
+    }
+    if config.at_most_once {
+        builder = builder.at_most_once();
+    }
+    builder.build().map_err(|error| error.within("retry"))
+}
+
+/// Connects to the configured Redis (or cluster): a wrong address or password is an error
+/// now, naming `redis.url`.
+#[cfg(feature = "redis")]
+async fn connect(config: &RedisConfig) -> Result<Store, ConfigError> {
+    use crate::RedisStore;
+    let ca = match &config.ca {
+        Some(file) => Some(std::fs::read(file).map_err(|error| {
+            ConfigError::new("redis.ca", format!("cannot read the file: {error}"))
+        })?),
+        None => None,
+    };
+    let urls: Vec<&str> = config.urls.iter().map(|url| url.0.as_str()).collect();
+    let connected = match (config.cluster, &ca) {
+        (false, None) => RedisStore::connect(urls[0]).await,
+        (false, Some(ca)) => RedisStore::connect_with_ca(urls[0], ca).await,
+        (true, None) => RedisStore::connect_cluster(&urls).await,
+        (true, Some(ca)) => RedisStore::connect_cluster_with_ca(&urls, ca).await,
+    };
+    let setting = if config.cluster {
+        "redis.cluster"
+    } else {
+        "redis.url"
+    };
+    let mut store =
+        connected.map_err(|error| ConfigError::new(setting, error.reason().to_owned()))?;
+    if let Some(quorum) = config.quorum {
+        store = store.with_quorum(quorum);
+    }
+    if let Some(namespace) = &config.namespace {
+        store = store.with_namespace(namespace.clone());
+    }
+    if let Some(timeout) = config.timeout {
+        store = store.with_timeout(timeout);
+    }
+    if let Some(interval) = config.retry_interval {
+        store = store.with_retry_interval(interval);
+    }
+    Ok(Arc::new(store))
+}
+
+#[cfg(not(feature = "redis"))]
+async fn connect(_: &RedisConfig) -> Result<Store, ConfigError> {
+    Err(ConfigError::new(
+        "redis",
+        "a Redis store needs the crate's `redis` feature, which this build does not have",
+    ))
+}
+
+/// Stops the outbox's worker when dropped: it claims nothing more and lets its sends in
+/// flight finish.
+#[cfg(feature = "outbox")]
+struct WorkerGuard {
+    _stop: tokio::sync::oneshot::Sender<()>,
+}
+
+/// The stack in front of an outbox (or the outbox alone, `queue_only`), and a worker that
+/// sends what it keeps through the same stack.
+#[cfg(feature = "outbox")]
+async fn with_outbox(
+    stack: Box<dyn Transport>,
+    config: &super::tree::OutboxConfig,
+) -> Result<
+    (
+        Box<dyn Transport>,
+        Option<crate::outbox::Outbox>,
+        Option<WorkerGuard>,
+    ),
+    ConfigError,
+> {
+    use super::tree::Database;
+    use crate::outbox::{Outbox, OutboxTransport};
+    let opened = match &config.database {
+        Database::Sqlite(path) => Outbox::sqlite(path).await,
+        #[cfg(feature = "postgres")]
+        Database::Postgres(url) => Outbox::postgres(&url.0).await,
+        #[cfg(not(feature = "postgres"))]
+        Database::Postgres(_) => {
+            return Err(ConfigError::new(
+                "outbox.url",
+                "an outbox on PostgreSQL needs the crate's `postgres` feature",
+            ));
+        }
+    };
+    let outbox =
+        opened.map_err(|error| ConfigError::new("outbox.url", error.message().to_owned()))?;
+    let stack: Arc<dyn Transport> = Arc::from(stack);
+    let mut worker = outbox.worker(Arc::clone(&stack));
+    if let Some(concurrency) = config.concurrency {
+        worker = worker.concurrency(concurrency);
+    }
+    if let Some(lease) = config.lease {
+        worker = worker.lease(lease);
+    }
+    if let Some(max_age) = config.max_age {
+        worker = worker.max_age(max_age);
+    }
+    if let Some(poll) = config.poll {
+        worker = worker.poll(poll);
+    }
+    if config.at_most_once {
+        worker = worker.at_most_once();
+    }
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    tokio::spawn(async move {
+        if let Err(error) = worker.run(async { stopped.await.unwrap_or(()) }).await {
+            tracing::error!(error = %error, "outbox.worker_stopped");
+        }
+    });
+    let front: Box<dyn Transport> = if config.queue_only {
+        Box::new(OutboxTransport::queue_only(outbox.clone()))
+    } else {
+        let mut transport = OutboxTransport::send_or_queue(outbox.clone(), stack);
+        if config.at_most_once {
+            transport = transport.at_most_once();
+        }
+        Box::new(transport)
+    };
+    Ok((front, Some(outbox), Some(WorkerGuard { _stop: stop })))
+}

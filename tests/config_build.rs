@@ -1,0 +1,227 @@
+//! A [`Mailer`] built from a DSN or TOML sends through the stack it describes: failover
+//! between two embedded SMTP servers, each member's breaker by name, a retry, and an
+//! outbox with its worker; and shows no secret.
+#![cfg(all(feature = "config", feature = "smtp"))]
+
+mod support;
+
+#[path = "../examples/support/mod.rs"]
+mod embedded;
+
+use std::time::Duration;
+
+use embedded::{EmbeddedSmtp, Mode};
+use mail_breaker::config::Mailer;
+use mail_breaker::{State, Transport};
+use support::message;
+
+fn smtp(server: &EmbeddedSmtp) -> String {
+    format!("smtp://127.0.0.1:{}", server.port())
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_failover_dsn_sends_through_its_first_member_while_it_takes_mail() {
+    let (first, second) = (EmbeddedSmtp::start(), EmbeddedSmtp::start());
+    let dsn = format!("failover({} {})", smtp(&first), smtp(&second));
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    for _ in 0..3 {
+        mailer.send(&message()).await.unwrap();
+    }
+    assert_eq!((first.accepted(), second.accepted()), (3, 0));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_whose_breaker_opens_is_passed_over_for_the_next() {
+    let (first, second) = (EmbeddedSmtp::start(), EmbeddedSmtp::start());
+    first.set_mode(Mode::Failing);
+    let dsn = format!(
+        "failover({}?name=primary&breaker.threshold=2 {}?name=backup)",
+        smtp(&first),
+        smtp(&second)
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    for _ in 0..4 {
+        mailer.send(&message()).await.unwrap();
+    }
+    assert_eq!(second.accepted(), 4, "each failed over to the backup");
+    let primary = mailer.breaker("primary").expect("the primary's breaker");
+    assert_eq!(primary.snapshot().await.state(), State::Open);
+    assert_eq!(
+        mailer.breakers().map(|(name, _)| name).collect::<Vec<_>>(),
+        ["primary", "backup"]
+    );
+    assert!(mailer.breaker("nobody").is_none());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_isolated_by_name_sends_nothing_until_reset() {
+    let (first, second) = (EmbeddedSmtp::start(), EmbeddedSmtp::start());
+    let toml = format!(
+        r#"
+        [[member]]
+        url = "{}"
+        name = "primary"
+        [[member]]
+        url = "{}"
+        name = "backup"
+        "#,
+        smtp(&first),
+        smtp(&second)
+    );
+    let mailer = Mailer::from_toml(&toml).unwrap().build().await.unwrap();
+    mailer.breaker("primary").unwrap().isolate().await;
+    mailer.send(&message()).await.unwrap();
+    assert_eq!((first.accepted(), second.accepted()), (0, 1));
+    mailer.breaker("primary").unwrap().reset().await;
+    mailer.send(&message()).await.unwrap();
+    assert_eq!((first.accepted(), second.accepted()), (1, 1));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_members_with_one_name_are_an_error_naming_the_second() {
+    let server = EmbeddedSmtp::start();
+    let dsn = format!("roundrobin({} {})", smtp(&server), smtp(&server));
+    let error = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap_err();
+    assert_eq!(error.setting(), "member[1].name");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_around_the_pool_sends_again_after_a_refusal_that_may_pass() {
+    let server = EmbeddedSmtp::start();
+    server.set_mode(Mode::Failing);
+    let dsn = format!("retry({})?attempts=3&delay=50ms", smtp(&server));
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let sending = tokio::spawn({
+        let message = message();
+        async move { mailer.send(&message).await }
+    });
+    tokio::time::sleep(Duration::from_millis(30)).await;
+    server.set_mode(Mode::Accept);
+    sending.await.unwrap().unwrap();
+    assert_eq!(server.accepted(), 1);
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_an_outbox_mail_the_stack_cannot_send_now_is_kept_and_sent_later() {
+    let server = EmbeddedSmtp::start();
+    server.set_mode(Mode::Unavailable);
+    let folder = std::env::temp_dir().join(format!("mail-breaker-config-{}", std::process::id()));
+    std::fs::create_dir_all(&folder).unwrap();
+    let dsn = format!(
+        "{}?breaker.threshold=1&breaker.reset=200ms&outbox=sqlite://{}&outbox.poll=50ms",
+        smtp(&server),
+        folder.join("outbox.db").display()
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let receipt = mailer.send(&message()).await.unwrap();
+    assert!(receipt.is_queued(), "kept in the outbox: {receipt:?}");
+    server.set_mode(Mode::Accept);
+    for _ in 0..100 {
+        if server.accepted() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert_eq!(
+        server.accepted(),
+        1,
+        "sent by the worker once the server took mail"
+    );
+    let stats = mailer.outbox().expect("an outbox").stats().await.unwrap();
+    assert_eq!(stats.queued, 0);
+    drop(mailer);
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailers_debug_shows_its_stack_and_no_password() {
+    let server = EmbeddedSmtp::start();
+    let dsn = format!(
+        "smtp://app:hunter2@127.0.0.1:{}?breaker.threshold=3",
+        server.port()
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let shown = format!("{mailer:?}");
+    assert!(!shown.contains("hunter2"), "{shown}");
+    assert!(shown.contains("***"), "{shown}");
+    assert!(shown.contains("InARow(3)"), "{shown}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_member_with_a_rate_limit_is_paced() {
+    let server = EmbeddedSmtp::start();
+    let dsn = format!("{}?rate=10/s", smtp(&server));
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..3 {
+        mailer.send(&message()).await.unwrap();
+    }
+    // The first at once, then one every 100 ms.
+    assert!(
+        started.elapsed() >= Duration::from_millis(190),
+        "{:?}",
+        started.elapsed()
+    );
+    assert_eq!(server.accepted(), 3);
+}
+
+#[cfg(feature = "postmark")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_member_sends_with_its_key_to_its_host() {
+    use support::http_api::{ApiServer, Reply};
+    let api = ApiServer::start(|request| {
+        match request.header("x-postmark-server-token") {
+            Some("pm-token") => Reply::json(
+                200,
+                r#"{"To":"bob@example.org","SubmittedAt":"2024-01-01T00:00:00Z","MessageID":"pm-1","ErrorCode":0,"Message":"OK"}"#,
+            ),
+            _ => Reply::json(401, r#"{"ErrorCode":10,"Message":"bad token"}"#),
+        }
+    })
+    .await;
+    let port = api.endpoint().rsplit(':').next().unwrap().to_owned();
+    let dsn = format!("postmark://pm-token@127.0.0.1:{port}");
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    mailer.send(&message()).await.unwrap();
+    assert_eq!(api.request_count(), 1);
+    assert!(!format!("{mailer:?}").contains("pm-token"));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mailers_on_one_redis_share_their_breakers() {
+    let Some(redis) = support::redis::RedisServer::start("config_shared_breakers") else {
+        return;
+    };
+    let server = EmbeddedSmtp::start();
+    let dsn = format!(
+        "{}?name=relay&redis={}&redis.namespace=config-test",
+        smtp(&server),
+        redis.url()
+    );
+    let one = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let other = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    one.breaker("relay").unwrap().isolate().await;
+    let refused = other.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "breaker.isolated", "{refused}");
+    assert_eq!(server.accepted(), 0);
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_redis_that_does_not_answer_does_not_stop_the_mailer_from_sending() {
+    let server = EmbeddedSmtp::start();
+    let port = support::servers::free_port();
+    let dsn = format!(
+        "{}?redis=redis://127.0.0.1:{port}/&redis.timeout=50ms",
+        smtp(&server)
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    mailer.send(&message()).await.unwrap();
+    assert_eq!(
+        server.accepted(),
+        1,
+        "the breaker decided alone while Redis was away"
+    );
+}
