@@ -134,6 +134,35 @@ fn a_breaker_counts_in_a_row_or_at_a_rate_not_both() {
 }
 
 #[test]
+fn a_retry_budget_is_the_default_one_or_its_three_numbers_checked() {
+    MailerConfig::from_dsn("smtp://a?retry.budget=true").unwrap();
+    MailerConfig::from_dsn("smtp://a?retry.budget.tokens=100&retry.budget.error_cost=10").unwrap();
+    assert_eq!(
+        dsn_error("smtp://a?retry.budget.tokens=10&retry.budget.min_tokens=20").0,
+        "retry.budget.min_tokens"
+    );
+    assert_eq!(dsn_error("smtp://a?retry.budget=maybe").0, "retry.budget");
+}
+
+#[test]
+fn at_most_once_reads_the_same_from_a_dsn_and_from_toml() {
+    let dsn = MailerConfig::from_dsn(
+        "failover(smtp://a.example.com smtp://b.example.com)?at_most_once=true",
+    )
+    .unwrap();
+    let toml = MailerConfig::from_toml(
+        "strategy = \"failover\"\nat_most_once = true\n\
+         [[member]]\nurl = \"smtp://a.example.com\"\n[[member]]\nurl = \"smtp://b.example.com\"",
+    )
+    .unwrap();
+    assert_eq!(dsn, toml);
+    assert_ne!(
+        dsn,
+        MailerConfig::from_dsn("failover(smtp://a.example.com smtp://b.example.com)").unwrap()
+    );
+}
+
+#[test]
 fn environment_variables_fill_in_values_and_a_missing_one_is_named() {
     // SAFETY: no other test of this binary reads or writes these variables.
     unsafe { std::env::set_var("MAIL_BREAKER_CONFIG_TEST_PASSWORD", "hunter2") };

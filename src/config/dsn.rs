@@ -24,7 +24,7 @@ use super::ConfigError;
 const MEMBER_KEYS: [&str; 3] = ["name", "priority", "rate"];
 const MEMBER_PREFIXES: [&str; 2] = ["breaker.", "rate."];
 /// The stack's settings: these keys, and those under them.
-const STACK_KEYS: [&str; 3] = ["retry", "outbox", "redis"];
+const STACK_KEYS: [&str; 4] = ["retry", "outbox", "redis", "at_most_once"];
 
 /// The tree of `dsn`: `strategy`, `member` (a list), and the stack's tables.
 pub(crate) fn parse(dsn: &str) -> Result<Value, ConfigError> {

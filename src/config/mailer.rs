@@ -11,7 +11,7 @@ use std::sync::Arc;
 use super::ConfigError;
 use super::provider::Provider;
 use super::tree::{
-    Backoff, BreakerConfig, Counting, MailerConfig, MemberConfig, RateConfig, RedisConfig,
+    Backoff, BreakerConfig, Budget, Counting, MailerConfig, MemberConfig, RateConfig, RedisConfig,
     RetryConfig, Strategy,
 };
 use crate::{
@@ -152,6 +152,9 @@ impl MailerConfig {
                     Strategy::Failover => crate::Strategy::Priority,
                     Strategy::RoundRobin => crate::Strategy::RoundRobin,
                 });
+                if self.at_most_once {
+                    pool = pool.at_most_once();
+                }
                 for (index, ((_, breaker), member)) in members.iter().zip(&self.members).enumerate()
                 {
                     let order = u32::try_from(index).unwrap_or(u32::MAX);
@@ -161,13 +164,13 @@ impl MailerConfig {
             }
         };
         let stack: Box<dyn Transport> = match &self.retry {
-            Some(retry) => Box::new(build_retry(pooled, retry)?),
+            Some(retry) => Box::new(build_retry(pooled, retry, self.at_most_once)?),
             None => pooled,
         };
         #[cfg(feature = "outbox")]
         {
             let (stack, outbox, worker) = match &self.outbox {
-                Some(config) => with_outbox(stack, config).await?,
+                Some(config) => with_outbox(stack, config, self.at_most_once).await?,
                 None => (stack, None, None),
             };
             Ok(Mailer {
@@ -444,6 +447,7 @@ fn build_breaker(
 fn build_retry(
     inner: Box<dyn Transport>,
     config: &RetryConfig,
+    at_most_once: bool,
 ) -> Result<RetryTransport<Box<dyn Transport>>, ConfigError> {
     let mut builder = RetryTransport::builder(inner);
     if let Some(attempts) = config.attempts {
@@ -461,7 +465,20 @@ fn build_retry(
     if let Some(limit) = config.max_elapsed {
         builder = builder.max_elapsed(limit);
     }
-    if config.at_most_once {
+    match config.budget {
+        Some(Budget::Default) => builder = builder.budget(Arc::new(crate::RetryBudget::default())),
+        Some(Budget::Tokens {
+            tokens,
+            min_tokens,
+            error_cost,
+        }) => {
+            let budget = crate::RetryBudget::new(tokens, min_tokens, error_cost)
+                .map_err(|error| error.within("retry.budget"))?;
+            builder = builder.budget(Arc::new(budget));
+        }
+        None => {}
+    }
+    if config.at_most_once || at_most_once {
         builder = builder.at_most_once();
     }
     builder.build().map_err(|error| error.within("retry"))
@@ -494,6 +511,9 @@ async fn connect(config: &RedisConfig) -> Result<Store, ConfigError> {
         connected.map_err(|error| ConfigError::new(setting, error.reason().to_owned()))?;
     if let Some(quorum) = config.quorum {
         store = store.with_quorum(quorum);
+    }
+    if let Some(member) = &config.member {
+        store = store.with_member(member.clone());
     }
     if let Some(namespace) = &config.namespace {
         store = store.with_namespace(namespace.clone());
@@ -528,6 +548,7 @@ struct WorkerGuard {
 async fn with_outbox(
     stack: Box<dyn Transport>,
     config: &super::tree::OutboxConfig,
+    at_most_once: bool,
 ) -> Result<
     (
         Box<dyn Transport>,
@@ -566,7 +587,8 @@ async fn with_outbox(
     if let Some(poll) = config.poll {
         worker = worker.poll(poll);
     }
-    if config.at_most_once {
+    let at_most_once = config.at_most_once || at_most_once;
+    if at_most_once {
         worker = worker.at_most_once();
     }
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
@@ -579,7 +601,7 @@ async fn with_outbox(
         Box::new(OutboxTransport::queue_only(outbox.clone()))
     } else {
         let mut transport = OutboxTransport::send_or_queue(outbox.clone(), stack);
-        if config.at_most_once {
+        if at_most_once {
             transport = transport.at_most_once();
         }
         Box::new(transport)

@@ -44,6 +44,9 @@ use super::read::Node;
 #[derive(Clone, PartialEq)]
 pub struct MailerConfig {
     pub(crate) strategy: Strategy,
+    /// A message that may have reached a provider is never sent again: by the pool, the
+    /// retry or the outbox.
+    pub(crate) at_most_once: bool,
     pub(crate) members: Vec<MemberConfig>,
     pub(crate) retry: Option<RetryConfig>,
     pub(crate) outbox: Option<OutboxConfig>,
@@ -114,7 +117,19 @@ pub(crate) struct RetryConfig {
     pub attempts: Option<u32>,
     pub backoff: Option<Backoff>,
     pub max_elapsed: Option<Duration>,
+    pub budget: Option<Budget>,
     pub at_most_once: bool,
+}
+
+/// A retry budget: the default one (`budget = true`), or its three numbers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Budget {
+    Default,
+    Tokens {
+        tokens: u64,
+        min_tokens: u64,
+        error_cost: u64,
+    },
 }
 
 /// The retry's wait between attempts.
@@ -150,6 +165,8 @@ pub(crate) struct RedisConfig {
     pub urls: Vec<Secret>,
     pub cluster: bool,
     pub quorum: Option<u32>,
+    /// This process's name in a quorum's fleet.
+    pub member: Option<String>,
     pub namespace: Option<String>,
     pub timeout: Option<Duration>,
     pub retry_interval: Option<Duration>,
@@ -192,6 +209,7 @@ impl MailerConfig {
                 "roundrobin" => Strategy::RoundRobin,
                 _ => Strategy::Failover,
             });
+        let at_most_once = fields.read("at_most_once", Node::flag)?.unwrap_or(false);
         let members = fields
             .required("member")?
             .list()?
@@ -217,6 +235,7 @@ impl MailerConfig {
         }
         Ok(MailerConfig {
             strategy,
+            at_most_once,
             members,
             retry,
             outbox,
@@ -229,6 +248,7 @@ impl fmt::Debug for MailerConfig {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.debug_struct("MailerConfig")
             .field("strategy", &self.strategy)
+            .field("at_most_once", &self.at_most_once)
             .field("members", &self.members)
             .field("retry", &self.retry)
             .field("outbox", &self.outbox)
@@ -356,10 +376,41 @@ fn retry(node: &Node<'_>) -> Result<RetryConfig, ConfigError> {
         attempts,
         backoff,
         max_elapsed: fields.read("max_elapsed", Node::duration)?,
+        budget: fields.read("budget", budget)?.flatten(),
         at_most_once: fields.read("at_most_once", Node::flag)?.unwrap_or(false),
     };
     fields.finish()?;
     Ok(config)
+}
+
+/// `budget = true` (the default budget), `false` (none), or `{ tokens, min_tokens,
+/// error_cost }`.
+fn budget(node: &Node<'_>) -> Result<Option<Budget>, ConfigError> {
+    if let Ok(flag) = node.flag() {
+        return Ok(flag.then_some(Budget::Default));
+    }
+    let mut fields = node.table().map_err(|_| {
+        node.error("expected true, false, or a table of tokens, min_tokens and error_cost")
+    })?;
+    let tokens = fields.required("tokens")?.whole(1, u64::MAX)?;
+    let min_tokens = fields
+        .read("min_tokens", |node| node.whole(0, u64::MAX))?
+        .unwrap_or(0);
+    let error_cost = fields
+        .read("error_cost", |node| node.whole(1, u64::MAX))?
+        .unwrap_or(1);
+    fields.finish()?;
+    if min_tokens > tokens {
+        return Err(ConfigError::new(
+            format!("{}.min_tokens", node.path()),
+            "must not be more than tokens",
+        ));
+    }
+    Ok(Some(Budget::Tokens {
+        tokens,
+        min_tokens,
+        error_cost,
+    }))
 }
 
 fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
@@ -437,6 +488,7 @@ fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
         urls,
         cluster,
         quorum: fields.read("quorum", |node| node.whole_u32(1))?,
+        member: fields.read("member", Node::word)?,
         namespace: fields.read("namespace", Node::word)?,
         timeout: fields.read("timeout", Node::duration)?,
         retry_interval: fields.read("retry_interval", Node::duration)?,
