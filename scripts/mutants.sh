@@ -71,9 +71,13 @@ tests[outbox-postgres]="--test=outbox_postgres"
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
 tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=metrics --test=logs"
+# The whole stack from one DSN or TOML: the DSN parser, the tree reader with its paths, the
+# providers' URLs, the config types, and the build.
+files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
+tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_ses"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate)
+    groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate config)
 fi
 
 status=0
