@@ -1,6 +1,58 @@
 //! Configuration: [`ConfigError`], which every builder answers for a setting that cannot
-//! work; and with feature `config`, a whole stack's configuration read from one DSN or one
-//! TOML document ([`MailerConfig`]).
+//! work; and with feature `config` (on by default), the whole stack from one DSN or one TOML
+//! document: [`Mailer`].
+//!
+//! ```no_run
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! use mail_breaker::config::Mailer;
+//!
+//! let mailer = Mailer::from_dsn(
+//!     "retry(failover(smtp://app:${SMTP_PASSWORD}@smtp.example.com?tls=required&breaker.threshold=5 \
+//!                     postmark://${POSTMARK_TOKEN}@default?rate=10/s))?attempts=4",
+//! )?
+//! .build()
+//! .await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! # The DSN
+//! - A member is a provider's URL: `smtp://user:pass@host:587?tls=required` (and the other
+//!   forms of [`SmtpTransport::from_url`](crate::SmtpTransport::from_url)), `smtps://...`,
+//!   `ses://REGION` (the keys from `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`),
+//!   `postmark://KEY@default`, `resend://KEY@default`, `sendgrid://KEY@default?region=eu`,
+//!   `mailgun://KEY:DOMAIN@default?region=eu`. A host other than `default` is the API's
+//!   endpoint (`http://` on a loopback host, else `https://`).
+//! - Its query also holds its own settings: `name`, `priority`, `breaker.*` and `rate`
+//!   (`14/s`) or `rate.*`; the rest stays in the URL for the provider.
+//! - `failover(A B ...)` tries the members in order (or by `priority`), `roundrobin(A B ...)`
+//!   in turn; the options after the closing parenthesis are the stack's: `at_most_once`,
+//!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`.
+//! - `retry(...)` wraps a pool or a member, its options the retry's (`attempts=4`).
+//!
+//! # The TOML document
+//! The same tree: `strategy` (`failover` or `roundrobin`), `at_most_once`, a `[[member]]`
+//! for each member with its `url`, `name`, `priority`, `breaker` and `rate`, and `[retry]`,
+//! `[outbox]` (with its `url`) and `[redis]` (with its `url`, or `cluster`: the nodes'
+//! URLs). Any serde format gives the same tree through `MailerConfig`'s `Deserialize`.
+//!
+//! # The settings
+//! | table | settings |
+//! |---|---|
+//! | `breaker` | `threshold` (failures in a row) or `error_rate` (`50%`) with `min_calls` and `window`; `reset`, `max_reset`, `probe_timeout`, `half_open_successes`, `slow_call`, `scope` (`transport` or `recipient_domain`), `max_keys`, `shadow` |
+//! | `rate` | `per_second` (required), `burst`, `max_in_flight`, `max_wait`, `adaptive`, `min_per_second`, `shared` (one budget through `[redis]`), `fleet` (processes sharing it) |
+//! | `retry` | `attempts`, `initial` and `max_delay` (exponential) or `delay` (constant), `max_elapsed`, `budget` (`true`, or `tokens`, `min_tokens`, `error_cost`), `at_most_once` |
+//! | `outbox` | `url` (`sqlite:///path` or `postgres://...`), `concurrency`, `lease`, `max_age`, `poll`, `queue_only`, `at_most_once` |
+//! | `redis` | `url` or `cluster`, `quorum`, `member`, `namespace`, `timeout`, `retry_interval`, `ca` (a PEM file) |
+//!
+//! Durations carry their unit: `250ms`, `30s`, `10m`, `1h`, `3d`. Numbers may be written as
+//! text (a DSN's are). `${NAME}` anywhere in a value is read from the environment.
+//!
+//! # Errors
+//! A setting out of range, of the wrong kind or unknown is a [`ConfigError`] whose
+//! [`setting`](ConfigError::setting) is its path (`member[1].breaker.threshold`) and whose
+//! [`reason`](ConfigError::reason) says what was expected; a DSN or TOML that does not parse
+//! names `dsn` or `toml` and where. No error, and no `Debug`, shows a key or a password.
 
 #[cfg(feature = "config")]
 mod dsn;
