@@ -26,7 +26,9 @@ fn categories_of_family(code: u16) -> &'static [Category] {
         421 => &[Category::ServiceUnavailable],
         400..=499 => &[Category::ServerError, Category::RateLimited],
         530 | 534 | 535 => &[Category::Authentication],
-        500..=599 => &[Category::Rejected],
+        // Too big (DESIGN §10): 552 always, and any 5xx whose text carries the status 5.3.4.
+        552 => &[Category::InvalidMessage],
+        500..=599 => &[Category::Rejected, Category::InvalidMessage],
         _ => &[Category::Network],
     }
 }
