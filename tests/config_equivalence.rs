@@ -68,6 +68,28 @@ fn recorder() -> (Snapshotter, metrics::LocalRecorderGuard<'static>) {
     (recorder.snapshotter(), guard)
 }
 
+/// The mailer `config` describes: TOML when it holds a table, else a DSN.
+async fn built(config: &str) -> Mailer {
+    let read = if config.contains("[[member]]") {
+        Mailer::from_toml(config)
+    } else {
+        Mailer::from_dsn(config)
+    };
+    read.unwrap().build().await.unwrap()
+}
+
+/// Reads the states of the mailer's breakers, in the configuration's order.
+fn states_of(mailer: &Mailer) -> States<'_> {
+    Box::new(|| {
+        Box::pin(async {
+            mailer
+                .breakers()
+                .map(|(_, breaker)| breaker.state())
+                .collect()
+        })
+    })
+}
+
 /// The modes of the README's first example: three sends taken, then the server failing.
 const ONE_BREAKER: [Mode; 9] = [
     Mode::Accept,
@@ -107,21 +129,8 @@ async fn one_breaker_around_smtp_behaves_the_same_by_hand_from_its_dsn_and_from_
         let server = EmbeddedSmtp::start();
         let (snapshotter, _guard) = recorder();
         let config = config.replace("{port}", &server.port().to_string());
-        let read = if config.starts_with("[[") {
-            Mailer::from_toml(&config)
-        } else {
-            Mailer::from_dsn(&config)
-        };
-        let mailer = read.unwrap().build().await.unwrap();
-        let states: States<'_> = Box::new(|| {
-            Box::pin(async {
-                let mut states = Vec::new();
-                for (_, breaker) in mailer.breakers() {
-                    states.push(breaker.state());
-                }
-                states
-            })
-        });
+        let mailer = built(&config).await;
+        let states = states_of(&mailer);
         let seen = run(&mailer, states, &server, &ONE_BREAKER, &snapshotter).await;
         assert_eq!(seen, by_hand, "{config}");
     }
@@ -193,20 +202,8 @@ async fn a_retry_around_a_failover_pool_behaves_the_same_by_hand_from_its_dsn_an
         let config = config
             .replace("{primary}", &primary.port().to_string())
             .replace("{backup}", &backup.port().to_string());
-        let read = if config.starts_with("retry(") {
-            Mailer::from_dsn(&config)
-        } else {
-            Mailer::from_toml(&config)
-        };
-        let mailer = read.unwrap().build().await.unwrap();
-        let states: States<'_> = Box::new(|| {
-            Box::pin(async {
-                mailer
-                    .breakers()
-                    .map(|(_, breaker)| breaker.state())
-                    .collect()
-            })
-        });
+        let mailer = built(&config).await;
+        let states = states_of(&mailer);
         let seen = run(&mailer, states, &primary, &modes, &snapshotter).await;
         assert_eq!((seen, backup.accepted()), by_hand, "{config}");
     }

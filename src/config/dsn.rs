@@ -37,43 +37,8 @@ pub(crate) fn parse(dsn: &str) -> Result<Value, ConfigError> {
     }
     let mut root = Table::new();
     match expression {
-        Expression::Member(url) => {
-            let (member, stack) = split_member(&url, true).map_err(|why| dsn_error(0, why))?;
-            root.insert(
-                "member".to_owned(),
-                Value::Array(vec![Value::Table(member)]),
-            );
-            merge(&mut root, stack);
-        }
-        Expression::Pool {
-            strategy,
-            members,
-            options,
-        } => {
-            pool(&mut root, strategy, members, options)?;
-        }
         Expression::Retry { inner, options } => {
-            match *inner {
-                Expression::Member(url) => {
-                    let (member, stack) =
-                        split_member(&url, true).map_err(|why| dsn_error(0, why))?;
-                    root.insert(
-                        "member".to_owned(),
-                        Value::Array(vec![Value::Table(member)]),
-                    );
-                    merge(&mut root, stack);
-                }
-                Expression::Pool {
-                    strategy,
-                    members,
-                    options,
-                } => {
-                    pool(&mut root, strategy, members, options)?;
-                }
-                Expression::Retry { .. } => {
-                    return Err(dsn_error(0, "a retry inside a retry".to_owned()));
-                }
-            }
+            stack(&mut root, *inner)?;
             let retry = nested(options.iter().map(|(key, value)| {
                 let key = key.strip_prefix("retry.").unwrap_or(key);
                 (key.to_owned(), value.clone())
@@ -82,8 +47,30 @@ pub(crate) fn parse(dsn: &str) -> Result<Value, ConfigError> {
             tree.insert("retry".to_owned(), Value::Table(retry));
             merge(&mut root, tree);
         }
+        other => stack(&mut root, other)?,
     }
     Ok(Value::Table(root))
+}
+
+/// Puts a lone member or a pool, with its options, into the tree.
+fn stack(root: &mut Table, expression: Expression) -> Result<(), ConfigError> {
+    match expression {
+        Expression::Member(url) => {
+            let (member, stack) = split_member(&url, true).map_err(|why| dsn_error(0, why))?;
+            root.insert(
+                "member".to_owned(),
+                Value::Array(vec![Value::Table(member)]),
+            );
+            merge(root, stack);
+            Ok(())
+        }
+        Expression::Pool {
+            strategy,
+            members,
+            options,
+        } => pool(root, strategy, members, options),
+        Expression::Retry { .. } => Err(dsn_error(0, "a retry inside a retry".to_owned())),
+    }
 }
 
 fn pool(
