@@ -403,7 +403,11 @@ mod tests {
 
     #[test]
     fn a_dsn_nested_thousands_deep_is_refused_without_running_out_of_stack() {
-        let deep = format!("{}smtp://a{}", "failover(".repeat(100_000), ")".repeat(100_000));
+        let deep = format!(
+            "{}smtp://a{}",
+            "failover(".repeat(100_000),
+            ")".repeat(100_000)
+        );
         let error = parse(&deep).unwrap_err();
         assert_eq!(error.setting(), "dsn");
         assert!(error.reason().contains("one level"), "{error}");
