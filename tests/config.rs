@@ -212,18 +212,40 @@ fn names_a_path(setting: &str) -> bool {
     }) || !setting.contains('.') && !setting.is_empty()
 }
 
-/// A DSN that reads, with a secret in each place a secret goes.
-fn dsn_with_secrets() -> impl Strategy<Value = String> {
-    let member = prop_oneof![
-        Just("smtp://app:SECRET-1@relay.example.com?tls=required".to_owned()),
-        Just("smtps://app:SECRET-2@relay.example.com:465".to_owned()),
-        Just("smtp://b.example.com:2525?breaker.threshold=3&rate=14/s".to_owned()),
-    ];
+/// A member's URL with a secret in each place a member's secret goes: an SMTP password, an
+/// API's key.
+fn member_with_secrets() -> impl Strategy<Value = String> {
+    prop::sample::select(vec![
+        "smtp://app:SECRET-1@relay.example.com?tls=required",
+        "smtps://app:SECRET-2@relay.example.com:465",
+        "smtp://b.example.com:2525?breaker.threshold=3&rate=14/s",
+        "postmark://SECRET-4@default?rate=10/s",
+        "resend://SECRET-5@default",
+        "sendgrid://SECRET-6@default?region=eu",
+        "mailgun://SECRET-7:mg.example.com@default?region=eu",
+    ])
+    .prop_map(str::to_owned)
+}
+
+/// A pool of members with secrets, as a DSN.
+fn pool_with_secrets() -> impl Strategy<Value = String> {
     (
-        prop::collection::vec(member, 1..4),
+        prop::collection::vec(member_with_secrets(), 1..4),
         prop::sample::select(vec!["failover", "roundrobin"]),
     )
         .prop_map(|(members, strategy)| format!("{strategy}({})", members.join(" ")))
+}
+
+/// A DSN that reads, with a secret in each place a secret goes: the members', and the
+/// stack's (Redis's password, the outbox database's).
+fn dsn_with_secrets() -> impl Strategy<Value = String> {
+    let stack = prop::sample::select(vec![
+        "",
+        "?redis=redis://mailer:SECRET-8@redis.example.com:6379/&redis.namespace=app",
+        "?outbox=postgres://app:SECRET-9@db.example.com/mail&outbox.concurrency=4",
+        "?retry.attempts=3",
+    ]);
+    (pool_with_secrets(), stack).prop_map(|(pool, stack)| format!("{pool}{stack}"))
 }
 
 /// `text` with a few characters inserted, deleted or replaced at random.
@@ -254,6 +276,7 @@ fn toml_document() -> impl Strategy<Value = String> {
         "strategy = \"roundrobin\"\n[[member]]\nurl = \"smtp://a.example.com\"\nbreaker = { threshold = 5, reset = \"30s\" }\n[[member]]\nurl = \"smtp://b.example.com\"\nrate = { per_second = 14, burst = 2 }\n[retry]\nattempts = 4\ninitial = \"1s\"\nmax_delay = \"1m\"\n",
         "[[member]]\nurl = \"smtp://app:SECRET-3@relay.example.com?tls=required\"\nname = \"relay\"\npriority = 1\n",
         "[[member]]\nurl = \"smtp://a\"\n[outbox]\nurl = \"sqlite:///tmp/outbox.db\"\nconcurrency = 8\nlease = \"5m\"\n",
+        "[[member]]\nurl = \"postmark://SECRET-4@default\"\n[[member]]\nurl = \"mailgun://SECRET-7:mg.example.com@default\"\n[redis]\nurl = \"rediss://mailer:SECRET-8@redis.example.com:6380/\"\n[outbox]\nurl = \"postgres://app:SECRET-9@db.example.com/mail\"\n",
     ];
     prop::sample::select(documents).prop_map(str::to_owned)
 }
@@ -297,5 +320,20 @@ proptest! {
                 prop_assert!(!shown.contains("SECRET-"), "{shown}");
             }
         }
+    }
+
+    /// A mailer built from a DSN (members only: building connects to no server) shows no
+    /// secret in its `Debug`, and an error at build shows none either.
+    #[test]
+    fn no_mutated_dsn_builds_a_mailer_that_shows_a_secret(text in mutated(pool_with_secrets())) {
+        let Ok(config) = MailerConfig::from_dsn(&text) else {
+            return Ok(());
+        };
+        let runtime = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+        let shown = match runtime.block_on(config.build()) {
+            Ok(mailer) => format!("{mailer:?}"),
+            Err(error) => format!("{error} {error:?}"),
+        };
+        prop_assert!(!shown.contains("SECRET-"), "{shown}");
     }
 }

@@ -4,6 +4,8 @@
 #![allow(dead_code)]
 
 pub mod aiosmtpd;
+#[cfg(all(feature = "config", feature = "metrics"))]
+pub mod equivalence;
 pub mod flaky;
 pub mod http_api;
 pub mod http_checks;
