@@ -337,3 +337,73 @@ proptest! {
         prop_assert!(!shown.contains("SECRET-"), "{shown}");
     }
 }
+
+#[test]
+fn an_smtp_members_connection_settings_read_the_same_from_a_dsn_and_from_toml() {
+    let dsn = MailerConfig::from_dsn(
+        "smtp://relay.example.com?tls=required&timeout=10s&max_connections=10&idle_timeout=30s\
+         &max_messages_per_connection=100&pipelining=false&chunking=false",
+    )
+    .unwrap();
+    let toml = MailerConfig::from_toml(
+        "[[member]]\nurl = \"smtp://relay.example.com?tls=required\"\ntimeout = \"10s\"\n\
+         max_connections = 10\nidle_timeout = \"30s\"\nmax_messages_per_connection = 100\n\
+         pipelining = false\nchunking = false",
+    )
+    .unwrap();
+    assert_eq!(dsn, toml);
+    assert_ne!(
+        dsn,
+        MailerConfig::from_dsn("smtp://relay.example.com?tls=required").unwrap(),
+        "the settings are kept"
+    );
+}
+
+#[test]
+fn an_smtp_connection_setting_on_a_member_that_is_not_smtp_is_an_error_naming_it() {
+    for (dsn, setting) in [
+        (
+            "postmark://KEY@default?max_connections=3",
+            "member[0].max_connections",
+        ),
+        (
+            "resend://KEY@default?idle_timeout=30s",
+            "member[0].idle_timeout",
+        ),
+        (
+            "sendgrid://KEY@default?max_messages_per_connection=5",
+            "member[0].max_messages_per_connection",
+        ),
+        ("ses://eu-west-1?pipelining=false", "member[0].pipelining"),
+        (
+            "failover(smtp://a postmark://KEY@default?chunking=true)",
+            "member[1].chunking",
+        ),
+    ] {
+        let (got, reason) = dsn_error(dsn);
+        assert_eq!(got, setting, "{dsn}");
+        assert_eq!(
+            reason,
+            "only an smtp:// or smtps:// member has this setting"
+        );
+    }
+    assert!(
+        MailerConfig::from_dsn("postmark://KEY@default?timeout=10s").is_ok(),
+        "every member has a timeout"
+    );
+}
+
+#[test]
+fn a_timeout_of_zero_is_an_error_naming_it() {
+    assert_eq!(
+        dsn_error("smtp://relay.example.com?timeout=0s"),
+        (
+            "member[0].timeout".to_owned(),
+            r#"expected a duration above zero, got "0s""#.to_owned()
+        )
+    );
+    assert_eq!(
+        dsn_error("smtp://relay.example.com?idle_timeout=0ms").0,
+        "member[0].idle_timeout"
+    );
+}

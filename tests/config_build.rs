@@ -225,3 +225,54 @@ async fn a_redis_that_does_not_answer_does_not_stop_the_mailer_from_sending() {
         "the breaker decided alone while Redis was away"
     );
 }
+
+/// A server that takes connections and never says a word: its listener's backlog completes
+/// each connect, and nothing reads or answers.
+fn silent_server() -> (std::net::TcpListener, u16) {
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    (listener, port)
+}
+
+/// Sends one message through the mailer `dsn` describes; a send still running after 10 s
+/// fails the test rather than hang it.
+async fn send_error(dsn: &str) -> mail_breaker::SendError {
+    let mailer = Mailer::from_dsn(dsn).unwrap().build().await.unwrap();
+    tokio::time::timeout(Duration::from_secs(10), mailer.send(&message()))
+        .await
+        .expect("the member's timeout ends the send")
+        .unwrap_err()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_members_timeout_ends_a_send_to_a_silent_server() {
+    let (_listener, port) = silent_server();
+    let error = send_error(&format!("smtp://127.0.0.1:{port}?timeout=200ms")).await;
+    assert_eq!(
+        error.category(),
+        mail_breaker::Category::Timeout,
+        "{error:?}"
+    );
+}
+
+#[cfg(feature = "postmark")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_api_members_timeout_ends_a_send_to_a_silent_server() {
+    let (_listener, port) = silent_server();
+    let error = send_error(&format!(
+        "postmark://pm-token@127.0.0.1:{port}?timeout=200ms"
+    ))
+    .await;
+    assert_eq!(
+        error.category(),
+        mail_breaker::Category::Timeout,
+        "{error:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_connection_setting_the_transport_refuses_names_the_members_setting() {
+    let dsn = format!("smtp://127.0.0.1:25?max_connections={}", usize::MAX);
+    let error = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap_err();
+    assert_eq!(error.setting(), "member[0].max_connections", "{error}");
+}

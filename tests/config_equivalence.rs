@@ -329,6 +329,41 @@ async fn a_breaker_in_shadow_mode_behaves_the_same_by_hand_from_its_dsn_and_from
     );
 }
 
+/// The README's "SMTP on the crate's own connections": a whole send's timeout and the
+/// connection pool's settings, inside a member's breaker (the embedded server offers neither
+/// TLS nor AUTH, so the example's STARTTLS and password are left out).
+#[tokio::test(flavor = "current_thread")]
+async fn smtp_with_its_connection_settings_behaves_the_same_by_hand_from_its_dsn_and_from_its_toml()
+{
+    let modes = [Mode::Accept; 5];
+    let by_hand = {
+        let server = EmbeddedSmtp::start();
+        let (snapshotter, _guard) = recorder();
+        let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+            .port(server.port())
+            .timeout(Duration::from_secs(30))
+            .max_connections(10)
+            .idle_timeout(Duration::from_secs(30))
+            .max_messages_per_connection(100)
+            .build()
+            .unwrap();
+        let breaker = CircuitBreakerTransport::new(smtp);
+        let states: States<'_> = Box::new(|| Box::pin(async { vec![breaker.state()] }));
+        run(&breaker, states, modes.len(), |_| {}, &snapshotter).await
+    };
+    each_config_sees(
+        &by_hand,
+        [
+            "smtp://127.0.0.1:{port}?timeout=30s&max_connections=10&idle_timeout=30s&max_messages_per_connection=100",
+            "[[member]]\nurl = \"smtp://127.0.0.1:{port}\"\ntimeout = \"30s\"\n\
+             max_connections = 10\nidle_timeout = \"30s\"\nmax_messages_per_connection = 100",
+        ],
+        &modes,
+    )
+    .await;
+    assert_eq!(by_hand.answers.len(), modes.len());
+}
+
 /// Sixteen sends through the README's rate limit (14/s, a burst of 14): the last two wait
 /// for their slots, so the run takes at least 2/14 s.
 const PACED: usize = 16;

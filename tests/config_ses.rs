@@ -61,6 +61,28 @@ async fn an_ses_member_sends_through_the_sdk_with_the_environments_keys() {
     assert!(!format!("{mailer:?}").contains(SECRET_KEY));
 }
 
+#[tokio::test(flavor = "current_thread")]
+async fn an_ses_members_timeout_ends_a_send_to_a_silent_endpoint() {
+    keys();
+    // Takes connections and never answers.
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let dsn = format!("ses://us-east-1?endpoint=http://127.0.0.1:{port}&timeout=200ms");
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let error = tokio::time::timeout(
+        std::time::Duration::from_secs(10),
+        mailer.send(&support::message()),
+    )
+    .await
+    .expect("the member's timeout ends the send")
+    .unwrap_err();
+    assert_eq!(
+        error.category(),
+        mail_breaker::Category::Timeout,
+        "{error:?}"
+    );
+}
+
 #[cfg(all(feature = "metrics", feature = "postmark"))]
 mod equivalent {
     use std::sync::Arc;

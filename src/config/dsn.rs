@@ -8,8 +8,9 @@
 //! retry(failover(smtp://a.example.com smtp://b.example.com))?attempts=4
 //! ```
 //!
-//! - A member is a provider's URL. Its query's `name`, `priority`, `breaker.*`, `rate` and
-//!   `rate.*` are the member's settings; the rest stay in the URL for the provider.
+//! - A member is a provider's URL. Its query's `name`, `priority`, `timeout`, SMTP's
+//!   connection settings, `breaker.*`, `rate` and `rate.*` are the member's settings; the
+//!   rest stay in the URL for the provider.
 //! - `failover(...)` and `roundrobin(...)` pool their members, separated by spaces; the
 //!   options after the closing parenthesis are the stack's: `retry.*`, `outbox`,
 //!   `outbox.*`, `redis` and `redis.*`.
@@ -21,7 +22,17 @@ use toml::{Table, Value};
 use super::ConfigError;
 
 /// Member settings a member's query may carry: these keys, and those under these prefixes.
-const MEMBER_KEYS: [&str; 3] = ["name", "priority", "rate"];
+const MEMBER_KEYS: [&str; 9] = [
+    "name",
+    "priority",
+    "rate",
+    "timeout",
+    "max_connections",
+    "idle_timeout",
+    "max_messages_per_connection",
+    "pipelining",
+    "chunking",
+];
 const MEMBER_PREFIXES: [&str; 2] = ["breaker.", "rate."];
 /// The stack's settings: these keys, and those under them.
 const STACK_KEYS: [&str; 4] = ["retry", "outbox", "redis", "at_most_once"];

@@ -7,12 +7,13 @@
 
 use std::fmt;
 use std::sync::Arc;
+use std::time::Duration;
 
 use super::ConfigError;
 use super::provider::Provider;
 use super::tree::{
-    Backoff, BreakerConfig, Budget, Counting, MailerConfig, MemberConfig, RateConfig, RedisConfig,
-    RetryConfig, Strategy,
+    Backoff, BreakerConfig, Budget, ConnectionConfig, Counting, MailerConfig, MemberConfig,
+    RateConfig, RedisConfig, RetryConfig, Strategy,
 };
 use crate::{
     CircuitBreakerTransport, Envelope, Message, PoolTransport, RateLimitTransport, Receipt,
@@ -203,7 +204,7 @@ fn build_member(
     path: &str,
     store: Option<&Store>,
 ) -> Result<(String, Arc<MemberBreaker>), ConfigError> {
-    let provider = build_provider(&member.provider, &format!("{path}.url"))?;
+    let provider = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
         .clone()
@@ -217,17 +218,38 @@ fn build_member(
     Ok((name, Arc::new(breaker)))
 }
 
-fn build_provider(provider: &Provider, path: &str) -> Result<Box<dyn Transport>, ConfigError> {
+/// The member's provider, reached as `connection` says. `path` is the member's: an error in
+/// its URL names `path.url`, one in a connection setting that setting.
+fn build_provider(
+    provider: &Provider,
+    connection: &ConnectionConfig,
+    path: &str,
+) -> Result<Box<dyn Transport>, ConfigError> {
+    let url_path = format!("{path}.url");
     match provider {
         #[cfg(feature = "smtp")]
         Provider::Smtp { url } => {
-            let smtp = crate::SmtpTransport::from_url(&url.0)
-                .and_then(|builder| builder.build())
-                .map_err(|error| error.within(path))?;
+            let smtp = smtp_builder(&url.0, connection)
+                .map_err(|error| error.within(&url_path))?
+                .build()
+                .map_err(|error| {
+                    let within = if CONNECTION_SETTINGS.contains(&error.setting()) {
+                        path
+                    } else {
+                        &url_path
+                    };
+                    error.within(within)
+                })?;
             Ok(Box::new(smtp))
         }
         #[cfg(feature = "ses")]
-        Provider::Ses { region, endpoint } => Ok(Box::new(ses(region, endpoint.as_deref(), path)?)),
+        Provider::Ses { region, endpoint } => {
+            let mut ses = ses(region, endpoint.as_deref(), &url_path)?;
+            if let Some(timeout) = connection.timeout {
+                ses = ses.with_timeout(timeout);
+            }
+            Ok(Box::new(ses))
+        }
         Provider::Api {
             api,
             key,
@@ -240,14 +262,53 @@ fn build_provider(provider: &Provider, path: &str) -> Result<Box<dyn Transport>,
             domain.as_deref(),
             *eu,
             endpoint.as_deref(),
-            path,
+            connection.timeout,
+            &url_path,
         ),
         #[allow(unreachable_patterns)]
         _ => Err(ConfigError::new(
-            path.to_owned(),
+            url_path,
             "this provider is not built in this version of the crate",
         )),
     }
+}
+
+/// The settings of an SMTP member's connections, as the builder names them.
+#[cfg(feature = "smtp")]
+const CONNECTION_SETTINGS: [&str; 4] = [
+    "timeout",
+    "max_connections",
+    "idle_timeout",
+    "max_messages_per_connection",
+];
+
+/// The SMTP transport's builder for `url`, with the member's connection settings.
+#[cfg(feature = "smtp")]
+fn smtp_builder(
+    url: &str,
+    connection: &ConnectionConfig,
+) -> Result<crate::SmtpBuilder, ConfigError> {
+    let mut builder = crate::SmtpTransport::from_url(url)?;
+    let smtp = &connection.smtp;
+    if let Some(timeout) = connection.timeout {
+        builder = builder.timeout(timeout);
+    }
+    if let Some(connections) = smtp.max_connections {
+        builder = builder.max_connections(connections);
+    }
+    if let Some(idle) = smtp.idle_timeout {
+        builder = builder.idle_timeout(idle);
+    }
+    if let Some(messages) = smtp.max_messages_per_connection {
+        builder = builder.max_messages_per_connection(messages);
+    }
+    if let Some(on) = smtp.pipelining {
+        builder = builder.pipelining(on);
+    }
+    if let Some(on) = smtp.chunking {
+        builder = builder.chunking(on);
+    }
+    Ok(builder)
 }
 
 #[allow(unused_variables)]
@@ -257,6 +318,7 @@ fn api_transport(
     domain: Option<&str>,
     eu: bool,
     endpoint: Option<&str>,
+    timeout: Option<Duration>,
     path: &str,
 ) -> Result<Box<dyn Transport>, ConfigError> {
     #[allow(unused_imports)] // unused when no HTTP API is built
@@ -274,6 +336,9 @@ fn api_transport(
             if let Some(endpoint) = endpoint {
                 postmark = postmark.with_endpoint(endpoint);
             }
+            if let Some(timeout) = timeout {
+                postmark = postmark.with_timeout(timeout);
+            }
             Ok(Box::new(postmark))
         }
         #[cfg(feature = "resend")]
@@ -281,6 +346,9 @@ fn api_transport(
             let mut resend = crate::ResendTransport::new(key);
             if let Some(endpoint) = endpoint {
                 resend = resend.with_endpoint(endpoint);
+            }
+            if let Some(timeout) = timeout {
+                resend = resend.with_timeout(timeout);
             }
             Ok(Box::new(resend))
         }
@@ -293,6 +361,9 @@ fn api_transport(
             if let Some(endpoint) = endpoint {
                 sendgrid = sendgrid.with_endpoint(endpoint);
             }
+            if let Some(timeout) = timeout {
+                sendgrid = sendgrid.with_timeout(timeout);
+            }
             Ok(Box::new(sendgrid))
         }
         #[cfg(feature = "mailgun")]
@@ -303,6 +374,9 @@ fn api_transport(
             }
             if let Some(endpoint) = endpoint {
                 mailgun = mailgun.with_endpoint(endpoint);
+            }
+            if let Some(timeout) = timeout {
+                mailgun = mailgun.with_timeout(timeout);
             }
             Ok(Box::new(mailgun))
         }
@@ -607,4 +681,40 @@ async fn with_outbox(
         Box::new(transport)
     };
     Ok((front, Some(outbox), Some(WorkerGuard { _stop: stop })))
+}
+
+#[cfg(all(test, feature = "smtp"))]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::tree::{ConnectionConfig, SmtpConnection};
+    use super::smtp_builder;
+
+    #[test]
+    fn an_smtp_members_connection_settings_reach_its_transports_builder() {
+        let connection = ConnectionConfig {
+            timeout: Some(Duration::from_secs(7)),
+            smtp: SmtpConnection {
+                max_connections: Some(3),
+                idle_timeout: Some(Duration::from_secs(9)),
+                max_messages_per_connection: Some(4),
+                pipelining: Some(false),
+                chunking: Some(false),
+            },
+        };
+        let shown = format!(
+            "{:?}",
+            smtp_builder("smtp://127.0.0.1:2525", &connection).unwrap()
+        );
+        for field in [
+            "timeout: 7s",
+            "max_connections: 3",
+            "idle_timeout: 9s",
+            "max_messages_per_connection: 4",
+            "pipelining: false",
+            "chunking: false",
+        ] {
+            assert!(shown.contains(field), "{field} in {shown}");
+        }
+    }
 }

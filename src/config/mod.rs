@@ -23,8 +23,9 @@
 //!   `postmark://KEY@default`, `resend://KEY@default`, `sendgrid://KEY@default?region=eu`,
 //!   `mailgun://KEY:DOMAIN@default?region=eu`. A host other than `default` is the API's
 //!   endpoint (`http://` on a loopback host, else `https://`).
-//! - Its query also holds its own settings: `name`, `priority`, `breaker.*` and `rate`
-//!   (`14/s`) or `rate.*`; the rest stays in the URL for the provider.
+//! - Its query also holds its own settings: `name`, `priority`, `timeout`, SMTP's connection
+//!   settings, `breaker.*` and `rate` (`14/s`) or `rate.*`; the rest stays in the URL for
+//!   the provider.
 //! - `failover(A B ...)` tries the members in order (or by `priority`), `roundrobin(A B ...)`
 //!   in turn; the options after the closing parenthesis are the stack's: `at_most_once`,
 //!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`.
@@ -32,13 +33,15 @@
 //!
 //! # The TOML document
 //! The same tree: `strategy` (`failover` or `roundrobin`), `at_most_once`, a `[[member]]`
-//! for each member with its `url`, `name`, `priority`, `breaker` and `rate`, and `[retry]`,
-//! `[outbox]` (with its `url`) and `[redis]` (with its `url`, or `cluster`: the nodes'
-//! URLs). Any serde format gives the same tree through `MailerConfig`'s `Deserialize`.
+//! for each member with its `url`, `name`, `priority`, connection settings, `breaker` and
+//! `rate`, and `[retry]`, `[outbox]` (with its `url`) and `[redis]` (with its `url`, or
+//! `cluster`: the nodes' URLs). Any serde format gives the same tree through
+//! `MailerConfig`'s `Deserialize`.
 //!
 //! # The settings
 //! | table | settings |
 //! |---|---|
+//! | a member | `url`, `name`, `priority`, `timeout` (a whole send's bound, every provider); for `smtp://` and `smtps://` only: `max_connections`, `idle_timeout`, `max_messages_per_connection`, `pipelining`, `chunking` |
 //! | `breaker` | `threshold` (failures in a row) or `error_rate` (`50%`) with `min_calls` and `window`; `reset`, `max_reset`, `probe_timeout`, `half_open_successes`, `slow_call`, `scope` (`transport` or `recipient_domain`), `max_keys`, `shadow` |
 //! | `rate` | `per_second` (required), `burst`, `max_in_flight`, `max_wait`, `adaptive`, `min_per_second`, `shared` (one budget through `[redis]`), `fleet` (processes sharing it) |
 //! | `retry` | `attempts`, `initial` and `max_delay` (exponential) or `delay` (constant), `max_elapsed`, `budget` (`true`, or `tokens`, `min_tokens`, `error_cost`), `at_most_once` |

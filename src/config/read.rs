@@ -224,6 +224,15 @@ impl<'a> Node<'a> {
         })
     }
 
+    /// A duration above zero, written with its unit: a bound that could never be met is no
+    /// bound.
+    pub(crate) fn positive_duration(&self) -> Result<Duration, ConfigError> {
+        match self.duration()? {
+            zero if zero.is_zero() => Err(self.expected("a duration above zero")),
+            duration => Ok(duration),
+        }
+    }
+
     /// One of `choices`.
     pub(crate) fn choice<'c>(&self, choices: &[&'c str]) -> Result<&'c str, ConfigError> {
         let text = match self.value {

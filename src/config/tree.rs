@@ -70,6 +70,44 @@ pub(crate) struct MemberConfig {
     pub priority: Option<u32>,
     pub breaker: BreakerConfig,
     pub rate: Option<RateConfig>,
+    pub connection: ConnectionConfig,
+}
+
+/// How a member reaches its provider; `None` keeps the transport's default.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ConnectionConfig {
+    /// The bound on a whole send, for every provider.
+    pub timeout: Option<Duration>,
+    /// SMTP's connection pool and extensions: only for an `smtp://` or `smtps://` member.
+    pub smtp: SmtpConnection,
+}
+
+/// An SMTP member's connection pool and extensions.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct SmtpConnection {
+    pub max_connections: Option<usize>,
+    pub idle_timeout: Option<Duration>,
+    pub max_messages_per_connection: Option<u32>,
+    pub pipelining: Option<bool>,
+    pub chunking: Option<bool>,
+}
+
+impl SmtpConnection {
+    /// The first setting given, by name: none may be given to a member that is not SMTP.
+    fn first_given(&self) -> Option<&'static str> {
+        [
+            ("max_connections", self.max_connections.is_some()),
+            ("idle_timeout", self.idle_timeout.is_some()),
+            (
+                "max_messages_per_connection",
+                self.max_messages_per_connection.is_some(),
+            ),
+            ("pipelining", self.pipelining.is_some()),
+            ("chunking", self.chunking.is_some()),
+        ]
+        .into_iter()
+        .find_map(|(name, given)| given.then_some(name))
+    }
 }
 
 /// How a member's breaker counts: failures in a row, or an error rate.
@@ -182,8 +220,8 @@ impl MailerConfig {
         MailerConfig::from_tree(&super::dsn::parse(dsn)?)
     }
 
-    /// Reads a TOML document: `strategy`, `[[member]]` (each with `url`, and its
-    /// `breaker` and `rate`), `[retry]`, `[outbox]` and `[redis]`.
+    /// Reads a TOML document: `strategy`, `[[member]]` (each with `url`, its connection
+    /// settings, and its `breaker` and `rate`), `[retry]`, `[outbox]` and `[redis]`.
     pub fn from_toml(toml: &str) -> Result<MailerConfig, ConfigError> {
         let table: toml::Table = toml.parse().map_err(|error: toml::de::Error| {
             let at = error
@@ -274,13 +312,31 @@ fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
     let priority = fields.read("priority", |node| node.whole_u32(0))?;
     let breaker = fields.read("breaker", breaker)?.unwrap_or_default();
     let rate = fields.read("rate", rate)?;
+    let timeout = fields.read("timeout", Node::positive_duration)?;
+    let smtp = SmtpConnection {
+        max_connections: fields.read("max_connections", |node| node.whole_usize(1))?,
+        idle_timeout: fields.read("idle_timeout", Node::positive_duration)?,
+        max_messages_per_connection: fields
+            .read("max_messages_per_connection", |node| node.whole_u32(1))?,
+        pipelining: fields.read("pipelining", Node::flag)?,
+        chunking: fields.read("chunking", Node::flag)?,
+    };
     fields.finish()?;
+    if let Some(setting) = smtp.first_given()
+        && !matches!(provider, Provider::Smtp { .. })
+    {
+        return Err(ConfigError::new(
+            format!("{}.{setting}", node.path()),
+            "only an smtp:// or smtps:// member has this setting",
+        ));
+    }
     Ok(MemberConfig {
         name,
         provider,
         priority,
         breaker,
         rate,
+        connection: ConnectionConfig { timeout, smtp },
     })
 }
 
