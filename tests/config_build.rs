@@ -276,3 +276,129 @@ async fn an_smtp_connection_setting_the_transport_refuses_names_the_members_sett
     let error = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap_err();
     assert_eq!(error.setting(), "member[0].max_connections", "{error}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailers_name_is_its_stacks() {
+    let server = EmbeddedSmtp::start();
+    let mailer = Mailer::from_dsn(&smtp(&server))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    assert_eq!(
+        mailer.name(),
+        smtp(&server),
+        "a lone member's breaker, named as its SMTP"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailers_verify_asks_its_providers() {
+    let server = EmbeddedSmtp::start();
+    let working = Mailer::from_dsn(&smtp(&server))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    working.verify().await.unwrap();
+    // A port nothing listens on: taken from a listener that is then closed.
+    let closed = std::net::TcpListener::bind("127.0.0.1:0")
+        .unwrap()
+        .local_addr()
+        .unwrap()
+        .port();
+    let dsn = format!("smtp://127.0.0.1:{closed}?timeout=1s");
+    let broken = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    assert!(broken.verify().await.is_err());
+}
+
+/// Every HTTP API builds from its URL, named as the provider names itself.
+#[cfg(all(
+    feature = "postmark",
+    feature = "resend",
+    feature = "sendgrid",
+    feature = "mailgun"
+))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn every_http_api_builds_from_its_url() {
+    for (url, name) in [
+        ("postmark://KEY@default", "postmark"),
+        ("resend://KEY@default", "resend"),
+        ("sendgrid://KEY@default?region=eu", "sendgrid"),
+        (
+            "mailgun://KEY:mg.example.com@default?region=eu",
+            "mailgun:mg.example.com",
+        ),
+    ] {
+        let mailer = Mailer::from_dsn(url).unwrap().build().await.unwrap();
+        let names: Vec<&str> = mailer.breakers().map(|(name, _)| name).collect();
+        assert_eq!(names, [name], "{url}");
+    }
+}
+
+/// With error-rate counting, the breaker opens on its own rate, minimum and window: 30 %
+/// of at least 4 calls in the last second (the defaults are 50 %, 20 calls and 10 s).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_error_rate_breaker_opens_on_its_own_rate_minimum_and_window() {
+    let server = EmbeddedSmtp::start();
+    let dsn = format!(
+        "{}?breaker.error_rate=30%&breaker.min_calls=4&breaker.window=1s",
+        smtp(&server)
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let breaker = mailer.breakers().next().unwrap().1;
+    let message = message();
+    let send = |mode| {
+        server.set_mode(mode);
+        mailer.send(&message)
+    };
+    for _ in 0..2 {
+        send(Mode::Failing).await.unwrap_err();
+    }
+    assert_eq!(
+        breaker.state(),
+        State::Closed,
+        "fewer calls than the minimum"
+    );
+    // The two failures leave the window.
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    for _ in 0..3 {
+        send(Mode::Accept).await.unwrap();
+    }
+    send(Mode::Failing).await.unwrap_err();
+    assert_eq!(breaker.state(), State::Closed, "1 failure in 4 calls: 25 %");
+    send(Mode::Failing).await.unwrap_err();
+    assert_eq!(breaker.state(), State::Open, "2 failures in 5 calls: 40 %");
+}
+
+/// A server that hangs up after the message's final dot: the message may have arrived.
+async fn hangs_up_after_the_dot() -> support::raw_smtp::RawSmtp {
+    use support::raw_smtp::{Answer, RawSmtp};
+    RawSmtp::start(
+        b"220 raw.test ready\r\n".to_vec(),
+        |command| match command {
+            "." => Answer::HangUp,
+            other => Answer::healthy(other),
+        },
+    )
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_retry_at_most_once_never_sends_again_what_may_have_arrived() {
+    for (at_most_once, messages) in [(false, 3), (true, 1)] {
+        let server = hangs_up_after_the_dot().await;
+        let dsn = format!(
+            "retry(smtp://127.0.0.1:{})?attempts=3&delay=10ms&at_most_once={at_most_once}",
+            server.port()
+        );
+        let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+        let error = mailer.send(&message()).await.unwrap_err();
+        assert!(error.is_maybe_delivered(), "{error:?}");
+        assert_eq!(
+            server.count("DATA"),
+            messages,
+            "at_most_once={at_most_once}"
+        );
+    }
+}
