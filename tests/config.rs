@@ -248,7 +248,23 @@ fn dsn_with_secrets() -> impl Strategy<Value = String> {
     (pool_with_secrets(), stack).prop_map(|(pool, stack)| format!("{pool}{stack}"))
 }
 
-/// `text` with a few characters inserted, deleted or replaced at random.
+/// Each secret of the documents above as it is written: with the delimiters that make it
+/// the password or the key of its URL.
+const SECRETS_AS_WRITTEN: [&str; 9] = [
+    ":SECRET-1@",
+    ":SECRET-2@",
+    ":SECRET-3@",
+    "//SECRET-4@",
+    "//SECRET-5@",
+    "//SECRET-6@",
+    "//SECRET-7:mg.example.com@",
+    ":SECRET-8@",
+    ":SECRET-9@",
+];
+
+/// `text` with a few characters inserted, deleted or replaced at random, anywhere but in and
+/// around its secrets as written: an edit there would make a secret the host of its URL (an
+/// `@` deleted), which may be shown, and so no longer a secret.
 fn mutated(base: impl Strategy<Value = String>) -> impl Strategy<Value = String> {
     (
         base,
@@ -258,6 +274,9 @@ fn mutated(base: impl Strategy<Value = String>) -> impl Strategy<Value = String>
             let mut chars: Vec<char> = text.chars().collect();
             for (at, kind, c) in edits {
                 let at = at.index(chars.len() + 1);
+                if touches_a_secret(&chars, at) {
+                    continue;
+                }
                 match kind {
                     0 => chars.insert(at, c),
                     1 if at < chars.len() => {
@@ -269,6 +288,17 @@ fn mutated(base: impl Strategy<Value = String>) -> impl Strategy<Value = String>
             }
             chars.into_iter().collect()
         })
+}
+
+/// Whether position `at` of `chars` is in, or at either end of, a secret as written.
+fn touches_a_secret(chars: &[char], at: usize) -> bool {
+    SECRETS_AS_WRITTEN.iter().any(|secret| {
+        let secret: Vec<char> = secret.chars().collect();
+        chars
+            .windows(secret.len())
+            .enumerate()
+            .any(|(start, window)| window == secret && (start..=start + secret.len()).contains(&at))
+    })
 }
 
 fn toml_document() -> impl Strategy<Value = String> {
@@ -359,6 +389,12 @@ fn an_smtp_members_connection_settings_read_the_same_from_a_dsn_and_from_toml() 
     );
 }
 
+#[cfg(all(
+    feature = "postmark",
+    feature = "resend",
+    feature = "sendgrid",
+    feature = "ses"
+))]
 #[test]
 fn an_smtp_connection_setting_on_a_member_that_is_not_smtp_is_an_error_naming_it() {
     for (dsn, setting) in [
@@ -406,4 +442,67 @@ fn a_timeout_of_zero_is_an_error_naming_it() {
         dsn_error("smtp://relay.example.com?idle_timeout=0ms").0,
         "member[0].idle_timeout"
     );
+}
+
+#[cfg(all(feature = "postmark", feature = "sendgrid", feature = "mailgun"))]
+#[test]
+fn an_option_an_api_does_not_take_is_an_error_naming_the_api_and_what_it_takes() {
+    assert_eq!(
+        dsn_error("postmark://KEY@default?region=eu").1,
+        "the option `region` is not one of this provider's: postmark takes no options"
+    );
+    assert_eq!(
+        dsn_error("sendgrid://KEY@default?colour=red").1,
+        "the option `colour` is not one of this provider's: sendgrid takes region"
+    );
+    // Two members run together (a space lost): the second's URL is not shown, its key with it.
+    let (setting, reason) = dsn_error(
+        "roundrobin(mailgun://K:mg.example.com@default?region=eu&resend://SECRET-5@default)",
+    );
+    assert_eq!(setting, "member[0].url");
+    assert_eq!(
+        reason,
+        "the option holding a URL or an address is not one of this provider's: mailgun takes region"
+    );
+}
+
+#[test]
+fn a_setting_that_holds_a_url_is_named_by_where_it_is_never_shown() {
+    // `redis=` lost its `=`: the whole URL became a setting's name.
+    let (setting, reason) =
+        dsn_error("failover(smtp://a.example.com)?redisredis://mailer:SECRET-8@redis.example.com/");
+    assert_eq!(setting, "configuration");
+    assert!(!reason.contains("SECRET"), "{reason}");
+    assert!(
+        reason.starts_with("a URL or an address (is an `=` missing?) is not a setting here"),
+        "{reason}"
+    );
+}
+
+#[test]
+fn a_setting_with_an_empty_name_is_named_by_where_it_is() {
+    let (setting, reason) = dsn_error("failover(smtp://a.example.com)?.redis.namespace=app");
+    assert_eq!(setting, "configuration");
+    assert!(
+        reason.starts_with("an empty name is not a setting here"),
+        "{reason}"
+    );
+}
+
+/// Run by the default build (`cargo test --test config`, in `.ci/run`), which has no HTTP
+/// API and no Redis.
+#[cfg(not(feature = "postmark"))]
+#[test]
+fn a_provider_this_build_does_not_have_is_an_error_naming_its_feature() {
+    let (setting, reason) = dsn_error("postmark://KEY@default");
+    assert_eq!(setting, "member[0].url");
+    assert!(reason.contains("`postmark` feature"), "{reason}");
+}
+
+#[cfg(not(feature = "redis"))]
+#[test]
+fn a_redis_store_in_a_build_without_redis_is_an_error_naming_it() {
+    let (setting, reason) = dsn_error("smtp://a.example.com?redis=redis://127.0.0.1/");
+    assert_eq!(setting, "redis");
+    assert!(reason.contains("`redis` feature"), "{reason}");
 }

@@ -402,3 +402,29 @@ async fn a_retry_at_most_once_never_sends_again_what_may_have_arrived() {
         );
     }
 }
+
+/// An outbox's own `at_most_once`: a send that may have reached the provider is answered with
+/// its error, not queued to be sent again.
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_outbox_at_most_once_answers_a_maybe_delivered_failure_instead_of_queueing_it() {
+    let folder = std::env::temp_dir().join(format!(
+        "mail-breaker-config-at-most-once-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&folder).unwrap();
+    for at_most_once in [false, true] {
+        let server = hangs_up_after_the_dot().await;
+        let dsn = format!(
+            "smtp://127.0.0.1:{}?outbox=sqlite://{}&outbox.at_most_once={at_most_once}",
+            server.port(),
+            folder.join(format!("{at_most_once}.db")).display()
+        );
+        let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+        match mailer.send(&message()).await {
+            Ok(receipt) => assert!(!at_most_once && receipt.is_queued(), "{receipt:?}"),
+            Err(error) => assert!(at_most_once && error.is_maybe_delivered(), "{error:?}"),
+        }
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}

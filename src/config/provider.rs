@@ -205,14 +205,19 @@ fn api_member(url: &url::Url, api: Api, path: &str) -> Result<Provider, ConfigEr
 }
 
 fn unknown_option(path: &str, provider: &str, option: &str, known: &[&str]) -> ConfigError {
-    let cut: String = option.chars().take(40).collect();
     let expected = if known.is_empty() {
         format!("{provider} takes no options")
     } else {
         format!("{provider} takes {}", known.join(", "))
     };
+    // An option that holds a URL (a space between two members lost) may carry a key.
+    let option = if super::read::may_hold_a_secret(option) {
+        "holding a URL or an address".to_owned()
+    } else {
+        format!("`{}`", option.chars().take(40).collect::<String>())
+    };
     ConfigError::new(
         path.to_owned(),
-        format!("the option `{cut}` is not one of this provider's: {expected}"),
+        format!("the option {option} is not one of this provider's: {expected}"),
     )
 }

@@ -46,9 +46,7 @@ impl<'a> Node<'a> {
     fn quoted(&self) -> String {
         match self.value {
             // A URL written into the wrong setting may carry a password: not quoted.
-            Value::String(text) if text.contains("://") || text.contains('@') => {
-                "a URL or an address".to_owned()
-            }
+            Value::String(text) if may_hold_a_secret(text) => "a URL or an address".to_owned(),
             Value::String(text) => {
                 let cut: String = text.chars().take(QUOTED).collect();
                 let more = if cut.len() < text.len() { "..." } else { "" };
@@ -299,6 +297,27 @@ impl<'a> Fields<'a> {
         else {
             return Ok(());
         };
+        let expected = self.taken.join(", ");
+        // A key that holds a URL or an address (a setting whose `=` went missing) may carry a
+        // password, and an empty one names nothing: each is named by where it is.
+        let nameless = if unknown.is_empty() {
+            Some("an empty name")
+        } else if may_hold_a_secret(unknown) {
+            Some("a URL or an address (is an `=` missing?)")
+        } else {
+            None
+        };
+        if let Some(what) = nameless {
+            let path = if self.path.is_empty() {
+                "configuration".to_owned()
+            } else {
+                self.path
+            };
+            return Err(ConfigError::new(
+                path,
+                format!("{what} is not a setting here; expected one of {expected}"),
+            ));
+        }
         let cut: String = unknown.chars().take(QUOTED).collect();
         let path = if self.path.is_empty() {
             cut
@@ -307,12 +326,15 @@ impl<'a> Fields<'a> {
         };
         Err(ConfigError::new(
             path,
-            format!(
-                "not a setting here; expected one of {}",
-                self.taken.join(", ")
-            ),
+            format!("not a setting here; expected one of {expected}"),
         ))
     }
+}
+
+/// Whether `text` looks like a URL or an address, which may carry a password or a key: such
+/// text is never quoted in an error.
+pub(crate) fn may_hold_a_secret(text: &str) -> bool {
+    text.contains("://") || text.contains('@')
 }
 
 /// `text` with each `${NAME}` replaced by the environment's `NAME`.
@@ -393,6 +415,58 @@ mod tests {
             "expected a whole number of at least 1, got 0"
         );
         assert_eq!(at(&Value::String("7".into())).whole_u32(1), Ok(7));
+    }
+
+    /// The names and reasons of the errors for a table of `keys` (each set to 1) at `path`,
+    /// where only `known` is a setting.
+    fn unknown_key(path: &str, keys: &[&str]) -> (String, String) {
+        let table: Table = keys
+            .iter()
+            .map(|key| ((*key).to_owned(), Value::Integer(1)))
+            .collect();
+        let value = Value::Table(table);
+        let node = Node {
+            path: path.to_owned(),
+            value: &value,
+        };
+        let mut fields = node.table().unwrap();
+        fields.read("known", Node::flag).ok();
+        let error = fields.finish().unwrap_err();
+        (error.setting().to_owned(), error.reason().to_owned())
+    }
+
+    #[test]
+    fn an_unknown_key_is_named_in_its_path() {
+        assert_eq!(
+            unknown_key("redis", &["nmespace"]),
+            (
+                "redis.nmespace".to_owned(),
+                "not a setting here; expected one of known".to_owned()
+            )
+        );
+        assert_eq!(unknown_key("", &["stratgy"]).0, "stratgy");
+    }
+
+    #[test]
+    fn an_empty_key_is_named_by_where_it_is() {
+        let (setting, reason) = unknown_key("redis", &[""]);
+        assert_eq!(setting, "redis");
+        assert!(
+            reason.starts_with("an empty name is not a setting here"),
+            "{reason}"
+        );
+        assert_eq!(unknown_key("", &[""]).0, "configuration");
+    }
+
+    #[test]
+    fn an_unknown_key_that_holds_a_url_or_an_address_is_named_by_where_it_is_never_shown() {
+        for key in ["redisredis://user:pw@host", "app:pw@host"] {
+            let (setting, reason) = unknown_key("redis", &[key]);
+            assert_eq!(setting, "redis");
+            assert!(!reason.contains("pw"), "{reason}");
+            assert!(reason.contains("expected one of known"), "{reason}");
+            assert_eq!(unknown_key("", &[key]).0, "configuration");
+        }
     }
 
     #[test]
