@@ -506,3 +506,33 @@ fn a_redis_store_in_a_build_without_redis_is_an_error_naming_it() {
     assert_eq!(setting, "redis");
     assert!(reason.contains("`redis` feature"), "{reason}");
 }
+
+#[cfg(all(feature = "sendgrid", feature = "mailgun"))]
+#[test]
+fn an_apis_region_is_eu_or_us_and_us_is_the_default() {
+    let read = |dsn: &str| MailerConfig::from_dsn(dsn).unwrap();
+    for api in [
+        "sendgrid://KEY@default",
+        "mailgun://KEY:mg.example.com@default",
+    ] {
+        assert_eq!(read(&format!("{api}?region=us")), read(api), "{api}");
+        assert_ne!(read(&format!("{api}?region=eu")), read(api), "{api}");
+        assert_eq!(
+            dsn_error(&format!("{api}?region=asia")).1,
+            "region: expected eu or us"
+        );
+    }
+}
+
+#[cfg(feature = "mailgun")]
+#[test]
+fn a_mailgun_member_without_its_sending_domain_is_an_error() {
+    for dsn in ["mailgun://KEY@default", "mailgun://KEY:@default"] {
+        let (setting, reason) = dsn_error(dsn);
+        assert_eq!(setting, "member[0].url");
+        assert_eq!(
+            reason,
+            "names no sending domain: mailgun://KEY:DOMAIN@default"
+        );
+    }
+}

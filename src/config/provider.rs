@@ -150,7 +150,8 @@ fn api_member(url: &url::Url, api: Api, path: &str) -> Result<Provider, ConfigEr
         )));
     }
     let domain = match (api, url.password()) {
-        (Api::Mailgun, Some(domain)) if !domain.is_empty() => Some(decode(domain)?),
+        // The URL's parser drops an empty password: `KEY:@default` has none, as `KEY@default`.
+        (Api::Mailgun, Some(domain)) => Some(decode(domain)?),
         (Api::Mailgun, _) => {
             return Err(bad(
                 "names no sending domain: mailgun://KEY:DOMAIN@default".to_owned()
