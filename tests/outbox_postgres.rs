@@ -148,3 +148,50 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
     let claims = server.log().matches("WITH due AS").count();
     assert!((1..=2).contains(&claims), "{claims} claims");
 }
+
+/// Answers are written in parallel, one per connection, three at once: the fourth of the
+/// worker's connections stays free for its claims. Each write is made slow (a trigger sleeps
+/// 100 ms in every DELETE) and the answers come 30 ms apart, so writes pile up; the test
+/// counts the DELETEs the server runs at once.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn answers_are_written_three_at_once_leaving_a_connection_for_claims() {
+    use sqlx::Connection as _;
+    use std::time::Duration;
+    use support::scripted::{Reply, Scripted};
+    let Some((outbox, server)) = open("outbox_postgres_writes_at_once").await else {
+        return;
+    };
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    for statement in [
+        "CREATE FUNCTION slow_delete() RETURNS trigger LANGUAGE plpgsql AS \
+         $$ BEGIN PERFORM pg_sleep(0.1); RETURN NULL; END $$",
+        "CREATE TRIGGER slow_delete BEFORE DELETE ON mail_breaker_outbox \
+         FOR EACH STATEMENT EXECUTE FUNCTION slow_delete()",
+    ] {
+        sqlx::raw_sql(statement).execute(&mut admin).await.unwrap();
+    }
+    const MESSAGES: u64 = 12;
+    for _ in 0..MESSAGES {
+        outbox.enqueue(&support::message()).await.unwrap();
+    }
+    let provider = Scripted::new("provider");
+    provider.then((1..=MESSAGES).map(|i| Reply::after(Duration::from_millis(30 * i), Reply::Ok)));
+    let worker = outbox.worker(provider.clone()).concurrency(16);
+    let draining = tokio::spawn(async move { worker.drain().await });
+    let mut most = 0;
+    while !draining.is_finished() {
+        let (deleting,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE state = 'active' AND query LIKE 'DELETE FROM mail_breaker_outbox%'",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        most = most.max(deleting);
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    draining.await.unwrap().unwrap();
+    assert_eq!(provider.sends(), MESSAGES as usize);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+    assert_eq!(most, 3, "answer writes running at once");
+}
