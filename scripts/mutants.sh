@@ -74,7 +74,7 @@ tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test
 # The whole stack from one DSN or TOML: the DSN parser, the tree reader with its paths, the
 # providers' URLs, the config types, and the build.
 files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
-tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_ses"
+tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_equivalence_redis --test=config_ses"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
     groups=(machine batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate config)

@@ -536,3 +536,28 @@ fn a_mailgun_member_without_its_sending_domain_is_an_error() {
         );
     }
 }
+
+#[cfg(feature = "redis")]
+#[test]
+fn a_redis_cluster_reads_its_nodes_from_commas_in_a_dsn_as_from_a_list_in_toml() {
+    let dsn = MailerConfig::from_dsn(
+        "smtp://a.example.com?redis.cluster=redis://10.0.0.1:6379/,redis://10.0.0.2:6379/",
+    )
+    .unwrap();
+    let toml = MailerConfig::from_toml(
+        "[[member]]\nurl = \"smtp://a.example.com\"\n\
+         [redis]\ncluster = [\"redis://10.0.0.1:6379/\", \"redis://10.0.0.2:6379/\"]",
+    )
+    .unwrap();
+    assert_eq!(dsn, toml);
+    let one = MailerConfig::from_dsn("smtp://a.example.com?redis.cluster=redis://10.0.0.1:6379/")
+        .unwrap();
+    assert_ne!(dsn, one, "both nodes are kept");
+    assert_eq!(
+        dsn_error("smtp://a.example.com?redis.cluster=,"),
+        (
+            "redis.cluster".to_owned(),
+            "needs at least one node's URL".to_owned()
+        )
+    );
+}

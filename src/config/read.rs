@@ -470,6 +470,34 @@ mod tests {
     }
 
     #[test]
+    fn a_value_is_quoted_cut_short_when_long_and_never_when_it_may_hold_a_secret() {
+        let got = |text: &str| {
+            at(&Value::String(text.to_owned()))
+                .whole_u32(1)
+                .unwrap_err()
+                .reason()
+                .to_owned()
+        };
+        assert_eq!(
+            got("five"),
+            r#"expected a whole number of at least 1, got "five""#
+        );
+        let long = "x".repeat(QUOTED + 1);
+        let cut = "x".repeat(QUOTED);
+        assert_eq!(
+            got(&long),
+            format!(r#"expected a whole number of at least 1, got "{cut}"..."#)
+        );
+        assert!(!got(&cut).ends_with("..."), "{}", got(&cut));
+        for secret in ["app:pw@relay.example.com", "redis://relay.example.com"] {
+            assert_eq!(
+                got(secret),
+                "expected a whole number of at least 1, got a URL or an address"
+            );
+        }
+    }
+
+    #[test]
     fn durations_are_written_with_their_unit() {
         let read = |text: &str| at(&Value::String(text.to_owned())).duration().ok();
         assert_eq!(read("250ms"), Some(Duration::from_millis(250)));
