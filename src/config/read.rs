@@ -497,6 +497,84 @@ mod tests {
         }
     }
 
+    fn text(text: &str) -> Value {
+        Value::String(text.to_owned())
+    }
+
+    #[test]
+    fn a_whole_count_is_read_as_written_from_its_minimum() {
+        assert_eq!(at(&Value::Integer(7)).whole_usize(1), Ok(7));
+        assert_eq!(at(&text("8")).whole_usize(1), Ok(8));
+        assert!(at(&Value::Integer(0)).whole_usize(1).is_err());
+        assert_eq!(at(&Value::Integer(0)).whole_usize(0), Ok(0));
+    }
+
+    #[test]
+    fn a_positive_number_is_a_finite_number_above_zero_with_or_without_its_unit() {
+        let read = |value: Value| at(&value).positive("/s").ok();
+        assert_eq!(read(Value::Integer(14)), Some(14.0));
+        assert_eq!(read(Value::Float(2.5)), Some(2.5));
+        assert_eq!(read(text("14/s")), Some(14.0));
+        assert_eq!(read(text(" 0.5 /s ")), Some(0.5));
+        assert_eq!(read(text("3")), Some(3.0));
+        for refused in [
+            Value::Integer(0),
+            Value::Float(0.0),
+            Value::Float(-1.0),
+            Value::Float(f64::INFINITY),
+            Value::Float(f64::NAN),
+            text("0/s"),
+            text("inf"),
+            text("fast"),
+            Value::Boolean(true),
+        ] {
+            assert_eq!(read(refused.clone()), None, "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn a_percentage_is_from_1_to_100_with_or_without_its_sign() {
+        let read = |value: Value| at(&value).percent().ok();
+        assert_eq!(read(Value::Integer(30)), Some(30));
+        assert_eq!(read(text("40%")), Some(40));
+        assert_eq!(read(text(" 1 ")), Some(1));
+        assert_eq!(read(text("100%")), Some(100));
+        for refused in [
+            Value::Integer(0),
+            Value::Integer(101),
+            Value::Integer(-5),
+            text("0%"),
+            text("250%"),
+            Value::Float(50.0),
+        ] {
+            assert_eq!(read(refused.clone()), None, "{refused:?}");
+        }
+    }
+
+    #[test]
+    fn a_flag_is_true_or_false_as_toml_or_as_text() {
+        let read = |value: Value| at(&value).flag().ok();
+        assert_eq!(read(Value::Boolean(true)), Some(true));
+        assert_eq!(read(Value::Boolean(false)), Some(false));
+        assert_eq!(read(text("true")), Some(true));
+        assert_eq!(read(text(" false ")), Some(false));
+        assert_eq!(read(text("yes")), None);
+        assert_eq!(read(Value::Integer(1)), None);
+    }
+
+    #[test]
+    fn a_list_is_a_toml_list_or_text_separated_by_commas() {
+        let read = |value: Value| at(&value).words().ok();
+        let list = Value::Array(vec![text("a"), text("b")]);
+        assert_eq!(read(list), Some(vec!["a".to_owned(), "b".to_owned()]));
+        assert_eq!(
+            read(text("a, b,,")),
+            Some(vec!["a".to_owned(), "b".to_owned()])
+        );
+        assert_eq!(read(text(",")), Some(Vec::new()));
+        assert_eq!(read(Value::Integer(1)), None);
+    }
+
     #[test]
     fn durations_are_written_with_their_unit() {
         let read = |text: &str| at(&Value::String(text.to_owned())).duration().ok();
