@@ -576,6 +576,33 @@ mod tests {
     }
 
     #[test]
+    fn a_choice_is_one_of_its_words_as_written() {
+        let choices = ["failover", "roundrobin"];
+        let read = |value: Value| at(&value).choice(&choices).ok();
+        assert_eq!(read(text("roundrobin")), Some("roundrobin"));
+        assert_eq!(read(text(" failover ")), Some("failover"));
+        assert_eq!(read(text("random")), None);
+        assert_eq!(read(text("")), None);
+        assert_eq!(read(Value::Integer(1)), None);
+    }
+
+    #[test]
+    fn a_variables_name_is_letters_digits_and_underscores_not_starting_with_a_digit() {
+        for name in ["A-B", "1A", "", "A B"] {
+            let error = expand(&format!("x${{{name}}}y")).unwrap_err();
+            assert!(
+                error.ends_with("does not name an environment variable (letters, digits and _)"),
+                "{name:?}: {error}"
+            );
+        }
+        let unset = expand("${MAIL_BREAKER_READ_TEST_UNSET_2}").unwrap_err();
+        assert_eq!(
+            unset,
+            "the environment variable MAIL_BREAKER_READ_TEST_UNSET_2 is not set"
+        );
+    }
+
+    #[test]
     fn durations_are_written_with_their_unit() {
         let read = |text: &str| at(&Value::String(text.to_owned())).duration().ok();
         assert_eq!(read("250ms"), Some(Duration::from_millis(250)));
