@@ -561,3 +561,36 @@ fn a_redis_cluster_reads_its_nodes_from_commas_in_a_dsn_as_from_a_list_in_toml()
         )
     );
 }
+
+#[test]
+fn the_strategy_is_failover_or_roundrobin() {
+    let with = |strategy: &str| {
+        MailerConfig::from_toml(&format!(
+            "strategy = \"{strategy}\"\n[[member]]\nurl = \"smtp://a\"\n[[member]]\nurl = \"smtp://b\""
+        ))
+    };
+    assert_ne!(with("roundrobin").unwrap(), with("failover").unwrap());
+    assert_eq!(
+        MailerConfig::from_dsn("roundrobin(smtp://a smtp://b)").unwrap(),
+        with("roundrobin").unwrap()
+    );
+    assert_eq!(with("random").unwrap_err().setting(), "strategy");
+}
+
+#[test]
+fn a_window_or_a_minimum_without_an_error_rate_is_an_error_naming_it() {
+    for (query, setting) in [
+        ("breaker.min_calls=4", "member[0].breaker.min_calls"),
+        ("breaker.window=10s", "member[0].breaker.window"),
+        (
+            "breaker.threshold=3&breaker.window=10s",
+            "member[0].breaker.window",
+        ),
+    ] {
+        let (got, reason) = dsn_error(&format!("smtp://a.example.com?{query}"));
+        assert_eq!(
+            (got.as_str(), reason.as_str()),
+            (setting, "counts only with an error_rate")
+        );
+    }
+}

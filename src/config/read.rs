@@ -603,6 +603,16 @@ mod tests {
     }
 
     #[test]
+    fn a_variables_name_may_start_with_an_underscore() {
+        // SAFETY: no other test of this binary reads or writes this variable.
+        unsafe { std::env::set_var("_MAIL_BREAKER_READ_TEST_UNDERSCORE", "k3y") };
+        assert_eq!(
+            expand("a${_MAIL_BREAKER_READ_TEST_UNDERSCORE}b"),
+            Ok("ak3yb".to_owned())
+        );
+    }
+
+    #[test]
     fn durations_are_written_with_their_unit() {
         let read = |text: &str| at(&Value::String(text.to_owned())).duration().ok();
         assert_eq!(read("250ms"), Some(Duration::from_millis(250)));
