@@ -594,3 +594,16 @@ fn a_window_or_a_minimum_without_an_error_rate_is_an_error_naming_it() {
         );
     }
 }
+
+#[test]
+fn a_retry_budgets_floor_may_be_as_high_as_its_tokens_and_no_higher() {
+    let budget = |min: u32| {
+        MailerConfig::from_toml(&format!(
+            "retry = {{ budget = {{ tokens = 10, min_tokens = {min} }} }}\n[[member]]\nurl = \"smtp://a\""
+        ))
+    };
+    assert!(budget(10).is_ok());
+    let error = budget(11).unwrap_err();
+    assert_eq!(error.setting(), "retry.budget.min_tokens");
+    assert_eq!(error.reason(), "must not be more than tokens");
+}

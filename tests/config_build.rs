@@ -428,3 +428,27 @@ async fn an_outbox_at_most_once_answers_a_maybe_delivered_failure_instead_of_que
     }
     let _ = std::fs::remove_dir_all(&folder);
 }
+
+/// `scope = "recipient_domain"` keeps a breaker per recipient domain; `transport`, one for
+/// the member.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_breaker_scoped_by_recipient_domain_keeps_one_per_domain() {
+    for (scope, key) in [
+        ("recipient_domain", "example.org".to_owned()),
+        ("transport", String::new()),
+    ] {
+        let server = EmbeddedSmtp::start();
+        let dsn = format!("{}?breaker.scope={scope}", smtp(&server));
+        let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+        mailer.send(&message()).await.unwrap();
+        let breaker = mailer.breakers().next().unwrap().1;
+        let keys: Vec<String> = breaker
+            .snapshots()
+            .await
+            .iter()
+            .map(|snapshot| snapshot.key().to_owned())
+            .collect();
+        let key = if key.is_empty() { smtp(&server) } else { key };
+        assert_eq!(keys, [key], "{scope}");
+    }
+}
