@@ -607,3 +607,24 @@ fn a_retry_budgets_floor_may_be_as_high_as_its_tokens_and_no_higher() {
     assert_eq!(error.setting(), "retry.budget.min_tokens");
     assert_eq!(error.reason(), "must not be more than tokens");
 }
+
+#[cfg(feature = "postgres")]
+#[test]
+fn an_outbox_is_on_sqlite_or_on_postgres_by_either_scheme() {
+    for url in [
+        "sqlite:///var/lib/app/outbox.db",
+        "postgres://app@db.example.com/mail",
+        "postgresql://app@db.example.com/mail",
+    ] {
+        let dsn = format!("smtp://a.example.com?outbox={url}");
+        assert!(MailerConfig::from_dsn(&dsn).is_ok(), "{url}");
+    }
+    assert_eq!(
+        dsn_error("smtp://a.example.com?outbox=mysql://db/mail"),
+        (
+            "outbox.url".to_owned(),
+            "expected sqlite:///path/to/outbox.db or postgres://user:password@host/database"
+                .to_owned()
+        )
+    );
+}
