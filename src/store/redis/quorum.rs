@@ -23,14 +23,20 @@ const OWN_PERIOD_MASK: u64 = (1 << 30) - 1;
 
 /// The name this process has in the fleet when none is given: its host name and process id.
 pub(super) fn default_member() -> String {
-    let host = std::fs::read_to_string("/proc/sys/kernel/hostname")
-        .ok()
+    let kernel = std::fs::read_to_string("/proc/sys/kernel/hostname").ok();
+    let host = host_name(kernel, |name| std::env::var(name).ok());
+    format!("{host}:{}", std::process::id())
+}
+
+/// The host's name: the kernel's (`kernel`, as read from `/proc`) unless it is blank, else
+/// the `HOSTNAME` or `COMPUTERNAME` variable (read by `var`), else `localhost`.
+fn host_name(kernel: Option<String>, var: impl Fn(&str) -> Option<String>) -> String {
+    kernel
         .map(|name| name.trim().to_owned())
         .filter(|name| !name.is_empty())
-        .or_else(|| std::env::var("HOSTNAME").ok())
-        .or_else(|| std::env::var("COMPUTERNAME").ok())
-        .unwrap_or_else(|| String::from("localhost"));
-    format!("{host}:{}", std::process::id())
+        .or_else(|| var("HOSTNAME"))
+        .or_else(|| var("COMPUTERNAME"))
+        .unwrap_or_else(|| String::from("localhost"))
 }
 
 /// One permit holding the fleet's permit `shared` and the member's own `own`.
@@ -116,6 +122,38 @@ mod tests {
             Some(local)
         );
         assert_eq!(split(Permit::new(4, Some(1))), None);
+    }
+
+    #[test]
+    fn a_host_is_named_by_the_kernel_then_by_its_variables_then_localhost() {
+        let vars = |given: &'static [(&'static str, &'static str)]| {
+            move |name: &str| {
+                given
+                    .iter()
+                    .find(|(var, _)| *var == name)
+                    .map(|(_, value)| (*value).to_owned())
+            }
+        };
+        let both = vars(&[("HOSTNAME", "from-env"), ("COMPUTERNAME", "windows")]);
+        assert_eq!(host_name(Some("web-1\n".to_owned()), &both), "web-1");
+        assert_eq!(host_name(Some(" \n".to_owned()), &both), "from-env");
+        assert_eq!(host_name(None, &both), "from-env");
+        assert_eq!(
+            host_name(None, vars(&[("COMPUTERNAME", "windows")])),
+            "windows"
+        );
+        assert_eq!(host_name(None, vars(&[])), "localhost");
+    }
+
+    #[test]
+    fn a_member_shows_the_stricter_of_its_two_breakers() {
+        let states = [State::Closed, State::HalfOpen, State::Open];
+        for (i, &shared) in states.iter().enumerate() {
+            for (j, &own) in states.iter().enumerate() {
+                let expected = states[i.max(j)];
+                assert_eq!(stricter(shared, own), expected, "{shared:?} and {own:?}");
+            }
+        }
     }
 
     #[test]
