@@ -356,6 +356,17 @@ mod tests {
     }
 
     #[test]
+    fn the_longest_time_given_to_redis_is_a_hundred_years_and_exact_in_lua_added_to_its_clock() {
+        let year = Duration::from_secs(365 * 24 * 60 * 60);
+        let max = super::super::MAX_EXPIRY;
+        assert!(max >= year * 99 && max <= year * 101, "{max:?}");
+        // The script adds it to the server's clock in microseconds; a clock of the year 2100
+        // plus the longest time is still below 2^53, where Lua's numbers stop being exact.
+        let clock_in_2100 = year.as_micros() * (2100 - 1970);
+        assert!(clock_in_2100 + max.as_micros() < 1 << 53);
+    }
+
+    #[test]
     fn key_expiry_outlasts_an_open_breaker_and_its_probe() {
         let rules = Rules {
             reset_timeout: Duration::from_secs(3600),
