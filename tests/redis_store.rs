@@ -102,6 +102,36 @@ async fn open_pair(server: &RedisServer) -> (Member, Member, impl Fn()) {
 }
 
 #[tokio::test]
+async fn a_store_counts_one_member_as_a_quorum_and_names_itself_by_host_and_process_by_default() {
+    let Some(server) = RedisServer::start("a_store_defaults") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("a valid URL");
+    assert_eq!(store.quorum(), 1);
+    let pid = format!(":{}", std::process::id());
+    assert!(store.member().ends_with(&pid), "{}", store.member());
+    assert!(
+        store.member().len() > pid.len(),
+        "a host before the process id"
+    );
+}
+
+#[tokio::test]
+async fn a_store_keeps_the_quorum_and_member_name_it_is_given_and_a_quorum_of_0_is_1() {
+    let Some(server) = RedisServer::start("a_store_keeps_its_quorum") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("a valid URL");
+    let store = store.with_quorum(3).with_member("web-7");
+    assert_eq!((store.quorum(), store.member()), (3, "web-7"));
+    assert_eq!(store.with_quorum(0).quorum(), 1);
+}
+
+#[tokio::test]
 async fn two_breakers_in_one_namespace_count_failures_together_and_open_together() {
     let Some(server) = RedisServer::start("two_breakers_count_together") else {
         return;
