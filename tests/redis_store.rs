@@ -102,7 +102,7 @@ async fn open_pair(server: &RedisServer) -> (Member, Member, impl Fn()) {
 }
 
 #[tokio::test]
-async fn a_store_counts_one_member_as_a_quorum_and_names_itself_by_host_and_process_by_default() {
+async fn by_default_a_store_has_a_quorum_of_1_its_host_and_process_as_member_namespace_default() {
     let Some(server) = RedisServer::start("a_store_defaults") else {
         return;
     };
@@ -110,6 +110,7 @@ async fn a_store_counts_one_member_as_a_quorum_and_names_itself_by_host_and_proc
         .await
         .expect("a valid URL");
     assert_eq!(store.quorum(), 1);
+    assert_eq!(store.namespace(), "default");
     let pid = format!(":{}", std::process::id());
     assert!(store.member().ends_with(&pid), "{}", store.member());
     assert!(
@@ -119,15 +120,21 @@ async fn a_store_counts_one_member_as_a_quorum_and_names_itself_by_host_and_proc
 }
 
 #[tokio::test]
-async fn a_store_keeps_the_quorum_and_member_name_it_is_given_and_a_quorum_of_0_is_1() {
+async fn a_store_keeps_the_quorum_member_name_and_namespace_it_is_given_and_a_quorum_of_0_is_1() {
     let Some(server) = RedisServer::start("a_store_keeps_its_quorum") else {
         return;
     };
     let store = RedisStore::connect(&server.url())
         .await
         .expect("a valid URL");
-    let store = store.with_quorum(3).with_member("web-7");
-    assert_eq!((store.quorum(), store.member()), (3, "web-7"));
+    let store = store
+        .with_quorum(3)
+        .with_member("web-7")
+        .with_namespace("billing");
+    assert_eq!(
+        (store.quorum(), store.member(), store.namespace()),
+        (3, "web-7", "billing")
+    );
     assert_eq!(store.with_quorum(0).quorum(), 1);
 }
 
