@@ -139,6 +139,30 @@ async fn a_store_keeps_the_quorum_member_name_and_namespace_it_is_given_and_a_qu
 }
 
 #[tokio::test]
+async fn a_store_shows_its_settings_when_debug_printed() {
+    let Some(server) = RedisServer::start("a_store_shows_its_settings") else {
+        return;
+    };
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("a valid URL")
+        .with_namespace("billing")
+        .with_member("web-7")
+        .with_quorum(3)
+        .with_timeout(Duration::from_millis(250));
+    let shown = format!("{store:?}");
+    for setting in [
+        "namespace: \"billing\"",
+        "member: \"web-7\"",
+        "quorum: 3",
+        "timeout: 250ms",
+        "shared: true",
+    ] {
+        assert!(shown.contains(setting), "{setting} in {shown}");
+    }
+}
+
+#[tokio::test]
 async fn two_breakers_in_one_namespace_count_failures_together_and_open_together() {
     let Some(server) = RedisServer::start("two_breakers_count_together") else {
         return;
