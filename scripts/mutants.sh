@@ -43,7 +43,9 @@ tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancell
 files[stores]="src/store/memory.rs src/store/lru.rs"
 tests[stores]="--lib --test=store_scenarios --test=scope --test=breaker --test=operate --test=machine_model"
 files[redis-store]="src/store/redis/mod.rs src/store/redis/script.rs src/store/redis/quorum.rs src/store/redis/connection.rs"
-tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios"
+# The store lends its connection, timeout and retry interval to the rate limiters shared
+# through it, whose tests (rate_redis) speak for those too.
+tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios --test=rate_redis"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs src/store/redis/tls.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model --test=redis_tls"
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and

@@ -349,6 +349,11 @@ async fn when_redis_is_killed_sends_go_on_and_the_breaker_counts_from_local_stat
     );
     assert_eq!(*heard.lock().unwrap(), [(State::Closed, State::Open)]);
     assert!(!store.is_shared());
+    assert_eq!(
+        store.local_decisions(),
+        4,
+        "each of the four sends was decided here, Redis being down"
+    );
     for took in took {
         assert!(
             took <= TIMEOUT + Duration::from_millis(100),
