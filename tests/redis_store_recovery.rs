@@ -187,6 +187,21 @@ async fn a_probe_granted_by_a_call_that_timed_out_here_but_ran_on_redis_is_given
 }
 
 #[tokio::test]
+async fn a_store_connected_while_redis_is_down_decides_locally_from_its_first_call() {
+    let Some(mut server) = RedisServer::start("redis_down_at_connect") else {
+        return;
+    };
+    server.stop();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .expect("a Redis that does not answer yet is not an error");
+    assert!(!store.is_shared(), "connecting found Redis silent");
+    let (decision, _) = store.acquire(KEY, &rules(PATIENT), &Reporter::none()).await;
+    assert!(matches!(decision, Decision::Send(_)), "{decision:?}");
+    assert_eq!(store.local_decisions(), 1);
+}
+
+#[tokio::test]
 async fn each_outage_starts_from_the_state_last_seen_in_redis_not_from_an_earlier_outage() {
     let Some(mut server) = RedisServer::start("redis_second_outage_from_redis") else {
         return;
