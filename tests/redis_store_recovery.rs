@@ -201,6 +201,63 @@ async fn a_store_connected_while_redis_is_down_decides_locally_from_its_first_ca
     assert_eq!(store.local_decisions(), 1);
 }
 
+/// Leave for `key`, then its result.
+async fn send(store: &RedisStore, key: &str, rules: &Rules, outcome: Outcome) {
+    match store.acquire(key, rules, &Reporter::none()).await.0 {
+        Decision::Send(permit) => {
+            store
+                .record(key, rules, permit, outcome, &Reporter::none())
+                .await;
+        }
+        refused => panic!("expected leave to send for {key}, got {refused:?}"),
+    }
+}
+
+#[tokio::test]
+async fn a_breaker_last_seen_open_is_remembered_while_closed_ones_come_and_go() {
+    let Some(server) = RedisServer::start("redis_seen_open_kept") else {
+        return;
+    };
+    let store = store(&server, PATIENT).await.with_max_keys(2);
+    let rules = rules(PATIENT);
+    send(&store, "open.example", &rules, Outcome::Failure).await;
+    for key in ["a.example", "b.example", "c.example"] {
+        send(&store, key, &rules, Outcome::Success).await;
+    }
+    assert_eq!(store.state("open.example", &rules).0, State::Open);
+    assert_eq!(store.tracked_keys(), 2, "within max_keys");
+}
+
+#[tokio::test]
+async fn in_an_outage_a_breaker_started_open_stays_open_while_closed_ones_come_and_go() {
+    let Some(mut server) = RedisServer::start("redis_outage_open_kept") else {
+        return;
+    };
+    let store = store(&server, IMPATIENT).await.with_max_keys(2);
+    let rules = Rules {
+        reset_timeout: Duration::from_secs(30),
+        ..rules(Duration::from_secs(30))
+    };
+    send(&store, "open.example", &rules, Outcome::Failure).await;
+    server.stop();
+    let refused = |decision: &Decision| matches!(decision, Decision::Refuse { .. });
+    let (first, _) = store
+        .acquire("open.example", &rules, &Reporter::none())
+        .await;
+    assert!(!store.is_shared());
+    assert!(
+        refused(&first),
+        "last seen open, so it starts open: {first:?}"
+    );
+    for key in ["a.example", "b.example", "c.example"] {
+        send(&store, key, &rules, Outcome::Success).await;
+    }
+    let (again, _) = store
+        .acquire("open.example", &rules, &Reporter::none())
+        .await;
+    assert!(refused(&again), "still open: {again:?}");
+}
+
 #[tokio::test]
 async fn each_outage_starts_from_the_state_last_seen_in_redis_not_from_an_earlier_outage() {
     let Some(mut server) = RedisServer::start("redis_second_outage_from_redis") else {
