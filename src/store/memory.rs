@@ -334,9 +334,9 @@ impl FirstKey {
         }
         let mut machine = lock(&self.machine);
         let answer = acquire(&mut machine, rules);
-        if machine.state() != State::Closed {
-            self.clean.store(0, Ordering::Release);
-        }
+        // The clean word needs no write: it is 0 whenever the machine is not closed (only a
+        // result or a change closes or leaves the closed state, and both set it), and a
+        // leave counts nothing.
         self.publish_open(&machine);
         answer
     }
@@ -440,10 +440,9 @@ impl FirstKey {
 
     fn state(&self, rules: &Rules, now: Instant) -> (State, Transitions) {
         let mut machine = lock(&self.machine);
+        // Time moves a machine between open and half-open, never into or out of closed: the
+        // clean word stays as it is.
         let transitions = machine.expire(rules, now);
-        if machine.state() != State::Closed {
-            self.clean.store(0, Ordering::Release);
-        }
         self.publish_open(&machine);
         (machine.state(), transitions)
     }
