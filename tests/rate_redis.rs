@@ -122,29 +122,6 @@ async fn throttles_heard_across_the_fleet_within_a_second_of_a_halving_halve_it_
     assert_eq!(second.per_second(), 50.0, "one halving, not two");
 }
 
-/// How many scripts clients asked the server to run so far (EVALSHA and EVAL, by INFO
-/// commandstats; the commands a script runs inside are counted apart).
-async fn scripts_run(url: &str) -> u64 {
-    let client = redis::Client::open(url).unwrap();
-    let mut connection = client.get_multiplexed_async_connection().await.unwrap();
-    let info: String = redis::cmd("INFO")
-        .arg("commandstats")
-        .query_async(&mut connection)
-        .await
-        .unwrap();
-    info.lines()
-        .filter(|line| line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:"))
-        .filter_map(|line| {
-            line.split("calls=")
-                .nth(1)?
-                .split(',')
-                .next()?
-                .parse::<u64>()
-                .ok()
-        })
-        .sum()
-}
-
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn each_send_through_a_shared_limiter_is_one_redis_round_trip() {
     let Some(server) = RedisServer::start("rate_shared_round_trips") else {
@@ -154,9 +131,9 @@ async fn each_send_through_a_shared_limiter_is_one_redis_round_trip() {
     let provider = Scripted::new("ses");
     let limited = limiter(&provider, &store, 10_000.0).build().unwrap();
     limited.send(&support::message()).await.unwrap(); // the script loaded
-    let before = scripts_run(&server.url()).await;
+    let before = server.scripts_run().await;
     send_all(&limited, 50).await;
-    let after = scripts_run(&server.url()).await;
+    let after = server.scripts_run().await;
     assert_eq!(after - before, 50, "one script call per send");
 }
 

@@ -567,6 +567,25 @@ async fn a_closed_breaker_that_counted_no_failure_writes_nothing_to_redis() {
 }
 
 #[tokio::test]
+async fn giving_back_a_permit_that_is_not_a_probe_costs_no_call_to_redis() {
+    let Some(server) = RedisServer::start("redis_release_not_a_probe") else {
+        return;
+    };
+    let store = store_with_timeout(&server, PATIENT).await;
+    let rules = Rules::default();
+    let (Decision::Send(permit), _) = store.acquire("provider", &rules, &Reporter::none()).await
+    else {
+        panic!("a closed breaker lets a send go");
+    };
+    assert!(!permit.is_probe());
+    let before = server.scripts_run().await;
+    store.release("provider", &rules, permit, &Reporter::none());
+    // Time for a call in the background, had one been started, to reach the server.
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_eq!(server.scripts_run().await, before);
+}
+
+#[tokio::test]
 async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back() {
     let Some(server) = RedisServer::start(
         "a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back",

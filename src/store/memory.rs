@@ -730,6 +730,26 @@ mod tests {
         assert_eq!(alone.tracked_keys(), 1);
     }
 
+    #[test]
+    fn a_first_key_gives_a_permit_from_its_word_only_while_closed_with_nothing_counted() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        let first = store.first("smtp", &rules, true).expect("the first key");
+        assert_eq!(first.key(), "smtp");
+        let period = || lock(&first.machine).period();
+        let clean = first.clean_permit().expect("made closed");
+        assert_eq!((clean.period(), clean.is_probe()), (period(), false));
+
+        let (_, permit) = leave(&store, "smtp", &rules);
+        first.record(&rules, permit, Outcome::Failure);
+        assert_eq!(first.clean_permit(), None, "a failure counted");
+
+        store.change("smtp", &rules, Machine::reset);
+        let clean = first.clean_permit().expect("reset: nothing counted");
+        assert_eq!(clean.period(), period());
+        assert_ne!(clean.period(), permit.period(), "a new period");
+    }
+
     /// Leave for a send to `key` under `rules`, with the breaker that gave it.
     fn leave<'s>(store: &'s MemoryStore, key: &str, rules: &Rules) -> (LocalBreaker<'s>, Permit) {
         let mut breaker = store.breaker_of(key, rules);

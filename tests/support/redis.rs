@@ -89,6 +89,35 @@ impl RedisServer {
         format!("redis://127.0.0.1:{}/", self.port)
     }
 
+    /// How many scripts clients asked this server to run so far (EVALSHA and EVAL, by INFO
+    /// commandstats; the commands a script runs inside are counted apart).
+    #[cfg(feature = "redis")]
+    pub async fn scripts_run(&self) -> u64 {
+        let client = redis::Client::open(self.url()).expect("a valid URL");
+        let mut connection = client
+            .get_multiplexed_async_connection()
+            .await
+            .expect("a connection to the test's redis-server");
+        let info: String = redis::cmd("INFO")
+            .arg("commandstats")
+            .query_async(&mut connection)
+            .await
+            .expect("INFO commandstats");
+        info.lines()
+            .filter(|line| {
+                line.starts_with("cmdstat_evalsha:") || line.starts_with("cmdstat_eval:")
+            })
+            .filter_map(|line| {
+                line.split("calls=")
+                    .nth(1)?
+                    .split(',')
+                    .next()?
+                    .parse::<u64>()
+                    .ok()
+            })
+            .sum()
+    }
+
     /// The TLS port, for a server started with TLS.
     pub fn tls_port(&self) -> u16 {
         self.tls_port.expect("a server started with TLS")
