@@ -836,6 +836,20 @@ mod tests {
         assert_eq!(recorded, Some(Transitions::NONE));
     }
 
+    #[test]
+    fn a_success_through_a_clean_first_key_takes_no_lock() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        let (breaker, permit) = leave(&store, "smtp", &rules);
+        let LocalBreaker::First(first) = breaker else {
+            panic!("the first key decided on is kept apart");
+        };
+        let recorded = runs_while_held(&first.machine, || {
+            first.record(&rules, permit, Outcome::Success)
+        });
+        assert_eq!(recorded, Some(Transitions::NONE));
+    }
+
     /// A store under the default rules whose first key, `smtp`, is open.
     fn opened() -> (MemoryStore, Rules) {
         let (store, rules) = (MemoryStore::new(), Rules::default());
