@@ -404,10 +404,9 @@ impl FirstKey {
         let counted = permit.period() == before;
         let clean = if machine.state() != State::Closed || !in_a_row {
             Some(0)
-        } else if transitions.iter().any(|change| change.to == State::Closed)
-            || (counted && outcome == Outcome::Success)
-        {
-            // Closing, and a success while closed, leave no failure counted.
+        } else if counted && outcome == Outcome::Success {
+            // A success counted while closed, or the probe's that closed the breaker: no
+            // failure is counted. (Only a counted success closes a breaker.)
             Some(machine.period() + 1)
         } else if counted {
             Some(0) // a failure counted while closed
@@ -848,6 +847,32 @@ mod tests {
             first.record(&rules, permit, Outcome::Success)
         });
         assert_eq!(recorded, Some(Transitions::NONE));
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_first_key_is_clean_again_after_a_success_that_follows_a_failure_or_closes_it() {
+        let (store, rules) = two_in_a_row();
+        let first = store.first("first", &rules, false).expect("the first key");
+        let send = |outcome| {
+            let (_, permit) = leave(&store, "first", &rules);
+            first.record(&rules, permit, outcome)
+        };
+        send(Outcome::Failure);
+        assert_eq!(first.clean_permit(), None, "a failure counted");
+        send(Outcome::Success);
+        assert!(first.clean_permit().is_some(), "the success cleared it");
+
+        send(Outcome::Failure);
+        send(Outcome::Failure);
+        assert_eq!(store.state("first", &rules).0, State::Open);
+        tokio::time::advance(rules.reset_timeout).await;
+        let closing = send(Outcome::Success);
+        assert_eq!(
+            closing.iter().last().map(|change| change.to),
+            Some(State::Closed)
+        );
+        let clean = first.clean_permit().expect("closed by its probe");
+        assert_eq!(clean.period(), lock(&first.machine).period());
     }
 
     /// A store under the default rules whose first key, `smtp`, is open.
