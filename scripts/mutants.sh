@@ -45,7 +45,7 @@ tests[stores]="--lib --test=store_scenarios --test=scope --test=breaker --test=o
 files[redis-store]="src/store/redis/mod.rs src/store/redis/script.rs src/store/redis/quorum.rs src/store/redis/connection.rs"
 # The store lends its connection, timeout and retry interval to the rate limiters shared
 # through it, whose tests (rate_redis) speak for those too.
-tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios --test=rate_redis"
+tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios --test=rate_redis"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs src/store/redis/tls.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model --test=redis_tls"
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
