@@ -135,9 +135,9 @@ mod tests {
             }
         };
         let both = vars(&[("HOSTNAME", "from-env"), ("COMPUTERNAME", "windows")]);
-        assert_eq!(host_name(Some("web-1\n".to_owned()), &both), "web-1");
-        assert_eq!(host_name(Some(" \n".to_owned()), &both), "from-env");
-        assert_eq!(host_name(None, &both), "from-env");
+        assert_eq!(host_name(Some("web-1\n".to_owned()), both), "web-1");
+        assert_eq!(host_name(Some(" \n".to_owned()), both), "from-env");
+        assert_eq!(host_name(None, both), "from-env");
         assert_eq!(
             host_name(None, vars(&[("COMPUTERNAME", "windows")])),
             "windows"
