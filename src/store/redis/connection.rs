@@ -209,4 +209,39 @@ mod tests {
         );
         assert!(masters_of(&Value::Nil).is_empty());
     }
+
+    #[test]
+    fn a_master_named_by_a_simple_string_is_scanned_too() {
+        let reply = Value::Array(vec![Value::Array(vec![
+            Value::Int(0),
+            Value::Int(16383),
+            Value::Array(vec![
+                Value::SimpleString("10.0.0.5".to_owned()),
+                Value::Int(6379),
+            ]),
+        ])]);
+        assert_eq!(
+            masters_of(&reply),
+            [ScanTarget::Master {
+                host: "10.0.0.5".to_owned(),
+                port: 6379
+            }]
+        );
+    }
+
+    #[test]
+    fn a_slot_range_without_a_usable_master_is_passed_over() {
+        let range = |master: Value| Value::Array(vec![Value::Int(0), Value::Int(16383), master]);
+        let reply = Value::Array(vec![
+            range(Value::Array(vec![Value::Int(1), Value::Int(6379)])),
+            range(Value::Array(vec![
+                Value::SimpleString("h".to_owned()),
+                Value::Int(70_000),
+            ])),
+            range(Value::Array(vec![Value::SimpleString("h".to_owned())])),
+            range(Value::Nil),
+            Value::Int(3),
+        ]);
+        assert!(masters_of(&reply).is_empty());
+    }
 }

@@ -367,6 +367,110 @@ mod tests {
     }
 
     #[test]
+    fn a_rate_limiter_key_is_escaped_under_its_own_hash_tag_apart_from_the_breakers() {
+        assert_eq!(
+            rate_key("a:b", "ses}{"),
+            "mail-breaker:a%3Ab:rate:{ses%7D%7B}"
+        );
+        assert_ne!(rate_key("app", "x"), key_name("app", "x"));
+        assert_eq!(key_of_name("app", &rate_key("app", "x")), None);
+    }
+
+    #[test]
+    fn a_script_reply_reads_as_a_send_a_probe_a_refusal_or_an_isolation() {
+        let decision = |values: Vec<i64>| Reply::parse(values).unwrap().decision;
+        assert_eq!(
+            decision(vec![1, 4, 0, -1, 0]),
+            Decision::Send(Permit::new(4, None)),
+            "probe 0 is no probe"
+        );
+        assert_eq!(
+            decision(vec![1, 4, 2, -1, 2]),
+            Decision::Send(Permit::new(4, Some(2)))
+        );
+        assert_eq!(
+            decision(vec![0, 4, 0, 1_500, 1]),
+            Decision::Refuse {
+                retry_after: Duration::from_micros(1_500)
+            }
+        );
+        assert_eq!(decision(vec![0, 4, 0, -1, 1]), Decision::Isolated);
+        let reply = Reply::parse(vec![0, 4, 0, 0, 1, 0, 1]).unwrap();
+        assert_eq!(reply.state, State::Open);
+        assert_eq!(reply.transitions.iter().count(), 1);
+        assert!(
+            Reply::parse(vec![1, -4, 0, -1, 0]).is_err(),
+            "a negative period"
+        );
+        assert!(
+            Reply::parse(vec![2, 4, 0, -1, 0]).is_err(),
+            "neither sent nor refused"
+        );
+    }
+
+    #[test]
+    fn a_reply_carries_at_most_two_changes_of_state_as_pairs() {
+        let open = Transition {
+            from: State::Closed,
+            to: State::Open,
+        };
+        let probing = Transition {
+            from: State::Open,
+            to: State::HalfOpen,
+        };
+        assert_eq!(transitions_of(&[]), Some(Transitions::NONE));
+        let mut one = Transitions::NONE;
+        one.push(open);
+        assert_eq!(transitions_of(&[0, 1]), Some(one));
+        let mut two = one;
+        two.push(probing);
+        assert_eq!(transitions_of(&[0, 1, 1, 2]), Some(two));
+        assert_eq!(transitions_of(&[0]), None, "half a pair");
+        assert_eq!(transitions_of(&[0, 1, 1]), None, "half a pair");
+        assert_eq!(transitions_of(&[0, 1, 1, 2, 2, 0]), None, "three changes");
+        assert_eq!(transitions_of(&[0, 3]), None, "an unknown state");
+    }
+
+    #[test]
+    fn a_snapshot_reply_gives_the_failure_rate_only_under_error_rate_counting_with_calls() {
+        let by_rate = Rules {
+            counting: Counting::ErrorRate(crate::ErrorRate::default()),
+            ..Rules::default()
+        };
+        let rate = |rules: &Rules, failures: i64, calls: i64| {
+            let (snapshot, _) =
+                parse_snapshot("k", rules, vec![0, 0, failures, calls, -1, 0]).unwrap();
+            snapshot.failure_rate()
+        };
+        assert_eq!(rate(&by_rate, 3, 12), Some(0.25));
+        assert_eq!(rate(&by_rate, 1, 1), Some(1.0));
+        assert_eq!(rate(&by_rate, 0, 0), None, "an empty window has no rate");
+        assert_eq!(rate(&Rules::default(), 3, 12), None, "counting in a row");
+    }
+
+    #[test]
+    fn a_snapshot_reply_is_read_field_by_field() {
+        let (snapshot, transitions) = parse_snapshot(
+            "example.org",
+            &Rules::default(),
+            vec![1, 1, 5, 6, 2_000, 3, 0, 1],
+        )
+        .unwrap();
+        assert_eq!(snapshot.key(), "example.org");
+        assert_eq!(snapshot.state(), State::Open);
+        assert!(snapshot.is_isolated());
+        assert_eq!((snapshot.failures(), snapshot.calls()), (5, 6));
+        assert_eq!(snapshot.retry_after(), Some(Duration::from_millis(2)));
+        assert_eq!(snapshot.open_streak(), 3);
+        assert_eq!(transitions.iter().count(), 1);
+        let (closed, _) = parse_snapshot("k", &Rules::default(), vec![0, 0, 0, 0, -1, 0]).unwrap();
+        assert!(!closed.is_isolated());
+        assert_eq!(closed.retry_after(), None);
+        assert!(parse_snapshot("k", &Rules::default(), vec![0, 0, 0, 0, -1]).is_err());
+        assert!(parse_snapshot("k", &Rules::default(), vec![0, 0, -1, 0, -1, 0]).is_err());
+    }
+
+    #[test]
     fn key_expiry_outlasts_an_open_breaker_and_its_probe() {
         let rules = Rules {
             reset_timeout: Duration::from_secs(3600),
