@@ -114,11 +114,13 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
     use sqlx::Connection as _;
     use std::time::Duration;
     use support::scripted::{Reply, Scripted};
-    let Some((outbox, server)) = open("outbox_postgres_next_due").await else {
+    let Some(server) = PostgresServer::start("outbox_postgres_next_due") else {
         return;
     };
-    outbox.enqueue(&support::message()).await.unwrap();
-    // Every statement in the server's log from now on, the worker's connections' too.
+    // Every statement in the server's log, before the outbox opens its connections: a
+    // connection that is already open takes a reloaded setting only after its next
+    // statement, so the claim could go unlogged. Connections opened once the server has
+    // reloaded start with it.
     let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
     for setting in [
         "ALTER SYSTEM SET log_statement = 'all'",
@@ -126,6 +128,21 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
     ] {
         sqlx::query(setting).execute(&mut admin).await.unwrap();
     }
+    loop {
+        let mut fresh = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+        let (logged,): (String,) = sqlx::query_as("SHOW log_statement")
+            .fetch_one(&mut fresh)
+            .await
+            .unwrap();
+        if logged == "all" {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let outbox = Outbox::postgres(&server.url())
+        .await
+        .expect("a PostgreSQL outbox");
+    outbox.enqueue(&support::message()).await.unwrap();
     let down = mail_breaker::SendError::new(
         mail_breaker::Category::ServiceUnavailable,
         "test.down",
