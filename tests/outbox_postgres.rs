@@ -128,7 +128,7 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
     ] {
         sqlx::query(setting).execute(&mut admin).await.unwrap();
     }
-    loop {
+    for attempt in 1.. {
         let mut fresh = sqlx::PgConnection::connect(&server.url()).await.unwrap();
         let (logged,): (String,) = sqlx::query_as("SHOW log_statement")
             .fetch_one(&mut fresh)
@@ -137,6 +137,10 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
         if logged == "all" {
             break;
         }
+        assert!(
+            attempt < 500,
+            "the server did not reload its settings in 5 s"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     let outbox = Outbox::postgres(&server.url())
