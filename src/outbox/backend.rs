@@ -78,10 +78,6 @@ pub(crate) trait Backend: Send + Sync + Debug {
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError>;
 
-    /// How many writes of answers ([`finish`](Self::finish)) a worker may have under way at
-    /// once: more than one where they do not queue for one lock.
-    fn writes_at_once(&self) -> usize;
-
     /// Writes back the outcome of each claim, in one transaction. A claim whose lease another
     /// worker has taken since is left alone.
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError>;

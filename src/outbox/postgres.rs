@@ -1,12 +1,15 @@
 //! The outbox in PostgreSQL, for a fleet: workers in many processes share one queue, and a
 //! claim takes due rows with `FOR UPDATE SKIP LOCKED`, so that two never take one message.
 
+use std::str::FromStr;
+use std::sync::Arc;
 use std::time::Duration;
 
-use sqlx::postgres::{PgConnection, PgPool, PgPoolOptions};
-use sqlx::{Postgres, Row};
+use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
+use sqlx::{ConnectOptions, Connection, Postgres, Row};
 
 use super::backend::{Backend, Failed, Finish};
+use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
 use super::schedule::Millis;
 use super::{OutboxId, OutboxStats};
@@ -53,8 +56,11 @@ const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, due_a
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES ($1, $2, $3, $4, $4) RETURNING id";
 
-/// Connections for a worker's claims and answers: a claim and up to three writes at once.
-const RELAXED_CONNECTIONS: u32 = 4;
+/// Connections for a worker's claims and answers: a claim and a write at once.
+const RELAXED_CONNECTIONS: usize = 2;
+
+/// The longest wait for a connection, as for `enqueue`'s pool.
+const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
 
 /// The outbox's PostgreSQL database.
 #[derive(Debug, Clone)]
@@ -64,7 +70,7 @@ pub(crate) struct PostgresBackend {
     /// Commits that do not wait for the flush (`synchronous_commit = off`): answers,
     /// give-backs and claims, which a crash of the server may undo safely (a message held
     /// longer, or sent again; see the SQLite backend).
-    relaxed: PgPool,
+    relaxed: Arc<Lanes<PgConnection>>,
 }
 
 impl PostgresBackend {
@@ -72,7 +78,7 @@ impl PostgresBackend {
         let pool = PgPoolOptions::new()
             .max_connections(8)
             // While the server is down, `enqueue` answers `Err` after this rather than hang.
-            .acquire_timeout(Duration::from_secs(3))
+            .acquire_timeout(CONNECT_TIMEOUT)
             .connect(url)
             .await
             .map_err(|e| database_error("connecting to PostgreSQL", e))?;
@@ -90,24 +96,39 @@ impl PostgresBackend {
         created
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        let relaxed = PgPoolOptions::new()
-            .max_connections(RELAXED_CONNECTIONS)
-            // No ping before each statement: a worker's statement that meets a dead connection
-            // fails, and the worker tries again on a fresh one.
-            .test_before_acquire(false)
-            .acquire_timeout(Duration::from_secs(3))
-            .after_connect(|connection, _| {
+        // The URL was read by the pool's connect above.
+        let options =
+            PgConnectOptions::from_str(url).map_err(|e| database_error("reading the URL", e))?;
+        // A statement that meets a dead connection fails; the worker tries again later, and
+        // the lane opens a fresh connection.
+        let relaxed = Lanes::new(
+            RELAXED_CONNECTIONS,
+            Box::new(move || {
+                let options = options.clone();
                 Box::pin(async move {
-                    sqlx::query("SET synchronous_commit = off")
-                        .execute(connection)
+                    let connecting = async {
+                        let mut connection = options.connect().await?;
+                        sqlx::query("SET synchronous_commit = off")
+                            .execute(&mut connection)
+                            .await?;
+                        Ok(connection)
+                    };
+                    // While the server is unreachable, a claim or write fails after this.
+                    tokio::time::timeout(CONNECT_TIMEOUT, connecting)
                         .await
-                        .map(drop)
+                        .unwrap_or_else(|_| {
+                            Err(sqlx::Error::Io(std::io::Error::new(
+                                std::io::ErrorKind::TimedOut,
+                                "connecting to PostgreSQL took longer than 3 s",
+                            )))
+                        })
                 })
-            })
-            .connect(url)
-            .await
-            .map_err(|e| database_error("connecting to PostgreSQL", e))?;
-        Ok(PostgresBackend { pool, relaxed })
+            }),
+        );
+        Ok(PostgresBackend {
+            pool,
+            relaxed: Arc::new(relaxed),
+        })
     }
 }
 
@@ -171,8 +192,7 @@ impl Backend for PostgresBackend {
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
-        let pool = if durable { &self.pool } else { &self.relaxed };
-        let rows = sqlx::query(
+        let claim = sqlx::query(
             "WITH due AS ( \
                  SELECT id, leased FROM mail_breaker_outbox \
                  WHERE dead_at IS NULL AND due_at <= $1 \
@@ -184,10 +204,19 @@ impl Backend for PostgresBackend {
         )
         .bind(now)
         .bind(i64::from(limit))
-        .bind(lease_until)
-        .fetch_all(pool)
-        .await
-        .map_err(|e| database_error("claiming due mail", e))?;
+        .bind(lease_until);
+        let rows = async {
+            if durable {
+                return claim.fetch_all(&self.pool).await;
+            }
+            let mut lane = self.relaxed.get().await?;
+            let rows = claim.fetch_all(lane.connection()).await?;
+            lane.done();
+            Ok(rows)
+        };
+        let rows = rows
+            .await
+            .map_err(|e| database_error("claiming due mail", e))?;
         let mut claimed: Vec<Claimed> = rows
             .into_iter()
             .map(|row| {
@@ -210,11 +239,6 @@ impl Backend for PostgresBackend {
         Ok(claimed)
     }
 
-    fn writes_at_once(&self) -> usize {
-        // Answers touch rows no other write holds: they go in parallel, one per connection.
-        RELAXED_CONNECTIONS as usize - 1
-    }
-
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
             // Answers may be lost to a crash of the server, safely: the message stays leased,
@@ -223,13 +247,6 @@ impl Backend for PostgresBackend {
             let only_sent = outcomes
                 .iter()
                 .all(|(_, finish)| matches!(finish, Finish::Sent));
-            // One statement is atomic by itself: the usual batch, all delivered, needs no
-            // transaction around it.
-            let mut tx = if only_sent {
-                None
-            } else {
-                Some(self.relaxed.begin().await?)
-            };
             let (ids, attempts): (Vec<i64>, Vec<i32>) = outcomes
                 .iter()
                 .filter(|(_, finish)| matches!(finish, Finish::Sent))
@@ -240,23 +257,31 @@ impl Backend for PostgresBackend {
                     )
                 })
                 .unzip();
-            if !ids.is_empty() {
-                // The delivered, the most of every batch, in one statement.
-                let delete = sqlx::query(
-                    "DELETE FROM mail_breaker_outbox AS m \
-                     USING UNNEST($1::bigint[], $2::int[]) AS sent(id, attempts) \
-                     WHERE m.id = sent.id AND m.attempts = sent.attempts AND m.leased",
+            // The delivered, the most of every batch, in one statement: each row found by its
+            // id, and deleted only if its attempts are still the claim's.
+            let delete = (!ids.is_empty()).then(|| {
+                sqlx::query(
+                    "DELETE FROM mail_breaker_outbox \
+                     WHERE id = ANY($1::bigint[]) AND leased \
+                     AND attempts = ($2::int[])[array_position($1::bigint[], id)]",
                 )
                 .bind(ids)
-                .bind(attempts);
-                match tx.as_mut() {
-                    Some(tx) => delete.execute(&mut **tx).await?,
-                    None => delete.execute(&self.relaxed).await?,
-                };
-            }
-            let Some(mut tx) = tx else {
+                .bind(attempts)
+            });
+            let mut lane = self.relaxed.get().await?;
+            // One statement is atomic by itself: the usual batch, all delivered, needs no
+            // transaction around it.
+            if only_sent {
+                if let Some(delete) = delete {
+                    delete.execute(lane.connection()).await?;
+                }
+                lane.done();
                 return Ok(());
-            };
+            }
+            let mut tx = lane.connection().begin().await?;
+            if let Some(delete) = delete {
+                delete.execute(&mut *tx).await?;
+            }
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
@@ -274,7 +299,9 @@ impl Backend for PostgresBackend {
                 let query = with_error(keyed(sql), at, error, recipients);
                 query.execute(&mut *tx).await?;
             }
-            tx.commit().await
+            tx.commit().await?;
+            lane.done();
+            Ok(())
         };
         written
             .await

@@ -1,16 +1,19 @@
-//! The outbox in an SQLite file: WAL, every commit synced to disk, and a claim taken under
-//! `BEGIN IMMEDIATE`, so that workers in several processes on one file never claim alike.
+//! The outbox in an SQLite file: WAL, every enqueue synced to disk, and a claim made by one
+//! `UPDATE`, which takes SQLite's write lock before it reads which messages are due, so that
+//! workers in several processes on one file never claim alike.
 
 use std::path::Path;
+use std::sync::Arc;
 use std::time::Duration;
 
 use sqlx::sqlite::{
     SqliteConnectOptions, SqliteConnection, SqliteJournalMode, SqlitePool, SqlitePoolOptions,
     SqliteSynchronous,
 };
-use sqlx::{Row, Sqlite, Transaction};
+use sqlx::{ConnectOptions, Connection, Row, Sqlite};
 
 use super::backend::{Backend, Failed, Finish};
+use super::lanes::Lanes;
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
 };
@@ -71,8 +74,10 @@ pub(crate) struct SqliteBackend {
     /// `at_most_once`) claims, which a power cut may undo safely. An answer lost leaves the
     /// message leased, so it is sent again when the lease runs out (at least once), or dead
     /// as maybe delivered under `at_most_once`; a give-back lost is the same lease running
-    /// out; a claim lost is a message sent again.
-    relaxed: SqlitePool,
+    /// out; a claim lost is a message sent again. One connection: the worker's claims and
+    /// answers queue for it in this process rather than meet at SQLite's write lock, whose
+    /// busy wait sleeps a millisecond or more.
+    relaxed: Arc<Lanes<SqliteConnection>>,
 }
 
 impl SqliteBackend {
@@ -96,20 +101,21 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        // One connection: the worker's claims and answers queue for it in this process
-        // rather than meet at SQLite's write lock, whose busy wait sleeps a millisecond or more.
-        let relaxed = SqlitePoolOptions::new()
-            .max_connections(1)
-            // A file's connection does not die: no ping before each statement.
-            .test_before_acquire(false)
-            .connect_with(options.synchronous(SqliteSynchronous::Normal))
-            .await
-            .map_err(opening)?;
-        Ok(SqliteBackend { pool, relaxed })
-    }
-
-    async fn immediate(&self) -> Result<Transaction<'static, Sqlite>, sqlx::Error> {
-        self.pool.begin_with("BEGIN IMMEDIATE").await
+        let relaxed = options.synchronous(SqliteSynchronous::Normal);
+        // Opened now, so that a file that cannot be opened fails here rather than in the worker.
+        let first = relaxed.connect().await.map_err(opening)?;
+        let relaxed = Lanes::new(
+            1,
+            Box::new(move || {
+                let options = relaxed.clone();
+                Box::pin(async move { options.connect().await })
+            }),
+        );
+        relaxed.give(first);
+        Ok(SqliteBackend {
+            pool,
+            relaxed: Arc::new(relaxed),
+        })
     }
 }
 
@@ -134,7 +140,7 @@ pub(crate) async fn insert(
 impl Backend for SqliteBackend {
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
         let stored = async {
-            let mut tx = self.immediate().await?;
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let mut ids = Vec::with_capacity(rows.len());
             for chunk in rows.chunks(ROWS_PER_INSERT) {
                 let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
@@ -171,21 +177,25 @@ impl Backend for SqliteBackend {
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         let claimed = async {
-            let pool = if durable { &self.pool } else { &self.relaxed };
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            // One statement, so one transaction by itself: SQLite takes the write lock as the
+            // statement starts, before it reads which messages are due, so no other writer
+            // can claim the same ones in between.
             // `leased` counts the claims since the message was last free: 2 or more says a
             // worker held it before and its lease ran out.
-            let mut rows = sqlx::query(&format!(
+            let sql = format!(
                 "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
                  due_at = ?3 WHERE id IN ({DUE}) \
                  RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw"
-            ))
-            .bind(now)
-            .bind(limit)
-            .bind(lease_until)
-            .fetch_all(&mut *tx)
-            .await?;
-            tx.commit().await?;
+            );
+            let claim = sqlx::query(&sql).bind(now).bind(limit).bind(lease_until);
+            let mut rows = if durable {
+                claim.fetch_all(&self.pool).await?
+            } else {
+                let mut lane = self.relaxed.get().await?;
+                let rows = claim.fetch_all(lane.connection()).await?;
+                lane.done();
+                rows
+            };
             // RETURNING keeps no order; ids go with enqueue order.
             rows.sort_by_key(|row| row.try_get::<i64, _>(0).unwrap_or(0));
             rows.into_iter()
@@ -209,11 +219,6 @@ impl Backend for SqliteBackend {
             .map_err(|e| database_error("claiming due mail", e))
     }
 
-    fn writes_at_once(&self) -> usize {
-        // One writer at a time in SQLite, and one connection for them: more would only queue.
-        1
-    }
-
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         let written = async {
             // The delivered, the most of every batch, go in as few statements as there are
@@ -225,13 +230,15 @@ impl Backend for SqliteBackend {
                 .collect();
             // The usual batch, all delivered, is one statement: atomic by itself, without the
             // round trips of a transaction around it.
+            let mut lane = self.relaxed.get().await?;
             if sent.len() == outcomes.len() && sent.len() <= ROWS_PER_INSERT {
                 if !sent.is_empty() {
-                    delete_sent(&self.relaxed, &sent).await?;
+                    delete_sent(lane.connection(), &sent).await?;
                 }
+                lane.done();
                 return Ok(());
             }
-            let mut tx = self.relaxed.begin_with("BEGIN IMMEDIATE").await?;
+            let mut tx = lane.connection().begin_with("BEGIN IMMEDIATE").await?;
             for chunk in sent.chunks(ROWS_PER_INSERT) {
                 delete_sent(&mut *tx, chunk).await?;
             }
@@ -251,7 +258,9 @@ impl Backend for SqliteBackend {
                 let query = with_error(keyed(sql), at, error, recipients);
                 query.execute(&mut *tx).await?;
             }
-            tx.commit().await
+            tx.commit().await?;
+            lane.done();
+            Ok(())
         };
         written
             .await
@@ -352,15 +361,28 @@ async fn delete_sent<'c>(
     executor: impl sqlx::SqliteExecutor<'c>,
     claims: &[&Claim],
 ) -> Result<(), sqlx::Error> {
-    let pairs = vec!["(?, ?)"; claims.len()].join(", ");
-    let sql = format!(
-        "DELETE FROM mail_breaker_outbox WHERE leased > 0 AND (id, attempts) IN (VALUES {pairs})"
-    );
+    let sql = delete_sent_sql(claims.len());
     let mut delete = sqlx::query(&sql);
+    for claim in claims {
+        delete = delete.bind(claim.id.0);
+    }
     for claim in claims {
         delete = delete.bind(claim.id.0).bind(claim.attempts);
     }
     delete.execute(executor).await.map(drop)
+}
+
+/// The delete of `count` delivered claims: each row found by its id (`IN` on the primary
+/// key, where a row value `IN (VALUES ...)` would scan the whole table for every write), and
+/// deleted only if its attempts are still the claim's. Its parameters: the ids, then each id
+/// with its attempts.
+fn delete_sent_sql(count: usize) -> String {
+    let ids = vec!["?"; count].join(", ");
+    let attempts = "WHEN ? THEN ? ".repeat(count);
+    format!(
+        "DELETE FROM mail_breaker_outbox WHERE id IN ({ids}) AND leased > 0 \
+         AND attempts = CASE id {attempts}END"
+    )
 }
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
@@ -378,4 +400,123 @@ fn with_error<'q>(
         .bind(error.message.as_deref())
         .bind(error.transport.as_deref())
         .bind(recipients)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A backend in a fresh file, in a folder named by the test and the process.
+    async fn backend(name: &str) -> SqliteBackend {
+        let dir =
+            std::env::temp_dir().join(format!("mail-breaker-sqlite-{name}-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        SqliteBackend::open(&dir.join("outbox.db"))
+            .await
+            .expect("an SQLite outbox")
+    }
+
+    fn row(i: usize) -> NewRow {
+        NewRow {
+            sender: Some(String::from("app@example.com")),
+            recipients: format!("user{i}@example.org"),
+            raw: format!("Subject: {i}\r\n\r\nhello\r\n").into_bytes(),
+        }
+    }
+
+    #[tokio::test]
+    async fn a_write_of_delivered_answers_finds_each_row_by_its_id_without_scanning_the_table() {
+        let backend = backend("delete-plan").await;
+        let sql = format!("EXPLAIN QUERY PLAN {}", delete_sent_sql(3));
+        let mut plan = sqlx::query(&sql);
+        for id in 1..=3_i64 {
+            plan = plan.bind(id);
+        }
+        for id in 1..=3_i64 {
+            plan = plan.bind(id).bind(1_i64);
+        }
+        let steps: Vec<String> = plan
+            .fetch_all(&backend.pool)
+            .await
+            .expect("a plan")
+            .iter()
+            .map(|step| step.get::<String, _>(3))
+            .collect();
+        assert_eq!(
+            steps,
+            ["SEARCH mail_breaker_outbox USING INTEGER PRIMARY KEY (rowid=?)"],
+            "{steps:?}"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
+        let backend = backend("delete-token").await;
+        let ids = backend
+            .enqueue(&[row(1), row(2), row(3)], 1_000)
+            .await
+            .expect("enqueued");
+        let claimed = backend
+            .claim(1_000, 61_000, 10, false)
+            .await
+            .expect("claimed");
+        assert_eq!(claimed.len(), 3);
+        let stale = Claim {
+            id: ids[1],
+            attempts: claimed[1].claim.attempts + 1,
+        };
+        let sent = [
+            (claimed[0].claim, Finish::Sent),
+            (stale, Finish::Sent),
+            (claimed[2].claim, Finish::Sent),
+        ];
+        backend.finish(&sent).await.expect("written");
+        let left: Vec<i64> = sqlx::query_scalar("SELECT id FROM mail_breaker_outbox")
+            .fetch_all(&backend.pool)
+            .await
+            .expect("read");
+        assert_eq!(
+            left,
+            [ids[1].0],
+            "only the one whose claim was not the last"
+        );
+    }
+
+    #[tokio::test]
+    async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
+        let backend = backend("claim").await;
+        let ids = backend
+            .enqueue(&[row(1), row(2), row(3)], 1_000)
+            .await
+            .expect("enqueued");
+        let claimed = backend
+            .claim(1_000, 61_000, 2, false)
+            .await
+            .expect("claimed");
+        let taken: Vec<OutboxId> = claimed.iter().map(|c| c.claim.id).collect();
+        assert_eq!(taken, ids[..2]);
+        assert!(
+            claimed
+                .iter()
+                .all(|c| c.claim.attempts == 1 && !c.lease_lost)
+        );
+        assert_eq!(claimed[1].recipients, "user2@example.org");
+        assert_eq!(claimed[1].raw, row(2).raw);
+        let rest = backend
+            .claim(1_000, 61_000, 10, true)
+            .await
+            .expect("claimed");
+        assert_eq!(rest.len(), 1, "the leased two are not due until 61 s");
+        let expired = backend
+            .claim(61_000, 121_000, 10, false)
+            .await
+            .expect("claimed");
+        assert_eq!(expired.len(), 3, "every lease ran out");
+        assert!(
+            expired
+                .iter()
+                .all(|c| c.lease_lost && c.claim.attempts == 2)
+        );
+    }
 }

@@ -236,10 +236,10 @@ impl<T: Transport + 'static> Worker<T> {
         let mut database = DatabaseWait::default();
         let mut stats_read: Option<Instant> = None;
         // The database's work runs beside the sends, so that a send's answer starts the next
-        // send at once rather than after a commit: one claim at a time, and as many writes
-        // of answers as the database takes in parallel, each owning what it needs.
-        let mut writing: FuturesUnordered<Writing<'_>> = FuturesUnordered::new();
-        let writes_at_once = backend.writes_at_once();
+        // send at once rather than after a commit: one claim and one write of answers at a
+        // time, each owning what it needs. Answers that come during a write go together in
+        // the next: fewer, larger statements leave the machine's time to the sends.
+        let mut writing: Option<Writing<'_>> = None;
         let mut claiming: Option<Claiming<'_>> = None;
         // False once a claim found fewer due than it asked for: nothing more is due until a
         // wake (an enqueue here, the next due time, the poll).
@@ -265,11 +265,10 @@ impl<T: Transport + 'static> Worker<T> {
                 }
             }
             self.start_ready(&mut flight);
-            if writing.len() < writes_at_once && !flight.answers.is_empty() && database.may_try(now)
-            {
+            if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
                 let batch = std::mem::take(&mut flight.answers);
                 flight.writing += batch.len();
-                writing.push(
+                writing = Some(
                     async move {
                         let written = backend.finish(&batch).await;
                         (batch, written)
@@ -323,7 +322,8 @@ impl<T: Transport + 'static> Worker<T> {
                     // A failure may be due again at once: a drain claims once more, idle.
                     last_claim_idle = false;
                 }
-                Some((batch, written)) = writing.next(), if !writing.is_empty() => {
+                (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
+                    writing = None;
                     flight.writing -= batch.len();
                     match written {
                         Ok(()) => {
@@ -369,7 +369,7 @@ impl<T: Transport + 'static> Worker<T> {
                         "outbox.shutdown_timeout"
                     );
                     flight.sends.clear();
-                    if flight.answers.is_empty() && writing.is_empty() {
+                    if flight.answers.is_empty() && writing.is_none() {
                         return Ok(());
                     }
                 }
@@ -461,10 +461,10 @@ impl<T: Transport + 'static> Worker<T> {
 /// answer unwritten, no claim or write running.
 fn at_rest(
     flight: &Flight,
-    writing: &FuturesUnordered<Writing<'_>>,
+    writing: &Option<Writing<'_>>,
     claiming: &Option<Claiming<'_>>,
 ) -> bool {
-    flight.is_idle() && writing.is_empty() && claiming.is_none()
+    flight.is_idle() && writing.is_none() && claiming.is_none()
 }
 
 /// A write of answers in the background: gives the batch back with how it went.

@@ -124,9 +124,6 @@ impl Backend for Counting {
         self.claims.fetch_add(1, Ordering::SeqCst);
         self.inner.claim(now, lease_until, limit, durable).await
     }
-    fn writes_at_once(&self) -> usize {
-        self.inner.writes_at_once()
-    }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         self.finishes.fetch_add(1, Ordering::SeqCst);
