@@ -65,7 +65,7 @@ tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies
 
 # The outbox: what an answer does to a message (pure), the worker's loop, the rows, the
 # transport in front of it, and each database's statements, by the rules run on each.
-files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs"
+files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs src/outbox/lanes.rs"
 tests[outbox]="--lib --test=outbox_sqlite --test=metrics"
 files[outbox-postgres]="src/outbox/postgres.rs"
 tests[outbox-postgres]="--test=outbox_postgres"
