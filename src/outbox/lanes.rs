@@ -156,6 +156,13 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn lanes_say_how_many_are_free_when_debugged() {
+        let (lanes, _) = counted(2);
+        let _lane = lanes.get().await.expect("a lane");
+        assert_eq!(format!("{lanes:?}"), "Lanes { free: 1, .. }");
+    }
+
+    #[tokio::test]
     async fn a_failed_connect_takes_no_lane() {
         let connect: Connect<usize> =
             Box::new(|| Box::pin(async { Err(sqlx::Error::PoolTimedOut) }));
