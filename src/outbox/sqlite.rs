@@ -425,6 +425,16 @@ mod tests {
         }
     }
 
+    /// A backend holding three messages enqueued at 1 s, and their ids.
+    async fn three_queued(name: &str) -> (SqliteBackend, Vec<OutboxId>) {
+        let backend = backend(name).await;
+        let ids = backend
+            .enqueue(&[row(1), row(2), row(3)], 1_000)
+            .await
+            .expect("enqueued");
+        (backend, ids)
+    }
+
     #[tokio::test]
     async fn a_write_of_delivered_answers_finds_each_row_by_its_id_without_scanning_the_table() {
         let backend = backend("delete-plan").await;
@@ -452,11 +462,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
-        let backend = backend("delete-token").await;
-        let ids = backend
-            .enqueue(&[row(1), row(2), row(3)], 1_000)
-            .await
-            .expect("enqueued");
+        let (backend, ids) = three_queued("delete-token").await;
         let claimed = backend
             .claim(1_000, 61_000, 10, false)
             .await
@@ -485,11 +491,7 @@ mod tests {
 
     #[tokio::test]
     async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
-        let backend = backend("claim").await;
-        let ids = backend
-            .enqueue(&[row(1), row(2), row(3)], 1_000)
-            .await
-            .expect("enqueued");
+        let (backend, ids) = three_queued("claim").await;
         let claimed = backend
             .claim(1_000, 61_000, 2, false)
             .await
