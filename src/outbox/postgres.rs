@@ -75,11 +75,14 @@ pub(crate) struct PostgresBackend {
 
 impl PostgresBackend {
     pub(crate) async fn open(url: &str) -> Result<PostgresBackend, SendError> {
+        // Read once, for the pool and for the worker's lanes.
+        let options = PgConnectOptions::from_str(url)
+            .map_err(|e| database_error("connecting to PostgreSQL", e))?;
         let pool = PgPoolOptions::new()
             .max_connections(8)
             // While the server is down, `enqueue` answers `Err` after this rather than hang.
             .acquire_timeout(CONNECT_TIMEOUT)
-            .connect(url)
+            .connect_with(options.clone())
             .await
             .map_err(|e| database_error("connecting to PostgreSQL", e))?;
         let created = async {
@@ -96,9 +99,6 @@ impl PostgresBackend {
         created
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        // The URL was read by the pool's connect above.
-        let options =
-            PgConnectOptions::from_str(url).map_err(|e| database_error("reading the URL", e))?;
         // A statement that meets a dead connection fails; the worker tries again later, and
         // the lane opens a fresh connection.
         let relaxed = Lanes::new(
@@ -119,7 +119,9 @@ impl PostgresBackend {
                         .unwrap_or_else(|_| {
                             Err(sqlx::Error::Io(std::io::Error::new(
                                 std::io::ErrorKind::TimedOut,
-                                "connecting to PostgreSQL took longer than 3 s",
+                                format!(
+                                    "connecting to PostgreSQL took longer than {CONNECT_TIMEOUT:?}"
+                                ),
                             )))
                         })
                 })
