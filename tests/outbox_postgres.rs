@@ -226,3 +226,71 @@ async fn answers_are_written_one_write_at_a_time_each_taking_all_that_came_durin
         "{writes} writes for {MESSAGES} answers"
     );
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_the_whole_table() {
+    use sqlx::Connection as _;
+    use std::time::{Duration, Instant};
+    use support::scripted::Scripted;
+    let Some((outbox, server)) = open("outbox_postgres_by_index").await else {
+        return;
+    };
+    // Enough rows that reading them all costs more than finding a claim's by index, as it
+    // does under a backlog: a plan that scans the table is then a choice, not a tie.
+    const MESSAGES: usize = 2_000;
+    let messages = vec![support::message(); MESSAGES];
+    outbox.enqueue_many(&messages).await.unwrap();
+    // Statistics as autovacuum gathers them on a table that changes this much: the plans
+    // below are chosen from them.
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    sqlx::raw_sql("ANALYZE mail_breaker_outbox")
+        .execute(&mut admin)
+        .await
+        .unwrap();
+    let provider = Scripted::new("provider");
+    // One in flight makes many small claims and writes: each runs the plan kept for it.
+    let worker = outbox.worker(provider.clone()).concurrency(1);
+    let started = Instant::now();
+    worker.drain().await.unwrap();
+    let seconds = started.elapsed().as_secs();
+    assert_eq!(provider.sends(), MESSAGES);
+    drop(worker);
+    drop(outbox);
+    // A server process counts its scans in the shared statistics when its connection ends.
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (others,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut admin)
+        .await
+        .unwrap();
+        if others == 0 {
+            break;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the outbox's connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    // The one reader of the whole table is the count of the queue for the metrics, once a
+    // second; a claim or a write that scanned it would read it hundreds of times.
+    let (scans, rows_read): (i64, i64) = sqlx::query_as(
+        "SELECT seq_scan, seq_tup_read FROM pg_stat_user_tables \
+         WHERE relname = 'mail_breaker_outbox'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    let counts = if cfg!(feature = "metrics") {
+        1 + seconds
+    } else {
+        0
+    };
+    assert!(
+        rows_read <= MESSAGES as i64 * counts as i64,
+        "{rows_read} rows read by {scans} scans of the whole table in a drain of {seconds} s"
+    );
+}

@@ -108,9 +108,15 @@ impl PostgresBackend {
                 Box::pin(async move {
                     let connecting = async {
                         let mut connection = options.connect().await?;
-                        sqlx::query("SET synchronous_commit = off")
-                            .execute(&mut connection)
-                            .await?;
+                        // Each of the worker's statements finds its rows by the primary key
+                        // whatever its parameters, so one plan serves every call: planning
+                        // a write of a few answers anew each time cost more than running it.
+                        for setting in [
+                            "SET synchronous_commit = off",
+                            "SET plan_cache_mode = force_generic_plan",
+                        ] {
+                            sqlx::query(setting).execute(&mut connection).await?;
+                        }
                         Ok(connection)
                     };
                     // While the server is unreachable, a claim or write fails after this.
@@ -194,6 +200,9 @@ impl Backend for PostgresBackend {
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        // The rows are updated as found by their ids, not by a join with `due`: a join's
+        // plan for any parameters (the one kept after a few calls) is a hash join over a
+        // scan of the whole table, at every claim.
         let claim = sqlx::query(
             "WITH due AS ( \
                  SELECT id, leased FROM mail_breaker_outbox \
@@ -201,8 +210,10 @@ impl Backend for PostgresBackend {
                  ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
              UPDATE mail_breaker_outbox AS m \
              SET attempts = m.attempts + 1, leased = TRUE, due_at = $3 \
-             FROM due WHERE m.id = due.id \
-             RETURNING m.id, m.attempts, m.enqueued_at, due.leased, m.sender, m.recipients, m.raw",
+             WHERE m.id = ANY(ARRAY(SELECT id FROM due)) \
+             RETURNING m.id, m.attempts, m.enqueued_at, \
+                 m.id = ANY(ARRAY(SELECT id FROM due WHERE leased)), \
+                 m.sender, m.recipients, m.raw",
         )
         .bind(now)
         .bind(i64::from(limit))
