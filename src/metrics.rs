@@ -24,8 +24,9 @@
 //! A rate limiter's `transport` label is its name (the inner transport's unless set).
 //!
 //! The outbox's gauges are what its workers last read from the database (each worker reads
-//! at most once a second while it works): with several workers, take any one's value, not
-//! their sum.
+//! at most once a second while it works, and less often under a backlog whose count takes
+//! long: after a read that took `t`, not before `20 t`): with several workers, take any
+//! one's value, not their sum.
 //!
 //! `outcome` is one of `success` and `failure` (the result counted as such), `ignored` (the
 //! send went, but the breaker counted nothing: shadow mode let it through without leave) and

@@ -275,8 +275,8 @@ async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_th
         );
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    // The one reader of the whole table is the count of the queue for the metrics, once a
-    // second; a claim or a write that scanned it would read it hundreds of times.
+    // The one reader of the whole table is the count of the queue for the metrics, at most
+    // once a second; a claim or a write that scanned it would read it hundreds of times.
     let (scans, rows_read): (i64, i64) = sqlx::query_as(
         "SELECT seq_scan, seq_tup_read FROM pg_stat_user_tables \
          WHERE relname = 'mail_breaker_outbox'",

@@ -107,6 +107,11 @@ const DATABASE_WAIT: Duration = Duration::from_secs(5);
 /// How often a working worker reads the outbox's counts for its gauges, at most.
 const STATS_EVERY: Duration = Duration::from_secs(1);
 
+/// The counts read the whole table, and the worker waits for them: after a read that took
+/// `t`, the next waits `STATS_SHARE * t` if that is longer than `STATS_EVERY`, so that under
+/// a large backlog they take at most a twentieth of the worker's and the database's time.
+const STATS_SHARE: u32 = 20;
+
 impl<T: Transport + 'static> Worker<T> {
     pub(super) fn new(outbox: Outbox, transport: T) -> Worker<T> {
         Worker {
@@ -234,7 +239,7 @@ impl<T: Transport + 'static> Worker<T> {
         let mut flight = Flight::default();
         let mut stopping: Option<Instant> = None;
         let mut database = DatabaseWait::default();
-        let mut stats_read: Option<Instant> = None;
+        let mut stats_read: Option<(Instant, Duration)> = None;
         // The database's work runs beside the sends, so that a send's answer starts the next
         // send at once rather than after a commit: one claim and one write of answers at a
         // time, each owning what it needs. Answers that come during a write go together in
@@ -259,8 +264,10 @@ impl<T: Transport + 'static> Worker<T> {
             }
             // A read: it never waits on the background work's write lock.
             if stats_due(stats_read, now) {
-                stats_read = Some(now);
-                if let Ok(stats) = backend.stats(record::now()).await {
+                let reading = Instant::now();
+                let stats = backend.stats(record::now()).await;
+                stats_read = Some((now, reading.elapsed()));
+                if let Ok(stats) = stats {
                     crate::metrics::outbox_stats(&stats);
                 }
             }
@@ -605,10 +612,14 @@ impl Flight {
     }
 }
 
-/// Whether a worker that last read the outbox's counts at `read` reads them again at `now`
-/// for its gauges: at once, then once a second; never without the metrics feature.
-fn stats_due(read: Option<Instant>, now: Instant) -> bool {
-    crate::metrics::COUNTS_SENDS && read.is_none_or(|read| now.duration_since(read) >= STATS_EVERY)
+/// Whether a worker that last read the outbox's counts at `read`, in `took`, reads them again
+/// at `now` for its gauges: at once, then once a second, or after `STATS_SHARE` times as long
+/// as the last read took; never without the metrics feature.
+fn stats_due(last: Option<(Instant, Duration)>, now: Instant) -> bool {
+    crate::metrics::COUNTS_SENDS
+        && last.is_none_or(|(read, took)| {
+            now.duration_since(read) >= STATS_EVERY.max(took.saturating_mul(STATS_SHARE))
+        })
 }
 
 /// Counts answers once they are in the database, by outcome.

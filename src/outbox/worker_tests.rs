@@ -14,13 +14,27 @@ use crate::outbox::{Kind, OutboxId, OutboxStats};
 fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
     let now = Instant::now();
     let metrics = crate::metrics::COUNTS_SENDS;
+    let quick = Some((now, Duration::from_millis(2)));
     assert_eq!(stats_due(None, now), metrics);
-    assert!(!stats_due(Some(now), now));
+    assert!(!stats_due(quick, now));
     assert!(!stats_due(
-        Some(now),
+        quick,
         now + STATS_EVERY - Duration::from_millis(1)
     ));
-    assert_eq!(stats_due(Some(now), now + STATS_EVERY), metrics);
+    assert_eq!(stats_due(quick, now + STATS_EVERY), metrics);
+}
+
+#[test]
+fn counts_that_took_long_to_read_are_read_again_only_after_twenty_times_as_long() {
+    let now = Instant::now();
+    let metrics = crate::metrics::COUNTS_SENDS;
+    // A backlog whose count took 200 ms: read every 4 s, not every second.
+    let slow = Some((now, Duration::from_millis(200)));
+    assert!(!stats_due(slow, now + Duration::from_millis(3_999)));
+    assert_eq!(stats_due(slow, now + Duration::from_secs(4)), metrics);
+    // However long the last one took, working out the wait does not overflow.
+    let endless = Some((now, Duration::MAX));
+    assert!(!stats_due(endless, now + Duration::from_secs(3_600)));
 }
 
 /// A flight with `sends` in flight (never answering) and `ready` claimed and not started.
