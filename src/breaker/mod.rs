@@ -2,6 +2,8 @@
 //! it is down, and lets one probe through to learn whether it is back.
 
 use std::fmt;
+use std::future::Future;
+use std::mem::MaybeUninit;
 use std::pin::Pin;
 
 use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
@@ -141,10 +143,25 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     ) -> BoxedSend<'a> {
         let (gate, transport) = (&self.gate, self.inner.name());
         match &gate.memory {
-            Some(memory) => Box::pin(LocalSend::new(gate, memory, transport, envelope, send)),
-            None => Box::pin(gate.guard_shared(transport, envelope, send)),
+            Some(memory) => {
+                boxed_in_place(|| LocalSend::new(gate, memory, transport, envelope, send))
+            }
+            None => boxed_in_place(|| gate.guard_shared(transport, envelope, send)),
         }
     }
+}
+
+/// Boxes the future `make` makes, written straight into its box once that is allocated:
+/// `Box::pin(future)` builds the future on the stack and copies it over (for the breaker's
+/// own, 184 bytes by a `memcpy` call, about 20 instructions of every send).
+#[inline(always)]
+fn boxed_in_place<'a, F>(make: impl FnOnce() -> F) -> BoxedSend<'a>
+where
+    F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
+{
+    let slot: Box<MaybeUninit<F>> = Box::new_uninit();
+    let boxed: Box<F> = Box::write(slot, make());
+    Box::into_pin(boxed)
 }
 
 #[async_trait::async_trait]
