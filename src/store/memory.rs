@@ -106,7 +106,7 @@ impl MemoryStore {
 
     /// The first key's breaker if `key` is it; made from `key` if there is none yet and
     /// `make` is true.
-    #[inline]
+    #[inline(always)]
     fn first(&self, key: &str, rules: &Rules, make: bool) -> Option<&FirstKey> {
         let first = match self.first.get() {
             Some(first) => first,
