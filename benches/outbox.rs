@@ -1,7 +1,9 @@
 //! The outbox, side by side in one run: enqueueing one message at a time (each a commit synced
 //! to disk) and in batches of 1,000 (`enqueue_many`), on SQLite and on PostgreSQL; and
 //! draining 1,000 messages to a local smtp-sink through a breaker at 16 in flight, against
-//! sending the same messages straight through the same stack.
+//! sending the same messages straight through the same stack. At the end, the drain's rate
+//! over the direct send's again, from pairs of runs one right after the other, which a
+//! machine whose speed drifts moves far less than criterion's separate measurements.
 //!
 //! `cargo bench --bench outbox`. PostgreSQL runs from a temporary folder (as `nobody` under
 //! root), smtp-sink on a free port; each one missing is skipped with a message.
@@ -226,6 +228,72 @@ fn drain(c: &mut Criterion) {
         });
     }
     group.finish();
+    if measured_by_name("outbox_drain_interleaved") {
+        let workers: Vec<_> = outboxes
+            .iter()
+            .map(|measured| {
+                (
+                    measured,
+                    measured.outbox.worker(stack()).concurrency(IN_FLIGHT),
+                )
+            })
+            .collect();
+        rt.block_on(interleaved(&workers, &direct, &batch));
+    }
+}
+
+/// Pairs of a direct send and a drain, taken one right after the other.
+const PAIRS: usize = 12;
+
+/// Prints each drain's rate against the direct send's, from runs that alternate them.
+/// Criterion measures each alone, every direct sample before every drain, and these VMs'
+/// speed drifts by a third within minutes; the two runs of a pair share the machine's state.
+async fn interleaved<T: Transport, U: Transport + 'static>(
+    workers: &[(&Measured, mail_breaker::outbox::Worker<U>)],
+    direct: &T,
+    batch: &[Message],
+) {
+    println!(
+        "| outbox | its drain's rate over the direct send's just before it, median of {PAIRS} \
+         pairs | lowest | highest |"
+    );
+    println!("|---|---|---|---|");
+    for (measured, worker) in workers {
+        let mut ratios = Vec::with_capacity(PAIRS);
+        for _ in 0..PAIRS {
+            let started = Instant::now();
+            let sent = stream::iter(batch)
+                .map(|message| direct.send(message))
+                .buffer_unordered(IN_FLIGHT)
+                .filter(|answer| std::future::ready(answer.is_ok()))
+                .count()
+                .await;
+            assert_eq!(sent, DRAINED);
+            let sending = started.elapsed();
+            empty(measured).await;
+            measured.outbox.enqueue_many(batch).await.expect("enqueued");
+            let started = Instant::now();
+            worker.drain().await.expect("drained");
+            ratios.push(sending.as_secs_f64() / started.elapsed().as_secs_f64());
+        }
+        ratios.sort_by(f64::total_cmp);
+        println!(
+            "| {} | {:.2}x | {:.2}x | {:.2}x |",
+            measured.name,
+            ratios[PAIRS / 2],
+            ratios[0],
+            ratios[PAIRS - 1]
+        );
+    }
+}
+
+/// Whether `name` is measured in this run: criterion's filter, the first argument that is not
+/// a flag, names a part of it, or there is none.
+fn measured_by_name(name: &str) -> bool {
+    std::env::args()
+        .skip(1)
+        .find(|arg| !arg.starts_with('-'))
+        .is_none_or(|filter| name.contains(&filter))
 }
 
 fn runtime() -> tokio::runtime::Runtime {
