@@ -196,31 +196,24 @@ fn drain(c: &mut Criterion) {
         .throughput(Throughput::Elements(DRAINED as u64));
     let direct = stack();
     group.bench_function(BenchmarkId::new("direct", IN_FLIGHT), |b| {
-        b.to_async(&rt).iter(|| async {
-            let sent = stream::iter(&batch)
-                .map(|message| direct.send(message))
-                .buffer_unordered(IN_FLIGHT)
-                .filter(|answer| std::future::ready(answer.is_ok()))
-                .count()
-                .await;
-            assert_eq!(sent, DRAINED);
-        });
+        b.to_async(&rt).iter(|| send_straight(&direct, &batch));
     });
-    for measured in &outboxes {
-        let (name, outbox) = (measured.name, &measured.outbox);
-        let worker = outbox.worker(stack()).concurrency(IN_FLIGHT);
-        group.bench_function(BenchmarkId::new(format!("outbox_{name}"), IN_FLIGHT), |b| {
+    let workers: Vec<_> = outboxes
+        .iter()
+        .map(|measured| {
+            let worker = measured.outbox.worker(stack()).concurrency(IN_FLIGHT);
+            (measured, worker)
+        })
+        .collect();
+    for (measured, worker) in &workers {
+        let id = BenchmarkId::new(format!("outbox_{}", measured.name), IN_FLIGHT);
+        group.bench_function(id, |b| {
             b.to_async(&rt).iter_custom(|iters| {
-                let (batch, worker) = (&batch, &worker);
+                let batch = &batch;
                 async move {
                     let mut took = Duration::ZERO;
                     for _ in 0..iters {
-                        empty(measured).await;
-                        outbox.enqueue_many(batch).await.expect("enqueued");
-                        let started = Instant::now();
-                        worker.drain().await.expect("drained");
-                        took += started.elapsed();
-                        assert_eq!(outbox.stats().await.expect("stats").queued, 0);
+                        took += queue_and_drain(measured, worker, batch).await;
                     }
                     took
                 }
@@ -229,17 +222,35 @@ fn drain(c: &mut Criterion) {
     }
     group.finish();
     if measured_by_name("outbox_drain_interleaved") {
-        let workers: Vec<_> = outboxes
-            .iter()
-            .map(|measured| {
-                (
-                    measured,
-                    measured.outbox.worker(stack()).concurrency(IN_FLIGHT),
-                )
-            })
-            .collect();
         rt.block_on(interleaved(&workers, &direct, &batch));
     }
+}
+
+/// Sends `batch` straight through `stack`, `IN_FLIGHT` at a time, and checks that each went.
+async fn send_straight<T: Transport>(stack: &T, batch: &[Message]) {
+    let sent = stream::iter(batch)
+        .map(|message| stack.send(message))
+        .buffer_unordered(IN_FLIGHT)
+        .filter(|answer| std::future::ready(answer.is_ok()))
+        .count()
+        .await;
+    assert_eq!(sent, batch.len());
+}
+
+/// Queues `batch` in the emptied outbox and drains it with `worker`: how long the drain took.
+async fn queue_and_drain<U: Transport + 'static>(
+    measured: &Measured,
+    worker: &mail_breaker::outbox::Worker<U>,
+    batch: &[Message],
+) -> Duration {
+    empty(measured).await;
+    measured.outbox.enqueue_many(batch).await.expect("enqueued");
+    let started = Instant::now();
+    worker.drain().await.expect("drained");
+    let took = started.elapsed();
+    let stats = measured.outbox.stats().await.expect("stats");
+    assert_eq!(stats.queued, 0);
+    took
 }
 
 /// Pairs of a direct send and a drain, taken one right after the other.
@@ -262,19 +273,10 @@ async fn interleaved<T: Transport, U: Transport + 'static>(
         let mut ratios = Vec::with_capacity(PAIRS);
         for _ in 0..PAIRS {
             let started = Instant::now();
-            let sent = stream::iter(batch)
-                .map(|message| direct.send(message))
-                .buffer_unordered(IN_FLIGHT)
-                .filter(|answer| std::future::ready(answer.is_ok()))
-                .count()
-                .await;
-            assert_eq!(sent, DRAINED);
+            send_straight(direct, batch).await;
             let sending = started.elapsed();
-            empty(measured).await;
-            measured.outbox.enqueue_many(batch).await.expect("enqueued");
-            let started = Instant::now();
-            worker.drain().await.expect("drained");
-            ratios.push(sending.as_secs_f64() / started.elapsed().as_secs_f64());
+            let draining = queue_and_drain(measured, worker, batch).await;
+            ratios.push(sending.as_secs_f64() / draining.as_secs_f64());
         }
         ratios.sort_by(f64::total_cmp);
         println!(
