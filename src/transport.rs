@@ -69,6 +69,98 @@ pub trait Transport: Send + Sync {
             .await
     }
 
+    /// [`send_raw`](Transport::send_raw)'s future, unboxed where the transport can give it so:
+    /// for a wrapper that boxes its own future and polls this one inside it, so that a send
+    /// through both makes one allocation rather than two (the
+    /// [`CircuitBreakerTransport`](crate::CircuitBreakerTransport) over this transport does).
+    ///
+    /// It must answer exactly as `send_raw` does. The default is `send_raw`'s boxed future;
+    /// a transport whose send is an `async fn` of its own returns that function's future.
+    ///
+    /// # Example
+    /// ```
+    /// use std::future::Future;
+    /// use mail_breaker::{Envelope, Receipt, SendError, Transport};
+    ///
+    /// struct Discard;
+    ///
+    /// impl Discard {
+    ///     async fn deliver(&self) -> Result<Receipt, SendError> {
+    ///         Ok(Receipt::new("discard"))
+    ///     }
+    /// }
+    ///
+    /// #[async_trait::async_trait]
+    /// impl Transport for Discard {
+    ///     fn name(&self) -> &str {
+    ///         "discard"
+    ///     }
+    ///     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+    ///         self.deliver().await
+    ///     }
+    ///     fn send_raw_unboxed<'a>(
+    ///         &'a self,
+    ///         _envelope: &'a Envelope,
+    ///         _raw: &'a [u8],
+    ///     ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+    ///         self.deliver()
+    ///     }
+    /// }
+    /// ```
+    fn send_raw_unboxed<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        raw: &'a [u8],
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a
+    where
+        Self: Sized,
+    {
+        self.send_raw(envelope, raw)
+    }
+
+    /// [`send`](Transport::send)'s future, unboxed where the transport can give it so, as
+    /// [`send_raw_unboxed`](Transport::send_raw_unboxed) is `send_raw`'s. It must answer exactly
+    /// as `send` does; the default is `send`'s boxed future.
+    ///
+    /// # Example
+    /// ```
+    /// use std::future::Future;
+    /// use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
+    ///
+    /// struct Discard;
+    ///
+    /// impl Discard {
+    ///     async fn deliver(&self) -> Result<Receipt, SendError> {
+    ///         Ok(Receipt::new("discard"))
+    ///     }
+    /// }
+    ///
+    /// #[async_trait::async_trait]
+    /// impl Transport for Discard {
+    ///     fn name(&self) -> &str {
+    ///         "discard"
+    ///     }
+    ///     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+    ///         self.deliver().await
+    ///     }
+    ///     fn send_unboxed<'a>(
+    ///         &'a self,
+    ///         _message: &'a Message,
+    ///     ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+    ///         self.deliver()
+    ///     }
+    /// }
+    /// ```
+    fn send_unboxed<'a>(
+        &'a self,
+        message: &'a Message,
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a
+    where
+        Self: Sized,
+    {
+        self.send(message)
+    }
+
     /// Sends a batch read lazily from `messages`; yields exactly one item per message it
     /// read, in the order read (default: one at a time through [`send`](Transport::send)).
     ///

@@ -80,6 +80,35 @@ impl Transport for Immediate {
     }
 }
 
+/// The same transport, whose send is an `async fn` of its own that it also gives unboxed
+/// ([`Transport::send_raw_unboxed`]), as a transport may for the wrappers around it.
+struct Unboxed;
+
+impl Unboxed {
+    async fn deliver(&self) -> Result<Receipt, SendError> {
+        Ok(Receipt::new("unboxed"))
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Unboxed {
+    fn name(&self) -> &str {
+        "unboxed"
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        self.deliver().await
+    }
+
+    fn send_raw_unboxed<'a>(
+        &'a self,
+        _envelope: &'a Envelope,
+        _raw: &'a [u8],
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        self.deliver()
+    }
+}
+
 const ROUNDS: u64 = 1_000;
 
 /// The allocations of one `send_raw` of each envelope through `transport`, averaged over
@@ -131,6 +160,17 @@ fn a_closed_send_allocates_only_the_breakers_own_future() {
     let sent = per_send(&breaker, &[envelope_to("user@example.org")]);
     assert_eq!(breaker.state(), State::Closed);
     assert_eq!(sent - bare(), 1.0, "{sent} allocations per closed send");
+}
+
+#[test]
+fn a_closed_send_over_a_transport_that_gives_its_future_unboxed_allocates_no_more_than_the_bare_send()
+ {
+    let bare = per_send(&Unboxed, &[envelope_to("user@example.org")]);
+    assert_eq!(bare, 2.0, "the bare send's own future and receipt");
+    let breaker = CircuitBreakerTransport::new(Unboxed);
+    let sent = per_send(&breaker, &[envelope_to("user@example.org")]);
+    assert_eq!(breaker.state(), State::Closed);
+    assert_eq!(sent, bare, "{sent} allocations per closed send");
 }
 
 #[test]

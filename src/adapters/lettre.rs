@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{Envelope, Receipt, SendError, Transport};
+use crate::{Envelope, Message, Receipt, SendError, Transport};
 
 /// Wraps one of lettre's async transports, turning its errors into [`SendError`]s with `classify`.
 ///
@@ -67,6 +67,37 @@ where
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.deliver(envelope, raw).await
+    }
+
+    // Unboxed, a breaker over this transport polls the send inside its own future.
+
+    fn send_raw_unboxed<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        raw: &'a [u8],
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        self.deliver(envelope, raw)
+    }
+
+    // Not an `async fn`: `async_trait` would box that.
+    #[allow(clippy::manual_async_fn)]
+    fn send_unboxed<'a>(
+        &'a self,
+        message: &'a Message,
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        async move { self.deliver(message.envelope(), &message.formatted()).await }
+    }
+}
+
+impl<L, C> LettreTransport<L, C>
+where
+    L: lettre::AsyncTransport + Send + Sync,
+    L::Ok: fmt::Debug,
+    C: Fn(&L::Error) -> SendError + Send + Sync,
+{
+    /// Sends one formatted message through lettre: `send_raw`, as a future of its own.
+    async fn deliver(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         match self.inner.send_raw(envelope, raw).await {
             Ok(answer) => {
                 let receipt = Receipt::new(&self.name);

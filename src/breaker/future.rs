@@ -11,31 +11,49 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::BoxedSend;
-use super::gate::{Gate, Unspent};
+use super::gate::{Gate, HeldBack, Unspent};
 use crate::machine::{Outcome, Permit};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
 use crate::transport::unanswered;
 use crate::{Envelope, Receipt, SendError};
 
-/// A send through `send` if the breakers of `envelope` in the breaker's own memory store give
-/// leave, its result counted. Nothing is asked of the breaker until it is first polled;
-/// dropped while sending, it gives the permit back.
-///
-/// Its parts are separate fields rather than one enum of steps, so that no step is moved out
-/// and back in on the way: each poll touches only what it needs.
-pub(crate) struct LocalSend<'a, S> {
-    gate: &'a Gate,
-    memory: &'a MemoryStore,
-    transport: &'a str,
-    envelope: &'a Envelope,
-    /// Makes the inner send once the breaker gives leave; taken at the first poll.
-    make: Option<S>,
-    /// The inner send (or, for a message under several breakers, the rarer `async fn` that
-    /// sends under all of them); `None` before the first poll and once answered.
-    send: Option<BoxedSend<'a>>,
-    /// The one breaker that gave leave, and its permit, to count the result with.
-    held: Held<'a>,
+pin_project_lite::pin_project! {
+    /// A send through `send` if the breakers of `envelope` in the breaker's own memory store
+    /// give leave, its result counted. Nothing is asked of the breaker until it is first
+    /// polled; dropped while sending, it gives the permit back.
+    ///
+    /// Its parts are separate fields rather than one enum of steps, so that no step is moved
+    /// out and back in on the way: each poll touches only what it needs. The inner send's
+    /// future `F` is polled where it lies, inside this one: unboxed when the transport gives
+    /// it so ([`Transport::send_unboxed`](crate::Transport::send_unboxed)), and then a send
+    /// through the breaker allocates once, for this future's box.
+    pub(crate) struct LocalSend<'a, S, F> {
+        gate: &'a Gate,
+        memory: &'a MemoryStore,
+        transport: &'a str,
+        envelope: &'a Envelope,
+        // Makes the inner send once the breaker gives leave; taken at the first poll.
+        make: Option<S>,
+        // The send under way.
+        #[pin]
+        send: Sending<'a, F>,
+        // The one breaker that gave leave, and its permit, to count the result with.
+        held: Held<'a>,
+    }
+}
+
+pin_project_lite::pin_project! {
+    /// The send under way, pinned inside the breaker's future.
+    #[project = SendingNow]
+    enum Sending<'a, F> {
+        /// Not started yet, or answered.
+        Idle,
+        /// Under one breaker: the inner send itself.
+        One { #[pin] future: F },
+        /// Under several (a message to several recipient domains): their `async fn`, boxed.
+        Many { future: BoxedSend<'a> },
+    }
 }
 
 /// What a send under one breaker holds while it is out.
@@ -52,9 +70,10 @@ enum Held<'a> {
     Counted(LocalBreaker<'a>, Unspent<'a>),
 }
 
-impl<'a, S> LocalSend<'a, S>
+impl<'a, S, F> LocalSend<'a, S, F>
 where
-    S: FnOnce() -> BoxedSend<'a> + Send + 'a,
+    S: FnOnce() -> F + Send + 'a,
+    F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
 {
     pub(crate) fn new(
         gate: &'a Gate,
@@ -69,83 +88,103 @@ where
             transport,
             envelope,
             make: Some(make),
-            send: None,
+            send: Sending::Idle,
             held: Held::Nothing,
-        }
-    }
-
-    /// Asks the breakers for leave and starts the send, or answers the refusal.
-    fn start(&mut self, make: S) -> Result<(), SendError> {
-        let (gate, transport) = (self.gate, self.transport);
-        let key: Cow<'a, str> = match gate.one_key(transport, self.envelope) {
-            Ok(key) => key,
-            Err(many) => {
-                self.send = Some(Box::pin(gate.guard_many(transport, many, make)));
-                return Ok(());
-            }
-        };
-        let mut breaker = self.memory.breaker_of(&key, &gate.rules);
-        if let LocalBreaker::First(first) = breaker
-            && gate.counts_plainly()
-            && let Some(permit) = first.clean_permit()
-        {
-            self.held = Held::Clean(first, permit);
-            self.send = Some(make());
-            return Ok(());
-        }
-        let decision = breaker.acquire(&key, &gate.rules);
-        match gate.admitted(transport, key, decision) {
-            Ok(unspent) => {
-                self.held = Held::Counted(breaker, unspent);
-                self.send = Some(make());
-                Ok(())
-            }
-            Err(held) => Err(gate.refusal(transport, held)),
         }
     }
 }
 
-impl<'a, S> Future for LocalSend<'a, S>
+/// What the breakers of a send's envelope answered when asked for leave.
+enum Leave<'a, S> {
+    /// One breaker gave leave: the send is to be made, and counted by what it holds.
+    One(S, Held<'a>),
+    /// Several breakers: the send under all of them, already under way.
+    Many(BoxedSend<'a>),
+}
+
+/// Asks the breakers of `envelope` for leave: the send to start, or why it may not. The send's
+/// future is made by the caller, straight into its place.
+fn start<'a, S, F>(
+    gate: &'a Gate,
+    memory: &'a MemoryStore,
+    transport: &'a str,
+    envelope: &'a Envelope,
+    make: S,
+) -> Result<Leave<'a, S>, HeldBack>
 where
-    S: FnOnce() -> BoxedSend<'a> + Send + Unpin + 'a,
+    S: FnOnce() -> F + Send + 'a,
+    F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
+{
+    let key: Cow<'a, str> = match gate.one_key(transport, envelope) {
+        Ok(key) => key,
+        Err(many) => {
+            return Ok(Leave::Many(Box::pin(
+                gate.guard_many(transport, many, make),
+            )));
+        }
+    };
+    let mut breaker = memory.breaker_of(&key, &gate.rules);
+    if let LocalBreaker::First(first) = breaker
+        && gate.counts_plainly()
+        && let Some(permit) = first.clean_permit()
+    {
+        return Ok(Leave::One(make, Held::Clean(first, permit)));
+    }
+    let decision = breaker.acquire(&key, &gate.rules);
+    match gate.admitted(transport, key, decision) {
+        Ok(unspent) => Ok(Leave::One(make, Held::Counted(breaker, unspent))),
+        Err(held) => Err(held),
+    }
+}
+
+impl<'a, S, F> Future for LocalSend<'a, S, F>
+where
+    S: FnOnce() -> F + Send + 'a,
+    F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
 {
     type Output = Result<Receipt, SendError>;
 
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
-        let this = self.get_mut();
-        if let Some(make) = this.make.take()
-            && let Err(refusal) = this.start(make)
-        {
-            return Poll::Ready(Err(refusal));
+        let mut this = self.project();
+        if let Some(make) = this.make.take() {
+            match start(this.gate, this.memory, this.transport, this.envelope, make) {
+                Ok(Leave::One(make, held)) => {
+                    *this.held = held;
+                    this.send.set(Sending::One { future: make() });
+                }
+                Ok(Leave::Many(future)) => this.send.set(Sending::Many { future }),
+                Err(held) => return Poll::Ready(Err(this.gate.refusal(this.transport, held))),
+            }
         }
-        let Some(send) = &mut this.send else {
-            // Polled again after it answered: a caller's mistake, answered, not a panic.
-            return Poll::Ready(Err(unanswered(this.transport)));
-        };
         // The inner send's answer is handed back as the very value it polled to, so that it
         // can be written once, where the caller reads it, and not moved out and back in.
-        let answer = send.as_mut().poll(cx);
+        let answer = match this.send.as_mut().project() {
+            SendingNow::One { future } => future.poll(cx),
+            SendingNow::Many { future } => future.as_mut().poll(cx),
+            // Polled again after it answered: a caller's mistake, answered, not a panic.
+            SendingNow::Idle => return Poll::Ready(Err(unanswered(this.transport))),
+        };
         let Poll::Ready(result) = &answer else {
             return Poll::Pending;
         };
-        this.send = None;
-        match &mut this.held {
+        this.send.set(Sending::Idle);
+        let gate = *this.gate;
+        match this.held {
             Held::Nothing => {}
             Held::Clean(first, permit) => {
                 let outcome = match result {
-                    Err(error) if (this.gate.is_failure)(error) => Outcome::Failure,
+                    Err(error) if (gate.is_failure)(error) => Outcome::Failure,
                     _ => Outcome::Success,
                 };
-                let transitions = first.record(&this.gate.rules, *permit, outcome);
+                let transitions = first.record(&gate.rules, *permit, outcome);
                 if !transitions.is_empty() {
-                    this.gate.announce(this.transport, first.key(), transitions);
+                    gate.announce(this.transport, first.key(), transitions);
                 }
-                this.held = Held::Nothing;
+                *this.held = Held::Nothing;
             }
             Held::Counted(breaker, unspent) => {
                 if let Some((permit, outcome)) = unspent.counted(result) {
-                    let transitions =
-                        breaker.record(unspent.key(), &this.gate.rules, permit, outcome);
+                    let transitions = breaker.record(unspent.key(), &gate.rules, permit, outcome);
                     unspent.recorded(transitions);
                 }
             }

@@ -135,12 +135,16 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     /// Boxed here, as `async_trait` would box it, but as the gate's own future rather than an
     /// `async` block around it: one layer of future less, whose every poll would move the
     /// send's result once more. On the breaker's own memory store, that future is written by
-    /// hand ([`LocalSend`]).
-    fn guarded<'a>(
+    /// hand ([`LocalSend`]). The inner send `send` makes is polled inside it, unboxed when the
+    /// transport gives it so ([`Transport::send_unboxed`]).
+    fn guarded<'a, F>(
         &'a self,
         envelope: &'a Envelope,
-        send: impl FnOnce() -> BoxedSend<'a> + Send + Unpin + 'a,
-    ) -> BoxedSend<'a> {
+        send: impl FnOnce() -> F + Send + 'a,
+    ) -> BoxedSend<'a>
+    where
+        F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
+    {
         let (gate, transport) = (&self.gate, self.inner.name());
         match &gate.memory {
             Some(memory) => {
@@ -184,7 +188,7 @@ impl<T: Transport> Transport for CircuitBreakerTransport<T> {
         'life2: 'async_trait,
         Self: 'async_trait,
     {
-        self.guarded(envelope, move || self.inner.send_raw(envelope, raw))
+        self.guarded(envelope, move || self.inner.send_raw_unboxed(envelope, raw))
     }
 
     fn send<'life0, 'life1, 'async_trait>(
@@ -196,7 +200,7 @@ impl<T: Transport> Transport for CircuitBreakerTransport<T> {
         'life1: 'async_trait,
         Self: 'async_trait,
     {
-        self.guarded(message.envelope(), move || self.inner.send(message))
+        self.guarded(message.envelope(), move || self.inner.send_unboxed(message))
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

@@ -6,7 +6,7 @@ use std::time::Duration;
 
 use futures::StreamExt;
 use mail_breaker::{
-    Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport,
+    Category, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport,
 };
 
 /// One scripted answer.
@@ -189,6 +189,14 @@ fn subject_of(raw: &[u8]) -> String {
         .unwrap_or_default()
 }
 
+impl Scripted {
+    /// Plays the next reply of the script for the message `raw`.
+    async fn reply_to(&self, raw: &[u8]) -> Result<Receipt, SendError> {
+        let reply = self.next_reply(raw);
+        self.play(reply).await
+    }
+}
+
 #[async_trait::async_trait]
 impl Transport for Scripted {
     fn name(&self) -> &str {
@@ -196,8 +204,27 @@ impl Transport for Scripted {
     }
 
     async fn send_raw(&self, _envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let reply = self.next_reply(raw);
-        self.play(reply).await
+        self.reply_to(raw).await
+    }
+
+    // The same sends unboxed, so that a breaker over this transport polls them in place: a
+    // future that is not `Unpin`, pinned inside the breaker's. (Transports that give only
+    // the boxed futures, such as `Flaky`, cover the default.)
+    // Not an `async fn`: `async_trait` would box that.
+    #[allow(clippy::manual_async_fn)]
+    fn send_unboxed<'a>(
+        &'a self,
+        message: &'a Message,
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        async move { self.reply_to(&message.formatted()).await }
+    }
+
+    fn send_raw_unboxed<'a>(
+        &'a self,
+        _envelope: &'a Envelope,
+        raw: &'a [u8],
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        self.reply_to(raw)
     }
 
     async fn verify(&self) -> Result<(), SendError> {

@@ -38,7 +38,9 @@ pub use builder::SmtpBuilder;
 pub use classify::{classify_smtp_error, classify_smtp_reply};
 
 use crate::time::later;
-use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
+use crate::{
+    Category, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport,
+};
 use connection::{Connection, ConnectionSettings};
 use lettre_pool::Unfinished;
 use pool::{ConnectionPool, PoolLimits};
@@ -287,15 +289,9 @@ impl SmtpTransport {
         pool.give_back(connection);
         Ok(())
     }
-}
 
-#[async_trait::async_trait]
-impl Transport for SmtpTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+    /// Sends one formatted message within the timeout: `send_raw`, as a future of its own.
+    async fn deliver(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let deadline = later(Instant::now(), self.timeout);
         let result = match &self.sender {
             Sender::Own(pool) => self.send_on_pool(pool, envelope, raw, deadline).await,
@@ -309,6 +305,36 @@ impl Transport for SmtpTransport {
             }
         };
         result.map_err(|error| error.with_transport(&self.name))
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SmtpTransport {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        self.deliver(envelope, raw).await
+    }
+
+    // Unboxed, a breaker over this transport polls the send inside its own future.
+
+    fn send_raw_unboxed<'a>(
+        &'a self,
+        envelope: &'a Envelope,
+        raw: &'a [u8],
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        self.deliver(envelope, raw)
+    }
+
+    // Not an `async fn`: `async_trait` would box that.
+    #[allow(clippy::manual_async_fn)]
+    fn send_unboxed<'a>(
+        &'a self,
+        message: &'a Message,
+    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
+        async move { self.deliver(message.envelope(), &message.formatted()).await }
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
