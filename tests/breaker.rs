@@ -142,6 +142,17 @@ async fn a_rejected_recipient_never_opens_the_breaker() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn a_rejected_recipient_never_opens_even_a_breaker_that_opens_on_one_failure() {
+    // The first answer of a breaker with no failure counted takes its quickest path: a
+    // refusal of the recipient must not count there either.
+    let inner = Scripted::answering("p", Reply::fail(Category::Rejected));
+    let breaker = opens_after_one_failure(&inner, Duration::from_secs(60));
+    let error = breaker.send(&message()).await.unwrap_err();
+    assert_eq!(error.category(), Category::Rejected);
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
 async fn a_message_the_provider_cannot_carry_never_opens_the_breaker() {
     let breaker = breaker(Scripted::answering("p", Reply::fail(Category::Unsupported)));
     for _ in 0..10 {
