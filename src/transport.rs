@@ -208,6 +208,34 @@ macro_rules! forward_transport {
 
 forward_transport!([] Arc<T>, [] Box<T>, ['r,] &'r T);
 
+/// Implements `send_raw_unboxed` and `send_unboxed` inside a `Transport` impl through the
+/// type's own `async fn deliver(&self, &Envelope, &[u8])`, which its `send_raw` awaits: a
+/// breaker over the transport then polls the send inside its own future.
+///
+/// Not `async fn`s: `async_trait` would box those (and it rewrites only the `async fn`s it
+/// sees, so `send_raw` itself stays in the impl).
+macro_rules! unboxed_through_deliver {
+    () => {
+        fn send_raw_unboxed<'a>(
+            &'a self,
+            envelope: &'a $crate::Envelope,
+            raw: &'a [u8],
+        ) -> impl Future<Output = Result<$crate::Receipt, $crate::SendError>> + Send + 'a {
+            self.deliver(envelope, raw)
+        }
+
+        #[allow(clippy::manual_async_fn)]
+        fn send_unboxed<'a>(
+            &'a self,
+            message: &'a $crate::Message,
+        ) -> impl Future<Output = Result<$crate::Receipt, $crate::SendError>> + Send + 'a {
+            async move { self.deliver(message.envelope(), &message.formatted()).await }
+        }
+    };
+}
+
+pub(crate) use unboxed_through_deliver;
+
 /// Implements `lettre::AsyncTransport<Ok = Receipt, Error = SendError>` for a wrapper of this
 /// crate, so that it drops into code written against lettre.
 macro_rules! lettre_async_transport {

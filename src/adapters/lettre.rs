@@ -2,7 +2,7 @@
 
 use std::fmt;
 
-use crate::{Envelope, Message, Receipt, SendError, Transport};
+use crate::{Envelope, Receipt, SendError, Transport};
 
 /// Wraps one of lettre's async transports, turning its errors into [`SendError`]s with `classify`.
 ///
@@ -70,24 +70,7 @@ where
         self.deliver(envelope, raw).await
     }
 
-    // Unboxed, a breaker over this transport polls the send inside its own future.
-
-    fn send_raw_unboxed<'a>(
-        &'a self,
-        envelope: &'a Envelope,
-        raw: &'a [u8],
-    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
-        self.deliver(envelope, raw)
-    }
-
-    // Not an `async fn`: `async_trait` would box that.
-    #[allow(clippy::manual_async_fn)]
-    fn send_unboxed<'a>(
-        &'a self,
-        message: &'a Message,
-    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
-        async move { self.deliver(message.envelope(), &message.formatted()).await }
-    }
+    crate::transport::unboxed_through_deliver!();
 }
 
 impl<L, C> LettreTransport<L, C>

@@ -38,9 +38,7 @@ pub use builder::SmtpBuilder;
 pub use classify::{classify_smtp_error, classify_smtp_reply};
 
 use crate::time::later;
-use crate::{
-    Category, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport,
-};
+use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 use connection::{Connection, ConnectionSettings};
 use lettre_pool::Unfinished;
 use pool::{ConnectionPool, PoolLimits};
@@ -318,24 +316,7 @@ impl Transport for SmtpTransport {
         self.deliver(envelope, raw).await
     }
 
-    // Unboxed, a breaker over this transport polls the send inside its own future.
-
-    fn send_raw_unboxed<'a>(
-        &'a self,
-        envelope: &'a Envelope,
-        raw: &'a [u8],
-    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
-        self.deliver(envelope, raw)
-    }
-
-    // Not an `async fn`: `async_trait` would box that.
-    #[allow(clippy::manual_async_fn)]
-    fn send_unboxed<'a>(
-        &'a self,
-        message: &'a Message,
-    ) -> impl Future<Output = Result<Receipt, SendError>> + Send + 'a {
-        async move { self.deliver(message.envelope(), &message.formatted()).await }
-    }
+    crate::transport::unboxed_through_deliver!();
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
         crate::transport::send_concurrently(self, messages, self.concurrency)
