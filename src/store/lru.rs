@@ -6,26 +6,25 @@
 //! allocates nothing for a key of up to 46 bytes; and an entry used again while it is in the
 //! newer half of its list stays where it is, so a hit writes no links.
 
-use std::collections::HashMap;
-use std::hash::{BuildHasher, BuildHasherDefault, Hasher};
+use std::hash::BuildHasher;
+
+use hashbrown::HashTable;
 
 use crate::inline::InlineStr;
 
 const NIL: usize = usize::MAX;
 
 /// An entry, laid out for the churn of new keys: its first cache line holds the key (in
-/// place, when it is as short as nearly every domain) with its hash and the next of the same
-/// hash, which a lookup reads; the next lines hold its links and value, which a change
-/// writes. A new key written over a forgotten one then touches the entry alone, not a
+/// place, when it is as short as nearly every domain) with its hash, which a lookup reads;
+/// the next lines hold its links and value, which a change writes. A new key written over a forgotten one then touches the entry alone, not a
 /// buffer elsewhere on the heap.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Entry<V> {
     key: Key,
-    /// The key's hash, kept so that forgetting the entry needs no second hash.
+    /// The key's hash, kept so that forgetting the entry, or growing the index, needs no
+    /// second hash.
     hash: u64,
-    /// The next entry whose key has the same hash (almost never one).
-    same_hash: usize,
     newer: usize,
     older: usize,
     /// Its list's clock when it was linked as the newest.
@@ -40,8 +39,9 @@ type Key = InlineStr<46>;
 /// Two recency lists threaded through one slab: index 0 for entries cheap to forget, 1 for the rest.
 #[derive(Debug)]
 pub(crate) struct BoundedMap<V> {
-    /// From a key's hash to the first entry with that hash: the keys live once, in the slab.
-    index: HashMap<u64, usize, BuildHasherDefault<AlreadyHashed>>,
+    /// Where each entry is, by its key's hash: the table holds entry numbers, and the keys
+    /// live once, in the slab. Keys of one hash each have their own place in it.
+    index: HashTable<usize>,
     /// Keyed per map, so that no sender can choose domains that collide.
     hasher: foldhash::fast::RandomState,
     slab: Vec<Entry<V>>,
@@ -53,31 +53,10 @@ pub(crate) struct BoundedMap<V> {
     capacity: usize,
 }
 
-/// The hasher of `index`, whose keys are hashes already.
-#[derive(Debug, Default)]
-struct AlreadyHashed(u64);
-
-impl Hasher for AlreadyHashed {
-    fn finish(&self) -> u64 {
-        self.0
-    }
-
-    fn write(&mut self, bytes: &[u8]) {
-        // Only `write_u64` is ever called; this keeps the hasher whole all the same.
-        for &byte in bytes {
-            self.0 = self.0.rotate_left(8) ^ u64::from(byte);
-        }
-    }
-
-    fn write_u64(&mut self, hash: u64) {
-        self.0 = hash;
-    }
-}
-
 impl<V> BoundedMap<V> {
     pub(crate) fn new(capacity: usize) -> Self {
         BoundedMap {
-            index: HashMap::default(),
+            index: HashTable::new(),
             hasher: foldhash::fast::RandomState::default(),
             slab: Vec::new(),
             newest: [NIL; 2],
@@ -145,14 +124,13 @@ impl<V> BoundedMap<V> {
             }
         }
         let hash = self.hasher.hash_one(key);
-        let mut at = self.index.get(&hash).copied().unwrap_or(NIL);
-        while at != NIL {
-            if self.slab[at].key.is(key) {
-                return Ok(at);
-            }
-            at = self.slab[at].same_hash;
-        }
-        Err(hash)
+        self.lookup(key, hash).ok_or(hash)
+    }
+
+    /// Where `key`, whose hash is `hash`, is in the index.
+    fn lookup(&self, key: &str, hash: u64) -> Option<usize> {
+        let slab = &self.slab;
+        self.index.find(hash, |&at| slab[at].key.is(key)).copied()
     }
 
     /// Puts a new entry in a free place, or in the place of the oldest entry when full, and
@@ -162,7 +140,6 @@ impl<V> BoundedMap<V> {
             self.slab.push(Entry {
                 key: Key::new(key),
                 hash,
-                same_hash: NIL,
                 newer: NIL,
                 older: NIL,
                 linked_at: 0,
@@ -186,32 +163,21 @@ impl<V> BoundedMap<V> {
             entry.cheap = true;
             victim
         };
-        self.slab[at].same_hash = self.index.insert(hash, at).unwrap_or(NIL);
+        // The key is known to be missing: no comparison with the others of its hash.
+        let slab = &self.slab;
+        self.index.insert_unique(hash, at, |&at| slab[at].hash);
         self.link_newest(at);
         at
     }
 
-    /// Takes the entry at `at` out of the index.
+    /// Takes the entry at `at` out of the index: found by its number among those of its
+    /// hash, without reading their keys.
     fn unindex(&mut self, at: usize) {
-        let (hash, next) = (self.slab[at].hash, self.slab[at].same_hash);
-        let Some(first) = self.index.get_mut(&hash) else {
-            return;
-        };
-        if *first == at {
-            if next == NIL {
-                self.index.remove(&hash);
-            } else {
-                *first = next;
-            }
-            return;
-        }
-        let mut before = *first;
-        while before != NIL {
-            if self.slab[before].same_hash == at {
-                self.slab[before].same_hash = next;
-                return;
-            }
-            before = self.slab[before].same_hash;
+        if let Ok(place) = self
+            .index
+            .find_entry(self.slab[at].hash, |&other| other == at)
+        {
+            place.remove();
         }
     }
 
@@ -295,21 +261,20 @@ mod tests {
             .iter()
             .map(|key| map.insert(key, 7, 0u32))
             .collect();
-        let chain = |map: &BoundedMap<u32>| {
-            let mut keys = Vec::new();
-            let mut at = map.index.get(&7).copied().unwrap_or(NIL);
-            while at != NIL {
-                keys.push(map.slab[at].key.as_str().to_owned());
-                at = map.slab[at].same_hash;
-            }
-            keys
+        let found = |map: &BoundedMap<u32>| {
+            ["a", "b", "c"]
+                .iter()
+                .map(|key| map.lookup(key, 7))
+                .collect::<Vec<_>>()
         };
-        assert_eq!(chain(&map), ["c", "b", "a"]);
-        map.unindex(slots[1]);
-        assert_eq!(chain(&map), ["c", "a"]);
-        map.unindex(slots[2]);
-        assert_eq!(chain(&map), ["a"]);
-        map.unindex(slots[0]);
+        let [a, b, c] = [slots[0], slots[1], slots[2]];
+        assert_eq!(found(&map), [Some(a), Some(b), Some(c)]);
+        assert_eq!(map.lookup("d", 7), None, "a missing key of the same hash");
+        map.unindex(b);
+        assert_eq!(found(&map), [Some(a), None, Some(c)]);
+        map.unindex(c);
+        assert_eq!(found(&map), [Some(a), None, None]);
+        map.unindex(a);
         assert!(map.index.is_empty());
     }
 
@@ -370,34 +335,6 @@ mod tests {
             map.peek_mut("k130", |_| ()).is_none(),
             "the oldest went first"
         );
-    }
-
-    #[test]
-    fn the_index_hasher_gives_byte_strings_their_own_hashes() {
-        let hash = |bytes: &[u8]| {
-            let mut hasher = AlreadyHashed::default();
-            hasher.write(bytes);
-            hasher.finish()
-        };
-        // Nine bytes: the first is rotated all the way round onto the last.
-        let wrapped = |first: u8, last: u8| hash(&[first, 0, 0, 0, 0, 0, 0, 0, last]);
-        let hashes = [
-            hash(b""),
-            hash(b"a"),
-            hash(b"b"),
-            hash(b"ab"),
-            hash(b"ba"),
-            wrapped(3, 1),
-            wrapped(2, 3),
-        ];
-        for (i, one) in hashes.iter().enumerate() {
-            for other in &hashes[i + 1..] {
-                assert_ne!(one, other);
-            }
-        }
-        let mut hasher = AlreadyHashed::default();
-        hasher.write_u64(42);
-        assert_eq!(hasher.finish(), 42, "a hash is its own hash");
     }
 
     #[test]
