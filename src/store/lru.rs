@@ -16,8 +16,8 @@ const NIL: usize = usize::MAX;
 
 /// An entry, laid out for the churn of new keys: its first cache line holds the key (in
 /// place, when it is as short as nearly every domain) with its hash, which a lookup reads;
-/// the next lines hold its links and value, which a change writes. A new key written over a forgotten one then touches the entry alone, not a
-/// buffer elsewhere on the heap.
+/// the rest holds its links and value, which a change writes. A new key written over a
+/// forgotten one then touches the entry alone, not a buffer elsewhere on the heap.
 #[derive(Debug)]
 #[repr(C, align(64))]
 struct Entry<V> {
@@ -85,7 +85,7 @@ impl<V> BoundedMap<V> {
     ) -> R {
         let at = match self.find(key) {
             Ok(at) => at,
-            Err(hash) => self.insert(key, hash, make()),
+            Err(hash) => self.insert(key, hash, make),
         };
         let result = f(&mut self.slab[at].value);
         let cheap = is_cheap(&self.slab[at].value);
@@ -135,7 +135,8 @@ impl<V> BoundedMap<V> {
 
     /// Puts a new entry in a free place, or in the place of the oldest entry when full, and
     /// links it as the newest of the cheap list.
-    fn insert(&mut self, key: &str, hash: u64, value: V) -> usize {
+    /// The value is made in its place, not moved there.
+    fn insert(&mut self, key: &str, hash: u64, make: impl FnOnce() -> V) -> usize {
         let at = if self.slab.len() < self.capacity {
             self.slab.push(Entry {
                 key: Key::new(key),
@@ -144,7 +145,7 @@ impl<V> BoundedMap<V> {
                 older: NIL,
                 linked_at: 0,
                 cheap: true,
-                value,
+                value: make(),
             });
             self.slab.len() - 1
         } else {
@@ -159,7 +160,7 @@ impl<V> BoundedMap<V> {
             // The new key takes the forgotten one's place in the entry itself.
             entry.key.set(key);
             entry.hash = hash;
-            entry.value = value;
+            entry.value = make();
             entry.cheap = true;
             victim
         };
@@ -259,7 +260,7 @@ mod tests {
         let mut map = BoundedMap::new(8);
         let slots: Vec<usize> = ["a", "b", "c"]
             .iter()
-            .map(|key| map.insert(key, 7, 0u32))
+            .map(|key| map.insert(key, 7, || 0u32))
             .collect();
         let found = |map: &BoundedMap<u32>| {
             ["a", "b", "c"]
