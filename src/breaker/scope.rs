@@ -67,16 +67,35 @@ impl Scope {
 
 /// `domain` in lower case, borrowed when it already is.
 fn lower_case(domain: &str) -> Cow<'_, str> {
-    // One pass without a branch per byte: a byte past ASCII or an upper-case letter needs
-    // the lower-cased copy.
-    let needs_copy = domain.bytes().fold(false, |needs, byte| {
-        needs | matches!(byte, b'A'..=b'Z' | 0x80..=0xFF)
-    });
-    if !needs_copy {
+    if !needs_lower_casing(domain.as_bytes()) {
         Cow::Borrowed(domain)
     } else {
         Cow::Owned(domain.to_lowercase())
     }
+}
+
+/// Whether any byte is an upper-case ASCII letter or past ASCII (which lower-casing may
+/// change): eight bytes at a time, without a branch per byte.
+fn needs_lower_casing(bytes: &[u8]) -> bool {
+    let (words, rest) = bytes.as_chunks::<8>();
+    // Zero bytes after the rest: neither a letter nor past ASCII.
+    let mut last = [0; 8];
+    last[..rest.len()].copy_from_slice(rest);
+    words.iter().chain([&last]).fold(false, |needs, word| {
+        needs | word_needs_lower_casing(u64::from_le_bytes(*word))
+    })
+}
+
+/// The rule of [`needs_lower_casing`] for eight bytes in one word. Each byte's low seven
+/// bits plus a constant set its high bit exactly when they reach a bound; no sum carries
+/// into the next byte (at most 0x7F + 0x3F).
+fn word_needs_lower_casing(word: u64) -> bool {
+    const EACH: u64 = 0x0101_0101_0101_0101;
+    const HIGH: u64 = 0x8080_8080_8080_8080;
+    let low = word & !HIGH;
+    let from_a = low + EACH * u64::from(0x80 - b'A');
+    let past_z = low + EACH * u64::from(0x80 - b'Z' - 1);
+    (from_a & !past_z | word) & HIGH != 0
 }
 
 impl fmt::Debug for Scope {
@@ -107,5 +126,59 @@ impl Keys<'_> {
                     .collect(),
             ),
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The rule, a byte at a time.
+    fn changes_when_lower_cased(byte: u8) -> bool {
+        byte.is_ascii_uppercase() || !byte.is_ascii()
+    }
+
+    #[test]
+    fn every_byte_value_at_every_place_is_judged_by_the_rule() {
+        for length in 1..=17 {
+            for place in 0..length {
+                for byte in 0..=u8::MAX {
+                    let mut bytes = vec![b'a'; length];
+                    bytes[place] = byte;
+                    assert_eq!(
+                        needs_lower_casing(&bytes),
+                        changes_when_lower_cased(byte),
+                        "byte {byte:#04x} at {place} of {length}"
+                    );
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn bytes_that_need_nothing_need_nothing_whatever_their_neighbours() {
+        // The bounds' neighbours side by side: no carry from one byte may reach the next.
+        let near = [
+            b'@', b'[', b'`', b'{', 0x7F, 0x00, b'0', b'9', b'.', b'-', b'z', b'a',
+        ];
+        for first in near {
+            for second in near {
+                let bytes = [
+                    first, second, first, second, first, second, first, second, first,
+                ];
+                assert!(!needs_lower_casing(&bytes), "{bytes:?}");
+            }
+        }
+        assert!(!needs_lower_casing(b""));
+    }
+
+    #[test]
+    fn a_domain_in_lower_case_is_borrowed_and_one_with_capitals_is_lower_cased() {
+        assert!(matches!(
+            lower_case("d12345.example"),
+            Cow::Borrowed("d12345.example")
+        ));
+        assert_eq!(lower_case("D12345.Example"), "d12345.example");
+        assert_eq!(lower_case("ÉCOLE.example"), "école.example");
     }
 }
