@@ -149,6 +149,8 @@ impl<V> BoundedMap<V> {
             });
             self.slab.len() - 1
         } else {
+            // Made before the map changes, so that nothing is left half done if it panics.
+            let value = make();
             let victim = if self.oldest[0] != NIL {
                 self.oldest[0]
             } else {
@@ -160,7 +162,7 @@ impl<V> BoundedMap<V> {
             // The new key takes the forgotten one's place in the entry itself.
             entry.key.set(key);
             entry.hash = hash;
-            entry.value = make();
+            entry.value = value;
             entry.cheap = true;
             victim
         };
