@@ -78,12 +78,36 @@ fn lower_case(domain: &str) -> Cow<'_, str> {
 /// change): eight bytes at a time, without a branch per byte.
 fn needs_lower_casing(bytes: &[u8]) -> bool {
     let (words, rest) = bytes.as_chunks::<8>();
-    // Zero bytes after the rest: neither a letter nor past ASCII.
-    let mut last = [0; 8];
-    last[..rest.len()].copy_from_slice(rest);
-    words.iter().chain([&last]).fold(false, |needs, word| {
+    let whole = words.iter().fold(false, |needs, word| {
         needs | word_needs_lower_casing(u64::from_le_bytes(*word))
-    })
+    });
+    // The rest is read as one word straight from the bytes, never copied into a buffer
+    // first: a word loaded over the bytes just stored into it waits for those stores.
+    // Bytes judged twice are judged the same.
+    let rest = match bytes.last_chunk::<8>() {
+        _ if rest.is_empty() => 0,
+        Some(last) => u64::from_le_bytes(*last),
+        None => short_word(rest),
+    };
+    whole | word_needs_lower_casing(rest)
+}
+
+/// One to seven bytes as a word that holds each of them (some twice) and zero bytes
+/// otherwise, which are neither letters nor past ASCII.
+fn short_word(bytes: &[u8]) -> u64 {
+    let n = bytes.len();
+    match (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
+        (Some(first), Some(last)) => {
+            u64::from(u32::from_le_bytes(*first)) | u64::from(u32::from_le_bytes(*last)) << 32
+        }
+        // One to three bytes: the first, the middle and the last are all of them.
+        _ => [0, n / 2, n.saturating_sub(1)]
+            .iter()
+            .enumerate()
+            .fold(0, |word, (place, &at)| {
+                word | u64::from(bytes.get(at).copied().unwrap_or(0)) << (8 * place)
+            }),
+    }
 }
 
 /// The rule of [`needs_lower_casing`] for eight bytes in one word. Each byte's low seven
