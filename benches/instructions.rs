@@ -18,7 +18,7 @@ use guards::{
     FAILING, FailsafeTransport, OK, RecloserTransport, domain_envelopes, failsafe, message,
     recloser,
 };
-use mail_breaker::{CircuitBreakerTransport, Scope, Transport};
+use mail_breaker::{CircuitBreakerTransport, Envelope, Scope, Transport};
 
 /// Sends counted, and sends made before the count in both runs (they fill the churn's map).
 const SENDS: u64 = 100_000;
@@ -28,7 +28,7 @@ const DOMAINS: usize = 100_000;
 const MAX_KEYS: usize = 10_000;
 
 /// Every case: its name in the table and what it measures.
-const CASES: [(&str, &str); 9] = [
+const CASES: [(&str, &str); 12] = [
     ("bare", "bare transport, `send`"),
     ("breaker", "**mail-breaker**, closed"),
     ("failsafe_transport", "failsafe as `Transport`, closed"),
@@ -46,6 +46,18 @@ const CASES: [(&str, &str); 9] = [
     (
         "per_domain_churn",
         "**mail-breaker**, `Scope::RecipientDomain`, the same sends",
+    ),
+    (
+        "bare_raw_failing",
+        "bare transport, `send_raw` to a new domain each time, failing",
+    ),
+    (
+        "per_transport_failing",
+        "**mail-breaker**, `Scope::Transport`, the same failing sends",
+    ),
+    (
+        "per_domain_churn_failing",
+        "**mail-breaker**, `Scope::RecipientDomain`, the same failing sends",
     ),
 ];
 
@@ -88,6 +100,21 @@ fn main() {
     }
 }
 
+/// A breaker per recipient domain, as in `overhead`'s `domains` group: with the default
+/// rules for sends that succeed, and for sends that fail, a threshold they never reach.
+fn per_domain(inner: guards::Immediate) -> CircuitBreakerTransport<guards::Immediate> {
+    let fail = inner.fail;
+    let breaker = CircuitBreakerTransport::builder(inner)
+        .scope(Scope::RecipientDomain)
+        .max_keys(MAX_KEYS);
+    match fail {
+        true => breaker.failure_threshold(u32::MAX),
+        false => breaker,
+    }
+    .build()
+    .expect("a valid breaker")
+}
+
 /// Runs `sends` sends of `case` on a current-thread runtime.
 fn run(case: &str, sends: u64) {
     let rt = tokio::runtime::Builder::new_current_thread()
@@ -97,7 +124,7 @@ fn run(case: &str, sends: u64) {
     let message = message();
     // Only the churn's cases read envelopes: made for the others, they would be most of the
     // profile of a closed send.
-    let envelopes = if case.ends_with("raw") || case.starts_with("per_") {
+    let envelopes = if case.contains("raw") || case.starts_with("per_") {
         domain_envelopes(DOMAINS)
     } else {
         Vec::new()
@@ -168,11 +195,34 @@ fn run(case: &str, sends: u64) {
                 }
             }
             "per_domain_churn" => {
-                let breaker = CircuitBreakerTransport::builder(OK)
-                    .scope(Scope::RecipientDomain)
-                    .max_keys(MAX_KEYS)
+                let breaker = per_domain(OK);
+                for i in 0..sends {
+                    black_box(breaker.send_raw(envelope(i), raw).await.is_ok());
+                }
+            }
+            "bare_raw_failing" => {
+                for i in 0..sends {
+                    black_box(FAILING.send_raw(envelope(i), raw).await.is_ok());
+                }
+            }
+            "per_transport_failing" => {
+                let breaker = CircuitBreakerTransport::builder(FAILING)
+                    .failure_threshold(u32::MAX)
                     .build()
                     .expect("a valid breaker");
+                for i in 0..sends {
+                    black_box(breaker.send_raw(envelope(i), raw).await.is_ok());
+                }
+            }
+            "per_domain_churn_failing" => {
+                let breaker = per_domain(FAILING);
+                // The first domain is kept apart from the map: one outside the churn.
+                let outside = Envelope::new(
+                    None,
+                    vec!["user@outside.example".parse().expect("a valid recipient")],
+                )
+                .expect("a valid envelope");
+                let _ = breaker.send_raw(&outside, raw).await;
                 for i in 0..sends {
                     black_box(breaker.send_raw(envelope(i), raw).await.is_ok());
                 }

@@ -1,6 +1,8 @@
 //! Peak memory of a breaker per recipient domain over 1,000,000 distinct domains, with
 //! `max_keys` 10,000: the store forgets the least recently used closed breakers, so memory
-//! stays flat however many domains pass through.
+//! stays flat however many domains pass through. Every send here fails once (the provider
+//! is down for each domain), which is what makes the store keep a domain: a domain whose
+//! sends only succeed takes no place at all.
 //!
 //! ```text
 //! cargo run --release --example domain_memory
@@ -12,27 +14,28 @@
 use std::time::Instant;
 
 use mail_breaker::{
-    CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, Transport,
+    Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, Transport,
 };
 
 const DOMAINS: u32 = 1_000_000;
 const MAX_KEYS: usize = 10_000;
 
-/// Delivers every message at once and keeps nothing.
-struct Delivers;
+/// Fails every message at once, as a provider that refuses each domain: each domain's
+/// breaker counts one failure, too few to open it, and is kept.
+struct Fails;
 
 #[async_trait::async_trait]
-impl Transport for Delivers {
+impl Transport for Fails {
     fn name(&self) -> &str {
-        "delivers"
+        "fails"
     }
 
     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
-        Ok(Receipt::new("delivers"))
+        Err(SendError::new(Category::Network, "example.down", "down"))
     }
 
     async fn send(&self, _message: &Message) -> Result<Receipt, SendError> {
-        Ok(Receipt::new("delivers"))
+        Err(SendError::new(Category::Network, "example.down", "down"))
     }
 }
 
@@ -54,7 +57,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_all()
         .build()?;
-    let breaker = CircuitBreakerTransport::builder(Delivers)
+    let breaker = CircuitBreakerTransport::builder(Fails)
         .scope(Scope::RecipientDomain)
         .max_keys(MAX_KEYS)
         .build()?;
@@ -65,9 +68,10 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
         for i in 0..DOMAINS {
             let recipient = lettre::Address::new("user", format!("d{i}.example"))?;
             let envelope = Envelope::new(Some(sender.clone()), vec![recipient])?;
-            breaker
+            let failed = breaker
                 .send_raw(&envelope, b"Subject: hi\r\n\r\nhello")
-                .await?;
+                .await;
+            assert!(failed.is_err_and(|error| error.code() == "example.down"));
         }
         Ok::<_, Box<dyn std::error::Error>>(())
     })?;

@@ -9,6 +9,7 @@
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
+use std::sync::atomic::{AtomicBool, Ordering};
 
 use mail_breaker::{
     Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, State,
@@ -77,6 +78,24 @@ impl Transport for Immediate {
 
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
         self.send_raw(message.envelope(), b"").await
+    }
+}
+
+/// Whether [`Switch`] fails: set by the one test that uses it.
+static SWITCH_FAILS: AtomicBool = AtomicBool::new(false);
+
+/// [`Immediate`], failing or delivering as [`SWITCH_FAILS`] says.
+struct Switch;
+
+#[async_trait::async_trait]
+impl Transport for Switch {
+    fn name(&self) -> &str {
+        "switch"
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let fail = SWITCH_FAILS.load(Ordering::Relaxed);
+        Immediate { fail }.send_raw(envelope, raw).await
     }
 }
 
@@ -193,40 +212,79 @@ fn a_refusal_allocates_only_the_breakers_own_future() {
 
 #[test]
 fn a_send_to_a_tracked_domain_allocates_only_the_breakers_own_future() {
-    let breaker = CircuitBreakerTransport::builder(Immediate { fail: false })
+    let breaker = CircuitBreakerTransport::builder(Switch)
         .scope(Scope::RecipientDomain)
         .build()
         .expect("a valid breaker");
-    // The first domain a store sees is kept apart; the others share its bounded map.
+    // The first domain a store sees is kept apart; the others share its bounded map, which
+    // keeps a domain from its first failure: one each, too few to open its breaker.
     let envelopes: Vec<Envelope> = (0..50)
         .map(|i| envelope_to(&format!("user@d{i}.example")))
         .collect();
+    SWITCH_FAILS.store(true, Ordering::Relaxed);
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .build()
+        .expect("a Tokio runtime");
+    runtime.block_on(async {
+        for envelope in &envelopes {
+            assert!(breaker.send_raw(envelope, b"hello").await.is_err());
+        }
+    });
+    SWITCH_FAILS.store(false, Ordering::Relaxed);
+    assert_eq!(breaker.tracked_keys(), 50);
     let sent = per_send(&breaker, &envelopes);
     assert_eq!(breaker.tracked_keys(), 50);
+    assert_eq!(breaker.state_of("d49.example"), State::Closed);
     assert_eq!(
-        sent - bare(),
+        sent - per_send(&Switch, &envelopes),
         1.0,
         "{sent} allocations per domain-scoped send"
     );
 }
 
 #[test]
-fn domains_churning_through_a_full_map_allocate_no_keys() {
+fn a_send_to_a_domain_the_breaker_does_not_track_allocates_only_the_breakers_own_future() {
     let breaker = CircuitBreakerTransport::builder(Immediate { fail: false })
         .scope(Scope::RecipientDomain)
         .max_keys(100)
         .build()
         .expect("a valid breaker");
-    // 1,000 domains of one length through 100 places: every send forgets one and keeps a
-    // new one in the forgotten one's buffer.
+    // Domains that only succeed take no place in the map: each send decides on a new
+    // breaker and keeps nothing.
     let envelopes: Vec<Envelope> = (0..1_000)
         .map(|i| envelope_to(&format!("user@d{i:04}.example")))
         .collect();
     let sent = per_send(&breaker, &envelopes);
-    assert_eq!(breaker.tracked_keys(), 100);
+    assert_eq!(breaker.tracked_keys(), 1, "the first domain, kept apart");
     assert_eq!(
         sent - bare(),
         1.0,
-        "{sent} allocations per send of a new domain"
+        "{sent} allocations per send of an untracked domain"
+    );
+}
+
+#[test]
+fn failing_domains_churning_through_a_full_map_allocate_no_keys() {
+    let breaker = CircuitBreakerTransport::builder(Immediate { fail: true })
+        .scope(Scope::RecipientDomain)
+        .max_keys(100)
+        .build()
+        .expect("a valid breaker");
+    // 1,000 domains of one length through 100 places, one failure each (too few to open a
+    // breaker): every send forgets one and keeps a new one in the forgotten one's buffer.
+    let envelopes: Vec<Envelope> = (0..1_000)
+        .map(|i| envelope_to(&format!("user@d{i:04}.example")))
+        .collect();
+    // The first domain, kept apart from the map and never forgotten, is not one of them:
+    // its failures would add up until it opened.
+    let _ = per_send(&breaker, &[envelope_to("user@first.example")]);
+    let failed = per_send(&breaker, &envelopes);
+    assert_eq!(breaker.tracked_keys(), 100);
+    assert_eq!(breaker.state_of("d0999.example"), State::Closed);
+    let bare = per_send(&Immediate { fail: true }, &envelopes);
+    assert_eq!(
+        failed - bare,
+        1.0,
+        "{failed} allocations per failed send of a new domain"
     );
 }

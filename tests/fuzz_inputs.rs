@@ -242,8 +242,10 @@ proptest! {
 }
 
 #[test]
-fn ten_thousand_huge_distinct_domains_keep_the_tracked_keys_within_the_bound() {
-    let breakers = CircuitBreakerTransport::builder(Scripted::new("provider"))
+fn ten_thousand_huge_distinct_failing_domains_keep_the_tracked_keys_within_the_bound() {
+    // One failure each: a domain is tracked from its first failure.
+    let failing = Scripted::answering("provider", Reply::fail(Category::Network));
+    let breakers = CircuitBreakerTransport::builder(failing)
         .scope(Scope::RecipientDomain)
         .store(Arc::new(MemoryStore::with_max_keys(100)))
         .build()
@@ -257,7 +259,7 @@ fn ten_thousand_huge_distinct_domains_keep_the_tracked_keys_within_the_bound() {
             breakers
                 .send_raw(&envelope, b"hi")
                 .await
-                .expect("delivered");
+                .expect_err("failed");
             assert!(breakers.tracked_keys() <= 100);
         }
     });

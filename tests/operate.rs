@@ -102,27 +102,40 @@ async fn a_snapshot_under_error_rate_counting_tells_the_failure_rate_in_the_wind
 async fn snapshots_list_every_tracked_key() {
     let inner = Scripted::new("p");
     let breaker = CircuitBreakerTransport::builder(inner.clone())
-        .failure_threshold(1)
+        .failure_threshold(2)
         .scope(Scope::RecipientDomain)
         .build()
         .expect("valid settings");
-    inner.then([failure()]);
-    let _ = breaker.send(&message_to("a@down.example")).await;
+    inner.then([failure(), failure(), failure()]);
+    for to in ["a@down.example", "b@down.example", "c@flaky.example"] {
+        let _ = breaker.send(&message_to(to)).await;
+    }
+    // A domain whose sends only succeed is not tracked: its breaker is as a new one is.
     breaker
-        .send(&message_to("b@up.example"))
+        .send(&message_to("d@up.example"))
         .await
         .expect("delivered");
 
     let mut snapshots = breaker.snapshots().await;
     snapshots.sort_by(|a, b| a.key().cmp(b.key()));
-    let seen: Vec<_> = snapshots.iter().map(|s| (s.key(), s.state())).collect();
+    let seen: Vec<_> = snapshots
+        .iter()
+        .map(|s| (s.key(), s.state(), s.failures()))
+        .collect();
     assert_eq!(
         seen,
-        [("down.example", State::Open), ("up.example", State::Closed)]
+        [
+            ("down.example", State::Open, 2),
+            ("flaky.example", State::Closed, 1)
+        ]
     );
     assert_eq!(
         breaker.snapshot_of("down.example").await.state(),
         State::Open
+    );
+    assert_eq!(
+        breaker.snapshot_of("up.example").await.state(),
+        State::Closed
     );
 }
 

@@ -165,24 +165,25 @@ async fn the_state_of_a_key_never_seen_is_closed() {
     assert_eq!(breaker.tracked_keys(), 0);
 }
 
-/// A provider that delivers everything and keeps nothing, for sends by the million.
+/// A provider that fails every send at once, for sends by the million.
 #[derive(Debug)]
-struct Delivers;
+struct Fails;
 
 #[async_trait::async_trait]
-impl Transport for Delivers {
+impl Transport for Fails {
     fn name(&self) -> &str {
-        "delivers"
+        "fails"
     }
 
     async fn send_raw(&self, _: &Envelope, _: &[u8]) -> Result<Receipt, SendError> {
-        Ok(Receipt::new("delivers"))
+        Err(SendError::new(Category::Network, "test.down", "down"))
     }
 }
 
 #[tokio::test(start_paused = true)]
-async fn a_million_recipient_domains_keep_at_most_max_keys_breakers() {
-    let breaker = CircuitBreakerTransport::builder(Delivers)
+async fn a_million_failing_recipient_domains_keep_at_most_max_keys_breakers() {
+    // One failure each: a domain is tracked from its first failure.
+    let breaker = CircuitBreakerTransport::builder(Fails)
         .scope(Scope::RecipientDomain)
         .max_keys(10_000)
         .build()
@@ -191,7 +192,7 @@ async fn a_million_recipient_domains_keep_at_most_max_keys_breakers() {
     for i in 0..1_000_000u32 {
         let to = lettre::Address::new("user", format!("d{i}.example")).expect("a recipient");
         let envelope = Envelope::new(Some(from.clone()), vec![to]).expect("an envelope");
-        assert!(breaker.send_raw(&envelope, b"hello").await.is_ok());
+        assert!(breaker.send_raw(&envelope, b"hello").await.is_err());
         if i % 100_000 == 0 {
             assert!(breaker.tracked_keys() <= 10_000);
         }
@@ -230,4 +231,55 @@ async fn messages_to_the_same_domains_in_any_order_take_their_probes_in_one_orde
         "one message took both probes: {one:?} / {other:?}"
     );
     assert_eq!(inner.sends(), 2, "the first failure, then one probe");
+}
+
+/// A provider that fails every send to one domain and delivers the rest.
+#[derive(Debug)]
+struct FailsFor(&'static str);
+
+#[async_trait::async_trait]
+impl Transport for FailsFor {
+    fn name(&self) -> &str {
+        "fails-for"
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, _: &[u8]) -> Result<Receipt, SendError> {
+        if envelope.to().iter().any(|to| to.domain() == self.0) {
+            Err(SendError::new(Category::Network, "test.down", "down"))
+        } else {
+            Ok(Receipt::new("fails-for"))
+        }
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_flood_of_domains_that_succeed_keeps_the_count_of_one_that_fails() {
+    let breaker = CircuitBreakerTransport::builder(FailsFor("flaky.example"))
+        .scope(Scope::RecipientDomain)
+        .failure_threshold(3)
+        .max_keys(100)
+        .build()
+        .expect("valid settings");
+    let from: lettre::Address = "app@example.com".parse().expect("a sender");
+    let send_to = |domain: String| {
+        let to = lettre::Address::new("user", domain).expect("a recipient");
+        Envelope::new(Some(from.clone()), vec![to]).expect("an envelope")
+    };
+    // The first domain is kept apart from the others, never forgotten.
+    let first = send_to("first.example".into());
+    assert!(breaker.send_raw(&first, b"hi").await.is_ok());
+    for _ in 0..2 {
+        let _ = breaker
+            .send_raw(&send_to("flaky.example".into()), b"hi")
+            .await;
+    }
+    // Ten times as many healthy domains as the breaker keeps: none takes a place.
+    for i in 0..1_000 {
+        let healthy = send_to(format!("d{i}.example"));
+        assert!(breaker.send_raw(&healthy, b"hi").await.is_ok());
+    }
+    let _ = breaker
+        .send_raw(&send_to("flaky.example".into()), b"hi")
+        .await;
+    assert_eq!(breaker.state_of("flaky.example"), State::Open);
 }

@@ -137,8 +137,9 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
     }
 
     /// How many keys the default [`MemoryStore`] tracks (default 10,000); the least recently
-    /// used closed breakers are forgotten first. A store given with [`store`](Self::store)
-    /// keeps its own bound.
+    /// used closed breakers are forgotten first. A key is tracked from its first failure
+    /// (see [`MemoryStore`]), so domains that only succeed take no place. A store given with
+    /// [`store`](Self::store) keeps its own bound.
     pub fn max_keys(mut self, max_keys: usize) -> Self {
         self.max_keys = max_keys;
         self

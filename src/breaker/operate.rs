@@ -34,7 +34,8 @@ impl<T: Transport> CircuitBreakerTransport<T> {
         gate.store.snapshot(key, &gate.rules, &gate.late).await
     }
 
-    /// A snapshot of every key the store tracks; with a `RedisStore`, every key of its
+    /// A snapshot of every key the store tracks (see
+    /// [`tracked_keys`](crate::CircuitBreakerTransport::tracked_keys)); with a `RedisStore`, every key of its
     /// namespace in Redis.
     ///
     /// ```

@@ -73,9 +73,6 @@ impl<V> BoundedMap<V> {
 
     /// Runs `f` on the entry for `key`, made with `make` if missing, and marks it recently
     /// used. `is_cheap` says, after `f`, whether the entry may be forgotten first.
-    ///
-    /// An entry already in the newer half of its list is left in place: it is not the next
-    /// to be forgotten, and moving it would write to three entries on every hit.
     pub(crate) fn with<R>(
         &mut self,
         key: &str,
@@ -87,6 +84,32 @@ impl<V> BoundedMap<V> {
             Ok(at) => at,
             Err(hash) => self.insert(key, hash, make),
         };
+        self.use_entry(at, is_cheap, f)
+    }
+
+    /// Runs `f` on the entry for `key` and marks it recently used, if there is one; a
+    /// missing key is not added.
+    pub(crate) fn with_existing<R>(
+        &mut self,
+        key: &str,
+        is_cheap: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> Option<R> {
+        let at = self.find(key).ok()?;
+        Some(self.use_entry(at, is_cheap, f))
+    }
+
+    /// Runs `f` on the entry at `at` and marks it recently used.
+    ///
+    /// An entry already in the newer half of its list is left in place: it is not the next
+    /// to be forgotten, and moving it would write to three entries on every hit.
+    #[inline(always)]
+    fn use_entry<R>(
+        &mut self,
+        at: usize,
+        is_cheap: impl Fn(&V) -> bool,
+        f: impl FnOnce(&mut V) -> R,
+    ) -> R {
         let result = f(&mut self.slab[at].value);
         let cheap = is_cheap(&self.slab[at].value);
         let entry = &self.slab[at];

@@ -22,6 +22,14 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// domains pass through. Each decision takes a lock for a few instructions and never
 /// across an `.await`.
 ///
+/// A key is tracked from the first result that makes its breaker differ from a new one:
+/// counting failures in a row, its first failure; counting an error rate, its first
+/// result. Until then its breaker is closed with nothing counted, which is what a key the
+/// store does not track has anyway, so a send to it is decided on a new breaker that is
+/// not kept. Domains whose sends only succeed thus take no place in the map, cost a
+/// lookup rather than an insertion, and never push out a domain whose failures are being
+/// counted.
+///
 /// # The first key
 /// The first key a store decides on (under [`Scope::Transport`](crate::Scope::Transport),
 /// the only one) is kept apart from the others and never forgotten; it counts towards
@@ -122,12 +130,8 @@ impl MemoryStore {
     /// that may leave a closed machine with something counted is recorded by
     /// [`LocalBreaker::record`], which moves `changes` on.
     fn with_machine<R>(&self, key: &str, rules: &Rules, f: impl FnOnce(&mut Machine) -> R) -> R {
-        self.lock().with(
-            key,
-            || Machine::closed(rules),
-            |machine| machine.state() == State::Closed,
-            f,
-        )
+        self.lock()
+            .with(key, || Machine::closed(rules), is_closed, f)
     }
 
     /// Starts the breaker of `key` again from `state`: closed with nothing counted, or opened
@@ -212,13 +216,25 @@ impl LocalBreaker<'_> {
         match self {
             LocalBreaker::First(first) => first.acquire(rules),
             LocalBreaker::InMap { store, clean_since } => {
-                store.with_machine(key, rules, |machine| {
+                let mut decide = |machine: &mut Machine| {
                     let answer = acquire(machine, rules);
                     *clean_since = machine
                         .ignores_a_success(rules)
                         .then(|| store.changes.load(Ordering::Relaxed));
                     answer
-                })
+                };
+                if !counts_in_a_row(rules) {
+                    return store.with_machine(key, rules, decide);
+                }
+                // A key the store does not track has a new breaker: closed, nothing counted.
+                // It lets the send go, and counting in a row, a success would leave it new,
+                // so it is decided on and not kept. The key is kept from its first failure
+                // (see `record`): domains that only ever succeed take no place in the map,
+                // and cannot push out one whose failures are being counted.
+                let mut machines = store.lock();
+                machines
+                    .with_existing(key, is_closed, &mut decide)
+                    .unwrap_or_else(|| decide(&mut Machine::closed(rules)))
             }
         }
     }
@@ -243,14 +259,23 @@ impl LocalBreaker<'_> {
                     return Transitions::NONE;
                 }
                 let counts_something = outcome == Outcome::Failure || !counts_in_a_row(rules);
-                store.with_machine(key, rules, |machine| {
+                let record = |machine: &mut Machine| {
                     let transitions = machine.record_lazily(rules, Instant::now, permit, outcome);
                     if counts_something {
                         // Under the lock, after the change: see `MemoryStore::changes`.
                         store.changes.fetch_add(1, Ordering::Release);
                     }
                     transitions
-                })
+                };
+                if counts_something {
+                    return store.with_machine(key, rules, record);
+                }
+                // A success, counting in a row: a key the store does not track has a new
+                // breaker, which the success leaves new, so there is nothing to keep.
+                store
+                    .lock()
+                    .with_existing(key, is_closed, record)
+                    .unwrap_or(Transitions::NONE)
             }
         }
     }
@@ -296,6 +321,11 @@ fn acquire(machine: &mut Machine, rules: &Rules) -> (Decision, Transitions) {
     } else {
         machine.acquire(rules, Instant::now())
     }
+}
+
+/// Whether a breaker in the map may be forgotten first.
+fn is_closed(machine: &Machine) -> bool {
+    machine.state() == State::Closed
 }
 
 fn counts_in_a_row(rules: &Rules) -> bool {
@@ -580,7 +610,7 @@ mod loom_model;
 
 #[cfg(test)]
 mod tests {
-    use std::collections::HashMap;
+    use std::collections::{BTreeSet, HashMap};
     use std::time::Duration;
 
     use super::*;
@@ -593,18 +623,27 @@ mod tests {
         let mut rng = fastrand::Rng::with_seed(seed);
         let store = MemoryStore::with_max_keys(8);
         let mut machines: HashMap<&str, Machine> = HashMap::new();
+        // The keys the store keeps: the first it decides on, kept apart; counting a rate,
+        // every key it decides on; counting in a row, a key from its first failure, since
+        // until then its breaker is as a new one is.
+        let mut kept: BTreeSet<&str> = BTreeSet::new();
+        let in_a_row = matches!(rules.counting, Counting::Consecutive { .. });
         // Each send's breaker is kept from its leave to its result, as a breaker's send keeps
         // it, or found again, as a store shared through the trait finds it.
         let mut out: Vec<(&str, Permit, LocalBreaker<'_>)> = Vec::new();
         for _ in 0..20_000 {
-            let key = ["first", "second", "third"][rng.usize(0..3)];
+            // "steady" only ever succeeds.
+            let key = ["first", "second", "third", "steady"][rng.usize(0..4)];
             let now = Instant::now();
             match rng.u8(0..10) {
                 0..=3 => {
-                    // The store makes a key's machine when it first decides on it.
+                    // A key the store does not track has a new machine.
                     let machine = machines
                         .entry(key)
                         .or_insert_with(|| Machine::new(&rules, now));
+                    if kept.is_empty() || !in_a_row {
+                        kept.insert(key);
+                    }
                     let expected = machine.acquire(&rules, now);
                     let mut breaker = store.breaker_of(key, &rules);
                     let got = if rng.bool() {
@@ -624,13 +663,16 @@ mod tests {
                     } else {
                         Outcome::Failure
                     };
-                    let outcome = if rng.bool() {
+                    let outcome = if rng.bool() || key == "steady" {
                         Outcome::Success
                     } else {
                         outcome
                     };
                     let machine = machines.get_mut(key).expect("acquired before");
                     let expected = machine.record(&rules, now, permit, outcome);
+                    if outcome == Outcome::Failure {
+                        kept.insert(key);
+                    }
                     let got = if rng.bool() {
                         breaker.record(key, &rules, permit, outcome)
                     } else {
@@ -665,7 +707,7 @@ mod tests {
             }
             tokio::time::advance(Duration::from_millis(rng.u64(0..4_000))).await;
         }
-        assert_eq!(store.tracked_keys(), machines.len());
+        assert_eq!(store.tracked_keys(), kept.len());
     }
 
     #[tokio::test(start_paused = true)]
@@ -701,13 +743,21 @@ mod tests {
         }
     }
 
+    /// One send to `key` through the store, ending in `outcome`.
+    fn send(store: &MemoryStore, key: &str, rules: &Rules, outcome: Outcome) {
+        let mut breaker = store.breaker_of(key, rules);
+        if let (Decision::Send(permit), _) = breaker.acquire(key, rules) {
+            breaker.record(key, rules, permit, outcome);
+        }
+    }
+
     #[test]
     fn a_first_key_too_long_to_keep_in_place_is_still_found() {
         let rules = Rules::default();
         let long = "x".repeat(97);
         let store = MemoryStore::new();
         for key in [long.as_str(), "short"] {
-            futures::executor::block_on(store.acquire(key, &rules, &Reporter::none()));
+            send(&store, key, &rules, Outcome::Failure);
         }
         assert!(store.first(&long, &rules, false).is_some());
         assert!(store.first(&long[1..], &rules, false).is_none());
@@ -719,14 +769,77 @@ mod tests {
         let rules = Rules::default();
         let store = MemoryStore::with_max_keys(3);
         for key in ["a", "b", "c", "d", "e"] {
-            futures::executor::block_on(store.acquire(key, &rules, &Reporter::none()));
+            send(&store, key, &rules, Outcome::Failure);
         }
         assert_eq!(store.tracked_keys(), 3);
         let alone = MemoryStore::with_max_keys(1);
         for key in ["a", "b"] {
-            futures::executor::block_on(alone.acquire(key, &rules, &Reporter::none()));
+            send(&alone, key, &rules, Outcome::Failure);
         }
         assert_eq!(alone.tracked_keys(), 1);
+    }
+
+    #[test]
+    fn counting_in_a_row_a_key_whose_sends_only_succeed_is_not_kept() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        send(&store, "first.example", &rules, Outcome::Success);
+        for _ in 0..3 {
+            send(&store, "healthy.example", &rules, Outcome::Success);
+        }
+        assert_eq!(store.tracked_keys(), 1, "only the first key, kept apart");
+        assert_eq!(store.state("healthy.example", &rules).0, State::Closed);
+    }
+
+    #[test]
+    fn counting_in_a_row_a_key_is_kept_from_its_first_failure() {
+        let rules = Rules::default();
+        let store = MemoryStore::new();
+        send(&store, "first.example", &rules, Outcome::Success);
+        send(&store, "flaky.example", &rules, Outcome::Failure);
+        assert_eq!(store.tracked_keys(), 2);
+        let failures = |store: &MemoryStore| {
+            let late = Reporter::none();
+            let snapshot =
+                futures::executor::block_on(store.snapshot("flaky.example", &rules, &late));
+            snapshot.failures()
+        };
+        assert_eq!(failures(&store), 1);
+        // A success clears the count and the key stays kept.
+        send(&store, "flaky.example", &rules, Outcome::Success);
+        assert_eq!(failures(&store), 0);
+        assert_eq!(store.tracked_keys(), 2);
+    }
+
+    #[test]
+    fn counting_a_rate_a_key_is_kept_from_its_first_send() {
+        let rules = Rules {
+            counting: Counting::ErrorRate(ErrorRate::default()),
+            ..Rules::default()
+        };
+        let store = MemoryStore::new();
+        for key in ["first.example", "healthy.example"] {
+            send(&store, key, &rules, Outcome::Success);
+        }
+        assert_eq!(store.tracked_keys(), 2);
+    }
+
+    #[test]
+    fn keys_that_only_succeed_never_push_out_the_count_of_one_that_fails() {
+        let rules = Rules {
+            counting: Counting::Consecutive { threshold: 3 },
+            ..Rules::default()
+        };
+        let store = MemoryStore::with_max_keys(10);
+        send(&store, "first.example", &rules, Outcome::Success);
+        for _ in 0..2 {
+            send(&store, "flaky.example", &rules, Outcome::Failure);
+        }
+        for i in 0..1_000 {
+            send(&store, &format!("d{i}.example"), &rules, Outcome::Success);
+        }
+        send(&store, "flaky.example", &rules, Outcome::Failure);
+        assert_eq!(store.state("flaky.example", &rules).0, State::Open);
     }
 
     #[test]
