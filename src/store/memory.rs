@@ -216,25 +216,7 @@ impl LocalBreaker<'_> {
         match self {
             LocalBreaker::First(first) => first.acquire(rules),
             LocalBreaker::InMap { store, clean_since } => {
-                let mut decide = |machine: &mut Machine| {
-                    let answer = acquire(machine, rules);
-                    *clean_since = machine
-                        .ignores_a_success(rules)
-                        .then(|| store.changes.load(Ordering::Relaxed));
-                    answer
-                };
-                if !counts_in_a_row(rules) {
-                    return store.with_machine(key, rules, decide);
-                }
-                // A key the store does not track has a new breaker: closed, nothing counted.
-                // It lets the send go, and counting in a row, a success would leave it new,
-                // so it is decided on and not kept. The key is kept from its first failure
-                // (see `record`): domains that only ever succeed take no place in the map,
-                // and cannot push out one whose failures are being counted.
-                let mut machines = store.lock();
-                machines
-                    .with_existing(key, is_closed, &mut decide)
-                    .unwrap_or_else(|| decide(&mut Machine::closed(rules)))
+                acquire_in_map(store, clean_since, key, rules)
             }
         }
     }
@@ -321,6 +303,35 @@ fn acquire(machine: &mut Machine, rules: &Rules) -> (Decision, Transitions) {
     } else {
         machine.acquire(rules, Instant::now())
     }
+}
+
+/// [`LocalBreaker::acquire`] for a key of the map: out of line, so that the first key's
+/// path, which takes no lock, stays small enough to be inlined into the send.
+fn acquire_in_map(
+    store: &MemoryStore,
+    clean_since: &mut Option<u64>,
+    key: &str,
+    rules: &Rules,
+) -> (Decision, Transitions) {
+    let mut decide = |machine: &mut Machine| {
+        let answer = acquire(machine, rules);
+        *clean_since = machine
+            .ignores_a_success(rules)
+            .then(|| store.changes.load(Ordering::Relaxed));
+        answer
+    };
+    if !counts_in_a_row(rules) {
+        return store.with_machine(key, rules, decide);
+    }
+    // A key the store does not track has a new breaker: closed, nothing counted. It lets
+    // the send go, and counting in a row, a success would leave it new, so it is decided on
+    // and not kept. The key is kept from its first failure (see `LocalBreaker::record`):
+    // domains that only ever succeed take no place in the map, and cannot push out one
+    // whose failures are being counted.
+    let mut machines = store.lock();
+    machines
+        .with_existing(key, is_closed, &mut decide)
+        .unwrap_or_else(|| decide(&mut Machine::closed(rules)))
 }
 
 /// Whether a breaker in the map may be forgotten first.
