@@ -791,6 +791,30 @@ mod tests {
     }
 
     #[test]
+    fn an_open_breaker_outlasts_closed_ones_when_the_map_is_full() {
+        let rules = Rules {
+            counting: Counting::Consecutive { threshold: 2 },
+            ..Rules::default()
+        };
+        let store = MemoryStore::with_max_keys(4);
+        send(&store, "first.example", &rules, Outcome::Failure);
+        for _ in 0..2 {
+            send(&store, "down.example", &rules, Outcome::Failure);
+        }
+        // Ten closed breakers, each with one failure counted, through the map's places.
+        for i in 0..10 {
+            send(&store, &format!("d{i}.example"), &rules, Outcome::Failure);
+        }
+        assert_eq!(store.tracked_keys(), 4);
+        assert_eq!(store.state("down.example", &rules).0, State::Open);
+        assert_eq!(store.state("d0.example", &rules).0, State::Closed);
+        assert!(
+            store.lock().peek_mut("d0.example", |_| ()).is_none(),
+            "forgotten"
+        );
+    }
+
+    #[test]
     fn counting_in_a_row_a_key_whose_sends_only_succeed_is_not_kept() {
         let rules = Rules::default();
         let store = MemoryStore::new();
