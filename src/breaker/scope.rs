@@ -82,17 +82,17 @@ fn needs_lower_casing(bytes: &[u8]) -> bool {
         needs | word_needs_lower_casing(u64::from_le_bytes(*word))
     });
     // The rest is read as one word straight from the bytes, never copied into a buffer
-    // first: a word loaded over the bytes just stored into it waits for those stores.
-    // Bytes judged twice are judged the same.
+    // first: a word loaded over the bytes just stored into it waits for those stores. The
+    // last eight bytes hold it (bytes judged twice are judged the same), or a shorter domain
+    // is all rest.
     let rest = match bytes.last_chunk::<8>() {
-        _ if rest.is_empty() => 0,
         Some(last) => u64::from_le_bytes(*last),
         None => short_word(rest),
     };
     whole | word_needs_lower_casing(rest)
 }
 
-/// One to seven bytes as a word that holds each of them (some twice) and zero bytes
+/// Up to seven bytes as a word that holds each of them (some twice) and zero bytes
 /// otherwise, which are neither letters nor past ASCII.
 fn short_word(bytes: &[u8]) -> u64 {
     let n = bytes.len();
@@ -100,7 +100,7 @@ fn short_word(bytes: &[u8]) -> u64 {
         (Some(first), Some(last)) => {
             u64::from(u32::from_le_bytes(*first)) | u64::from(u32::from_le_bytes(*last)) << 32
         }
-        // One to three bytes: the first, the middle and the last are all of them.
+        // Up to three bytes: the first, the middle and the last are all of them.
         _ => [0, n / 2, n.saturating_sub(1)]
             .iter()
             .enumerate()
@@ -175,6 +175,23 @@ mod tests {
                         "byte {byte:#04x} at {place} of {length}"
                     );
                 }
+            }
+        }
+    }
+
+    #[test]
+    fn capitals_in_every_word_of_a_domain_are_each_enough() {
+        for length in 1..=40 {
+            let capitals = vec![b'A'; length];
+            assert!(needs_lower_casing(&capitals), "{length} capitals");
+            for (first, second) in (0..length).flat_map(|a| (0..length).map(move |b| (a, b))) {
+                let mut bytes = vec![b'a'; length];
+                bytes[first] = b'Q';
+                bytes[second] = b'Q';
+                assert!(
+                    needs_lower_casing(&bytes),
+                    "at {first} and {second} of {length}"
+                );
             }
         }
     }
