@@ -95,18 +95,12 @@ fn needs_lower_casing(bytes: &[u8]) -> bool {
 /// Up to seven bytes as a word that holds each of them (some twice) and zero bytes
 /// otherwise, which are neither letters nor past ASCII.
 fn short_word(bytes: &[u8]) -> u64 {
-    let n = bytes.len();
     match (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
-        (Some(first), Some(last)) => {
-            u64::from(u32::from_le_bytes(*first)) | u64::from(u32::from_le_bytes(*last)) << 32
-        }
-        // Up to three bytes: the first, the middle and the last are all of them.
-        _ => [0, n / 2, n.saturating_sub(1)]
+        (Some(&[a, b, c, d]), Some(&[e, f, g, h])) => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
+        // Up to three bytes, each in a byte of the word of its own.
+        _ => bytes
             .iter()
-            .enumerate()
-            .fold(0, |word, (place, &at)| {
-                word | u64::from(bytes.get(at).copied().unwrap_or(0)) << (8 * place)
-            }),
+            .fold(0, |word, &byte| (word << 8) + u64::from(byte)),
     }
 }
 
