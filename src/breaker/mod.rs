@@ -105,11 +105,11 @@ impl<T: Transport> CircuitBreakerTransport<T> {
         state
     }
 
-    /// How many breakers the store tracks now, within its bound. A key's breaker is tracked
-    /// from the first result that leaves it different from a new one: with the in-process
-    /// store, from its first failure (from its first result when counting an
-    /// [`error_rate`](crate::breaker::CircuitBreakerBuilder::error_rate)). A key never
-    /// tracked, such as a domain whose sends only succeed, has a new, closed breaker.
+    /// How many breakers the store tracks now, within its bound. With the in-process store,
+    /// a key is tracked from its first failure (from its first send when counting an
+    /// [`error_rate`](crate::breaker::CircuitBreakerBuilder::error_rate), where every result
+    /// counts). A key never tracked, such as a domain whose sends only succeed, has a new,
+    /// closed breaker.
     pub fn tracked_keys(&self) -> usize {
         self.gate.store.tracked_keys()
     }

@@ -22,13 +22,12 @@ pub const DEFAULT_MAX_KEYS: usize = 10_000;
 /// domains pass through. Each decision takes a lock for a few instructions and never
 /// across an `.await`.
 ///
-/// A key is tracked from the first result that makes its breaker differ from a new one:
-/// counting failures in a row, its first failure; counting an error rate, its first
-/// result. Until then its breaker is closed with nothing counted, which is what a key the
-/// store does not track has anyway, so a send to it is decided on a new breaker that is
-/// not kept. Domains whose sends only succeed thus take no place in the map, cost a
-/// lookup rather than an insertion, and never push out a domain whose failures are being
-/// counted.
+/// Counting failures in a row, a key is tracked from its first failure. Until then its
+/// breaker is closed with nothing counted, which is what a key the store does not track
+/// has anyway, so a send to it is decided on a new breaker that is not kept. Domains whose
+/// sends only succeed thus take no place in the map, cost a lookup rather than an
+/// insertion, and never push out a domain whose failures are being counted. Counting an
+/// error rate, where a success counts too, a key is tracked from its first send.
 ///
 /// # The first key
 /// The first key a store decides on (under [`Scope::Transport`](crate::Scope::Transport),
