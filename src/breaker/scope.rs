@@ -92,16 +92,12 @@ fn needs_lower_casing(bytes: &[u8]) -> bool {
     whole | word_needs_lower_casing(rest)
 }
 
-/// Up to seven bytes as a word that holds each of them (some twice) and zero bytes
-/// otherwise, which are neither letters nor past ASCII.
+/// Up to seven bytes as a word that holds each of them in a byte of its own, and zero
+/// bytes otherwise, which are neither letters nor past ASCII.
 fn short_word(bytes: &[u8]) -> u64 {
-    match (bytes.first_chunk::<4>(), bytes.last_chunk::<4>()) {
-        (Some(&[a, b, c, d]), Some(&[e, f, g, h])) => u64::from_le_bytes([a, b, c, d, e, f, g, h]),
-        // Up to three bytes, each in a byte of the word of its own.
-        _ => bytes
-            .iter()
-            .fold(0, |word, &byte| (word << 8) + u64::from(byte)),
-    }
+    bytes
+        .iter()
+        .fold(0, |word, &byte| (word << 8) + u64::from(byte))
 }
 
 /// The rule of [`needs_lower_casing`] for eight bytes in one word. Each byte's low seven
