@@ -16,9 +16,9 @@ use std::process::Command;
 
 use guards::{
     FAILING, FailsafeTransport, OK, RecloserTransport, domain_envelopes, failsafe, message,
-    recloser,
+    per_domain, recloser,
 };
-use mail_breaker::{CircuitBreakerTransport, Envelope, Scope, Transport};
+use mail_breaker::{CircuitBreakerTransport, Envelope, Transport};
 
 /// Sends counted, and sends made before the count in both runs (they fill the churn's map).
 const SENDS: u64 = 100_000;
@@ -98,21 +98,6 @@ fn main() {
             total.saturating_sub(base) as f64 / SENDS as f64
         );
     }
-}
-
-/// A breaker per recipient domain, as in `overhead`'s `domains` group: with the default
-/// rules for sends that succeed, and for sends that fail, a threshold they never reach.
-fn per_domain(inner: guards::Immediate) -> CircuitBreakerTransport<guards::Immediate> {
-    let fail = inner.fail;
-    let breaker = CircuitBreakerTransport::builder(inner)
-        .scope(Scope::RecipientDomain)
-        .max_keys(MAX_KEYS);
-    match fail {
-        true => breaker.failure_threshold(u32::MAX),
-        false => breaker,
-    }
-    .build()
-    .expect("a valid breaker")
 }
 
 /// Runs `sends` sends of `case` on a current-thread runtime.
@@ -195,7 +180,7 @@ fn run(case: &str, sends: u64) {
                 }
             }
             "per_domain_churn" => {
-                let breaker = per_domain(OK);
+                let breaker = per_domain(OK, MAX_KEYS);
                 for i in 0..sends {
                     black_box(breaker.send_raw(envelope(i), raw).await.is_ok());
                 }
@@ -215,7 +200,7 @@ fn run(case: &str, sends: u64) {
                 }
             }
             "per_domain_churn_failing" => {
-                let breaker = per_domain(FAILING);
+                let breaker = per_domain(FAILING, MAX_KEYS);
                 // The first domain is kept apart from the map: one outside the churn.
                 let outside = Envelope::new(
                     None,

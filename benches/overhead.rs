@@ -27,11 +27,11 @@ use criterion::{BatchSize, Criterion, criterion_group, criterion_main};
 use futures::StreamExt;
 use guards::{
     FAILING, Failsafe, FailsafeTransport, Immediate, OK, RecloserTransport, domain_envelopes,
-    failsafe, message, message_to, recloser, through_failsafe, through_recloser,
+    failsafe, message, message_to, per_domain, recloser, through_failsafe, through_recloser,
 };
 use mail_breaker::{
-    CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport, Scope,
-    SendError, Transport,
+    CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt, RetryTransport, SendError,
+    Transport,
 };
 use recloser::AsyncRecloser;
 use tokio::runtime::{Builder, Runtime};
@@ -221,21 +221,7 @@ fn domains(c: &mut Criterion) {
     let raw = b"Subject: bench\r\n\r\nhello\r\n";
     let bare = OK;
     let per_transport = CircuitBreakerTransport::new(OK);
-    // With the default rules for sends that succeed, and for sends that fail, a threshold
-    // they never reach.
-    let per_domain = |inner: Immediate| {
-        let fail = inner.fail;
-        let breaker = CircuitBreakerTransport::builder(inner)
-            .scope(Scope::RecipientDomain)
-            .max_keys(MAX_KEYS);
-        match fail {
-            true => breaker.failure_threshold(u32::MAX),
-            false => breaker,
-        }
-        .build()
-        .expect("a valid breaker")
-    };
-    let churn = per_domain(OK);
+    let churn = per_domain(OK, MAX_KEYS);
     // Sends that fail, to a breaker that never opens: each keeps its domain. The first
     // domain a store sees is kept apart and never forgotten; here it is one outside the
     // churn, so that every domain of the churn goes through the bounded map.
@@ -244,7 +230,7 @@ fn domains(c: &mut Criterion) {
         .failure_threshold(u32::MAX)
         .build()
         .expect("a valid breaker");
-    let churn_failing = per_domain(FAILING);
+    let churn_failing = per_domain(FAILING, MAX_KEYS);
     let outside = Envelope::new(
         None,
         vec!["user@outside.example".parse().expect("a valid recipient")],

@@ -242,18 +242,28 @@ fn a_send_to_a_tracked_domain_allocates_only_the_breakers_own_future() {
     );
 }
 
+/// A breaker per recipient domain over `inner`, keeping at most `max_keys`.
+fn domain_breaker<T: Transport>(inner: T, max_keys: usize) -> CircuitBreakerTransport<T> {
+    CircuitBreakerTransport::builder(inner)
+        .scope(Scope::RecipientDomain)
+        .max_keys(max_keys)
+        .build()
+        .expect("a valid breaker")
+}
+
+/// Envelopes to 1,000 domains of one length.
+fn thousand_domains() -> Vec<Envelope> {
+    (0..1_000)
+        .map(|i| envelope_to(&format!("user@d{i:04}.example")))
+        .collect()
+}
+
 #[test]
 fn a_send_to_a_domain_the_breaker_does_not_track_allocates_only_the_breakers_own_future() {
-    let breaker = CircuitBreakerTransport::builder(Immediate { fail: false })
-        .scope(Scope::RecipientDomain)
-        .max_keys(100)
-        .build()
-        .expect("a valid breaker");
+    let breaker = domain_breaker(Immediate { fail: false }, 100);
     // Domains that only succeed take no place in the map: each send decides on a new
     // breaker and keeps nothing.
-    let envelopes: Vec<Envelope> = (0..1_000)
-        .map(|i| envelope_to(&format!("user@d{i:04}.example")))
-        .collect();
+    let envelopes = thousand_domains();
     let sent = per_send(&breaker, &envelopes);
     assert_eq!(breaker.tracked_keys(), 1, "the first domain, kept apart");
     assert_eq!(
@@ -265,16 +275,10 @@ fn a_send_to_a_domain_the_breaker_does_not_track_allocates_only_the_breakers_own
 
 #[test]
 fn failing_domains_churning_through_a_full_map_allocate_no_keys() {
-    let breaker = CircuitBreakerTransport::builder(Immediate { fail: true })
-        .scope(Scope::RecipientDomain)
-        .max_keys(100)
-        .build()
-        .expect("a valid breaker");
+    let breaker = domain_breaker(Immediate { fail: true }, 100);
     // 1,000 domains of one length through 100 places, one failure each (too few to open a
     // breaker): every send forgets one and keeps a new one in the forgotten one's buffer.
-    let envelopes: Vec<Envelope> = (0..1_000)
-        .map(|i| envelope_to(&format!("user@d{i:04}.example")))
-        .collect();
+    let envelopes = thousand_domains();
     // The first domain, kept apart from the map and never forgotten, is not one of them:
     // its failures would add up until it opened.
     let _ = per_send(&breaker, &[envelope_to("user@first.example")]);

@@ -8,7 +8,9 @@ use std::time::Duration;
 use failsafe::StateMachine;
 use failsafe::backoff::{self, Constant};
 use failsafe::failure_policy::{self, ConsecutiveFailures};
-use mail_breaker::{Category, Envelope, Message, Receipt, SendError, Transport};
+use mail_breaker::{
+    Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, Transport,
+};
 use recloser::{AsyncRecloser, Recloser};
 
 /// A transport that answers every send at once, as success or as a Network failure.
@@ -185,6 +187,22 @@ impl<T: Transport> Transport for RecloserTransport<T> {
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
         through_recloser(&self.recloser, self.inner.send_unboxed(message)).await
     }
+}
+
+/// A breaker per recipient domain keeping at most `max_keys`: with the default rules over a
+/// transport that delivers, and over one that fails, a threshold its failures never reach
+/// (so that every send keeps its domain and none is refused).
+pub fn per_domain(inner: Immediate, max_keys: usize) -> CircuitBreakerTransport<Immediate> {
+    let fail = inner.fail;
+    let breaker = CircuitBreakerTransport::builder(inner)
+        .scope(Scope::RecipientDomain)
+        .max_keys(max_keys);
+    match fail {
+        true => breaker.failure_threshold(u32::MAX),
+        false => breaker,
+    }
+    .build()
+    .expect("a valid breaker")
 }
 
 /// One envelope to each of `count` recipient domains, `d0.example` on.
