@@ -637,7 +637,7 @@ mod tests {
         // every key it decides on; counting in a row, a key from its first failure, since
         // until then its breaker is as a new one is.
         let mut kept: BTreeSet<&str> = BTreeSet::new();
-        let in_a_row = matches!(rules.counting, Counting::Consecutive { .. });
+        let counting_in_a_row = matches!(rules.counting, Counting::Consecutive { .. });
         // Each send's breaker is kept from its leave to its result, as a breaker's send keeps
         // it, or found again, as a store shared through the trait finds it.
         let mut out: Vec<(&str, Permit, LocalBreaker<'_>)> = Vec::new();
@@ -651,7 +651,7 @@ mod tests {
                     let machine = machines
                         .entry(key)
                         .or_insert_with(|| Machine::new(&rules, now));
-                    if kept.is_empty() || !in_a_row {
+                    if kept.is_empty() || !counting_in_a_row {
                         kept.insert(key);
                     }
                     let expected = machine.acquire(&rules, now);
@@ -753,6 +753,14 @@ mod tests {
         }
     }
 
+    /// The default rules, opening at `threshold` failures in a row.
+    fn in_a_row(threshold: u32) -> Rules {
+        Rules {
+            counting: Counting::Consecutive { threshold },
+            ..Rules::default()
+        }
+    }
+
     /// One send to `key` through the store, ending in `outcome`.
     fn send(store: &MemoryStore, key: &str, rules: &Rules, outcome: Outcome) {
         let mut breaker = store.breaker_of(key, rules);
@@ -791,10 +799,7 @@ mod tests {
 
     #[test]
     fn an_open_breaker_outlasts_closed_ones_when_the_map_is_full() {
-        let rules = Rules {
-            counting: Counting::Consecutive { threshold: 2 },
-            ..Rules::default()
-        };
+        let rules = in_a_row(2);
         let store = MemoryStore::with_max_keys(4);
         send(&store, "first.example", &rules, Outcome::Failure);
         for _ in 0..2 {
@@ -860,10 +865,7 @@ mod tests {
 
     #[test]
     fn keys_that_only_succeed_never_push_out_the_count_of_one_that_fails() {
-        let rules = Rules {
-            counting: Counting::Consecutive { threshold: 3 },
-            ..Rules::default()
-        };
+        let rules = in_a_row(3);
         let store = MemoryStore::with_max_keys(10);
         send(&store, "first.example", &rules, Outcome::Success);
         for _ in 0..2 {
@@ -908,10 +910,7 @@ mod tests {
     /// A store whose breakers open at two failures in a row, with its first key taken: the
     /// keys of the tests that use it are in the map.
     fn two_in_a_row() -> (MemoryStore, Rules) {
-        let rules = Rules {
-            counting: Counting::Consecutive { threshold: 2 },
-            ..Rules::default()
-        };
+        let rules = in_a_row(2);
         let store = MemoryStore::new();
         leave(&store, "first", &rules);
         (store, rules)
