@@ -235,7 +235,7 @@ async fn answers_are_written_one_write_at_a_time_each_taking_all_that_came_durin
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_the_whole_table() {
     use sqlx::Connection as _;
-    use std::time::{Duration, Instant};
+    use std::time::Instant;
     use support::scripted::Scripted;
     let Some((outbox, server)) = open("outbox_postgres_by_index").await else {
         return;
@@ -261,25 +261,7 @@ async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_th
     assert_eq!(provider.sends(), MESSAGES);
     drop(worker);
     drop(outbox);
-    // A server process counts its scans in the shared statistics when its connection ends.
-    let deadline = Instant::now() + Duration::from_secs(10);
-    loop {
-        let (others,): (i64,) = sqlx::query_as(
-            "SELECT count(*) FROM pg_stat_activity \
-             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
-        )
-        .fetch_one(&mut admin)
-        .await
-        .unwrap();
-        if others == 0 {
-            break;
-        }
-        assert!(
-            Instant::now() < deadline,
-            "the outbox's connections stay open"
-        );
-        tokio::time::sleep(Duration::from_millis(20)).await;
-    }
+    until_the_others_close(&mut admin).await;
     // The one reader of the whole table is the count of the queue for the metrics, at most
     // once a second; a claim or a write that scanned it would read it hundreds of times.
     let (scans, rows_read): (i64, i64) = sqlx::query_as(
@@ -298,4 +280,113 @@ async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_th
         rows_read <= MESSAGES as i64 * counts as i64,
         "{rows_read} rows read by {scans} scans of the whole table in a drain of {seconds} s"
     );
+}
+
+/// Waits until no client connection but `admin`'s is open: a server process counts its work
+/// in the shared statistics when its connection ends.
+async fn until_the_others_close(admin: &mut sqlx::PgConnection) {
+    use std::time::{Duration, Instant};
+    let deadline = Instant::now() + Duration::from_secs(10);
+    loop {
+        let (others,): (i64,) = sqlx::query_as(
+            "SELECT count(*) FROM pg_stat_activity \
+             WHERE backend_type = 'client backend' AND pid <> pg_backend_pid()",
+        )
+        .fetch_one(&mut *admin)
+        .await
+        .unwrap();
+        if others == 0 {
+            return;
+        }
+        assert!(
+            Instant::now() < deadline,
+            "the outbox's connections stay open"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+}
+
+/// A claim leases its rows without touching an indexed column, so PostgreSQL updates each in
+/// place (HOT: the new version on the same page, no index entry written), with the room every
+/// page keeps for it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_claim_updates_its_rows_in_place_writing_no_index_entry() {
+    use sqlx::Connection as _;
+    use support::scripted::Scripted;
+    let Some((outbox, server)) = open("outbox_postgres_in_place").await else {
+        return;
+    };
+    const MESSAGES: usize = 300;
+    outbox
+        .enqueue_many(&support::numbered_messages(MESSAGES))
+        .await
+        .unwrap();
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    let provider = Scripted::new("provider");
+    outbox
+        .worker(provider.clone())
+        .concurrency(4)
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(provider.sends(), MESSAGES);
+    drop(outbox);
+    until_the_others_close(&mut admin).await;
+    let (updated, in_place): (i64, i64) = sqlx::query_as(
+        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
+         WHERE relname = 'mail_breaker_outbox'",
+    )
+    .fetch_one(&mut admin)
+    .await
+    .unwrap();
+    assert_eq!(updated, MESSAGES as i64, "one claim of each message");
+    assert_eq!(in_place, updated, "claims updated in place");
+}
+
+/// A table an earlier version made, without `lease_until`, is upgraded when an outbox opens
+/// it; a row that version leased (its lease's end written as its `due_at`) stays held until
+/// then.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_older_table_is_upgraded_and_keeps_the_leases_written_in_it() {
+    use sqlx::Connection as _;
+    use support::scripted::Scripted;
+    let Some((outbox, server)) = open("outbox_postgres_upgrade").await else {
+        return;
+    };
+    outbox
+        .enqueue_many(&support::numbered_messages(2))
+        .await
+        .unwrap();
+    drop(outbox);
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    for statement in [
+        "ALTER TABLE mail_breaker_outbox DROP COLUMN lease_until",
+        "ALTER TABLE mail_breaker_outbox RESET (fillfactor)",
+        "UPDATE mail_breaker_outbox SET leased = TRUE, attempts = 1, \
+         due_at = (extract(epoch FROM now()) * 1000)::bigint + 3600000 \
+         WHERE id = (SELECT max(id) FROM mail_breaker_outbox)",
+    ] {
+        sqlx::query(statement).execute(&mut admin).await.unwrap();
+    }
+    let outbox = Outbox::postgres(&server.url())
+        .await
+        .expect("an outbox on the older table");
+    let provider = Scripted::new("provider");
+    outbox.worker(provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.subjects(), ["message 0"], "the free one only");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.leased),
+        (1, 1),
+        "the held one still held"
+    );
+    let (options,): (Option<Vec<String>>,) =
+        sqlx::query_as("SELECT reloptions FROM pg_class WHERE relname = 'mail_breaker_outbox'")
+            .fetch_one(&mut admin)
+            .await
+            .unwrap();
+    assert_eq!(options, Some(vec![String::from("fillfactor=50")]));
+    Outbox::postgres(&server.url())
+        .await
+        .expect("an outbox on the upgraded table");
 }

@@ -265,6 +265,52 @@ pub async fn a_message_whose_lease_ran_out_is_sent_again(outbox: Outbox) {
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+/// A worker at rest sleeps until the soonest time anything may be claimed, however long its
+/// poll: here the end of a dead worker's lease, before a message due again in an hour.
+pub async fn a_worker_at_rest_wakes_when_a_lease_it_waits_for_runs_out(outbox: Outbox) {
+    let down = SendError::new(Category::ServiceUnavailable, "test.down", "down")
+        .with_retry_after(Duration::from_secs(3_600));
+    outbox.enqueue(&super::message()).await.unwrap();
+    quick(&outbox, Scripted::answering("down", Reply::Err(down)))
+        .drain()
+        .await
+        .unwrap();
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let dying = quick(&outbox, hung.clone()).lease(Duration::from_millis(600));
+    let held = tokio::spawn(async move { dying.drain().await });
+    while hung.sends() < 1 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    held.abort(); // the worker dies mid-send
+    let provider = Scripted::new("provider");
+    let worker = outbox
+        .worker(provider.clone())
+        .poll(Duration::from_secs(3_600));
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let running =
+        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    for _ in 0..150 {
+        if provider.sends() == 1 {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    stop.send(()).unwrap();
+    running.await.unwrap().unwrap();
+    assert_eq!(
+        provider.sends(),
+        1,
+        "woken when the lease ran out, not at the hourly poll"
+    );
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.leased),
+        (1, 0),
+        "the one due in an hour"
+    );
+}
+
 pub async fn a_message_whose_lease_ran_out_is_dead_under_at_most_once(outbox: Outbox) {
     lose_a_lease(&outbox).await;
     let provider = Scripted::new("provider");
@@ -596,6 +642,7 @@ macro_rules! all_outbox_rules {
             a_delivery_deferred_for_some_recipients_stays_queued_for_them_only,
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
+            a_worker_at_rest_wakes_when_a_lease_it_waits_for_runs_out,
             drain_ends_only_once_every_message_whose_lease_ran_out_is_dead_under_at_most_once,
             a_held_message_is_not_claimed_by_another_worker,
             a_worker_claims_ahead_four_times_what_it_sends_so_that_one_claim_serves_several,
