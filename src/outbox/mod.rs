@@ -174,6 +174,10 @@ impl Outbox {
     /// Opens the outbox in the PostgreSQL database at `url`
     /// (`postgres://user:password@host/database`), creating its table if missing. Workers in
     /// many processes share its queue: each claims due messages with `FOR UPDATE SKIP LOCKED`.
+    ///
+    /// A table an earlier version of this crate made is upgraded here (a `lease_until`
+    /// column, and half of each page kept free so that claims update rows in place). Stop
+    /// that version's workers first: they do not read the leases this version writes.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<Outbox, SendError> {
         let backend = postgres::PostgresBackend::open(url).await?;

@@ -18,8 +18,8 @@ use crate::SendError;
 /// The table, as created new. A claim leases a row by `leased` and `lease_until`, neither of
 /// them in an index, and leaves `due_at` alone: its update is then HOT (heap-only, the new
 /// version on the same page, no index entry written), for which every page keeps half its
-/// room (`fillfactor`). A claim written as `due_at = lease_until` wrote two index entries and
-/// five times the WAL per row.
+/// room (`fillfactor`). A claim written as `due_at = lease_until` wrote two index entries per
+/// row, and nearly four times the WAL (565 bytes a message in a drain, against 152).
 const SCHEMA: [&str; 3] = [
     "CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
         id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
