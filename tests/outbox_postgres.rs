@@ -67,9 +67,7 @@ async fn with_the_database_down_enqueue_fails_the_worker_waits_and_nothing_kept_
         .concurrency(4)
         .lease(Duration::from_secs(2))
         .poll(Duration::from_millis(50));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = support::outbox_rules::Running::start(worker);
 
     let producer = {
         let outbox = outbox.clone();
@@ -99,8 +97,7 @@ async fn with_the_database_down_enqueue_fails_the_worker_waits_and_nothing_kept_
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     let sent: std::collections::HashSet<String> = provider.subjects().into_iter().collect();
     let lost: Vec<&String> = kept
         .iter()
@@ -162,12 +159,9 @@ async fn a_worker_at_rest_claims_nothing_before_the_next_due_time() {
     let worker = outbox
         .worker(provider.clone())
         .poll(Duration::from_secs(3_600));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = support::outbox_rules::Running::start(worker);
     tokio::time::sleep(Duration::from_millis(500)).await;
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(provider.sends(), 1, "due again in an hour");
     // The claim that found it, and at most one more that found nothing; then the worker
     // sleeps until the message is due (or the hourly poll).

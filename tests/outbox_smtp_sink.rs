@@ -63,9 +63,7 @@ async fn with_the_provider_down_for_10_s_the_queue_grows_few_attempts_are_made_a
         .concurrency(CONCURRENCY)
         .backoff(mail_breaker::Backoff::constant(Duration::from_millis(100)))
         .poll(Duration::from_millis(50));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = support::outbox_rules::Running::start(worker);
 
     // Mail arrives all along: 100 a second for 13 s.
     let producer = {
@@ -96,8 +94,7 @@ async fn with_the_provider_down_for_10_s_the_queue_grows_few_attempts_are_made_a
     while outbox.stats().await.unwrap().queued > 0 && started.elapsed() < Duration::from_secs(30) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 
     // Those in flight when it went down, the failures that open the breaker, then one probe
     // per open period.

@@ -18,6 +18,31 @@ fn quick(outbox: &Outbox, transport: Scripted) -> mail_breaker::outbox::Worker<S
         .poll(Duration::from_millis(50))
 }
 
+/// A worker running in the background until it is stopped, as an application runs one.
+pub struct Running {
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<Result<(), SendError>>,
+}
+
+impl Running {
+    /// Spawns `worker.run`, its shutdown the `stop` below.
+    pub fn start<T: Transport + 'static>(worker: mail_breaker::outbox::Worker<T>) -> Running {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        let task =
+            tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+        Running { stop, task }
+    }
+
+    /// Shuts the worker down and checks that `run` ended with `Ok`.
+    pub async fn stop(self) {
+        self.stop.send(()).expect("the worker still running");
+        self.task
+            .await
+            .expect("the worker's task")
+            .expect("run ended with Ok");
+    }
+}
+
 pub async fn drain_sends_every_queued_message_once_and_empties_the_outbox(outbox: Outbox) {
     outbox.enqueue_many(&numbered_messages(40)).await.unwrap();
     let provider = Scripted::new("provider");
@@ -42,9 +67,7 @@ pub async fn a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_
     let worker = outbox
         .worker(provider.clone())
         .poll(Duration::from_secs(3_600));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = Running::start(worker);
     tokio::time::sleep(Duration::from_millis(100)).await; // idle, waiting an hour
     outbox.enqueue(&super::message()).await.unwrap();
     for _ in 0..100 {
@@ -58,8 +81,7 @@ pub async fn a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_
         1,
         "woken by the enqueue, not the hourly poll"
     );
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
 }
 
 pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
@@ -287,17 +309,14 @@ pub async fn a_worker_at_rest_wakes_when_a_lease_it_waits_for_runs_out(outbox: O
     let worker = outbox
         .worker(provider.clone())
         .poll(Duration::from_secs(3_600));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = Running::start(worker);
     for _ in 0..150 {
         if provider.sends() == 1 {
             break;
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(
         provider.sends(),
         1,
@@ -417,9 +436,7 @@ pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after
         .concurrency(4)
         .backoff(mail_breaker::Backoff::constant(Duration::from_millis(1)))
         .poll(Duration::from_millis(20));
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = Running::start(worker);
     // 1 s of a provider down: the first sends fail (4 at once), the breaker opens after 2
     // failures, then lets a probe through every 300 ms.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
@@ -441,8 +458,7 @@ pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(
         outbox.stats().await.unwrap().queued,
         0,
@@ -458,14 +474,11 @@ pub async fn shutdown_lets_sends_in_flight_finish_and_starts_no_more(outbox: Out
         Reply::after(Duration::from_millis(200), Reply::Ok),
     );
     let worker = quick(&outbox, provider.clone()).concurrency(2);
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    let running =
-        tokio::spawn(async move { worker.run(async { stopped.await.unwrap_or(()) }).await });
+    let running = Running::start(worker);
     while provider.sends() < 2 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
-    stop.send(()).unwrap();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     assert_eq!(provider.sends(), 2);
     let stats = outbox.stats().await.unwrap();
     assert_eq!(
