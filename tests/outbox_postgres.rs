@@ -255,16 +255,9 @@ async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_th
     assert_eq!(provider.sends(), MESSAGES);
     drop(worker);
     drop(outbox);
-    until_the_others_close(&mut admin).await;
     // The one reader of the whole table is the count of the queue for the metrics, at most
     // once a second; a claim or a write that scanned it would read it hundreds of times.
-    let (scans, rows_read): (i64, i64) = sqlx::query_as(
-        "SELECT seq_scan, seq_tup_read FROM pg_stat_user_tables \
-         WHERE relname = 'mail_breaker_outbox'",
-    )
-    .fetch_one(&mut admin)
-    .await
-    .unwrap();
+    let (scans, rows_read) = table_statistics(&mut admin, "seq_scan, seq_tup_read").await;
     let counts = if cfg!(feature = "metrics") {
         1 + seconds
     } else {
@@ -276,8 +269,20 @@ async fn a_drain_finds_every_row_it_claims_and_answers_by_index_never_reading_th
     );
 }
 
-/// Waits until no client connection but `admin`'s is open: a server process counts its work
-/// in the shared statistics when its connection ends.
+/// Two of the outbox table's counters in `pg_stat_user_tables` (`columns`, comma-separated),
+/// read once every other connection has closed: a server process counts its work in the
+/// shared statistics when its connection ends.
+async fn table_statistics(admin: &mut sqlx::PgConnection, columns: &str) -> (i64, i64) {
+    until_the_others_close(admin).await;
+    sqlx::query_as(&format!(
+        "SELECT {columns} FROM pg_stat_user_tables WHERE relname = 'mail_breaker_outbox'"
+    ))
+    .fetch_one(admin)
+    .await
+    .unwrap()
+}
+
+/// Waits until no client connection but `admin`'s is open.
 async fn until_the_others_close(admin: &mut sqlx::PgConnection) {
     use std::time::{Duration, Instant};
     let deadline = Instant::now() + Duration::from_secs(10);
@@ -325,14 +330,7 @@ async fn a_claim_updates_its_rows_in_place_writing_no_index_entry() {
         .unwrap();
     assert_eq!(provider.sends(), MESSAGES);
     drop(outbox);
-    until_the_others_close(&mut admin).await;
-    let (updated, in_place): (i64, i64) = sqlx::query_as(
-        "SELECT n_tup_upd, n_tup_hot_upd FROM pg_stat_user_tables \
-         WHERE relname = 'mail_breaker_outbox'",
-    )
-    .fetch_one(&mut admin)
-    .await
-    .unwrap();
+    let (updated, in_place) = table_statistics(&mut admin, "n_tup_upd, n_tup_hot_upd").await;
     assert_eq!(updated, MESSAGES as i64, "one claim of each message");
     assert_eq!(in_place, updated, "claims updated in place");
 }
