@@ -3,7 +3,8 @@
 //! draining 1,000 messages to a local smtp-sink through a breaker at 16 in flight, against
 //! sending the same messages straight through the same stack. At the end, the drain's rate
 //! over the direct send's again, from pairs of runs one right after the other, which a
-//! machine whose speed drifts moves far less than criterion's separate measurements.
+//! machine whose speed drifts moves far less than criterion's separate measurements; and, on
+//! Linux, what a message cost the machine's CPU in each, by process.
 //!
 //! `cargo bench --bench outbox`. PostgreSQL runs from a temporary folder (as `nobody` under
 //! root), smtp-sink on a free port; each one missing is skipped with a message.
@@ -243,14 +244,31 @@ async fn queue_and_drain<U: Transport + 'static>(
     worker: &mail_breaker::outbox::Worker<U>,
     batch: &[Message],
 ) -> Duration {
+    queue(measured, batch).await;
+    drain_queued(measured, worker).await
+}
+
+/// Empties the outbox and queues `batch` in it.
+async fn queue(measured: &Measured, batch: &[Message]) {
     empty(measured).await;
     measured.outbox.enqueue_many(batch).await.expect("enqueued");
+}
+
+/// Drains what is queued with `worker`: how long it took. Checks that nothing was left.
+async fn drain_queued<U: Transport + 'static>(
+    measured: &Measured,
+    worker: &mail_breaker::outbox::Worker<U>,
+) -> Duration {
     let started = Instant::now();
     worker.drain().await.expect("drained");
     let took = started.elapsed();
+    assert_drained(measured).await;
+    took
+}
+
+async fn assert_drained(measured: &Measured) {
     let stats = measured.outbox.stats().await.expect("stats");
     assert_eq!(stats.queued, 0);
-    took
 }
 
 /// Pairs of a direct send and a drain, taken one right after the other.
@@ -259,6 +277,8 @@ const PAIRS: usize = 12;
 /// Prints each drain's rate against the direct send's, from runs that alternate them.
 /// Criterion measures each alone, every direct sample before every drain, and these VMs'
 /// speed drifts by a third within minutes; the two runs of a pair share the machine's state.
+/// Then, on Linux, what a message cost the machine's CPU in each run, by process: the bench
+/// (the worker and the stack), smtp-sink and PostgreSQL, which share the machine's cores.
 async fn interleaved<T: Transport, U: Transport + 'static>(
     workers: &[(&Measured, mail_breaker::outbox::Worker<U>)],
     direct: &T,
@@ -269,13 +289,19 @@ async fn interleaved<T: Transport, U: Transport + 'static>(
          pairs | lowest | highest |"
     );
     println!("|---|---|---|---|");
+    let mut costs = Vec::new();
     for (measured, worker) in workers {
         let mut ratios = Vec::with_capacity(PAIRS);
+        let mut direct_cost = Cost::default();
+        let mut drain_cost = Cost::default();
         for _ in 0..PAIRS {
-            let started = Instant::now();
-            send_straight(direct, batch).await;
-            let sending = started.elapsed();
-            let draining = queue_and_drain(measured, worker, batch).await;
+            let sending = direct_cost
+                .measure(send_straight(direct, batch), batch.len())
+                .await;
+            queue(measured, batch).await;
+            let drained = async { worker.drain().await.expect("drained") };
+            let draining = drain_cost.measure(drained, batch.len()).await;
+            assert_drained(measured).await;
             ratios.push(sending.as_secs_f64() / draining.as_secs_f64());
         }
         ratios.sort_by(f64::total_cmp);
@@ -286,6 +312,70 @@ async fn interleaved<T: Transport, U: Transport + 'static>(
             ratios[0],
             ratios[PAIRS - 1]
         );
+        costs.push((measured.name, direct_cost, drain_cost));
+    }
+    if costs.iter().any(|(_, direct, _)| direct.cpu.is_none()) {
+        return;
+    }
+    println!();
+    println!(
+        "| pairs | run | time per message | CPU per message, all | the bench's process | \
+         smtp-sink | PostgreSQL |"
+    );
+    println!("|---|---|---|---|---|---|---|");
+    for (name, direct, drain) in &costs {
+        println!("{}", direct.row(name, "direct"));
+        println!("{}", drain.row(name, "drain"));
+    }
+}
+
+/// What a kind of run cost in all, over the pairs: time, messages, and CPU by process (`None`
+/// where `/proc` cannot be read).
+#[derive(Default)]
+struct Cost {
+    took: Duration,
+    messages: u32,
+    cpu: Option<std::collections::BTreeMap<&'static str, Duration>>,
+}
+
+impl Cost {
+    /// Runs `run`, which handles `messages`, and adds what it cost: how long it took.
+    async fn measure(
+        &mut self,
+        run: impl std::future::Future<Output = ()>,
+        messages: usize,
+    ) -> Duration {
+        let before = support::cpu::CpuTimes::now();
+        let started = Instant::now();
+        run.await;
+        let took = started.elapsed();
+        let spent = before.zip(support::cpu::CpuTimes::now());
+        self.took += took;
+        self.messages += u32::try_from(messages).expect("a bench-sized batch");
+        self.cpu = spent.map(|(before, after)| {
+            let mut sum = self.cpu.take().unwrap_or_default();
+            for (process, spent) in after.since(&before) {
+                *sum.entry(process).or_default() += spent;
+            }
+            sum
+        });
+        took
+    }
+
+    /// A table row: the mean time and CPU per message, in microseconds.
+    fn row(&self, outbox: &str, run: &str) -> String {
+        let per_message = |spent: Duration| spent.as_secs_f64() * 1e6 / f64::from(self.messages);
+        let cpu = self.cpu.clone().unwrap_or_default();
+        let of = |process| per_message(cpu.get(process).copied().unwrap_or_default());
+        let all: Duration = cpu.values().sum();
+        format!(
+            "| {outbox} | {run} | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs | {:.1} µs |",
+            per_message(self.took),
+            per_message(all),
+            of("bench"),
+            of("smtp-sink"),
+            of("postgres"),
+        )
     }
 }
 

@@ -7,6 +7,8 @@ use std::path::PathBuf;
 
 use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
 
+pub mod cpu;
+
 #[path = "../../tests/support/servers.rs"]
 pub mod servers;
 
