@@ -266,6 +266,7 @@ async fn drain_queued<U: Transport + 'static>(
     took
 }
 
+/// Checks that the outbox holds nothing queued.
 async fn assert_drained(measured: &Measured) {
     let stats = measured.outbox.stats().await.expect("stats");
     assert_eq!(stats.queued, 0);

@@ -1,6 +1,6 @@
 //! Shared by the benches: the test suite's launchers for smtp-sink, Postfix and redis-server,
-//! its latency-adding relay, a transport that answers at once, and a check that skips a bench
-//! whose server is missing.
+//! its latency-adding relay, a transport that answers at once, a check that skips a bench
+//! whose server is missing, and the CPU time the machine's processes spent (`cpu`).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
