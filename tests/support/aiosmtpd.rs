@@ -1,5 +1,5 @@
 //! A launcher for a real SMTP server with TLS and AUTH: Python's `aiosmtpd`, run by a small
-//! script on a free loopback port, with a certificate the test makes with the `openssl`
+//! script on a loopback port it binds itself, with a certificate the test makes with the `openssl`
 //! command for `localhost` and `127.0.0.1`, signed by a test CA that the client is told to
 //! trust.
 //!
@@ -14,16 +14,19 @@
 //! MAIL, and answers each message `250 2.0.0 Ok: queued as AIO1`. It is killed on drop.
 
 use std::fs;
-use std::net::{SocketAddr, TcpStream};
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::mpsc;
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
 use lettre::transport::smtp::client::{Certificate, TlsParameters};
 
-use super::servers::{free_port, report_skip, require_program, under_ci};
+use super::ready::{ServerProcess, listens_on, smtp_greeting, wait_until_ready};
+use super::servers::{report_skip, require_program, under_ci};
 use super::test_certs::make_certificates;
 
 /// The user the server accepts.
@@ -31,7 +34,7 @@ pub const USER: &str = "mailer";
 /// That user's password.
 pub const PASSWORD: &str = "s3cret pass";
 
-/// How long a freshly started server has to accept connections.
+/// How long a freshly started server has to say it is ready and greet.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(15);
 
 /// How the server speaks TLS.
@@ -55,12 +58,10 @@ pub enum Mechanisms {
 }
 
 const SCRIPT: &str = r#"
-import argparse, ssl, sys, threading
-from aiosmtpd.controller import Controller
+import argparse, asyncio, ssl, sys
 from aiosmtpd.smtp import SMTP, AuthResult
 
 parser = argparse.ArgumentParser()
-parser.add_argument("--port", type=int, required=True)
 parser.add_argument("--mode", choices=["starttls", "implicit", "clear"], required=True)
 parser.add_argument("--mechanisms", choices=["plain-and-login", "login-only"], required=True)
 parser.add_argument("--cert", required=True)
@@ -84,31 +85,32 @@ class LoggingSMTP(SMTP):
         print("AUTH " + (arg.split()[0] if arg else ""), file=sys.stderr, flush=True)
         return await super().smtp_AUTH(arg)
 
-class LoggingController(Controller):
-    def factory(self):
-        return LoggingSMTP(self.handler, **self.SMTP_kwargs)
-
 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 context.load_cert_chain(args.cert, args.key)
 options = dict(
-    hostname="127.0.0.1",
-    port=args.port,
     authenticator=authenticator,
     auth_required=True,
     auth_exclude_mechanism=["PLAIN"] if args.mechanisms == "login-only" else [],
 )
+implicit_tls = None
 if args.mode == "starttls":
-    controller = LoggingController(Handler(), tls_context=context, require_starttls=True,
-                                   auth_require_tls=True, **options)
+    options.update(tls_context=context, require_starttls=True, auth_require_tls=True)
 elif args.mode == "clear":
-    controller = LoggingController(Handler(), require_starttls=False, auth_require_tls=False,
-                                   **options)
+    options.update(require_starttls=False, auth_require_tls=False)
 else:
-    controller = LoggingController(Handler(), ssl_context=context, auth_require_tls=False,
-                                   **options)
-controller.start()
-print("ready", flush=True)
-threading.Event().wait()
+    options.update(auth_require_tls=False)
+    implicit_tls = context
+
+async def main():
+    # The server binds port 0 itself and says which port it got once it listens, so that no
+    # port is chosen ahead and handed over (another process could take it meanwhile).
+    handler = Handler()
+    server = await asyncio.get_running_loop().create_server(
+        lambda: LoggingSMTP(handler, **options), host="127.0.0.1", port=0, ssl=implicit_tls)
+    print("ready %d" % server.sockets[0].getsockname()[1], flush=True)
+    await asyncio.Event().wait()
+
+asyncio.run(main())
 "#;
 
 /// A running aiosmtpd on `127.0.0.1:<port>`, killed on drop.
@@ -116,11 +118,11 @@ threading.Event().wait()
 pub struct Aiosmtpd {
     port: u16,
     dir: PathBuf,
-    child: Child,
+    process: ServerProcess,
 }
 
 impl Aiosmtpd {
-    /// Starts the server on a free loopback port and waits until it accepts connections.
+    /// Starts the server on a loopback port it binds itself and waits until it greets there.
     ///
     /// Returns `None` after printing `SKIPPED <test>` when python3, aiosmtpd or openssl is
     /// missing; under `CI=true` that panics instead.
@@ -141,11 +143,9 @@ impl Aiosmtpd {
         let dir = scratch_dir();
         make_certificates(&openssl, &dir);
         fs::write(dir.join("server.py"), SCRIPT).expect("writing the aiosmtpd script");
-        let port = free_port();
         let log = fs::File::create(dir.join("server.log")).expect("creating the server log");
         let child = Command::new(&python)
             .arg(dir.join("server.py"))
-            .args(["--port", &port.to_string()])
             .args([
                 "--mode",
                 match mode {
@@ -167,12 +167,19 @@ impl Aiosmtpd {
             .arg(dir.join("server.key"))
             .args(["--user", USER, "--password", PASSWORD])
             .stdin(Stdio::null())
-            .stdout(Stdio::null())
+            .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
             .expect("spawning python3");
-        let mut server = Aiosmtpd { port, dir, child };
-        server.wait_until_listening(test);
+        // Owned before the wait: a failed wait still kills it.
+        let mut server = Aiosmtpd {
+            port: 0,
+            dir,
+            process: ServerProcess::new(child),
+        };
+        if let Err(error) = server.wait_until_ready(mode) {
+            panic!("{test}: {error}");
+        }
         Some(server)
     }
 
@@ -204,33 +211,58 @@ impl Aiosmtpd {
             .collect()
     }
 
-    fn wait_until_listening(&mut self, test: &str) {
+    /// Waits for the script's `ready PORT` line (printed once the server listens on the port
+    /// it bound itself), then for the SMTP greeting there where the greeting is in clear text,
+    /// and checks that the port's listener is this process's.
+    fn wait_until_ready(&mut self, mode: Mode) -> Result<(), String> {
+        let stdout = self
+            .process
+            .child_mut()
+            .stdout
+            .take()
+            .ok_or("aiosmtpd's stdout is not piped")?;
+        let (ready_line, lines) = mpsc::channel();
+        thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                if ready_line.send(line).is_err() {
+                    break;
+                }
+            }
+        });
+        let log_dir = self.dir.clone();
+        let log = move || fs::read_to_string(log_dir.join("server.log")).unwrap_or_default();
+        let mut port = None;
+        wait_until_ready("aiosmtpd", &mut self.process, STARTUP_TIMEOUT, &log, || {
+            let line = lines
+                .try_recv()
+                .map_err(|_| String::from("no ready line yet"))?;
+            port = line
+                .strip_prefix("ready ")
+                .and_then(|port| port.trim().parse::<u16>().ok());
+            port.map(|_| ())
+                .ok_or(format!("an unexpected line: {line:?}"))
+        })?;
+        self.port = port.ok_or("no port")?;
         let address = SocketAddr::from(([127, 0, 0, 1], self.port));
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = self.child.try_wait() {
-                panic!(
-                    "{test}: aiosmtpd exited at start with {status}: {}",
-                    self.log()
-                );
-            }
-            if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_ok() {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "{test}: aiosmtpd did not listen within {STARTUP_TIMEOUT:?}: {}",
-                self.log()
-            );
-            thread::sleep(Duration::from_millis(20));
+        if mode != Mode::Implicit {
+            wait_until_ready("aiosmtpd", &mut self.process, STARTUP_TIMEOUT, &log, || {
+                smtp_greeting(address).map(drop)
+            })?;
         }
+        if !listens_on(self.process.id(), self.port) {
+            return Err(format!(
+                "port {} is not aiosmtpd's; log: {}",
+                self.port,
+                log()
+            ));
+        }
+        Ok(())
     }
 }
 
 impl Drop for Aiosmtpd {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
         let _ = fs::remove_dir_all(&self.dir);
     }
 }

@@ -15,6 +15,7 @@ pub mod outbox_rules;
 pub mod postfix;
 pub mod postgres;
 pub mod raw_smtp;
+pub mod ready;
 pub mod redis;
 pub mod redis_cluster;
 pub mod scripted;

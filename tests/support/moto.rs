@@ -1,46 +1,58 @@
-//! moto's server (`moto[server]` from PyPI), an SES-compatible endpoint on a free loopback
-//! port, started by a test and killed when dropped.
+//! moto's server (`moto[server]` from PyPI), an SES-compatible endpoint on a loopback port it
+//! binds itself, started by a test and killed when dropped.
 
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
 use tokio::io::{AsyncReadExt, AsyncWriteExt};
 use tokio::net::TcpStream;
 
-use super::servers::{free_port, require_program, under_ci};
+use super::ready::{ServerProcess, listening_ports};
+use super::servers::{require_program, under_ci};
 
 /// How long moto may take to answer its first request (it imports a lot of Python).
 const STARTUP: Duration = Duration::from_secs(30);
 
 /// A running moto server; killed on drop.
 pub struct Moto {
-    child: Child,
+    process: ServerProcess,
     port: u16,
+    /// moto's stderr, in a file (a pipe nobody reads would fill up and stall it).
+    log: std::path::PathBuf,
 }
 
 impl Moto {
-    /// Starts moto on a free loopback port and waits until it answers, or returns `None`
+    /// Starts moto on a loopback port and waits until it answers there, or returns `None`
     /// after printing why `test` skipped (moto not installed). Under CI a missing moto panics.
     pub async fn start(test: &str) -> Option<Moto> {
         let python = python_with_moto(test)?;
-        // A port found free may be taken before moto binds it: try a few.
-        for _ in 0..3 {
-            let port = free_port();
-            // The interpreter itself, not a pyenv shim around it, so that kill() stops moto.
-            let child = Command::new(&python)
-                .args(["-m", "moto.server", "-H", "127.0.0.1", "-p"])
-                .arg(port.to_string())
-                .stdin(Stdio::null())
-                .stdout(Stdio::null())
-                .stderr(Stdio::null())
-                .spawn()
-                .expect("starting moto's server");
-            let mut moto = Moto { child, port };
-            if moto.wait_until_it_answers().await {
-                return Some(moto);
-            }
+        // Port 0: moto binds a port itself, and the launcher reads which from /proc, so that
+        // no port is chosen ahead and handed over. The interpreter itself, not a pyenv shim
+        // around it, so that kill() stops moto.
+        static STARTED: AtomicUsize = AtomicUsize::new(0);
+        let log = std::env::temp_dir().join(format!(
+            "mail-breaker-moto-{}-{}.log",
+            std::process::id(),
+            STARTED.fetch_add(1, Ordering::Relaxed)
+        ));
+        let child = Command::new(&python)
+            .args(["-m", "moto.server", "-H", "127.0.0.1", "-p", "0"])
+            .stdin(Stdio::null())
+            .stdout(Stdio::null())
+            .stderr(std::fs::File::create(&log).expect("creating moto's log"))
+            .spawn()
+            .expect("starting moto's server");
+        // Owned before the wait: a failed wait still kills it.
+        let mut moto = Moto {
+            process: ServerProcess::new(child),
+            port: 0,
+            log,
+        };
+        if let Err(error) = moto.wait_until_it_answers().await {
+            panic!("{test}: {error}");
         }
-        panic!("{test}: moto's server did not start on a free port in three tries");
+        Some(moto)
     }
 
     /// The endpoint URL for an SDK client: `http://127.0.0.1:<port>`.
@@ -56,25 +68,47 @@ impl Moto {
             .expect("moto answers /moto-api/data.json")
     }
 
-    async fn wait_until_it_answers(&mut self) -> bool {
+    /// Waits until moto listens on the port it bound and answers an HTTP request there as
+    /// moto (`/moto-api/`).
+    async fn wait_until_it_answers(&mut self) -> Result<(), String> {
         let deadline = Instant::now() + STARTUP;
-        while Instant::now() < deadline {
-            if let Ok(Some(_exited)) = self.child.try_wait() {
-                return false;
+        let pid = self.process.id();
+        loop {
+            if let Some(status) = self.process.exited() {
+                return Err(format!(
+                    "moto's server exited at start with {status}: {}",
+                    self.log()
+                ));
             }
-            if http_get(self.port, "/moto-api/").await.is_some() {
-                return true;
+            if self.port == 0
+                && let [port] = listening_ports(pid)[..]
+            {
+                self.port = port;
+            }
+            if self.port != 0 && http_get(self.port, "/moto-api/").await.is_some() {
+                return Ok(());
+            }
+            if Instant::now() >= deadline {
+                self.process.kill();
+                return Err(format!(
+                    "moto's server did not answer within {STARTUP:?}: {}",
+                    self.log()
+                ));
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
-        false
+    }
+
+    /// What moto printed so far.
+    fn log(&self) -> String {
+        std::fs::read_to_string(&self.log).unwrap_or_default()
     }
 }
 
 impl Drop for Moto {
     fn drop(&mut self) {
-        let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.process.kill();
+        let _ = std::fs::remove_file(&self.log);
     }
 }
 

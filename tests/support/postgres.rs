@@ -3,12 +3,12 @@
 
 use std::ffi::OsStr;
 use std::fs::OpenOptions;
-use std::net::{SocketAddr, TcpStream};
 use std::path::{Path, PathBuf};
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::{Duration, Instant};
 
+use super::ready::{ServerProcess, listens_on, wait_until_ready};
 use super::servers::{free_port, require_program};
 
 /// The superuser `initdb` creates; trust authentication means the URL needs no password.
@@ -25,7 +25,7 @@ pub struct PostgresServer {
     as_user: Vec<String>,
     dir: PathBuf,
     port: u16,
-    child: Option<Child>,
+    child: Option<ServerProcess>,
 }
 
 impl PostgresServer {
@@ -85,9 +85,8 @@ impl PostgresServer {
     /// the data folder (with its stale postmaster.pid) stays for `restart`, which recovers
     /// from the WAL. Its backends exit when they notice the postmaster gone.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.child.take() {
+            process.kill();
         }
     }
 
@@ -110,7 +109,9 @@ impl PostgresServer {
 
     /// Whether the server was started, not stopped, and accepts connections.
     pub fn is_running(&self) -> bool {
-        self.child.is_some() && self.ready()
+        self.child
+            .as_ref()
+            .is_some_and(|process| self.answers(process.id()).is_ok())
     }
 
     /// `program` from the server's bin folder as the unprivileged user, run in the server's
@@ -132,7 +133,7 @@ impl PostgresServer {
         let log = log.map_err(|error| format!("opening the postgres log: {error}"))?;
         let settings =
             "listen_addresses=127.0.0.1 fsync=on max_connections=200 shared_buffers=32MB";
-        let mut child = self
+        let child = self
             .command("postgres")
             .arg("-D")
             .arg(self.dir.join("data"))
@@ -144,39 +145,40 @@ impl PostgresServer {
             .stderr(log)
             .spawn()
             .map_err(|error| format!("spawning postgres: {error}"))?;
-        let deadline = Instant::now() + Duration::from_secs(30);
-        loop {
-            if self.ready() {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("postgres exited: {status}"));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(String::from("postgres was not ready within 30 s"));
-            }
-            std::thread::sleep(Duration::from_millis(50));
-        }
+        // Owned before the wait: a failed wait still kills it. PostgreSQL cannot bind port 0,
+        // so the port was chosen ahead: the server is ready when it answers on it.
+        let mut process = ServerProcess::new(child);
+        let pid = process.id();
+        let log = || self.log_tail();
+        wait_until_ready(
+            "postgres",
+            &mut process,
+            Duration::from_secs(30),
+            log,
+            || self.answers(pid),
+        )?;
+        self.child = Some(process);
+        Ok(())
     }
 
-    /// Whether the port is open and, where `pg_isready` is installed, the server accepts
-    /// connections: during crash recovery the port is open but connections are refused.
-    fn ready(&self) -> bool {
-        let address = SocketAddr::from(([127, 0, 0, 1], self.port));
-        if TcpStream::connect_timeout(&address, Duration::from_millis(200)).is_err() {
-            return false;
-        }
-        let pg_isready = self.bin.join("pg_isready");
-        if !pg_isready.is_file() {
-            return true;
+    /// Whether the postmaster `pid` listens on the port and answers there as PostgreSQL does
+    /// (`pg_isready` sends a startup packet and reads the server's answer): during crash
+    /// recovery the port is open but connections are refused.
+    fn answers(&self, pid: u32) -> Result<(), String> {
+        if !listens_on(pid, self.port) {
+            return Err(format!(
+                "postgres does not listen on port {} yet",
+                self.port
+            ));
         }
         let args = format!("-q -t 1 -h 127.0.0.1 -U {USER} -d postgres -p");
-        let mut pg_isready = Command::new(pg_isready);
+        let mut pg_isready = Command::new(self.bin.join("pg_isready"));
         pg_isready.args(args.split(' ')).arg(self.port.to_string());
-        pg_isready.status().is_ok_and(|status| status.success())
+        match pg_isready.status() {
+            Ok(status) if status.success() => Ok(()),
+            Ok(status) => Err(format!("pg_isready: {status}")),
+            Err(error) => Err(format!("running pg_isready: {error}")),
+        }
     }
 
     /// The server's log so far: what it printed, and each statement once a test has set

@@ -1,11 +1,11 @@
 //! A real `redis-server` on a free loopback port, started by a test and killed when dropped.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::ready::{ServerProcess, listens_on, redis_pong, wait_until_ready};
 use super::servers::{free_port, require_program};
 
 /// A `redis-server` child process on 127.0.0.1, without persistence.
@@ -13,7 +13,7 @@ use super::servers::{free_port, require_program};
 pub struct RedisServer {
     program: PathBuf,
     port: u16,
-    child: Option<Child>,
+    child: Option<ServerProcess>,
     /// Options beyond the defaults: a TLS port and its certificate, ACL users.
     extra: Vec<String>,
     tls_port: Option<u16>,
@@ -125,9 +125,8 @@ impl RedisServer {
 
     /// Kills the server at once (SIGKILL), as a crash would.
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.child.take() {
+            process.kill();
         }
     }
 
@@ -166,7 +165,7 @@ impl RedisServer {
     }
 
     fn spawn(&mut self) -> Result<(), String> {
-        let mut child = Command::new(&self.program)
+        let child = Command::new(&self.program)
             .args(["--port", &self.port.to_string()])
             .args(["--bind", "127.0.0.1"])
             .args(["--save", ""])
@@ -177,37 +176,31 @@ impl RedisServer {
             .stderr(Stdio::null())
             .spawn()
             .map_err(|error| format!("spawning redis-server: {error}"))?;
-        let deadline = Instant::now() + Duration::from_secs(5);
-        loop {
-            if ping(self.port) {
-                self.child = Some(child);
-                return Ok(());
-            }
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("redis-server exited: {status}"));
-            }
-            if Instant::now() > deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(String::from("redis-server did not answer PING within 5 s"));
-            }
-            std::thread::sleep(Duration::from_millis(10));
-        }
+        // Owned before the wait: a failed wait still kills it. redis-server cannot bind port 0
+        // (0 turns TCP off), so the port was chosen ahead: the server is ready when it answers
+        // PING on it and the listener there is this process's.
+        let mut process = ServerProcess::new(child);
+        let (pid, address) = (process.id(), SocketAddr::from(([127, 0, 0, 1], self.port)));
+        wait_until_ready(
+            "redis-server",
+            &mut process,
+            Duration::from_secs(5),
+            String::new,
+            || {
+                redis_pong(address)?;
+                if listens_on(pid, address.port()) {
+                    Ok(())
+                } else {
+                    Err(format!(
+                        "port {} is not this redis-server's",
+                        address.port()
+                    ))
+                }
+            },
+        )?;
+        self.child = Some(process);
+        Ok(())
     }
-}
-
-/// Whether a Redis on `port` answers PING.
-fn ping(port: u16) -> bool {
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
 }
 
 impl Drop for RedisServer {

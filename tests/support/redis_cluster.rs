@@ -1,19 +1,19 @@
 //! A real Redis Cluster on loopback: `redis-server --cluster-enabled yes` nodes on free ports,
 //! joined with `redis-cli --cluster create`, killed and their files removed when dropped.
 
-use std::io::{Read, Write};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::time::{Duration, Instant};
 
+use super::ready::{ServerProcess, listens_on, redis_pong, wait_until_ready};
 use super::servers::{free_port, report_skip, require_program, under_ci};
 
 /// One node of the cluster.
 #[derive(Debug)]
 struct Node {
     port: u16,
-    child: Option<Child>,
+    child: Option<ServerProcess>,
 }
 
 /// A Redis Cluster of child processes on 127.0.0.1, without persistence.
@@ -157,10 +157,9 @@ impl RedisCluster {
     pub fn kill(&mut self, port: u16) {
         for node in &mut self.nodes {
             if node.port == port
-                && let Some(mut child) = node.child.take()
+                && let Some(mut process) = node.child.take()
             {
-                let _ = child.kill();
-                let _ = child.wait();
+                process.kill();
             }
         }
     }
@@ -208,7 +207,7 @@ impl RedisCluster {
         let mut why = String::new();
         for _ in 0..5 {
             let (port, bus) = (free_port(), free_port());
-            let mut child = Command::new(server)
+            let child = Command::new(server)
                 .args(["--port", &port.to_string()])
                 .args(["--cluster-port", &bus.to_string()])
                 .args(["--bind", "127.0.0.1"])
@@ -232,51 +231,46 @@ impl RedisCluster {
                 .stderr(Stdio::null())
                 .spawn()
                 .expect("spawning redis-server");
+            // Owned before the wait: a failed wait still kills it. The node is ready when it
+            // answers PING and the listener on its port is this process's.
+            let mut process = ServerProcess::new(child);
+            let (pid, address) = (process.id(), SocketAddr::from(([127, 0, 0, 1], port)));
+            let log_file = self.dir.join(format!("node-{port}.log"));
+            let log = || std::fs::read_to_string(&log_file).unwrap_or_default();
             // Patient: other tests start their servers on the same two cores.
-            let deadline = Instant::now() + Duration::from_secs(15);
-            loop {
-                if ping(port) {
+            match wait_until_ready(
+                "a cluster node",
+                &mut process,
+                Duration::from_secs(15),
+                log,
+                || {
+                    redis_pong(address)?;
+                    if listens_on(pid, port) {
+                        Ok(())
+                    } else {
+                        Err(format!("port {port} is not this node's"))
+                    }
+                },
+            ) {
+                Ok(()) => {
                     return Node {
                         port,
-                        child: Some(child),
+                        child: Some(process),
                     };
                 }
-                if matches!(child.try_wait(), Ok(Some(_))) || Instant::now() > deadline {
-                    let log = std::fs::read_to_string(self.dir.join(format!("node-{port}.log")))
-                        .unwrap_or_default();
-                    let tail: Vec<&str> = log.lines().rev().take(3).collect();
-                    why = format!("port {port}: {tail:?}");
-                    let _ = child.kill();
-                    let _ = child.wait();
-                    break; // another process took a port: try others
-                }
-                std::thread::sleep(Duration::from_millis(20));
+                // Another process took a port: try others.
+                Err(error) => why = error,
             }
         }
         panic!("a cluster node did not start on any of 5 pairs of free ports; last: {why}");
     }
 }
 
-/// Whether a Redis on `port` answers PING.
-fn ping(port: u16) -> bool {
-    let address = SocketAddr::from(([127, 0, 0, 1], port));
-    let Ok(mut stream) = TcpStream::connect_timeout(&address, Duration::from_millis(200)) else {
-        return false;
-    };
-    let _ = stream.set_read_timeout(Some(Duration::from_millis(500)));
-    if stream.write_all(b"PING\r\n").is_err() {
-        return false;
-    }
-    let mut reply = [0u8; 7];
-    stream.read_exact(&mut reply).is_ok() && &reply == b"+PONG\r\n"
-}
-
 impl Drop for RedisCluster {
     fn drop(&mut self) {
         for node in &mut self.nodes {
-            if let Some(mut child) = node.child.take() {
-                let _ = child.kill();
-                let _ = child.wait();
+            if let Some(mut process) = node.child.take() {
+                process.kill();
             }
         }
         let _ = std::fs::remove_dir_all(&self.dir);

@@ -1,6 +1,6 @@
 //! A launcher for Postfix's `smtp-sink`, a real SMTP server that can be told to fail in
 //! particular ways (`-Q MAIL`: 421 and hang up; `-r RCPT`: 4xx; `-q DATA`: hang up without a
-//! reply; `-W DATA:5`: stall), on a free loopback port.
+//! reply; `-W DATA:5`: stall), on a loopback port it binds itself.
 //!
 //! ```ignore
 //! let Some(sink) = SmtpSink::start("healthy_server_delivers", &["-Q", "MAIL"]) else {
@@ -13,20 +13,23 @@
 //! [`SmtpSink::restart`] take it down and bring it back on the same port.
 
 use std::fs::{self, File};
-use std::net::{SocketAddr, TcpStream};
+use std::net::SocketAddr;
 use std::os::unix::fs::{MetadataExt, PermissionsExt};
 use std::path::PathBuf;
-use std::process::{Child, Command, Stdio};
+use std::process::{Command, Stdio};
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::thread;
-use std::time::{Duration, Instant};
+use std::time::Duration;
 
-use super::servers::{free_port, require_program};
+use super::ready::{
+    ServerProcess, listens_on, smtp_greeting, wait_for_bound_port, wait_until_ready,
+};
+use super::servers::require_program;
 
-/// How long a freshly started smtp-sink has to accept connections.
+/// How long a freshly started smtp-sink has to greet.
 const STARTUP_TIMEOUT: Duration = Duration::from_secs(5);
 
-/// How often a port is tried before giving up on it (another process may take a "free" port).
+/// How often a restart tries its port (it can take a moment to be free after the kill).
 const START_ATTEMPTS: usize = 5;
 
 /// A running `smtp-sink` on `127.0.0.1:<port>`, killed on drop.
@@ -38,12 +41,12 @@ pub struct SmtpSink {
     /// Holds the server's stderr log and, when counting, the dumped messages.
     dir: PathBuf,
     dump_dir: Option<PathBuf>,
-    child: Option<Child>,
+    child: Option<ServerProcess>,
 }
 
 impl SmtpSink {
-    /// Starts `smtp-sink` with `flags` (e.g. `&["-r", "RCPT"]`) on a free loopback port and
-    /// waits until it accepts connections.
+    /// Starts `smtp-sink` with `flags` (e.g. `&["-r", "RCPT"]`) on a loopback port it binds
+    /// itself and waits until it greets there.
     ///
     /// Returns `None` after printing `SKIPPED <test>` when smtp-sink is not installed; under
     /// `CI=true` that panics instead.
@@ -76,16 +79,11 @@ impl SmtpSink {
             dump_dir,
             child: None,
         };
-        for _ in 0..START_ATTEMPTS {
-            sink.port = free_port();
-            if sink.spawn().is_ok() {
-                return Some(sink);
-            }
+        // Port 0: smtp-sink binds a port itself, and the launcher reads which from /proc.
+        if let Err(error) = sink.spawn() {
+            panic!("{test}: {error}");
         }
-        panic!(
-            "{test}: smtp-sink did not start after {START_ATTEMPTS} ports: {}",
-            sink.log()
-        );
+        Some(sink)
     }
 
     /// The loopback port it listens on.
@@ -101,22 +99,20 @@ impl SmtpSink {
     /// Whether the server process is alive.
     pub fn is_running(&mut self) -> bool {
         match self.child.as_mut() {
-            Some(child) => matches!(child.try_wait(), Ok(None)),
+            Some(process) => process.exited().is_none(),
             None => false,
         }
     }
 
     /// Kills the server; its port then refuses connections until [`restart`](Self::restart).
     pub fn stop(&mut self) {
-        if let Some(mut child) = self.child.take() {
-            // Already exited is fine: either way it is gone after `wait`.
-            let _ = child.kill();
-            let _ = child.wait();
+        if let Some(mut process) = self.child.take() {
+            process.kill();
         }
     }
 
     /// Starts the server again on the same port with the same flags (stopping it first if it
-    /// runs), and waits until it accepts connections.
+    /// runs), and waits until it greets there.
     pub fn restart(&mut self) {
         self.stop();
         // The port may be briefly unavailable just after the old process exits.
@@ -191,7 +187,8 @@ impl SmtpSink {
         fs::read_to_string(self.dir.join("smtp-sink.log")).unwrap_or_default()
     }
 
-    /// Spawns the process on `self.port` and waits until the port accepts connections.
+    /// Spawns the process on `self.port` (0 the first time: any port, which it then learns)
+    /// and waits until the server greets there.
     fn spawn(&mut self) -> Result<(), String> {
         let mut command = Command::new(&self.program);
         if running_as_root() {
@@ -204,7 +201,7 @@ impl SmtpSink {
         }
         let log = File::create(self.dir.join("smtp-sink.log"))
             .map_err(|error| format!("creating the smtp-sink log: {error}"))?;
-        let mut child = command
+        let child = command
             .args(&self.flags)
             .arg(format!("127.0.0.1:{}", self.port))
             .arg("128")
@@ -213,29 +210,26 @@ impl SmtpSink {
             .stderr(log)
             .spawn()
             .map_err(|error| format!("spawning {}: {error}", self.program.display()))?;
-        let deadline = Instant::now() + STARTUP_TIMEOUT;
-        loop {
-            if let Ok(Some(status)) = child.try_wait() {
-                return Err(format!("smtp-sink exited at start with {status}"));
-            }
-            if TcpStream::connect_timeout(&self.address(), Duration::from_millis(200)).is_ok() {
-                // Something answers; make sure it is ours and not a process that took the port.
-                thread::sleep(Duration::from_millis(20));
-                if let Ok(Some(status)) = child.try_wait() {
-                    return Err(format!("smtp-sink exited at start with {status}"));
-                }
-                self.child = Some(child);
-                return Ok(());
-            }
-            if Instant::now() >= deadline {
-                let _ = child.kill();
-                let _ = child.wait();
-                return Err(format!(
-                    "smtp-sink did not accept connections within {STARTUP_TIMEOUT:?}"
-                ));
-            }
-            thread::sleep(Duration::from_millis(10));
+        // Owned before the wait: a failed wait still kills it.
+        let mut process = ServerProcess::new(child);
+        let log_file = self.dir.join("smtp-sink.log");
+        let log = || fs::read_to_string(&log_file).unwrap_or_default();
+        if self.port == 0 {
+            self.port = wait_for_bound_port("smtp-sink", &mut process, STARTUP_TIMEOUT, log)?;
         }
+        let address = self.address();
+        let pid = process.id();
+        wait_until_ready("smtp-sink", &mut process, STARTUP_TIMEOUT, log, || {
+            smtp_greeting(address)?;
+            // The greeting must come from this process, not one that held the port.
+            if listens_on(pid, address.port()) {
+                Ok(())
+            } else {
+                Err(format!("port {} is not this smtp-sink's", address.port()))
+            }
+        })?;
+        self.child = Some(process);
+        Ok(())
     }
 }
 
