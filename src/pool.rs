@@ -5,6 +5,7 @@ use std::future::Future;
 use std::sync::atomic::{AtomicUsize, Ordering};
 
 use crate::cascade::{self, Stages, Verdict};
+use crate::panicked::catch_panic;
 use crate::{
     Category, ConfigError, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError,
     Transport,
@@ -45,6 +46,11 @@ pub enum Strategy {
 /// `retry_after` of the members' errors, and each member's error in
 /// [`causes`](SendError::causes), in the order tried. A member whose error gives no
 /// `retry_after` may be tried again at once, so then the pool gives none either.
+///
+/// # A member that panics
+/// A member's send that panics is answered `transport.panicked` (Configuration), naming the
+/// member, and the pool goes on to the next member as for any error of that category; a
+/// batch that panics fails as a whole and hands its messages on.
 ///
 /// # Batches
 /// [`send_many`](Transport::send_many) sends the whole batch to the first member as one
@@ -175,7 +181,7 @@ impl PoolTransport {
         let order = self.order();
         for (tried, &index) in order.iter().enumerate() {
             let member = &*self.members[index].transport;
-            match send(member).await {
+            match catch_panic(member.name(), send(member)).await {
                 Ok(receipt) => return Ok(receipt),
                 Err(error) if !self.fails_over(&error) => return Err(error),
                 Err(error) => {

@@ -865,3 +865,83 @@ async fn a_member_whose_batch_ends_after_reading_part_of_it_is_given_the_rest_in
     assert_eq!(transports(&answers), ["primary"; 5]);
     assert_eq!(primary.batches(), [2, 2, 1]);
 }
+
+// ---- a panic is an answer (issue 45, point 3; DESIGN §15) ----
+
+/// A member whose first `panics` sends panic, then delivers: a bug in a provider's code.
+#[derive(Clone)]
+struct Panicking {
+    name: &'static str,
+    panics: usize,
+    sends: Arc<AtomicUsize>,
+}
+
+impl Panicking {
+    fn new(name: &'static str, panics: usize) -> Self {
+        Panicking {
+            name,
+            panics,
+            sends: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Panicking {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        if self.sends.fetch_add(1, Ordering::SeqCst) < self.panics {
+            panic!("a bug in the provider's code");
+        }
+        Ok(Receipt::new(self.name))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_send_panics_is_answered_transport_panicked_and_the_pool_fails_over() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("primary", usize::MAX), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+
+    let receipt = pool.send(&message()).await.unwrap();
+
+    assert_eq!(receipt.transport(), "backup");
+    assert_eq!(backup.sends(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_only_member_panicked_answers_with_transport_panicked_and_sends_on() {
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("only", 1), 1)
+        .build()
+        .unwrap();
+
+    let error = pool.send(&message()).await.unwrap_err();
+    let causes: Vec<_> = error.causes().iter().map(SendError::code).collect();
+    assert_eq!(causes, ["transport.panicked"]);
+    assert_eq!(error.causes()[0].category(), Category::Configuration);
+    assert_eq!(error.causes()[0].transport(), Some("only"));
+
+    let receipt = pool.send(&message()).await.unwrap();
+    assert_eq!(receipt.transport(), "only");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_batch_panics_hands_its_messages_to_the_next_member() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("primary", 2), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+
+    let answers = send_all(&pool, numbered_messages(3)).await;
+
+    assert_eq!(transports(&answers), ["backup"; 3]);
+}
