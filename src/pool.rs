@@ -47,6 +47,9 @@ pub enum Strategy {
 /// [`causes`](SendError::causes), in the order tried. A member whose error gives no
 /// `retry_after` may be tried again at once, so then the pool gives none either.
 ///
+/// When no member sent the message (each held it back: an open breaker, a rate limit), the
+/// error is marked [`is_not_attempted`](SendError::is_not_attempted).
+///
 /// # A member that panics
 /// A member's send that panics is answered `transport.panicked` (Configuration), naming the
 /// member, and the pool goes on to the next member as for any error of that category; a
@@ -229,6 +232,10 @@ impl PoolTransport {
         let waits: Option<Vec<_>> = errors.iter().map(SendError::retry_after).collect();
         if let Some(soonest) = waits.and_then(|waits| waits.into_iter().min()) {
             error = error.with_retry_after(soonest);
+        }
+        if errors.iter().all(SendError::is_not_attempted) {
+            // No member sent it: a breaker around the pool learns nothing of the providers.
+            error = error.not_attempted();
         }
         error.with_causes(errors)
     }

@@ -945,3 +945,65 @@ async fn a_member_whose_batch_panics_hands_its_messages_to_the_next_member() {
 
     assert_eq!(transports(&answers), ["backup"; 3]);
 }
+
+// ---- not attempted is not an answer (issue 45, point 10; DESIGN §15) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_members_all_held_the_message_back_is_exhausted_without_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(breaker(&backup, Duration::from_secs(30)), 2)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let tried = pool.send(&message()).await.unwrap_err();
+        assert_eq!(tried.code(), "pool.exhausted");
+        assert!(!tried.is_not_attempted(), "both members failed for real");
+    }
+
+    let held = pool.send(&message()).await.unwrap_err();
+
+    assert_eq!(held.code(), "pool.exhausted");
+    assert!(held.is_not_attempted());
+    assert_eq!((primary.sends(), backup.sends()), (2, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_in_which_one_member_sent_is_exhausted_with_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let _ = pool.send(&message()).await;
+    let _ = pool.send(&message()).await; // the primary's breaker opens
+
+    let error = pool.send(&message()).await.unwrap_err();
+
+    assert_eq!(error.causes()[0].code(), "breaker.open");
+    assert!(!error.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_whose_members_all_held_it_back_is_exhausted_without_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(breaker(&backup, Duration::from_secs(30)), 2)
+        .build()
+        .unwrap();
+    let _ = send_all(&pool, numbered_messages(2)).await; // both breakers open
+
+    let answers = send_all(&pool, numbered_messages(2)).await;
+
+    for answer in answers {
+        let error = answer.unwrap_err();
+        assert_eq!(error.code(), "pool.exhausted");
+        assert!(error.is_not_attempted());
+    }
+}

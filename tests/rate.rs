@@ -310,3 +310,48 @@ async fn verify_asks_the_paced_transport_and_answers_what_it_said() {
     assert_eq!(error.category(), Category::Authentication);
     assert_eq!(provider.verifies(), 1);
 }
+
+// ---- a refusal is not a result (issue 45, point 10; DESIGN §15) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_send_refused_for_want_of_a_slot_is_marked_not_attempted() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 1.0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let message = support::message();
+    let sent = limited.send(&message).await;
+    let refused = limited.send(&message).await.unwrap_err();
+    assert!(sent.is_ok());
+    assert!(refused.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_refused_for_want_of_a_place_in_flight_is_marked_not_attempted() {
+    let provider = Scripted::answering("ses", Reply::Hang);
+    let limited = limiter(&provider, 1_000.0)
+        .burst(10)
+        .max_in_flight(1)
+        .max_wait(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let message = support::message();
+    let refused = tokio::select! {
+        _ = limited.send(&message) => unreachable!("the provider never answers"),
+        refused = async {
+            tokio::task::yield_now().await;
+            limited.send(&message).await
+        } => refused.unwrap_err(),
+    };
+    assert_eq!(refused.code(), "rate.limited");
+    assert!(refused.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_that_throttles_is_not_marked_not_attempted() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 10.0).build().unwrap();
+    let throttled = limited.send(&support::message()).await.unwrap_err();
+    assert!(!throttled.is_not_attempted());
+}

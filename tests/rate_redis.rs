@@ -227,3 +227,52 @@ async fn a_shared_limiters_debug_shows_its_key_and_rate() {
     assert!(debug.contains("rate-tests"), "{debug}");
     assert!(debug.contains("14.0"), "{debug}");
 }
+
+/// A probe the limiter refused is given back to the breaker's Redis store: the breaker
+/// stays half-open, and the next send is let through as the probe (issue 45, point 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_the_limiter_refused_is_given_back_to_a_breaker_on_redis() {
+    let Some(server) = RedisServer::start("rate_refused_probe") else {
+        return;
+    };
+    let store = Arc::new(
+        RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_namespace("rate-refused-probe")
+            .with_timeout(Duration::from_secs(2)),
+    );
+    let provider = Scripted::new("ses");
+    provider.then([Reply::fail(Category::ServerError)]);
+    let limiter = RateLimitTransport::builder(provider.clone())
+        .per_second(1.0)
+        .burst(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let breaker = mail_breaker::CircuitBreakerTransport::builder(limiter)
+        .failure_threshold(1)
+        .reset_timeout(Duration::from_millis(200))
+        .store(store)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let _ = breaker.send(&support::message()).await; // spends the slot, opens the breaker
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let refused = breaker.send(&support::message()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(breaker.state(), mail_breaker::State::HalfOpen);
+    tokio::time::sleep(Duration::from_millis(100)).await; // the release goes in the background
+    let next = breaker.send(&support::message()).await.unwrap_err();
+    assert_eq!(
+        next.code(),
+        "rate.limited",
+        "the probe's slot was free again"
+    );
+
+    tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+    breaker.send(&support::message()).await.unwrap();
+    assert_eq!(breaker.state(), mail_breaker::State::Closed);
+    assert_eq!(provider.sends(), 2);
+}

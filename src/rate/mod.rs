@@ -152,15 +152,16 @@ impl<T: Transport> RateLimitTransport<T> {
                 ),
             ),
         };
-        error.with_transport(&*self.name)
+        error.with_transport(&*self.name).not_attempted()
     }
 
-    /// Lowers the rate when the provider throttled (not this crate's own limiters).
+    /// Lowers the rate when the provider throttled (not a limiter below this one, whose
+    /// refusal was never attempted).
     async fn heard(&self, result: &Result<Receipt, SendError>) {
         if let Err(error) = result
             && self.adaptive
             && error.category() == Category::RateLimited
-            && error.code() != RATE_LIMITED
+            && !error.is_not_attempted()
         {
             self.limiter.throttled().await;
             let now = self.limiter.per_second();
