@@ -355,3 +355,39 @@ async fn a_provider_that_throttles_is_not_marked_not_attempted() {
     let throttled = limited.send(&support::message()).await.unwrap_err();
     assert!(!throttled.is_not_attempted());
 }
+
+// ---- a fractional rate builds by itself (issue 45, point 11) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_fractional_rate_builds_by_itself_and_spaces_sends_by_its_interval() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 0.5).build().unwrap();
+    let message = support::message();
+    let started = Instant::now();
+    limited.send(&message).await.unwrap();
+    limited.send(&message).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_fractional_rate_builds_by_itself_and_keeps_its_rate_as_its_floor() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 0.5).adaptive(true).build().unwrap();
+    let _ = limited.send(&support::message()).await;
+    assert_eq!(
+        limited.per_second(),
+        0.5,
+        "the default floor, 1 a second, is above the rate: the rate is its own floor"
+    );
+}
+
+#[test]
+fn a_floor_set_above_the_rate_is_still_a_config_error() {
+    let error = RateLimitTransport::builder(Scripted::new("p"))
+        .per_second(0.5)
+        .adaptive(true)
+        .min_per_second(1.0)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.setting(), "min_per_second");
+}

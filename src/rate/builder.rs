@@ -27,7 +27,8 @@ pub struct RateLimitBuilder<T> {
     max_in_flight: Option<usize>,
     max_wait: Duration,
     adaptive: bool,
-    min_per_second: f64,
+    /// `None`: the default floor, 1 a second or the rate if that is lower.
+    min_per_second: Option<f64>,
     name: Option<String>,
     members: u32,
     #[cfg(feature = "redis")]
@@ -43,7 +44,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             max_in_flight: None,
             max_wait: Duration::from_secs(5),
             adaptive: false,
-            min_per_second: 1.0,
+            min_per_second: None,
             name: None,
             members: 1,
             #[cfg(feature = "redis")]
@@ -84,9 +85,25 @@ impl<T: Transport> RateLimitBuilder<T> {
         self
     }
 
-    /// The lowest rate throttles bring an adaptive limiter to (default 1 per second).
+    /// The lowest rate throttles bring an adaptive limiter to (default 1 per second, or the
+    /// rate itself when that is lower: a fractional rate builds without this setting).
+    /// Set, it must be above zero and at most the rate.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, RateLimitTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let provider = || LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// // One send every two seconds, adaptive, with the default floor.
+    /// assert!(RateLimitTransport::builder(provider()).per_second(0.5).adaptive(true).build().is_ok());
+    /// let error = RateLimitTransport::builder(provider())
+    ///     .per_second(0.5)
+    ///     .min_per_second(1.0)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(error.setting(), "min_per_second");
+    /// ```
     pub fn min_per_second(mut self, per_second: f64) -> Self {
-        self.min_per_second = per_second;
+        self.min_per_second = Some(per_second);
         self
     }
 
@@ -122,16 +139,21 @@ impl<T: Transport> RateLimitBuilder<T> {
             ConfigError::new("per_second", "a rate limit needs its rate: set per_second")
         })?;
         positive_rate("per_second", per_second)?;
-        positive_rate("min_per_second", self.min_per_second)?;
-        if self.min_per_second > per_second {
-            return Err(ConfigError::new(
-                "min_per_second",
-                format!(
-                    "the lowest rate ({}) must not be above the rate ({per_second})",
-                    self.min_per_second
-                ),
-            ));
-        }
+        let floor = match self.min_per_second {
+            Some(floor) => {
+                positive_rate("min_per_second", floor)?;
+                if floor > per_second {
+                    return Err(ConfigError::new(
+                        "min_per_second",
+                        format!(
+                            "the lowest rate ({floor}) must not be above the rate ({per_second})"
+                        ),
+                    ));
+                }
+                floor
+            }
+            None => DEFAULT_FLOOR.min(per_second),
+        };
         crate::config::at_least_one("burst", u64::from(self.burst))?;
         crate::config::at_least_one("members", u64::from(self.members))?;
         if let Some(max_in_flight) = self.max_in_flight {
@@ -143,7 +165,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             .map(|places| Arc::new(Semaphore::new(places.min(Semaphore::MAX_PERMITS))));
         let name: Arc<str> = Arc::from(self.name.unwrap_or_else(|| self.inner.name().to_owned()));
         crate::metrics::rate_per_second(&name, per_second);
-        let local = || LocalLimiter::new(per_second, self.burst, self.min_per_second);
+        let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {
             Some(store) => super::Limiter::Shared(super::shared::SharedLimiter::new(
@@ -151,7 +173,7 @@ impl<T: Transport> RateLimitBuilder<T> {
                 &name,
                 per_second,
                 self.burst,
-                self.min_per_second,
+                floor,
                 self.members,
             )),
             None => super::Limiter::Local(local()),
@@ -168,6 +190,9 @@ impl<T: Transport> RateLimitBuilder<T> {
         })
     }
 }
+
+/// The lowest rate an adaptive limiter falls to unless set: one send a second.
+const DEFAULT_FLOOR: f64 = 1.0;
 
 fn positive_rate(setting: &'static str, rate: f64) -> Result<(), ConfigError> {
     if rate.is_finite() && rate > 0.0 {
