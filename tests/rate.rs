@@ -176,9 +176,11 @@ async fn a_halved_rate_spaces_sends_twice_as_far() {
     let started = Instant::now();
     limited.send(&message).await.unwrap();
     limited.send(&message).await.unwrap();
+    // The send owed at 0 is owed at the new rate too (issue 45, point 12): each of the two
+    // waits one interval of 200 ms.
     assert_eq!(
         started.elapsed(),
-        Duration::from_millis(100 + 200),
+        Duration::from_millis(200 + 200),
         "{:?}",
         started.elapsed()
     );
@@ -390,4 +392,50 @@ fn a_floor_set_above_the_rate_is_still_a_config_error() {
         .build()
         .unwrap_err();
     assert_eq!(error.setting(), "min_per_second");
+}
+
+// ---- a rate change creates no credit (issue 45, point 12) ----
+
+#[tokio::test(start_paused = true)]
+async fn halving_a_saturated_limiter_gives_it_no_new_burst() {
+    let provider = Scripted::new("ses");
+    provider.then(std::iter::repeat_n(Reply::Ok, 9).chain([throttle()]));
+    let limited = limiter(&provider, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let message = support::message();
+    for _ in 0..10 {
+        let _ = limited.send(&message).await; // the burst, spent; the last is throttled
+    }
+    assert_eq!(limited.per_second(), 5.0);
+
+    let refused = limited.send(&message).await.unwrap_err();
+
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(provider.sends(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_halving_a_saturated_limiter_sends_at_the_new_rate() {
+    let provider = Scripted::new("ses");
+    provider.then(std::iter::repeat_n(Reply::Ok, 9).chain([throttle()]));
+    let limited = limiter(&provider, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    let message = support::message();
+    for _ in 0..10 {
+        let _ = limited.send(&message).await;
+    }
+    let started = Instant::now();
+
+    limited.send(&message).await.unwrap();
+
+    // Ten sends spent at 100 ms each are owed at 200 ms each: the next slot is one new
+    // interval past the burst, 2 s - 1.8 s of tolerance.
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
 }

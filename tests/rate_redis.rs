@@ -271,8 +271,41 @@ async fn a_probe_the_limiter_refused_is_given_back_to_a_breaker_on_redis() {
         "the probe's slot was free again"
     );
 
-    tokio::time::sleep(Duration::from_secs(1).saturating_sub(started.elapsed())).await;
+    // The limiter's next slot is a second after the first send.
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
     breaker.send(&support::message()).await.unwrap();
     assert_eq!(breaker.state(), mail_breaker::State::Closed);
     assert_eq!(provider.sends(), 2);
+}
+
+/// Issue 45, point 12, in the fleet's script: a halving gives no new burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halving_a_saturated_shared_limiter_gives_it_no_new_burst() {
+    let Some(server) = RedisServer::start("rate_shared_halving") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    provider.then(
+        std::iter::repeat_n(Reply::Ok, 9).chain([Reply::Err(SendError::new(
+            Category::RateLimited,
+            "ses.throttling",
+            "slow down",
+        ))]),
+    );
+    let limited = limiter(&provider, &store, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let _ = limited.send(&support::message()).await;
+    }
+    assert_eq!(limited.per_second(), 5.0);
+
+    let refused = limited.send(&support::message()).await.unwrap_err();
+
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(provider.sends(), 10);
 }

@@ -3,18 +3,23 @@
 //! script (timed by its test-only clock argument) and to a model written here from the rules
 //! below, and every reply must be the same.
 //!
-//! The rules, in whole microseconds:
+//! The rules, in whole microseconds (issue 45, points 12 and 15):
 //! - The rate: the configured rate until the first halving; then the rate just after the last
 //!   halving plus 5 % of the configured rate for each whole second since, never above the
 //!   configured rate.
 //! - A throttle halves the rate (not below the floor, itself at most the configured rate),
-//!   unless the last halving was less than a second ago: then it changes nothing.
-//! - A take (GCRA): a slot every `1/rate` s; a send may go up to `burst - 1` intervals ahead
-//!   of the theoretical arrival time; its wait is how far its slot is from now. A wait beyond
-//!   the longest wait is refused, nothing reserved, with how far past it the slot would be;
-//!   else the theoretical arrival time moves on by one interval (kept in whole µs).
+//!   unless the last halving was less than a second ago: then it changes nothing. The halved
+//!   rate is kept exactly.
+//! - A take (GCRA): a slot every `ceil(1e6 / rate)` µs (at least 1, at most 2⁵⁰); a send may
+//!   go up to `burst - 1` intervals ahead of the theoretical arrival time (at most 2⁵⁰ µs); its
+//!   wait is how far its slot is from now. A wait beyond the longest wait (itself at most 2⁵⁰)
+//!   is refused, nothing reserved, with how far past it the slot would be; else the
+//!   theoretical arrival time moves on by one interval, and is kept with that interval.
+//! - A rate change creates no credit: when the interval now differs from the one the
+//!   theoretical arrival time was counted in, what is owed (`tat - now`, when positive) is
+//!   owed as as many sends at the new interval, `ceil(owed × new / old)` (at most 3 × 2⁵⁰).
 //! - Replies: `{1, wait, rate}`, `{0, past the longest wait, rate}` or `{2, 0, rate}` for a
-//!   throttle, times in µs rounded down (up for the refusal), rates in thousandths.
+//!   throttle, times in µs, rates in thousandths rounded down.
 #![cfg(feature = "redis")]
 
 mod support;
@@ -73,17 +78,16 @@ fn settings() -> impl Strategy<Value = Settings> {
         })
 }
 
+/// The longest interval, tolerance and wait, in µs.
+const CAP: f64 = 1_125_899_906_842_624.0;
+
 /// The model: the rules above, on what the script keeps.
 #[derive(Debug, Default)]
 struct Model {
-    tat: Option<f64>,
+    /// The theoretical arrival time, and the interval it was counted in.
+    tat: Option<(f64, f64)>,
     base: Option<f64>,
     since: Option<f64>,
-}
-
-/// A number as the script keeps it with `tostring`: 14 significant digits.
-fn as_lua_keeps(value: f64) -> f64 {
-    format!("{value:.13e}").parse().expect("a number")
 }
 
 impl Model {
@@ -105,24 +109,31 @@ impl Model {
             return [2, 0, (rate * 1000.0).floor() as i64];
         }
         let halved = (rate * 0.5).max(settings.floor.min(settings.configured));
-        self.base = Some(as_lua_keeps(halved));
+        self.base = Some(halved);
         self.since = Some(now);
         [2, 0, (halved * 1000.0).floor() as i64]
     }
 
     fn take(&mut self, settings: Settings, now: f64, max_wait: f64) -> [i64; 3] {
         let rate = self.rate(settings, now);
-        let interval = SECOND / rate;
-        let tolerance = interval * f64::from(settings.burst.saturating_sub(1));
-        let tat = self.tat.unwrap_or(now).max(now);
+        let interval = (SECOND / rate).ceil().clamp(1.0, CAP);
+        let tolerance = (interval * f64::from(settings.burst.saturating_sub(1))).min(CAP);
+        let tat = match self.tat {
+            Some((tat, counted_in)) if tat > now && counted_in != interval => {
+                now + ((tat - now) * interval / counted_in).ceil().min(3.0 * CAP)
+            }
+            Some((tat, _)) => tat.max(now),
+            None => now,
+        };
         let slot = (tat - tolerance).max(now);
         let wait = slot - now;
         let rate_millis = (rate * 1000.0).floor() as i64;
+        let max_wait = max_wait.min(CAP);
         if wait > max_wait {
-            return [0, (wait - max_wait).ceil() as i64, rate_millis];
+            return [0, (wait - max_wait) as i64, rate_millis];
         }
-        self.tat = Some((tat + interval).round_ties_even());
-        [1, wait.floor() as i64, rate_millis]
+        self.tat = Some((tat + interval, interval));
+        [1, wait as i64, rate_millis]
     }
 }
 

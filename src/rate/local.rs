@@ -35,8 +35,9 @@ impl LocalLimiter {
         }
     }
 
+    /// Whole µs since the limiter was made (see `gcra.rs` on why µs).
     fn now(&self) -> u64 {
-        super::gcra::nanos(Instant::now().duration_since(self.origin))
+        super::gcra::micros(Instant::now().duration_since(self.origin))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {

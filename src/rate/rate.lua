@@ -1,8 +1,10 @@
 -- A rate limiter shared by a fleet: GCRA with a burst, and an adaptive rate, timed by the
--- Redis server's clock. The same rules as src/rate/gcra.rs and src/rate/adaptive.rs.
+-- Redis server's clock. The same rules as src/rate/gcra.rs and src/rate/adaptive.rs, in the
+-- same arithmetic step for step (whole µs; the interval ceil(1e6 / rate), capped; what is
+-- owed counted again at a new interval), so that both answer a sequence alike.
 --
--- KEYS[1]  the limiter's hash: tat (µs), base (sends per second after the last throttle),
---          since (µs, the last halving)
+-- KEYS[1]  the limiter's hash: tat (µs), interval (µs, the one tat was counted in), base
+--          (sends per second after the last throttle), since (µs, the last halving)
 -- ARGV[1]  "take" (reserve the next slot) or "throttle" (the provider throttled: halve)
 -- ARGV[2]  the configured rate, sends per second
 -- ARGV[3]  the burst
@@ -30,8 +32,12 @@ else
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
 
-local state = redis.call('HMGET', key, 'tat', 'base', 'since')
-local tat = tonumber(state[1]) or now
+-- Intervals, tolerances and waits stay below 2^50 µs, so that every sum is exact.
+local CAP = 1125899906842624
+local OWED_CAP = 3 * CAP
+
+local state = redis.call('HMGET', key, 'tat', 'base', 'since', 'interval')
+local tat = tonumber(state[1])
 local base = tonumber(state[2]) or configured
 -- A hash without `since` was never halved: 0 is decades before any clock's now.
 local since = tonumber(state[3]) or 0
@@ -46,19 +52,41 @@ if op == 'throttle' then
         return {2, 0, math.floor(rate * 1000)}
     end
     local halved = math.max(rate * 0.5, floor_rate)
-    redis.call('HSET', key, 'base', tostring(halved), 'since', string.format('%.0f', now))
+    -- 17 digits: the very number, read back as it was written.
+    redis.call('HSET', key, 'base', string.format('%.17g', halved),
+        'since', string.format('%.0f', now))
     redis.call('PEXPIRE', key, expiry)
     return {2, 0, math.floor(halved * 1000)}
 end
 
-local interval = 1000000 / rate
-local tolerance = interval * math.max(burst - 1, 0)
-tat = math.max(tat, now)
+-- The interval, rounded up: never faster than the rate.
+local interval = math.ceil(1000000 / rate)
+if interval ~= interval or interval < 1 then
+    interval = 1
+elseif interval >= CAP then
+    interval = CAP
+end
+local tolerance = math.min(interval * math.max(burst - 1, 0), CAP)
+local longest = math.min(max_wait, CAP)
+if tat == nil or tat <= now then
+    tat = now
+else
+    -- What is owed was counted at another rate: as many sends, at this interval, rounded up.
+    local counted_in = tonumber(state[4]) or interval
+    if counted_in ~= interval then
+        local owed = math.ceil((tat - now) * interval / counted_in)
+        if owed >= OWED_CAP then
+            owed = OWED_CAP
+        end
+        tat = now + owed
+    end
+end
 local slot = math.max(tat - tolerance, now)
 local wait = slot - now
-if wait > max_wait then
-    return {0, math.ceil(wait - max_wait), math.floor(rate * 1000)}
+if wait > longest then
+    return {0, wait - longest, math.floor(rate * 1000)}
 end
-redis.call('HSET', key, 'tat', string.format('%.0f', tat + interval))
+redis.call('HSET', key, 'tat', string.format('%.0f', tat + interval),
+    'interval', string.format('%.0f', interval))
 redis.call('PEXPIRE', key, expiry)
-return {1, math.floor(wait), math.floor(rate * 1000)}
+return {1, wait, math.floor(rate * 1000)}
