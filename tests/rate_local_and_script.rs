@@ -144,6 +144,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     .arg(0)
                     .arg(settings.floor)
                     .arg(60_000)
+                    .arg("model")
                     .arg(now);
                 redis_runtime
                     .block_on(call.invoke_async(&mut connection.clone()))
@@ -180,11 +181,11 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                 });
                 let said = script_call("take", EPOCH + clock)?;
                 let script = match said[..] {
-                    [1, wait, rate] => Answer::Sent {
+                    [1, wait, rate, _] => Answer::Sent {
                         wait: wait as u64,
                         rate,
                     },
-                    [0, retry_after, rate] => Answer::Refused {
+                    [0, retry_after, rate, _] => Answer::Refused {
                         retry_after: retry_after as u64,
                         rate,
                     },

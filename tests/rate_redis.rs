@@ -309,3 +309,100 @@ async fn halving_a_saturated_shared_limiter_gives_it_no_new_burst() {
     assert_eq!(refused.code(), "rate.limited");
     assert_eq!(provider.sends(), 10);
 }
+
+/// Sends `count` messages one after another through `transport`, which never waits: how
+/// many went.
+async fn sent_at_once(transport: &RateLimitTransport<Scripted>, count: usize) -> usize {
+    let mut sent = 0;
+    for _ in 0..count {
+        if transport.send(&support::message()).await.is_ok() {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// Issue 45, point 14: with Redis down, `.members(n)` divides the burst as well as the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_a_limiter_of_known_members_takes_its_share_of_the_burst() {
+    let Some(mut server) = RedisServer::start("rate_fallback_burst") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 4.0)
+        .burst(8)
+        .members(4)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    limited.send(&support::message()).await.unwrap();
+    server.stop();
+
+    assert_eq!(
+        sent_at_once(&limited, 5).await,
+        2,
+        "a quarter of the burst of 8"
+    );
+    assert_eq!(limited.per_second(), 1.0);
+}
+
+/// Issue 45, point 14: without `.members(n)`, the share is that of the processes last seen
+/// sharing the limiter in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_a_limiter_takes_the_share_of_the_processes_last_seen_sharing_it() {
+    let Some(mut server) = RedisServer::start("rate_fallback_seen") else {
+        return;
+    };
+    let member = |name: &'static str| {
+        let url = server.url();
+        async move {
+            Arc::new(
+                RedisStore::connect(&url)
+                    .await
+                    .unwrap()
+                    .with_namespace("rate-tests")
+                    .with_member(name)
+                    .with_timeout(Duration::from_millis(100))
+                    .with_retry_interval(Duration::from_millis(100)),
+            )
+        }
+    };
+    let (store_a, store_b) = (member("web-1").await, member("web-2").await);
+    let provider = Scripted::new("ses");
+    let build = |store: &Arc<RedisStore>| {
+        limiter(&provider, store, 4.0)
+            .burst(8)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(&store_a), build(&store_b));
+    a.send(&support::message()).await.unwrap();
+    b.send(&support::message()).await.unwrap();
+    a.send(&support::message()).await.unwrap(); // a has now seen both
+    server.stop();
+
+    assert_eq!(sent_at_once(&a, 6).await, 4, "half the burst of 8");
+    assert_eq!(a.per_second(), 2.0, "half the rate");
+}
+
+/// DESIGN §13: knowing neither `.members(n)` nor who shares it, the fallback takes the full
+/// rate and burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_from_the_start_a_limiter_takes_the_full_rate_and_burst() {
+    let Some(mut server) = RedisServer::start("rate_fallback_unknown") else {
+        return;
+    };
+    let store = store(&server).await;
+    server.stop();
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 4.0)
+        .burst(8)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+
+    assert_eq!(sent_at_once(&limited, 9).await, 8);
+    assert_eq!(limited.per_second(), 4.0);
+}

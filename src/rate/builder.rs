@@ -30,7 +30,8 @@ pub struct RateLimitBuilder<T> {
     /// `None`: the default floor, 1 a second or the rate if that is lower.
     min_per_second: Option<f64>,
     name: Option<String>,
-    members: u32,
+    /// `None`: the processes Redis last said share the limiter.
+    members: Option<u32>,
     #[cfg(feature = "redis")]
     shared: Option<Arc<crate::RedisStore>>,
 }
@@ -46,7 +47,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             adaptive: false,
             min_per_second: None,
             name: None,
-            members: 1,
+            members: None,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -118,18 +119,22 @@ impl<T: Transport> RateLimitBuilder<T> {
     /// store's namespace: GCRA in Redis (or a Redis Cluster), one script call per send, timed
     /// by the server's clock, on the store's connection and within its timeout. A throttle
     /// lowers the fleet's rate. While Redis does not answer, each process paces itself at
-    /// its share (`per_second / members`, see [`members`](Self::members)), logs one
-    /// warning, and tries Redis again once per the store's retry interval.
+    /// its share of the rate and of the burst (`1 / members`, see [`members`](Self::members)),
+    /// logs one warning, and tries Redis again once per the store's retry interval.
     #[cfg(feature = "redis")]
     pub fn shared(mut self, store: Arc<crate::RedisStore>) -> Self {
         self.shared = Some(store);
         self
     }
 
-    /// How many processes share the budget (default 1): while Redis does not answer, each
-    /// paces itself at `per_second / members`.
+    /// How many processes share the budget: while Redis does not answer, each paces itself
+    /// at `per_second / members` with a burst of `burst / members` (at least 1). Unset, it is
+    /// the number of processes Redis last said share the limiter (those that called it in
+    /// the last ten minutes, each known by its store's
+    /// [`member`](crate::RedisStore::with_member) name); knowing neither, a process takes
+    /// the full rate and burst. Only a [shared](Self::shared) limiter reads it.
     pub fn members(mut self, members: u32) -> Self {
-        self.members = members;
+        self.members = Some(members);
         self
     }
 
@@ -155,7 +160,9 @@ impl<T: Transport> RateLimitBuilder<T> {
             None => DEFAULT_FLOOR.min(per_second),
         };
         crate::config::at_least_one("burst", u64::from(self.burst))?;
-        crate::config::at_least_one("members", u64::from(self.members))?;
+        if let Some(members) = self.members {
+            crate::config::at_least_one("members", u64::from(members))?;
+        }
         if let Some(max_in_flight) = self.max_in_flight {
             crate::config::at_least_one("max_in_flight", max_in_flight as u64)?;
         }

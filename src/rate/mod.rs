@@ -36,7 +36,7 @@ pub const RATE_LIMITED: &str = "rate.limited";
 /// - Shared with `.shared(store)` (feature `redis`): every process whose limiter has the
 ///   same name in the store's namespace draws from one budget in Redis, and a throttle
 ///   lowers everyone's rate; while Redis does not answer, each paces itself at its share
-///   (`per_second / members`).
+///   of the rate and of the burst (`1 / members`, see [`members`](RateLimitBuilder::members)).
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
 ///

@@ -11,11 +11,14 @@
 -- ARGV[4]  the longest wait, µs
 -- ARGV[5]  the lowest rate, sends per second
 -- ARGV[6]  how long the hash stays after its last write, ms
--- ARGV[7]  (tests only) the time, µs, instead of the server's clock
+-- ARGV[7]  the calling process's name in the fleet (the store's member name)
+-- ARGV[8]  (tests only) the time, µs, instead of the server's clock
 --
--- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second}: granted 1 with the
--- wait before the reserved slot, 0 with how long past the longest wait the slot would come
--- (nothing reserved); "throttle" replies {2, 0, the new rate}.
+-- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second, members}: granted 1
+-- with the wait before the reserved slot, 0 with how long past the longest wait the slot
+-- would come (nothing reserved); "throttle" replies {2, 0, the new rate, members}. `members`
+-- is how many processes called within the last ten minutes, this one included: while Redis
+-- is down, each takes that share of the rate and the burst.
 
 local key = KEYS[1]
 local op = ARGV[1]
@@ -24,9 +27,10 @@ local burst = tonumber(ARGV[3])
 local max_wait = tonumber(ARGV[4])
 local floor_rate = math.min(tonumber(ARGV[5]), configured)
 local expiry = tonumber(ARGV[6])
+local member = ARGV[7] or ''
 local now
-if ARGV[7] then
-    now = tonumber(ARGV[7])
+if ARGV[8] then
+    now = tonumber(ARGV[8])
 else
     local time = redis.call('TIME')
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -35,6 +39,24 @@ end
 -- Intervals, tolerances and waits stay below 2^50 µs, so that every sum is exact.
 local CAP = 1125899906842624
 local OWED_CAP = 3 * CAP
+
+-- The processes sharing the limiter: a field `member:<name>` each, the time last seen; those
+-- not seen for ten minutes are forgotten.
+local SEEN_WITHIN = 600000000
+redis.call('HSET', key, 'member:' .. member, string.format('%.0f', now))
+redis.call('PEXPIRE', key, expiry)
+local members = 0
+local fields = redis.call('HGETALL', key)
+for i = 1, #fields, 2 do
+    local name = fields[i]
+    if string.sub(name, 1, 7) == 'member:' then
+        if now - (tonumber(fields[i + 1]) or 0) < SEEN_WITHIN then
+            members = members + 1
+        else
+            redis.call('HDEL', key, name)
+        end
+    end
+end
 
 local state = redis.call('HMGET', key, 'tat', 'base', 'since', 'interval')
 local tat = tonumber(state[1])
@@ -49,14 +71,14 @@ local rate = math.min(configured, base + 0.05 * configured * quiet)
 if op == 'throttle' then
     -- Throttles within a second of a halving answer sends made before it: no new signal.
     if now - since < 1000000 then
-        return {2, 0, math.floor(rate * 1000)}
+        return {2, 0, math.floor(rate * 1000), members}
     end
     local halved = math.max(rate * 0.5, floor_rate)
     -- 17 digits: the very number, read back as it was written.
     redis.call('HSET', key, 'base', string.format('%.17g', halved),
         'since', string.format('%.0f', now))
     redis.call('PEXPIRE', key, expiry)
-    return {2, 0, math.floor(halved * 1000)}
+    return {2, 0, math.floor(halved * 1000), members}
 end
 
 -- The interval, rounded up: never faster than the rate.
@@ -84,9 +106,9 @@ end
 local slot = math.max(tat - tolerance, now)
 local wait = slot - now
 if wait > longest then
-    return {0, wait - longest, math.floor(rate * 1000)}
+    return {0, wait - longest, math.floor(rate * 1000), members}
 end
 redis.call('HSET', key, 'tat', string.format('%.0f', tat + interval),
     'interval', string.format('%.0f', interval))
 redis.call('PEXPIRE', key, expiry)
-return {1, wait, math.floor(rate * 1000)}
+return {1, wait, math.floor(rate * 1000), members}
