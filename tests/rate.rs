@@ -439,3 +439,70 @@ async fn after_a_halving_a_saturated_limiter_sends_at_the_new_rate() {
     // interval past the burst, 2 s - 1.8 s of tolerance.
     assert_eq!(started.elapsed(), Duration::from_millis(200));
 }
+
+// ---- a limiter may count recipients (issue 45, point 13) ----
+
+/// A message to `count` recipients.
+fn message_to_many(count: usize) -> mail_breaker::Message {
+    let mut builder = lettre::Message::builder().from("app@example.com".parse().unwrap());
+    for n in 0..count {
+        builder = builder.to(format!("user{n}@example.org").parse().unwrap());
+    }
+    builder.subject("hello").body(String::from("hi")).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limiter_that_counts_recipients_charges_one_slot_per_recipient() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    limited.send(&message_to_many(3)).await.unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_message_costs_one_slot_whatever_its_recipients() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0).build().unwrap();
+    limited.send(&message_to_many(3)).await.unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_to_more_recipients_than_the_burst_goes_once_the_burst_is_whole_and_the_rest_is_owed()
+ {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .burst(2)
+        .max_wait(Duration::ZERO)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    limited.send(&message_to_many(5)).await.unwrap();
+    let refused = limited.send(&message_to_many(1)).await.unwrap_err();
+    // Five slots owed (500 ms), less one interval of burst: the next send's slot is 400 ms away.
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(400)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_raw_counts_the_envelopes_recipients_too() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    let message = message_to_many(4);
+    limited
+        .send_raw(message.envelope(), &message.formatted())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(400));
+}

@@ -29,18 +29,18 @@ const EPOCH: u64 = 1_700_000_000_000_000;
 enum Op {
     /// Time passes, in µs.
     Wait(u64),
-    /// A send.
-    Send,
-    /// A send the provider answers with a throttle.
-    Throttled,
+    /// A send to this many recipients, each a slot.
+    Send(u32),
+    /// A send to this many recipients that the provider answers with a throttle.
+    Throttled(u32),
 }
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         1 => prop_oneof![Just(1_000_000u64), Just(999_999), Just(1_000_001)].prop_map(Op::Wait),
         3 => (0u64..1_500_000).prop_map(Op::Wait),
-        5 => Just(Op::Send),
-        1 => Just(Op::Throttled),
+        5 => prop_oneof![3 => Just(1u32), 1 => 2u32..9].prop_map(Op::Send),
+        1 => (1u32..4).prop_map(Op::Throttled),
     ]
 }
 
@@ -85,6 +85,15 @@ fn throttle() -> Reply {
         "ses.throttling",
         "Maximum sending rate exceeded",
     ))
+}
+
+/// A message to `count` recipients.
+fn message_to(count: u32) -> mail_breaker::Message {
+    let mut builder = lettre::Message::builder().from("app@example.com".parse().unwrap());
+    for n in 0..count {
+        builder = builder.to(format!("user{n}@example.org").parse().unwrap());
+    }
+    builder.subject("hello").body(String::from("hi")).unwrap()
 }
 
 fn micros(duration: Duration) -> u64 {
@@ -132,11 +141,11 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     .min_per_second(settings.floor)
                     .max_wait(Duration::ZERO)
                     .adaptive(true)
+                    .cost_per_recipient()
                     .build()
                     .expect("valid settings")
             });
-            let message = support::message();
-            let script_call = |op: &str, now: u64| -> Result<Vec<i64>, TestCaseError> {
+            let script_call = |op: &str, cost: u32, now: u64| -> Result<Vec<i64>, TestCaseError> {
                 let mut call = script.key(&key);
                 call.arg(op)
                     .arg(settings.per_second)
@@ -145,6 +154,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     .arg(settings.floor)
                     .arg(60_000)
                     .arg("model")
+                    .arg(cost)
                     .arg(now);
                 redis_runtime
                     .block_on(call.invoke_async(&mut connection.clone()))
@@ -152,15 +162,16 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
             };
             let mut clock = 0u64;
             for (step, op) in ops.iter().enumerate() {
-                let throttled = match op {
+                let (throttled, recipients) = match op {
                     Op::Wait(by) => {
                         local_runtime.block_on(tokio::time::advance(Duration::from_micros(*by)));
                         clock += by;
                         continue;
                     }
-                    Op::Send => false,
-                    Op::Throttled => true,
+                    Op::Send(recipients) => (false, *recipients),
+                    Op::Throttled(recipients) => (true, *recipients),
                 };
+                let message = message_to(recipients);
                 let (local, rate_after) = local_runtime.block_on(async {
                     let rate = (limited.per_second() * 1000.0).floor() as i64;
                     if throttled {
@@ -179,7 +190,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     };
                     (local, (limited.per_second() * 1000.0).floor() as i64)
                 });
-                let said = script_call("take", EPOCH + clock)?;
+                let said = script_call("take", recipients, EPOCH + clock)?;
                 let script = match said[..] {
                     [1, wait, rate, _] => Answer::Sent {
                         wait: wait as u64,
@@ -203,7 +214,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                 if let Answer::Sent { wait, .. } = local {
                     clock += wait;
                     if throttled {
-                        let said = script_call("throttle", EPOCH + clock)?;
+                        let said = script_call("throttle", 1, EPOCH + clock)?;
                         prop_assert_eq!(
                             said.get(2).copied(),
                             Some(rate_after),

@@ -406,3 +406,35 @@ async fn with_redis_down_from_the_start_a_limiter_takes_the_full_rate_and_burst(
     assert_eq!(sent_at_once(&limited, 9).await, 8);
     assert_eq!(limited.per_second(), 4.0);
 }
+
+/// Issue 45, point 13, in the fleet's script: a shared limiter that counts recipients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_limiter_that_counts_recipients_charges_one_slot_per_recipient() {
+    let Some(server) = RedisServer::start("rate_shared_recipients") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 1.0)
+        .burst(3)
+        .max_wait(Duration::ZERO)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    let to_three = lettre::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("a@example.org".parse().unwrap())
+        .to("b@example.org".parse().unwrap())
+        .to("c@example.org".parse().unwrap())
+        .body(String::from("hi"))
+        .unwrap();
+
+    limited.send(&to_three).await.unwrap();
+    let refused = limited.send(&support::message()).await.unwrap_err();
+
+    assert_eq!(
+        refused.code(),
+        "rate.limited",
+        "the burst of 3 went to one message"
+    );
+}

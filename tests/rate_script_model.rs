@@ -15,6 +15,10 @@
 //!   wait is how far its slot is from now. A wait beyond the longest wait (itself at most 2⁵⁰)
 //!   is refused, nothing reserved, with how far past it the slot would be; else the
 //!   theoretical arrival time moves on by one interval, and is kept with that interval.
+//! - A take may cost several slots (`cost`, below 1 taken as 1): it goes once
+//!   `min(cost, burst)` slots are free (its slot is `tat + (min(cost, burst) - 1) × interval -
+//!   tolerance`, that part at most 2⁵⁰), and moves the theoretical arrival time on by `cost`
+//!   intervals (at most 2⁵⁰ µs).
 //! - A rate change creates no credit: when the interval now differs from the one the
 //!   theoretical arrival time was counted in, what is owed (`tat - now`, when positive) is
 //!   owed as as many sends at the new interval, `ceil(owed × new / old)` (at most 3 × 2⁵⁰).
@@ -36,7 +40,7 @@ const SECOND: f64 = 1_000_000.0;
 #[derive(Debug, Clone)]
 enum Op {
     Wait(u32),
-    Take { max_wait: u32 },
+    Take { max_wait: u32, cost: u32 },
     Throttle,
 }
 
@@ -46,8 +50,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(1_000_000u32), Just(999_999), Just(1_000_001), Just(2_000_000)]
             .prop_map(Op::Wait),
         3 => (0u32..1_500_000).prop_map(Op::Wait),
-        5 => prop_oneof![Just(0u32), Just(10_000), Just(100_000), Just(1_000_000), 0u32..3_000_000]
-            .prop_map(|max_wait| Op::Take { max_wait }),
+        5 => (
+            prop_oneof![Just(0u32), Just(10_000), Just(100_000), Just(1_000_000), 0u32..3_000_000],
+            prop_oneof![3 => Just(1u32), 1 => 0u32..9],
+        )
+            .prop_map(|(max_wait, cost)| Op::Take { max_wait, cost }),
         1 => Just(Op::Throttle),
     ]
 }
@@ -115,7 +122,7 @@ impl Model {
         [2, 0, (halved * 1000.0).floor() as i64]
     }
 
-    fn take(&mut self, settings: Settings, now: f64, max_wait: f64) -> [i64; 3] {
+    fn take(&mut self, settings: Settings, now: f64, max_wait: f64, cost: u32) -> [i64; 3] {
         let rate = self.rate(settings, now);
         let interval = (SECOND / rate).ceil().clamp(1.0, CAP);
         let tolerance = (interval * f64::from(settings.burst.saturating_sub(1))).min(CAP);
@@ -126,14 +133,16 @@ impl Model {
             Some((tat, _)) => tat.max(now),
             None => now,
         };
-        let slot = (tat - tolerance).max(now);
+        let cost = f64::from(cost.max(1));
+        let ahead = (interval * (cost.min(f64::from(settings.burst.max(1))) - 1.0)).min(CAP);
+        let slot = (tat + ahead - tolerance).max(now);
         let wait = slot - now;
         let rate_millis = (rate * 1000.0).floor() as i64;
         let max_wait = max_wait.min(CAP);
         if wait > max_wait {
             return [0, (wait - max_wait) as i64, rate_millis];
         }
-        self.tat = Some((tat + interval, interval));
+        self.tat = Some((tat + (interval * cost).min(CAP), interval));
         [1, wait as i64, rate_millis]
     }
 }
@@ -168,13 +177,13 @@ fn the_rate_script_keeps_the_rate_limiters_rules() {
             let mut model = Model::default();
             let mut now = EPOCH;
             for (step, op) in ops.iter().enumerate() {
-                let (name, max_wait) = match op {
+                let (name, max_wait, cost) = match op {
                     Op::Wait(micros) => {
                         now += f64::from(*micros);
                         continue;
                     }
-                    Op::Take { max_wait } => ("take", f64::from(*max_wait)),
-                    Op::Throttle => ("throttle", 0.0),
+                    Op::Take { max_wait, cost } => ("take", f64::from(*max_wait), *cost),
+                    Op::Throttle => ("throttle", 0.0, 1),
                 };
                 let mut call = script.key(&key);
                 call.arg(name)
@@ -184,13 +193,14 @@ fn the_rate_script_keeps_the_rate_limiters_rules() {
                     .arg(settings.floor)
                     .arg(60_000)
                     .arg("model")
+                    .arg(cost)
                     .arg(now);
                 let said: Vec<i64> = runtime
                     .block_on(call.invoke_async(&mut connection.clone()))
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
                 let expected = match op {
                     Op::Throttle => model.throttle(settings, now),
-                    _ => model.take(settings, now, max_wait),
+                    _ => model.take(settings, now, max_wait, cost),
                 };
                 prop_assert_eq!(said.get(3).copied(), Some(1), "one process shares it");
                 prop_assert_eq!(

@@ -32,6 +32,7 @@ pub struct RateLimitBuilder<T> {
     name: Option<String>,
     /// `None`: the processes Redis last said share the limiter.
     members: Option<u32>,
+    per_recipient: bool,
     #[cfg(feature = "redis")]
     shared: Option<Arc<crate::RedisStore>>,
 }
@@ -48,6 +49,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             min_per_second: None,
             name: None,
             members: None,
+            per_recipient: false,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -138,6 +140,27 @@ impl<T: Transport> RateLimitBuilder<T> {
         self
     }
 
+    /// Charges a send one slot per recipient of its envelope rather than one per message:
+    /// for a provider whose quota counts recipients, as Amazon SES's maximum send rate does
+    /// (a message to 3 recipients is 3 of its 14 a second). A message to more recipients than
+    /// the burst goes once the whole burst is free, and the sends after it wait for the rest.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, RateLimitTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// let limited = RateLimitTransport::builder(ses)
+    ///     .per_second(14.0)
+    ///     .burst(14)
+    ///     .cost_per_recipient()
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn cost_per_recipient(mut self) -> Self {
+        self.per_recipient = true;
+        self
+    }
+
     /// The limiter, or a [`ConfigError`] naming the first setting out of range.
     pub fn build(self) -> Result<RateLimitTransport<T>, ConfigError> {
         let per_second = self.per_second.ok_or_else(|| {
@@ -194,6 +217,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             in_flight,
             max_wait: self.max_wait,
             adaptive: self.adaptive,
+            per_recipient: self.per_recipient,
         })
     }
 }

@@ -17,6 +17,12 @@
 //! spent its burst has not a send more after its rate halves (GCRA's tolerance grows with
 //! the interval, and `tat` alone would hand it a new burst), and a recovering rate pays its
 //! debt faster.
+//!
+//! # A send that costs several slots
+//! A send may cost `cost` slots (one per recipient, for a provider that counts them). It
+//! goes once `min(cost, burst)` slots are free, and owes them all: `tat` moves on by
+//! `cost` intervals (at most [`CAP`] µs). So a message to more recipients than the burst is
+//! never refused for good, and the sends after it wait for what it took.
 
 use std::time::Duration;
 
@@ -74,15 +80,24 @@ pub(crate) struct Gcra {
 }
 
 impl Gcra {
-    /// Reserves the next slot at `rate` for a send asked for at `now` (µs) that may wait up
-    /// to `max_wait`.
-    pub(crate) fn reserve(&mut self, now: u64, rate: Rate, max_wait: Duration) -> Slot {
+    /// Reserves the next `cost` slots (at least 1) at `rate` for a send asked for at `now`
+    /// (µs) that may wait up to `max_wait`.
+    pub(crate) fn reserve(&mut self, now: u64, rate: Rate, max_wait: Duration, cost: u32) -> Slot {
         let interval = rate.interval_micros();
         let tat = match self.tat {
             None => now,
             Some((tat, counted_in)) => owed_at(now, tat, counted_in, interval),
         };
-        let slot = tat.saturating_sub(rate.tolerance_micros()).max(now);
+        let cost = cost.max(1);
+        // How far past `tat` the last slot this send needs now lies: the burst bounds it.
+        let ahead = interval
+            .saturating_mul(u64::from(cost.min(rate.burst.max(1)) - 1))
+            .min(CAP);
+        let charge = interval.saturating_mul(u64::from(cost)).min(CAP);
+        let slot = tat
+            .saturating_add(ahead)
+            .saturating_sub(rate.tolerance_micros())
+            .max(now);
         let wait = slot - now;
         let max_wait = micros(max_wait).min(CAP);
         if wait > max_wait {
@@ -90,7 +105,7 @@ impl Gcra {
                 retry_after: Duration::from_micros(wait - max_wait),
             };
         }
-        self.tat = Some((tat.saturating_add(interval), interval));
+        self.tat = Some((tat.saturating_add(charge), interval));
         Slot::After(Duration::from_micros(wait))
     }
 }
@@ -153,10 +168,10 @@ mod tests {
     fn halving_the_rate_of_a_limiter_that_spent_its_burst_gives_it_no_send() {
         let mut gcra = Gcra::default();
         for _ in 0..10 {
-            gcra.reserve(0, rate(10.0, 10), Duration::ZERO);
+            gcra.reserve(0, rate(10.0, 10), Duration::ZERO, 1);
         }
         assert_eq!(
-            gcra.reserve(0, rate(5.0, 10), Duration::ZERO),
+            gcra.reserve(0, rate(5.0, 10), Duration::ZERO, 1),
             Slot::Refused {
                 retry_after: Duration::from_millis(200)
             },
@@ -167,9 +182,9 @@ mod tests {
     #[test]
     fn a_rate_change_keeps_what_is_owed_as_a_number_of_sends() {
         let mut gcra = Gcra::default();
-        gcra.reserve(0, rate(10.0, 1), Duration::ZERO); // owes 100 ms: one send
+        gcra.reserve(0, rate(10.0, 1), Duration::ZERO, 1); // owes 100 ms: one send
         assert_eq!(
-            gcra.reserve(50 * MS, rate(20.0, 1), Duration::from_secs(1)),
+            gcra.reserve(50 * MS, rate(20.0, 1), Duration::from_secs(1), 1),
             Slot::After(Duration::from_millis(25)),
             "half a send owed at 50 ms a send"
         );
@@ -181,7 +196,7 @@ mod tests {
     fn the_first_send_goes_at_once() {
         let mut gcra = Gcra::default();
         assert_eq!(
-            gcra.reserve(5 * MS, rate(50.0, 1), Duration::ZERO),
+            gcra.reserve(5 * MS, rate(50.0, 1), Duration::ZERO, 1),
             Slot::After(Duration::ZERO)
         );
     }
@@ -190,7 +205,7 @@ mod tests {
     fn sends_asked_for_together_are_spaced_by_the_interval() {
         let mut gcra = Gcra::default();
         let waits: Vec<Slot> = (0..4)
-            .map(|_| gcra.reserve(0, rate(50.0, 1), Duration::from_secs(1)))
+            .map(|_| gcra.reserve(0, rate(50.0, 1), Duration::from_secs(1), 1))
             .collect();
         let expected: Vec<Slot> = [0, 20, 40, 60]
             .map(|ms| Slot::After(Duration::from_millis(ms)))
@@ -203,12 +218,12 @@ mod tests {
         let mut gcra = Gcra::default();
         for _ in 0..3 {
             assert_eq!(
-                gcra.reserve(0, rate(10.0, 3), Duration::ZERO),
+                gcra.reserve(0, rate(10.0, 3), Duration::ZERO, 1),
                 Slot::After(Duration::ZERO)
             );
         }
         assert_eq!(
-            gcra.reserve(0, rate(10.0, 3), Duration::from_secs(1)),
+            gcra.reserve(0, rate(10.0, 3), Duration::from_secs(1), 1),
             Slot::After(Duration::from_millis(100))
         );
     }
@@ -216,17 +231,17 @@ mod tests {
     #[test]
     fn a_send_that_would_wait_past_max_wait_is_refused_and_reserves_nothing() {
         let mut gcra = Gcra::default();
-        gcra.reserve(0, rate(10.0, 1), Duration::ZERO);
-        gcra.reserve(0, rate(10.0, 1), Duration::from_secs(1)); // its slot: 100 ms
+        gcra.reserve(0, rate(10.0, 1), Duration::ZERO, 1);
+        gcra.reserve(0, rate(10.0, 1), Duration::from_secs(1), 1); // its slot: 100 ms
         assert_eq!(
-            gcra.reserve(0, rate(10.0, 1), Duration::from_millis(150)),
+            gcra.reserve(0, rate(10.0, 1), Duration::from_millis(150), 1),
             Slot::Refused {
                 retry_after: Duration::from_millis(50)
             },
             "the slot at 200 ms is 50 ms past the longest wait"
         );
         assert_eq!(
-            gcra.reserve(0, rate(10.0, 1), Duration::from_millis(200)),
+            gcra.reserve(0, rate(10.0, 1), Duration::from_millis(200), 1),
             Slot::After(Duration::from_millis(200)),
             "the refusal reserved nothing"
         );
@@ -235,20 +250,56 @@ mod tests {
     #[test]
     fn a_quiet_limiter_does_not_save_up_more_than_its_burst() {
         let mut gcra = Gcra::default();
-        gcra.reserve(0, rate(10.0, 2), Duration::ZERO);
+        gcra.reserve(0, rate(10.0, 2), Duration::ZERO, 1);
         let later = 10_000 * MS;
         assert_eq!(
-            gcra.reserve(later, rate(10.0, 2), Duration::ZERO),
+            gcra.reserve(later, rate(10.0, 2), Duration::ZERO, 1),
             Slot::After(Duration::ZERO)
         );
         assert_eq!(
-            gcra.reserve(later, rate(10.0, 2), Duration::ZERO),
+            gcra.reserve(later, rate(10.0, 2), Duration::ZERO, 1),
             Slot::After(Duration::ZERO)
         );
         assert_eq!(
-            gcra.reserve(later, rate(10.0, 2), Duration::ZERO),
+            gcra.reserve(later, rate(10.0, 2), Duration::ZERO, 1),
             Slot::Refused {
                 retry_after: Duration::from_millis(100)
+            }
+        );
+    }
+
+    #[test]
+    fn a_send_of_several_slots_goes_when_they_are_free_and_owes_them_all() {
+        let mut gcra = Gcra::default();
+        assert_eq!(
+            gcra.reserve(0, rate(10.0, 4), Duration::ZERO, 3),
+            Slot::After(Duration::ZERO)
+        );
+        assert_eq!(
+            gcra.reserve(0, rate(10.0, 4), Duration::ZERO, 2),
+            Slot::Refused {
+                retry_after: Duration::from_millis(100)
+            },
+            "one slot of the burst left, two needed"
+        );
+        assert_eq!(
+            gcra.reserve(0, rate(10.0, 4), Duration::ZERO, 0),
+            Slot::After(Duration::ZERO),
+            "a cost of none is one slot"
+        );
+    }
+
+    #[test]
+    fn a_send_costing_more_than_the_burst_goes_once_the_burst_is_whole() {
+        let mut gcra = Gcra::default();
+        assert_eq!(
+            gcra.reserve(0, rate(10.0, 2), Duration::ZERO, 5),
+            Slot::After(Duration::ZERO)
+        );
+        assert_eq!(
+            gcra.reserve(0, rate(10.0, 2), Duration::ZERO, 1),
+            Slot::Refused {
+                retry_after: Duration::from_millis(400)
             }
         );
     }
@@ -265,8 +316,8 @@ mod tests {
         ] {
             let mut gcra = Gcra::default();
             for now in [0, u64::MAX - 1, u64::MAX] {
-                let _ = gcra.reserve(now, rate(per_second, u32::MAX), Duration::MAX);
-                let _ = gcra.reserve(now, rate(per_second, 0), Duration::ZERO);
+                let _ = gcra.reserve(now, rate(per_second, u32::MAX), Duration::MAX, u32::MAX);
+                let _ = gcra.reserve(now, rate(per_second, 0), Duration::ZERO, 1);
             }
         }
     }

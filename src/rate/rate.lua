@@ -12,7 +12,8 @@
 -- ARGV[5]  the lowest rate, sends per second
 -- ARGV[6]  how long the hash stays after its last write, ms
 -- ARGV[7]  the calling process's name in the fleet (the store's member name)
--- ARGV[8]  (tests only) the time, µs, instead of the server's clock
+-- ARGV[8]  how many slots the send costs (one per recipient when counted so; at least 1)
+-- ARGV[9]  (tests only) the time, µs, instead of the server's clock
 --
 -- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second, members}: granted 1
 -- with the wait before the reserved slot, 0 with how long past the longest wait the slot
@@ -28,9 +29,10 @@ local max_wait = tonumber(ARGV[4])
 local floor_rate = math.min(tonumber(ARGV[5]), configured)
 local expiry = tonumber(ARGV[6])
 local member = ARGV[7] or ''
+local cost = math.max(tonumber(ARGV[8]) or 1, 1)
 local now
-if ARGV[8] then
-    now = tonumber(ARGV[8])
+if ARGV[9] then
+    now = tonumber(ARGV[9])
 else
     local time = redis.call('TIME')
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
@@ -103,12 +105,15 @@ else
         tat = now + owed
     end
 end
-local slot = math.max(tat - tolerance, now)
+-- A send of several slots goes once min(cost, burst) are free, and owes them all.
+local ahead = math.min(interval * (math.min(cost, math.max(burst, 1)) - 1), CAP)
+local charge = math.min(interval * cost, CAP)
+local slot = math.max(tat + ahead - tolerance, now)
 local wait = slot - now
 if wait > longest then
     return {0, wait - longest, math.floor(rate * 1000), members}
 end
-redis.call('HSET', key, 'tat', string.format('%.0f', tat + interval),
+redis.call('HSET', key, 'tat', string.format('%.0f', tat + charge),
     'interval', string.format('%.0f', interval))
 redis.call('PEXPIRE', key, expiry)
 return {1, wait, math.floor(rate * 1000), members}

@@ -123,14 +123,14 @@ impl SharedLimiter {
 
     /// Reserves the next slot in the fleet's budget, or in this process's share of it while
     /// Redis does not answer.
-    pub(crate) async fn reserve(&self, max_wait: Duration) -> Slot {
+    pub(crate) async fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
         if self.may_ask() {
             let micros = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-            if let Some(Said::Slot(slot)) = self.call("take", micros).await {
+            if let Some(Said::Slot(slot)) = self.call("take", micros, cost).await {
                 return slot;
             }
         }
-        self.fallback().limiter.reserve(max_wait)
+        self.fallback().limiter.reserve(max_wait, cost)
     }
 
     fn fallback(&self) -> std::sync::MutexGuard<'_, Fallback> {
@@ -151,7 +151,7 @@ impl SharedLimiter {
     pub(crate) async fn throttled(&self) {
         self.fallback().limiter.throttled();
         if self.may_ask() {
-            let _ = self.call("throttle", 0).await;
+            let _ = self.call("throttle", 0, 1).await;
         }
     }
 
@@ -187,7 +187,7 @@ impl SharedLimiter {
         }
     }
 
-    async fn call(&self, op: &str, max_wait_micros: u64) -> Option<Said> {
+    async fn call(&self, op: &str, max_wait_micros: u64, cost: u32) -> Option<Said> {
         let mut connection = self.connection.clone();
         let mut invocation = self.script.key(&self.key);
         invocation
@@ -197,7 +197,8 @@ impl SharedLimiter {
             .arg(max_wait_micros)
             .arg(self.floor)
             .arg(u64::try_from(IDLE_EXPIRY.as_millis()).unwrap_or(u64::MAX))
-            .arg(&self.member);
+            .arg(&self.member)
+            .arg(cost);
         let reply: Result<Result<Vec<i64>, _>, _> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await;
         match reply {
