@@ -2,9 +2,15 @@
 
 use std::fmt;
 use std::future::Future;
-use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
+use std::time::Duration;
+
+use futures::StreamExt;
+use tokio::time::Instant;
 
 use crate::cascade::{self, Stages, Verdict};
+use crate::panicked::catch_panic;
 use crate::{
     Category, ConfigError, Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError,
     Transport,
@@ -45,6 +51,21 @@ pub enum Strategy {
 /// `retry_after` of the members' errors, and each member's error in
 /// [`causes`](SendError::causes), in the order tried. A member whose error gives no
 /// `retry_after` may be tried again at once, so then the pool gives none either.
+///
+/// When no member sent the message (each held it back: an open breaker, a rate limit), the
+/// error is marked [`is_not_attempted`](SendError::is_not_attempted).
+///
+/// # A member that cannot work
+/// A member that answered `Authentication` or `Configuration` (credentials refused, a
+/// transport set up wrong, a send that panicked) is passed over for 60 s: its breaker is
+/// left alone, and meanwhile its place in the order answers `pool.skipped` (of the
+/// category it answered, marked [`is_not_attempted`](SendError::is_not_attempted), its
+/// `retry_after` the time left) without a send. It is asked again once the 60 s passed.
+///
+/// # A member that panics
+/// A member's send that panics is answered `transport.panicked` (Configuration), naming the
+/// member, and the pool goes on to the next member as for any error of that category; a
+/// batch that panics fails as a whole and hands its messages on.
 ///
 /// # Batches
 /// [`send_many`](Transport::send_many) sends the whole batch to the first member as one
@@ -94,6 +115,91 @@ pub struct PoolTransport {
 struct Member {
     transport: Box<dyn Transport>,
     priority: u32,
+    /// Set while the member is passed over for having answered that it cannot work.
+    skip: Skip,
+}
+
+/// How long a member that answered `Authentication` or `Configuration` is passed over: its
+/// credentials or settings will not mend by themselves within one message's failover, and
+/// every message meanwhile would pay a connection to it (Symfony's failover waits 60 s too).
+const SKIP_FOR: Duration = Duration::from_secs(60);
+
+/// Whether a member is passed over, and until when.
+#[derive(Default)]
+struct Skip {
+    /// Read on every send: a skip is rare, so the lock is taken only while one is set.
+    set: AtomicBool,
+    until: Mutex<Option<Skipped>>,
+}
+
+struct Skipped {
+    until: Instant,
+    /// The answer that made the member pass over.
+    code: String,
+    category: Category,
+}
+
+impl Skip {
+    fn lock(&self) -> MutexGuard<'_, Option<Skipped>> {
+        // One assignment at a time under this lock: a panic cannot leave it torn.
+        self.until.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The error that answers for `member` while it is passed over, or `None` to send.
+    fn refusal(&self, member: &str) -> Option<SendError> {
+        if !self.set.load(Ordering::Relaxed) {
+            return None;
+        }
+        let mut skipped = self.lock();
+        let now = Instant::now();
+        let left = match &*skipped {
+            Some(skip) if skip.until > now => skip.until - now,
+            _ => {
+                *skipped = None;
+                self.set.store(false, Ordering::Relaxed);
+                return None;
+            }
+        };
+        let skip = skipped.as_ref()?;
+        Some(
+            SendError::new(
+                skip.category,
+                "pool.skipped",
+                format!(
+                    "passed over for {} s after it answered {}: nothing was sent",
+                    left.as_secs_f64().ceil(),
+                    skip.code
+                ),
+            )
+            .with_transport(member)
+            .with_retry_after(left)
+            .not_attempted(),
+        )
+    }
+
+    /// Passes the member over for [`SKIP_FOR`] if `error` says it cannot work.
+    fn heard(&self, pool: &str, member: &str, error: &SendError) {
+        let cannot_work = matches!(
+            error.category(),
+            Category::Authentication | Category::Configuration
+        );
+        if !cannot_work || error.is_not_attempted() {
+            return;
+        }
+        tracing::warn!(
+            pool,
+            transport = member,
+            code = error.code(),
+            skip_s = SKIP_FOR.as_secs(),
+            "pool.member_skipped"
+        );
+        *self.lock() = Some(Skipped {
+            until: crate::time::later(Instant::now(), SKIP_FOR),
+            code: error.code().to_owned(),
+            category: error.category(),
+        });
+        self.set.store(true, Ordering::Relaxed);
+    }
 }
 
 impl PoolTransport {
@@ -174,11 +280,19 @@ impl PoolTransport {
         let mut errors = Vec::new();
         let order = self.order();
         for (tried, &index) in order.iter().enumerate() {
-            let member = &*self.members[index].transport;
-            match send(member).await {
+            let Member {
+                transport, skip, ..
+            } = &self.members[index];
+            let member = &**transport;
+            let answer = match skip.refusal(member.name()) {
+                Some(skipped) => Err(skipped),
+                None => catch_panic(member.name(), send(member)).await,
+            };
+            match answer {
                 Ok(receipt) => return Ok(receipt),
                 Err(error) if !self.fails_over(&error) => return Err(error),
                 Err(error) => {
+                    skip.heard(&self.name, member.name(), &error);
                     tracing::debug!(
                         pool = %self.name,
                         transport = member.name(),
@@ -223,6 +337,10 @@ impl PoolTransport {
         let waits: Option<Vec<_>> = errors.iter().map(SendError::retry_after).collect();
         if let Some(soonest) = waits.and_then(|waits| waits.into_iter().min()) {
             error = error.with_retry_after(soonest);
+        }
+        if errors.iter().all(SendError::is_not_attempted) {
+            // No member sent it: a breaker around the pool learns nothing of the providers.
+            error = error.not_attempted();
         }
         error.with_causes(errors)
     }
@@ -329,7 +447,13 @@ impl<'a> Stages<'a> for Failover<'a> {
     }
 
     fn send_many(&self, stage: usize, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        self.member(stage).send_many(messages)
+        let pool: &'a PoolTransport = self.pool;
+        let member = &pool.members[self.order[stage]];
+        match member.skip.refusal(member.transport.name()) {
+            // Passed over: each message is answered so, and goes on to the next member.
+            Some(skipped) => messages.map(move |_| Err(skipped.clone())).boxed(),
+            None => member.transport.send_many(messages),
+        }
     }
 
     fn judge(
@@ -343,6 +467,10 @@ impl<'a> Stages<'a> for Failover<'a> {
             Ok(receipt) => Verdict::Answer(Ok(receipt)),
             Err(error) if !self.pool.fails_over(&error) => Verdict::Answer(Err(error)),
             Err(error) => {
+                let member = &self.pool.members[self.order[stage]];
+                member
+                    .skip
+                    .heard(&self.pool.name, member.transport.name(), &error);
                 errors.push(error.clone());
                 if stage + 1 >= self.count() {
                     Verdict::Answer(Err(self.pool.exhausted(std::mem::take(errors))))
@@ -380,6 +508,7 @@ impl PoolBuilder {
         self.members.push(Member {
             transport: Box::new(member),
             priority,
+            skip: Skip::default(),
         });
         self
     }

@@ -346,6 +346,7 @@ pub struct SendError {
     transport: Option<TransportName>,
     batch_failure: bool,
     maybe_delivered: bool,
+    not_attempted: bool,
     /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
     details: Option<Box<Details>>,
 }
@@ -392,6 +393,7 @@ impl SendError {
             transport: None,
             batch_failure: false,
             maybe_delivered: false,
+            not_attempted: false,
             details: None,
         }
     }
@@ -456,6 +458,31 @@ impl SendError {
     /// built with `at_most_once` return such an error as it is rather than send again.
     pub fn is_maybe_delivered(&self) -> bool {
         self.maybe_delivered
+    }
+
+    /// Marks that the message never reached the provider: a wrapper refused it before any
+    /// send (`rate.limited` from a [`RateLimitTransport`](crate::RateLimitTransport),
+    /// `breaker.open` from a breaker, `pool.exhausted` when no member sent). Such an error is
+    /// no news of the provider's health: a [`CircuitBreakerTransport`](crate::CircuitBreakerTransport)
+    /// around the wrapper counts it neither as a success nor as a failure, and a half-open
+    /// breaker whose probe was not attempted stays half-open for the next send.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, SendError};
+    ///
+    /// let refused = SendError::new(Category::RateLimited, "myapp.quota", "the day's quota is spent")
+    ///     .not_attempted();
+    /// assert!(refused.is_not_attempted());
+    /// assert!(!SendError::new(Category::RateLimited, "smtp.421", "slow down").is_not_attempted());
+    /// ```
+    pub fn not_attempted(mut self) -> Self {
+        self.not_attempted = true;
+        self
+    }
+
+    /// Whether the message never reached the provider (see [`not_attempted`](Self::not_attempted)).
+    pub fn is_not_attempted(&self) -> bool {
+        self.not_attempted
     }
 
     /// Keeps the errors this one sums up, e.g. each pool member's error in `pool.exhausted`.

@@ -1015,3 +1015,126 @@ async fn sends_racing_on_several_threads_all_go_through_while_closed_and_failure
     );
     assert_eq!(refused + failures_sent, TASKS * 100);
 }
+
+// ---- a send that was never attempted is not an answer (issue 45, point 10; DESIGN §15) ----
+
+/// A breaker of `threshold` failures in a row over a limiter of one send a second, burst 1,
+/// that never waits: a second send within the same second is refused `rate.limited`.
+fn over_a_strict_limiter(
+    inner: &Scripted,
+    threshold: u32,
+) -> CircuitBreakerTransport<mail_breaker::RateLimitTransport<Scripted>> {
+    let limiter = mail_breaker::RateLimitTransport::builder(inner.clone())
+        .per_second(1.0)
+        .burst(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .expect("valid limiter settings");
+    CircuitBreakerTransport::builder(limiter)
+        .failure_threshold(threshold)
+        .reset_timeout(Duration::from_millis(100))
+        .build()
+        .expect("valid breaker settings")
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_probe_the_limiter_refused_leaves_the_breaker_half_open() {
+    let inner = Scripted::new("provider");
+    inner.then([failure()]);
+    let breaker = over_a_strict_limiter(&inner, 1);
+    let _ = breaker.send(&message()).await; // spends the limiter's slot, opens the breaker
+    assert_eq!(breaker.state(), State::Open);
+    advance(Duration::from_millis(150)).await;
+
+    let refused = breaker.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate.limited");
+    assert!(refused.is_not_attempted());
+    assert_eq!(
+        breaker.state(),
+        State::HalfOpen,
+        "the refusal decided nothing"
+    );
+    assert_eq!(inner.sends(), 1);
+
+    advance(Duration::from_secs(1)).await;
+    breaker.send(&message()).await.unwrap(); // the next send is the probe
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test(start_paused = true)]
+async fn fail_fail_refusal_fail_opens_a_breaker_of_three_failures() {
+    let inner = Scripted::answering("provider", failure());
+    let breaker = over_a_strict_limiter(&inner, 3);
+
+    let _ = breaker.send(&message()).await;
+    advance(Duration::from_secs(1)).await;
+    let _ = breaker.send(&message()).await;
+    let refused = breaker.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(breaker.state(), State::Closed);
+    advance(Duration::from_secs(1)).await;
+    let _ = breaker.send(&message()).await;
+
+    assert_eq!(inner.sends(), 3);
+    assert_eq!(breaker.state(), State::Open);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_an_inner_breaker_held_back_counts_for_nothing_in_the_breaker_around_it() {
+    let inner = Scripted::answering("provider", failure());
+    let inner_breaker = CircuitBreakerTransport::builder(inner.clone())
+        .failure_threshold(1)
+        .reset_timeout(RESET)
+        .build()
+        .unwrap();
+    let outer = CircuitBreakerTransport::builder(inner_breaker)
+        .failure_threshold(2)
+        .reset_timeout(RESET)
+        .build()
+        .unwrap();
+
+    let _ = outer.send(&message()).await; // a failure: the inner breaker opens
+    let held = outer.send(&message()).await.unwrap_err();
+
+    assert_eq!(held.code(), "breaker.open");
+    assert!(held.is_not_attempted());
+    assert_eq!(inner.sends(), 1);
+    assert_eq!(
+        outer.state(),
+        State::Closed,
+        "one failure, one send not attempted"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_refusal_of_a_breaker_is_marked_not_attempted_and_a_provider_error_is_not() {
+    let inner = Scripted::answering("provider", failure());
+    let breaker = opens_after_one_failure(&inner, RESET);
+
+    let failed = breaker.send(&message()).await.unwrap_err();
+    let held = breaker.send(&message()).await.unwrap_err();
+
+    assert!(!failed.is_not_attempted());
+    assert!(held.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_message_the_limiter_refused_counts_for_nothing() {
+    let inner = Scripted::answering("provider", failure());
+    let breaker = over_a_strict_limiter(&inner, 2);
+
+    // One failure, then two refusals in the same second, then a failure: two in a row.
+    let answers: Vec<_> = breaker
+        .send_many(futures::stream::iter(numbered_messages(3)).boxed())
+        .collect()
+        .await;
+    let codes: Vec<_> = answers
+        .iter()
+        .map(|answer| answer.as_ref().unwrap_err().code().to_owned())
+        .collect();
+    assert_eq!(codes, ["test.server_error", "rate.limited", "rate.limited"]);
+    assert_eq!(breaker.state(), State::Closed);
+    advance(Duration::from_secs(1)).await;
+    let _ = breaker.send(&message()).await;
+    assert_eq!(breaker.state(), State::Open);
+}

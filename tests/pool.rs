@@ -865,3 +865,279 @@ async fn a_member_whose_batch_ends_after_reading_part_of_it_is_given_the_rest_in
     assert_eq!(transports(&answers), ["primary"; 5]);
     assert_eq!(primary.batches(), [2, 2, 1]);
 }
+
+// ---- a panic is an answer (issue 45, point 3; DESIGN §15) ----
+
+/// A member whose first `panics` sends panic, then delivers: a bug in a provider's code.
+#[derive(Clone)]
+struct Panicking {
+    name: &'static str,
+    panics: usize,
+    sends: Arc<AtomicUsize>,
+}
+
+impl Panicking {
+    fn new(name: &'static str, panics: usize) -> Self {
+        Panicking {
+            name,
+            panics,
+            sends: Arc::new(AtomicUsize::new(0)),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Panicking {
+    fn name(&self) -> &str {
+        self.name
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        if self.sends.fetch_add(1, Ordering::SeqCst) < self.panics {
+            panic!("a bug in the provider's code");
+        }
+        Ok(Receipt::new(self.name))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_send_panics_is_answered_transport_panicked_and_the_pool_fails_over() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("primary", usize::MAX), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+
+    let receipt = pool.send(&message()).await.unwrap();
+
+    assert_eq!(receipt.transport(), "backup");
+    assert_eq!(backup.sends(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_only_member_panicked_answers_with_transport_panicked_and_sends_on() {
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("only", 1), 1)
+        .build()
+        .unwrap();
+
+    let error = pool.send(&message()).await.unwrap_err();
+    let causes: Vec<_> = error.causes().iter().map(SendError::code).collect();
+    assert_eq!(causes, ["transport.panicked"]);
+    assert_eq!(error.causes()[0].category(), Category::Configuration);
+    assert_eq!(error.causes()[0].transport(), Some("only"));
+
+    // A member that answered Configuration is passed over for a minute, then asked again.
+    tokio::time::advance(Duration::from_secs(60)).await;
+    let receipt = pool.send(&message()).await.unwrap();
+    assert_eq!(receipt.transport(), "only");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_batch_panics_hands_its_messages_to_the_next_member() {
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(Panicking::new("primary", 2), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+
+    let answers = send_all(&pool, numbered_messages(3)).await;
+
+    assert_eq!(transports(&answers), ["backup"; 3]);
+}
+
+// ---- not attempted is not an answer (issue 45, point 10; DESIGN §15) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_members_all_held_the_message_back_is_exhausted_without_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(breaker(&backup, Duration::from_secs(30)), 2)
+        .build()
+        .unwrap();
+    for _ in 0..2 {
+        let tried = pool.send(&message()).await.unwrap_err();
+        assert_eq!(tried.code(), "pool.exhausted");
+        assert!(!tried.is_not_attempted(), "both members failed for real");
+    }
+
+    let held = pool.send(&message()).await.unwrap_err();
+
+    assert_eq!(held.code(), "pool.exhausted");
+    assert!(held.is_not_attempted());
+    assert_eq!((primary.sends(), backup.sends()), (2, 2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_in_which_one_member_sent_is_exhausted_with_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+    let _ = pool.send(&message()).await;
+    let _ = pool.send(&message()).await; // the primary's breaker opens
+
+    let error = pool.send(&message()).await.unwrap_err();
+
+    assert_eq!(error.causes()[0].code(), "breaker.open");
+    assert!(!error.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_whose_members_all_held_it_back_is_exhausted_without_an_attempt() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::answering("backup", failure());
+    let pool = PoolTransport::builder()
+        .add(breaker(&primary, Duration::from_secs(30)), 1)
+        .add(breaker(&backup, Duration::from_secs(30)), 2)
+        .build()
+        .unwrap();
+    let _ = send_all(&pool, numbered_messages(2)).await; // both breakers open
+
+    let answers = send_all(&pool, numbered_messages(2)).await;
+
+    for answer in answers {
+        let error = answer.unwrap_err();
+        assert_eq!(error.code(), "pool.exhausted");
+        assert!(error.is_not_attempted());
+    }
+}
+
+// ---- a member that cannot work is skipped (issue 46, point 8; DESIGN §15) ----
+
+fn refusing(category: Category) -> Reply {
+    Reply::Err(SendError::new(
+        category,
+        "test.cannot_work",
+        "credentials refused",
+    ))
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_answered_authentication_is_skipped_for_sixty_seconds() {
+    let primary = Scripted::answering("primary", refusing(Category::Authentication));
+    let backup = Scripted::new("backup");
+    let pool = pool_of(&primary, &backup);
+
+    for _ in 0..3 {
+        let receipt = pool.send(&message()).await.unwrap();
+        assert_eq!(receipt.transport(), "backup");
+    }
+    assert_eq!(primary.sends(), 1, "asked once, then passed over");
+
+    tokio::time::advance(Duration::from_secs(59)).await;
+    pool.send(&message()).await.unwrap();
+    assert_eq!(primary.sends(), 1);
+    tokio::time::advance(Duration::from_secs(1)).await;
+    pool.send(&message()).await.unwrap();
+    assert_eq!(primary.sends(), 2, "asked again once the 60 s have passed");
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_answered_configuration_is_skipped_too() {
+    let primary = Scripted::answering("primary", refusing(Category::Configuration));
+    let backup = Scripted::new("backup");
+    let pool = pool_of(&primary, &backup);
+
+    pool.send(&message()).await.unwrap();
+    pool.send(&message()).await.unwrap();
+
+    assert_eq!(primary.sends(), 1);
+    assert_eq!(backup.sends(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_that_failed_otherwise_is_asked_again_at_once() {
+    let primary = Scripted::answering("primary", failure());
+    let backup = Scripted::new("backup");
+    let pool = pool_of(&primary, &backup);
+
+    pool.send(&message()).await.unwrap();
+    pool.send(&message()).await.unwrap();
+
+    assert_eq!(primary.sends(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn skipping_a_member_does_not_open_its_breaker() {
+    let primary = Scripted::answering("primary", refusing(Category::Authentication));
+    let changes = Arc::new(AtomicUsize::new(0));
+    let heard = Arc::clone(&changes);
+    let guarded = CircuitBreakerTransport::builder(primary.clone())
+        .failure_threshold(1)
+        .on_state_change(move |_| {
+            heard.fetch_add(1, Ordering::SeqCst);
+        })
+        .build()
+        .unwrap();
+    let pool = PoolTransport::builder()
+        .add(guarded, 1)
+        .add(Scripted::new("backup"), 2)
+        .build()
+        .unwrap();
+
+    for _ in 0..5 {
+        pool.send(&message()).await.unwrap();
+    }
+
+    assert_eq!(primary.sends(), 1, "the pool passes it over");
+    assert_eq!(
+        changes.load(Ordering::SeqCst),
+        0,
+        "its breaker never changed state"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_pool_whose_every_member_is_skipped_is_exhausted_without_an_attempt_until_the_first_comes_back()
+ {
+    let primary = Scripted::answering("primary", refusing(Category::Authentication));
+    let backup = Scripted::answering("backup", refusing(Category::Configuration));
+    let pool = pool_of(&primary, &backup);
+    let _ = pool.send(&message()).await;
+    tokio::time::advance(Duration::from_secs(10)).await;
+
+    let error = pool.send(&message()).await.unwrap_err();
+
+    assert_eq!(error.code(), "pool.exhausted");
+    assert!(error.is_not_attempted());
+    assert_eq!(error.retry_after(), Some(Duration::from_secs(50)));
+    let causes: Vec<_> = error.causes().iter().map(SendError::code).collect();
+    assert_eq!(causes, ["pool.skipped", "pool.skipped"]);
+    assert_eq!(error.causes()[0].category(), Category::Authentication);
+    assert_eq!(error.causes()[0].transport(), Some("primary"));
+    assert_eq!((primary.sends(), backup.sends()), (1, 1));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_many_passes_over_a_skipped_member() {
+    let primary = Scripted::answering("primary", refusing(Category::Authentication)).batched();
+    let backup = Scripted::new("backup").batched();
+    let pool = pool_of(&primary, &backup);
+    let _ = pool.send(&message()).await;
+
+    let answers = send_all(&pool, numbered_messages(3)).await;
+
+    assert_eq!(transports(&answers), ["backup"; 3]);
+    assert_eq!(primary.sends(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_batch_answered_authentication_is_skipped_by_the_next_send() {
+    let primary = Scripted::answering("primary", refusing(Category::Authentication)).batched();
+    let backup = Scripted::new("backup");
+    let pool = pool_of(&primary, &backup);
+    let _ = send_all(&pool, numbered_messages(2)).await;
+    let sent_before = primary.sends();
+
+    pool.send(&message()).await.unwrap();
+
+    assert_eq!(primary.sends(), sent_before);
+}

@@ -176,9 +176,11 @@ async fn a_halved_rate_spaces_sends_twice_as_far() {
     let started = Instant::now();
     limited.send(&message).await.unwrap();
     limited.send(&message).await.unwrap();
+    // The send owed at 0 is owed at the new rate too (issue 45, point 12): each of the two
+    // waits one interval of 200 ms.
     assert_eq!(
         started.elapsed(),
-        Duration::from_millis(100 + 200),
+        Duration::from_millis(200 + 200),
         "{:?}",
         started.elapsed()
     );
@@ -309,4 +311,198 @@ async fn verify_asks_the_paced_transport_and_answers_what_it_said() {
     let error = limited.verify().await.unwrap_err();
     assert_eq!(error.category(), Category::Authentication);
     assert_eq!(provider.verifies(), 1);
+}
+
+// ---- a refusal is not a result (issue 45, point 10; DESIGN §15) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_send_refused_for_want_of_a_slot_is_marked_not_attempted() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 1.0)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let message = support::message();
+    let sent = limited.send(&message).await;
+    let refused = limited.send(&message).await.unwrap_err();
+    assert!(sent.is_ok());
+    assert!(refused.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_refused_for_want_of_a_place_in_flight_is_marked_not_attempted() {
+    let provider = Scripted::answering("ses", Reply::Hang);
+    let limited = limiter(&provider, 1_000.0)
+        .burst(10)
+        .max_in_flight(1)
+        .max_wait(Duration::from_millis(10))
+        .build()
+        .unwrap();
+    let message = support::message();
+    let refused = tokio::select! {
+        _ = limited.send(&message) => unreachable!("the provider never answers"),
+        refused = async {
+            tokio::task::yield_now().await;
+            limited.send(&message).await
+        } => refused.unwrap_err(),
+    };
+    assert_eq!(refused.code(), "rate.limited");
+    assert!(refused.is_not_attempted());
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_provider_that_throttles_is_not_marked_not_attempted() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 10.0).build().unwrap();
+    let throttled = limited.send(&support::message()).await.unwrap_err();
+    assert!(!throttled.is_not_attempted());
+}
+
+// ---- a fractional rate builds by itself (issue 45, point 11) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_fractional_rate_builds_by_itself_and_spaces_sends_by_its_interval() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 0.5).build().unwrap();
+    let message = support::message();
+    let started = Instant::now();
+    limited.send(&message).await.unwrap();
+    limited.send(&message).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_secs(2));
+}
+
+#[tokio::test(start_paused = true)]
+async fn an_adaptive_fractional_rate_builds_by_itself_and_keeps_its_rate_as_its_floor() {
+    let provider = Scripted::answering("ses", throttle());
+    let limited = limiter(&provider, 0.5).adaptive(true).build().unwrap();
+    let _ = limited.send(&support::message()).await;
+    assert_eq!(
+        limited.per_second(),
+        0.5,
+        "the default floor, 1 a second, is above the rate: the rate is its own floor"
+    );
+}
+
+#[test]
+fn a_floor_set_above_the_rate_is_still_a_config_error() {
+    let error = RateLimitTransport::builder(Scripted::new("p"))
+        .per_second(0.5)
+        .adaptive(true)
+        .min_per_second(1.0)
+        .build()
+        .unwrap_err();
+    assert_eq!(error.setting(), "min_per_second");
+}
+
+// ---- a rate change creates no credit (issue 45, point 12) ----
+
+#[tokio::test(start_paused = true)]
+async fn halving_a_saturated_limiter_gives_it_no_new_burst() {
+    let provider = Scripted::new("ses");
+    provider.then(std::iter::repeat_n(Reply::Ok, 9).chain([throttle()]));
+    let limited = limiter(&provider, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let message = support::message();
+    for _ in 0..10 {
+        let _ = limited.send(&message).await; // the burst, spent; the last is throttled
+    }
+    assert_eq!(limited.per_second(), 5.0);
+
+    let refused = limited.send(&message).await.unwrap_err();
+
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(provider.sends(), 10);
+}
+
+#[tokio::test(start_paused = true)]
+async fn after_a_halving_a_saturated_limiter_sends_at_the_new_rate() {
+    let provider = Scripted::new("ses");
+    provider.then(std::iter::repeat_n(Reply::Ok, 9).chain([throttle()]));
+    let limited = limiter(&provider, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .build()
+        .unwrap();
+    let message = support::message();
+    for _ in 0..10 {
+        let _ = limited.send(&message).await;
+    }
+    let started = Instant::now();
+
+    limited.send(&message).await.unwrap();
+
+    // Ten sends spent at 100 ms each are owed at 200 ms each: the next slot is one new
+    // interval past the burst, 2 s - 1.8 s of tolerance.
+    assert_eq!(started.elapsed(), Duration::from_millis(200));
+}
+
+// ---- a limiter may count recipients (issue 45, point 13) ----
+
+/// A message to `count` recipients.
+fn message_to_many(count: usize) -> mail_breaker::Message {
+    let mut builder = lettre::Message::builder().from("app@example.com".parse().unwrap());
+    for n in 0..count {
+        builder = builder.to(format!("user{n}@example.org").parse().unwrap());
+    }
+    builder.subject("hello").body(String::from("hi")).unwrap()
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_limiter_that_counts_recipients_charges_one_slot_per_recipient() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    limited.send(&message_to_many(3)).await.unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(300));
+}
+
+#[tokio::test(start_paused = true)]
+async fn by_default_a_message_costs_one_slot_whatever_its_recipients() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0).build().unwrap();
+    limited.send(&message_to_many(3)).await.unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(100));
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_message_to_more_recipients_than_the_burst_goes_once_the_burst_is_whole_and_the_rest_is_owed()
+ {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .burst(2)
+        .max_wait(Duration::ZERO)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    limited.send(&message_to_many(5)).await.unwrap();
+    let refused = limited.send(&message_to_many(1)).await.unwrap_err();
+    // Five slots owed (500 ms), less one interval of burst: the next send's slot is 400 ms away.
+    assert_eq!(refused.retry_after(), Some(Duration::from_millis(400)));
+}
+
+#[tokio::test(start_paused = true)]
+async fn send_raw_counts_the_envelopes_recipients_too() {
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, 10.0)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    let message = message_to_many(4);
+    limited
+        .send_raw(message.envelope(), &message.formatted())
+        .await
+        .unwrap();
+    let started = Instant::now();
+    limited.send(&message_to_many(1)).await.unwrap();
+    assert_eq!(started.elapsed(), Duration::from_millis(400));
 }

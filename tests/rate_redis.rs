@@ -227,3 +227,214 @@ async fn a_shared_limiters_debug_shows_its_key_and_rate() {
     assert!(debug.contains("rate-tests"), "{debug}");
     assert!(debug.contains("14.0"), "{debug}");
 }
+
+/// A probe the limiter refused is given back to the breaker's Redis store: the breaker
+/// stays half-open, and the next send is let through as the probe (issue 45, point 10).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probe_the_limiter_refused_is_given_back_to_a_breaker_on_redis() {
+    let Some(server) = RedisServer::start("rate_refused_probe") else {
+        return;
+    };
+    let store = Arc::new(
+        RedisStore::connect(&server.url())
+            .await
+            .unwrap()
+            .with_namespace("rate-refused-probe")
+            .with_timeout(Duration::from_secs(2)),
+    );
+    let provider = Scripted::new("ses");
+    provider.then([Reply::fail(Category::ServerError)]);
+    let limiter = RateLimitTransport::builder(provider.clone())
+        .per_second(1.0)
+        .burst(1)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    let breaker = mail_breaker::CircuitBreakerTransport::builder(limiter)
+        .failure_threshold(1)
+        .reset_timeout(Duration::from_millis(200))
+        .store(store)
+        .build()
+        .unwrap();
+    let started = Instant::now();
+    let _ = breaker.send(&support::message()).await; // spends the slot, opens the breaker
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    let refused = breaker.send(&support::message()).await.unwrap_err();
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(breaker.state(), mail_breaker::State::HalfOpen);
+    tokio::time::sleep(Duration::from_millis(100)).await; // the release goes in the background
+    let next = breaker.send(&support::message()).await.unwrap_err();
+    assert_eq!(
+        next.code(),
+        "rate.limited",
+        "the probe's slot was free again"
+    );
+
+    // The limiter's next slot is a second after the first send.
+    tokio::time::sleep(Duration::from_millis(1_100).saturating_sub(started.elapsed())).await;
+    breaker.send(&support::message()).await.unwrap();
+    assert_eq!(breaker.state(), mail_breaker::State::Closed);
+    assert_eq!(provider.sends(), 2);
+}
+
+/// Issue 45, point 12, in the fleet's script: a halving gives no new burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn halving_a_saturated_shared_limiter_gives_it_no_new_burst() {
+    let Some(server) = RedisServer::start("rate_shared_halving") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    provider.then(
+        std::iter::repeat_n(Reply::Ok, 9).chain([Reply::Err(SendError::new(
+            Category::RateLimited,
+            "ses.throttling",
+            "slow down",
+        ))]),
+    );
+    let limited = limiter(&provider, &store, 10.0)
+        .burst(10)
+        .adaptive(true)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    for _ in 0..10 {
+        let _ = limited.send(&support::message()).await;
+    }
+    assert_eq!(limited.per_second(), 5.0);
+
+    let refused = limited.send(&support::message()).await.unwrap_err();
+
+    assert_eq!(refused.code(), "rate.limited");
+    assert_eq!(provider.sends(), 10);
+}
+
+/// Sends `count` messages one after another through `transport`, which never waits: how
+/// many went.
+async fn sent_at_once(transport: &RateLimitTransport<Scripted>, count: usize) -> usize {
+    let mut sent = 0;
+    for _ in 0..count {
+        if transport.send(&support::message()).await.is_ok() {
+            sent += 1;
+        }
+    }
+    sent
+}
+
+/// Issue 45, point 14: with Redis down, `.members(n)` divides the burst as well as the rate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_a_limiter_of_known_members_takes_its_share_of_the_burst() {
+    let Some(mut server) = RedisServer::start("rate_fallback_burst") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 4.0)
+        .burst(8)
+        .members(4)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+    limited.send(&support::message()).await.unwrap();
+    server.stop();
+
+    assert_eq!(
+        sent_at_once(&limited, 5).await,
+        2,
+        "a quarter of the burst of 8"
+    );
+    assert_eq!(limited.per_second(), 1.0);
+}
+
+/// Issue 45, point 14: without `.members(n)`, the share is that of the processes last seen
+/// sharing the limiter in Redis.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_a_limiter_takes_the_share_of_the_processes_last_seen_sharing_it() {
+    let Some(mut server) = RedisServer::start("rate_fallback_seen") else {
+        return;
+    };
+    let member = |name: &'static str| {
+        let url = server.url();
+        async move {
+            Arc::new(
+                RedisStore::connect(&url)
+                    .await
+                    .unwrap()
+                    .with_namespace("rate-tests")
+                    .with_member(name)
+                    .with_timeout(Duration::from_millis(100))
+                    .with_retry_interval(Duration::from_millis(100)),
+            )
+        }
+    };
+    let (store_a, store_b) = (member("web-1").await, member("web-2").await);
+    let provider = Scripted::new("ses");
+    let build = |store: &Arc<RedisStore>| {
+        limiter(&provider, store, 4.0)
+            .burst(8)
+            .max_wait(Duration::ZERO)
+            .build()
+            .unwrap()
+    };
+    let (a, b) = (build(&store_a), build(&store_b));
+    a.send(&support::message()).await.unwrap();
+    b.send(&support::message()).await.unwrap();
+    a.send(&support::message()).await.unwrap(); // a has now seen both
+    server.stop();
+
+    assert_eq!(sent_at_once(&a, 6).await, 4, "half the burst of 8");
+    assert_eq!(a.per_second(), 2.0, "half the rate");
+}
+
+/// DESIGN §13: knowing neither `.members(n)` nor who shares it, the fallback takes the full
+/// rate and burst.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_redis_down_from_the_start_a_limiter_takes_the_full_rate_and_burst() {
+    let Some(mut server) = RedisServer::start("rate_fallback_unknown") else {
+        return;
+    };
+    let store = store(&server).await;
+    server.stop();
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 4.0)
+        .burst(8)
+        .max_wait(Duration::ZERO)
+        .build()
+        .unwrap();
+
+    assert_eq!(sent_at_once(&limited, 9).await, 8);
+    assert_eq!(limited.per_second(), 4.0);
+}
+
+/// Issue 45, point 13, in the fleet's script: a shared limiter that counts recipients.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_shared_limiter_that_counts_recipients_charges_one_slot_per_recipient() {
+    let Some(server) = RedisServer::start("rate_shared_recipients") else {
+        return;
+    };
+    let store = store(&server).await;
+    let provider = Scripted::new("ses");
+    let limited = limiter(&provider, &store, 1.0)
+        .burst(3)
+        .max_wait(Duration::ZERO)
+        .cost_per_recipient()
+        .build()
+        .unwrap();
+    let to_three = lettre::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("a@example.org".parse().unwrap())
+        .to("b@example.org".parse().unwrap())
+        .to("c@example.org".parse().unwrap())
+        .body(String::from("hi"))
+        .unwrap();
+
+    limited.send(&to_three).await.unwrap();
+    let refused = limited.send(&support::message()).await.unwrap_err();
+
+    assert_eq!(
+        refused.code(),
+        "rate.limited",
+        "the burst of 3 went to one message"
+    );
+}

@@ -3,18 +3,28 @@
 //! script (timed by its test-only clock argument) and to a model written here from the rules
 //! below, and every reply must be the same.
 //!
-//! The rules, in whole microseconds:
+//! The rules, in whole microseconds (issue 45, points 12 and 15):
 //! - The rate: the configured rate until the first halving; then the rate just after the last
 //!   halving plus 5 % of the configured rate for each whole second since, never above the
 //!   configured rate.
 //! - A throttle halves the rate (not below the floor, itself at most the configured rate),
-//!   unless the last halving was less than a second ago: then it changes nothing.
-//! - A take (GCRA): a slot every `1/rate` s; a send may go up to `burst - 1` intervals ahead
-//!   of the theoretical arrival time; its wait is how far its slot is from now. A wait beyond
-//!   the longest wait is refused, nothing reserved, with how far past it the slot would be;
-//!   else the theoretical arrival time moves on by one interval (kept in whole µs).
-//! - Replies: `{1, wait, rate}`, `{0, past the longest wait, rate}` or `{2, 0, rate}` for a
-//!   throttle, times in µs rounded down (up for the refusal), rates in thousandths.
+//!   unless the last halving was less than a second ago: then it changes nothing. The halved
+//!   rate is kept exactly.
+//! - A take (GCRA): a slot every `ceil(1e6 / rate)` µs (at least 1, at most 2⁵⁰); a send may
+//!   go up to `burst - 1` intervals ahead of the theoretical arrival time (at most 2⁵⁰ µs); its
+//!   wait is how far its slot is from now. A wait beyond the longest wait (itself at most 2⁵⁰)
+//!   is refused, nothing reserved, with how far past it the slot would be; else the
+//!   theoretical arrival time moves on by one interval, and is kept with that interval.
+//! - A take may cost several slots (`cost`, below 1 taken as 1): it goes once
+//!   `min(cost, burst)` slots are free (its slot is `tat + (min(cost, burst) - 1) × interval -
+//!   tolerance`, that part at most 2⁵⁰), and moves the theoretical arrival time on by `cost`
+//!   intervals (at most 2⁵⁰ µs).
+//! - A rate change creates no credit: when the interval now differs from the one the
+//!   theoretical arrival time was counted in, what is owed (`tat - now`, when positive) is
+//!   owed as as many sends at the new interval, `ceil(owed × new / old)` (at most 3 × 2⁵⁰).
+//! - Replies: `{1, wait, rate, members}`, `{0, past the longest wait, rate, members}` or
+//!   `{2, 0, rate, members}` for a throttle, times in µs, rates in thousandths rounded down,
+//!   `members` the processes that called in the last ten minutes (here one).
 #![cfg(feature = "redis")]
 
 mod support;
@@ -30,7 +40,7 @@ const SECOND: f64 = 1_000_000.0;
 #[derive(Debug, Clone)]
 enum Op {
     Wait(u32),
-    Take { max_wait: u32 },
+    Take { max_wait: u32, cost: u32 },
     Throttle,
 }
 
@@ -40,8 +50,11 @@ fn op() -> impl Strategy<Value = Op> {
         1 => prop_oneof![Just(1_000_000u32), Just(999_999), Just(1_000_001), Just(2_000_000)]
             .prop_map(Op::Wait),
         3 => (0u32..1_500_000).prop_map(Op::Wait),
-        5 => prop_oneof![Just(0u32), Just(10_000), Just(100_000), Just(1_000_000), 0u32..3_000_000]
-            .prop_map(|max_wait| Op::Take { max_wait }),
+        5 => (
+            prop_oneof![Just(0u32), Just(10_000), Just(100_000), Just(1_000_000), 0u32..3_000_000],
+            prop_oneof![3 => Just(1u32), 1 => 0u32..9],
+        )
+            .prop_map(|(max_wait, cost)| Op::Take { max_wait, cost }),
         1 => Just(Op::Throttle),
     ]
 }
@@ -73,17 +86,16 @@ fn settings() -> impl Strategy<Value = Settings> {
         })
 }
 
+/// The longest interval, tolerance and wait, in µs.
+const CAP: f64 = 1_125_899_906_842_624.0;
+
 /// The model: the rules above, on what the script keeps.
 #[derive(Debug, Default)]
 struct Model {
-    tat: Option<f64>,
+    /// The theoretical arrival time, and the interval it was counted in.
+    tat: Option<(f64, f64)>,
     base: Option<f64>,
     since: Option<f64>,
-}
-
-/// A number as the script keeps it with `tostring`: 14 significant digits.
-fn as_lua_keeps(value: f64) -> f64 {
-    format!("{value:.13e}").parse().expect("a number")
 }
 
 impl Model {
@@ -105,24 +117,33 @@ impl Model {
             return [2, 0, (rate * 1000.0).floor() as i64];
         }
         let halved = (rate * 0.5).max(settings.floor.min(settings.configured));
-        self.base = Some(as_lua_keeps(halved));
+        self.base = Some(halved);
         self.since = Some(now);
         [2, 0, (halved * 1000.0).floor() as i64]
     }
 
-    fn take(&mut self, settings: Settings, now: f64, max_wait: f64) -> [i64; 3] {
+    fn take(&mut self, settings: Settings, now: f64, max_wait: f64, cost: u32) -> [i64; 3] {
         let rate = self.rate(settings, now);
-        let interval = SECOND / rate;
-        let tolerance = interval * f64::from(settings.burst.saturating_sub(1));
-        let tat = self.tat.unwrap_or(now).max(now);
-        let slot = (tat - tolerance).max(now);
+        let interval = (SECOND / rate).ceil().clamp(1.0, CAP);
+        let tolerance = (interval * f64::from(settings.burst.saturating_sub(1))).min(CAP);
+        let tat = match self.tat {
+            Some((tat, counted_in)) if tat > now && counted_in != interval => {
+                now + ((tat - now) * interval / counted_in).ceil().min(3.0 * CAP)
+            }
+            Some((tat, _)) => tat.max(now),
+            None => now,
+        };
+        let cost = f64::from(cost.max(1));
+        let ahead = (interval * (cost.min(f64::from(settings.burst.max(1))) - 1.0)).min(CAP);
+        let slot = (tat + ahead - tolerance).max(now);
         let wait = slot - now;
         let rate_millis = (rate * 1000.0).floor() as i64;
+        let max_wait = max_wait.min(CAP);
         if wait > max_wait {
-            return [0, (wait - max_wait).ceil() as i64, rate_millis];
+            return [0, (wait - max_wait) as i64, rate_millis];
         }
-        self.tat = Some((tat + interval).round_ties_even());
-        [1, wait.floor() as i64, rate_millis]
+        self.tat = Some((tat + (interval * cost).min(CAP), interval));
+        [1, wait as i64, rate_millis]
     }
 }
 
@@ -156,13 +177,13 @@ fn the_rate_script_keeps_the_rate_limiters_rules() {
             let mut model = Model::default();
             let mut now = EPOCH;
             for (step, op) in ops.iter().enumerate() {
-                let (name, max_wait) = match op {
+                let (name, max_wait, cost) = match op {
                     Op::Wait(micros) => {
                         now += f64::from(*micros);
                         continue;
                     }
-                    Op::Take { max_wait } => ("take", f64::from(*max_wait)),
-                    Op::Throttle => ("throttle", 0.0),
+                    Op::Take { max_wait, cost } => ("take", f64::from(*max_wait), *cost),
+                    Op::Throttle => ("throttle", 0.0, 1),
                 };
                 let mut call = script.key(&key);
                 call.arg(name)
@@ -171,16 +192,19 @@ fn the_rate_script_keeps_the_rate_limiters_rules() {
                     .arg(max_wait)
                     .arg(settings.floor)
                     .arg(60_000)
+                    .arg("model")
+                    .arg(cost)
                     .arg(now);
                 let said: Vec<i64> = runtime
                     .block_on(call.invoke_async(&mut connection.clone()))
                     .map_err(|error| TestCaseError::fail(error.to_string()))?;
                 let expected = match op {
                     Op::Throttle => model.throttle(settings, now),
-                    _ => model.take(settings, now, max_wait),
+                    _ => model.take(settings, now, max_wait, cost),
                 };
+                prop_assert_eq!(said.get(3).copied(), Some(1), "one process shares it");
                 prop_assert_eq!(
-                    said.as_slice(),
+                    &said[..3],
                     expected.as_slice(),
                     "step {} ({:?}) of {:?} under {:?}",
                     step,

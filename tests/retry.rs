@@ -692,3 +692,79 @@ async fn at_most_once_returns_a_maybe_delivered_error_in_a_batch_and_retries_the
     assert_eq!(attempts(&answers), ["2", "smtp.timeout", "1"]);
     assert_eq!(inner.sends(), 4);
 }
+
+// ---- a panic is an answer (issue 45, point 3; DESIGN §15) ----
+
+/// A transport whose first `panics` sends panic, then delivers: a bug in a provider's code.
+struct Panicking {
+    panics: usize,
+    sends: std::sync::atomic::AtomicUsize,
+}
+
+impl Panicking {
+    fn new(panics: usize) -> Self {
+        Panicking {
+            panics,
+            sends: std::sync::atomic::AtomicUsize::new(0),
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Panicking {
+    fn name(&self) -> &str {
+        "panicking"
+    }
+
+    async fn send_raw(
+        &self,
+        _envelope: &mail_breaker::Envelope,
+        _raw: &[u8],
+    ) -> Result<Receipt, SendError> {
+        let send = self.sends.fetch_add(1, std::sync::atomic::Ordering::SeqCst);
+        if send < self.panics {
+            panic!("a bug in the provider's code");
+        }
+        Ok(Receipt::new("panicking"))
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_that_panics_is_answered_transport_panicked_without_a_retry_and_sending_goes_on() {
+    let transport = RetryTransport::builder(Panicking::new(1))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+
+    let error = transport.send(&message()).await.unwrap_err();
+    assert_eq!(error.code(), "transport.panicked");
+    assert_eq!(error.category(), Category::Configuration);
+    assert_eq!(error.transport(), Some("panicking"));
+    assert_eq!(
+        transport
+            .inner()
+            .sends
+            .load(std::sync::atomic::Ordering::SeqCst),
+        1
+    );
+
+    let receipt = transport.send(&message()).await.unwrap();
+    assert_eq!(receipt.attempts(), 1);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_batch_that_panics_answers_each_of_its_messages_transport_panicked() {
+    let transport = RetryTransport::builder(Panicking::new(1))
+        .max_attempts(3)
+        .build()
+        .unwrap();
+
+    let answers = send_all(&transport, numbered_messages(3)).await;
+
+    assert_eq!(answers.len(), 3);
+    for answer in &answers {
+        let error = answer.as_ref().unwrap_err();
+        assert_eq!(error.code(), "transport.panicked");
+        assert!(!error.is_batch_failure(), "each message's own answer");
+    }
+}

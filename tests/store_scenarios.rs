@@ -307,6 +307,20 @@ scenarios! {
                  Send, Result(0, FAIL), Result(4, FAIL), Is(Closed)],
         transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
     };
+    // A send the breaker let go and that was never attempted (a limiter below refused it) is
+    // given back like an abandoned one: between failures it breaks no run of them.
+    a_send_given_back_between_failures_breaks_no_run_of_them: Scenario {
+        rules: consecutive(3, 1),
+        steps: &[Send, Result(0, FAIL), Send, Result(1, FAIL), Send, Release(2), Is(Closed),
+                 Send, Result(3, FAIL), Is(Open)],
+        transitions: &[(Closed, Open)],
+    };
+    a_probe_given_back_leaves_the_breaker_half_open_for_the_next_send: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, FAIL), Wait(500), Probe, Release(1), Is(HalfOpen),
+                 Probe, Result(2, OK), Is(Closed)],
+        transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Closed)],
+    };
     an_abandoned_send_that_is_not_a_probe_changes_nothing: Scenario {
         rules: consecutive(1, 1),
         steps: &[Send, Release(0), Is(Closed), Send, Result(1, FAIL), Is(Open)],

@@ -11,7 +11,7 @@ use std::pin::Pin;
 use std::task::{Context, Poll};
 
 use super::BoxedSend;
-use super::gate::{Gate, HeldBack, Unspent};
+use super::gate::{Gate, HeldBack, Unspent, attempted};
 use crate::machine::{Outcome, Permit};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
@@ -169,6 +169,12 @@ where
         };
         this.send.set(Sending::Idle);
         let gate = *this.gate;
+        if !attempted(result) {
+            // Neither a success nor a failure: a clean permit holds nothing to give back, a
+            // counted one is given back as it is dropped here (a probe's slot frees at once).
+            *this.held = Held::Nothing;
+            return answer;
+        }
         match this.held {
             Held::Nothing => {}
             Held::Clean(first, permit) => {

@@ -267,6 +267,8 @@ impl Gate {
                 "the circuit breaker was isolated by hand until it is reset: nothing was sent",
             ),
         };
+        // Nothing was sent: a breaker around this one counts the refusal for nothing.
+        let error = error.not_attempted();
         if *self.transport_name == *transport {
             error.with_shared_transport(&self.transport_name)
         } else {
@@ -327,6 +329,10 @@ impl Ticket<'_> {
     /// it, so a probe's slot is freed rather than held until the probe's deadline.
     pub(crate) async fn finish(mut self, result: &Result<Receipt, SendError>) {
         let (gate, transport) = (self.gate, self.transport);
+        if !attempted(result) {
+            // Neither a success nor a failure: `Drop` gives the permits back.
+            return;
+        }
         let outcome = gate.outcome(result, self.started);
         let counted = self.unspent().any(|(_, permit)| permit.is_some());
         metrics::send_finished(transport, counted.then_some(outcome), self.started);
@@ -351,6 +357,14 @@ impl Ticket<'_> {
     }
 }
 
+/// Whether `result` says anything of the provider: not when a wrapper below the breaker
+/// refused the message before any send ([`SendError::is_not_attempted`]). Such a send gives
+/// its permit back, as a cancelled one does (DESIGN §15).
+#[inline]
+pub(crate) fn attempted(result: &Result<Receipt, SendError>) -> bool {
+    !matches!(result, Err(error) if error.is_not_attempted())
+}
+
 /// The permit of a send under one breaker, given back if the send is dropped unanswered.
 pub(crate) struct Unspent<'a> {
     gate: &'a Gate,
@@ -369,8 +383,13 @@ impl Unspent<'_> {
 
     /// What to record of `result`: the permit and how it counts, unless the send went without
     /// one (in shadow mode, past a breaker that would refuse).
+    /// A send that was never attempted counts for nothing: its permit stays, for `Drop` to
+    /// give back.
     #[inline]
     pub(crate) fn counted(&self, result: &Result<Receipt, SendError>) -> Option<(Permit, Outcome)> {
+        if !attempted(result) {
+            return None;
+        }
         let counted = self
             .permit
             .map(|permit| (permit, self.gate.outcome(result, self.started)));

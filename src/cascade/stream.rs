@@ -1,6 +1,7 @@
 //! The streams: each stage's batch input, and the output that drives them all.
 
 use std::future::Future;
+use std::panic::AssertUnwindSafe;
 use std::pin::Pin;
 use std::sync::Arc;
 use std::task::{Context, Poll};
@@ -10,6 +11,7 @@ use tokio::time::{Instant, Sleep};
 
 use super::Stages;
 use super::state::{Item, Shared, State, Status, enter, fail_stage, settle, wake};
+use crate::panicked::panicked;
 use crate::transport::unanswered;
 use crate::{Message, MessageStream, Receipt, ReceiptStream, SendError};
 
@@ -177,7 +179,9 @@ impl<'a, S: Stages<'a>> Stream for Cascade<'a, S> {
             }
             for index in to_start {
                 let input = input(Arc::clone(&this.shared), index);
-                this.running[index] = Some(this.shared.stages.send_many(index, input));
+                let batch = this.shared.stages.send_many(index, input);
+                let name = this.shared.stages.name(index);
+                this.running[index] = Some(answering_panics(name, batch));
             }
             match this.poll_stages(cx) {
                 Some(Event::Answer(stage, result)) => this.on_answer(stage, result),
@@ -288,6 +292,22 @@ impl<'a, S: Stages<'a>> Cascade<'a, S> {
         }
         state.wake_inputs();
     }
+}
+
+/// `batch`, with a panic while it is polled answered as the failure of the whole batch
+/// (`transport.panicked`, naming `transport`): the stage is done, and the cascade judges
+/// each message it held with that error (DESIGN §15: a panic is an answer).
+fn answering_panics<'a>(transport: &str, batch: ReceiptStream<'a>) -> ReceiptStream<'a> {
+    let transport = transport.to_owned();
+    // A caught panic is the last item of `catch_unwind`'s stream.
+    AssertUnwindSafe(batch)
+        .catch_unwind()
+        .map(move |item| {
+            item.unwrap_or_else(|payload| {
+                Err(panicked(&transport, payload.as_ref()).batch_failure())
+            })
+        })
+        .boxed()
 }
 
 /// Answers each message still waiting with an error: a broken invariant of the cascade,

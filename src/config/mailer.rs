@@ -210,7 +210,12 @@ fn build_member(
         .clone()
         .unwrap_or_else(|| provider.name().to_owned());
     let paced: Box<dyn Transport> = match &member.rate {
-        Some(rate) => Box::new(build_rate(provider, rate, &name, store, path)?),
+        // Amazon SES counts each recipient against its maximum send rate.
+        Some(rate) => {
+            let per_recipient = matches!(member.provider, Provider::Ses { .. });
+            let limiter = build_rate(provider, rate, &name, store, path, per_recipient)?;
+            Box::new(limiter)
+        }
         None => provider,
     };
     let breaker = build_breaker(paced, &member.breaker, store)
@@ -430,10 +435,14 @@ fn build_rate(
     name: &str,
     store: Option<&Store>,
     path: &str,
+    per_recipient: bool,
 ) -> Result<RateLimitTransport<Box<dyn Transport>>, ConfigError> {
     let mut builder = RateLimitTransport::builder(provider)
         .name(name)
         .per_second(rate.per_second);
+    if per_recipient {
+        builder = builder.cost_per_recipient();
+    }
     if let Some(burst) = rate.burst {
         builder = builder.burst(burst);
     }

@@ -3,8 +3,8 @@
 //! the one that halved it change nothing: they answer sends that went out before the halving
 //! (sixteen sends in flight throttled together are one signal, not sixteen).
 
-/// Nanoseconds in a second.
-const SECOND: u64 = 1_000_000_000;
+/// Microseconds in a second: the limiter's clock counts whole µs, as the fleet's script does.
+const SECOND: u64 = 1_000_000;
 
 /// The share of the configured rate that each second without a throttle gives back.
 const CLIMB_PER_SECOND: f64 = 0.05;
@@ -22,7 +22,7 @@ pub(crate) struct Adaptive {
     floor: f64,
     /// The rate just after the last halving (the configured rate before any).
     base: f64,
-    /// When the last halving came, on the limiter's clock in nanoseconds; `None` before any.
+    /// When the last halving came, on the limiter's clock in µs; `None` before any.
     since: Option<u64>,
 }
 
@@ -43,6 +43,7 @@ impl Adaptive {
             return self.configured;
         };
         let quiet_seconds = now.saturating_sub(since) / SECOND;
+        // The script sums in the same order, so that both have the very same `f64`.
         let climbed = self.base + CLIMB_PER_SECOND * self.configured * quiet_seconds as f64;
         climbed.min(self.configured)
     }

@@ -27,9 +27,12 @@ pub struct RateLimitBuilder<T> {
     max_in_flight: Option<usize>,
     max_wait: Duration,
     adaptive: bool,
-    min_per_second: f64,
+    /// `None`: the default floor, 1 a second or the rate if that is lower.
+    min_per_second: Option<f64>,
     name: Option<String>,
-    members: u32,
+    /// `None`: the processes Redis last said share the limiter.
+    members: Option<u32>,
+    per_recipient: bool,
     #[cfg(feature = "redis")]
     shared: Option<Arc<crate::RedisStore>>,
 }
@@ -43,9 +46,10 @@ impl<T: Transport> RateLimitBuilder<T> {
             max_in_flight: None,
             max_wait: Duration::from_secs(5),
             adaptive: false,
-            min_per_second: 1.0,
+            min_per_second: None,
             name: None,
-            members: 1,
+            members: None,
+            per_recipient: false,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -84,9 +88,25 @@ impl<T: Transport> RateLimitBuilder<T> {
         self
     }
 
-    /// The lowest rate throttles bring an adaptive limiter to (default 1 per second).
+    /// The lowest rate throttles bring an adaptive limiter to (default 1 per second, or the
+    /// rate itself when that is lower: a fractional rate builds without this setting).
+    /// Set, it must be above zero and at most the rate.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, RateLimitTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let provider = || LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// // One send every two seconds, adaptive, with the default floor.
+    /// assert!(RateLimitTransport::builder(provider()).per_second(0.5).adaptive(true).build().is_ok());
+    /// let error = RateLimitTransport::builder(provider())
+    ///     .per_second(0.5)
+    ///     .min_per_second(1.0)
+    ///     .build()
+    ///     .unwrap_err();
+    /// assert_eq!(error.setting(), "min_per_second");
+    /// ```
     pub fn min_per_second(mut self, per_second: f64) -> Self {
-        self.min_per_second = per_second;
+        self.min_per_second = Some(per_second);
         self
     }
 
@@ -101,18 +121,43 @@ impl<T: Transport> RateLimitBuilder<T> {
     /// store's namespace: GCRA in Redis (or a Redis Cluster), one script call per send, timed
     /// by the server's clock, on the store's connection and within its timeout. A throttle
     /// lowers the fleet's rate. While Redis does not answer, each process paces itself at
-    /// its share (`per_second / members`, see [`members`](Self::members)), logs one
-    /// warning, and tries Redis again once per the store's retry interval.
+    /// its share of the rate and of the burst (`1 / members`, see [`members`](Self::members)),
+    /// logs one warning, and tries Redis again once per the store's retry interval.
     #[cfg(feature = "redis")]
     pub fn shared(mut self, store: Arc<crate::RedisStore>) -> Self {
         self.shared = Some(store);
         self
     }
 
-    /// How many processes share the budget (default 1): while Redis does not answer, each
-    /// paces itself at `per_second / members`.
+    /// How many processes share the budget: while Redis does not answer, each paces itself
+    /// at `per_second / members` with a burst of `burst / members` (at least 1). Unset, it is
+    /// the number of processes Redis last said share the limiter (those that called it in
+    /// the last ten minutes, each known by its store's
+    /// [`member`](crate::RedisStore::with_member) name); knowing neither, a process takes
+    /// the full rate and burst. Only a [shared](Self::shared) limiter reads it.
     pub fn members(mut self, members: u32) -> Self {
-        self.members = members;
+        self.members = Some(members);
+        self
+    }
+
+    /// Charges a send one slot per recipient of its envelope rather than one per message:
+    /// for a provider whose quota counts recipients, as Amazon SES's maximum send rate does
+    /// (a message to 3 recipients is 3 of its 14 a second). A message to more recipients than
+    /// the burst goes once the whole burst is free, and the sends after it wait for the rest.
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, RateLimitTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// let limited = RateLimitTransport::builder(ses)
+    ///     .per_second(14.0)
+    ///     .burst(14)
+    ///     .cost_per_recipient()
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn cost_per_recipient(mut self) -> Self {
+        self.per_recipient = true;
         self
     }
 
@@ -122,18 +167,25 @@ impl<T: Transport> RateLimitBuilder<T> {
             ConfigError::new("per_second", "a rate limit needs its rate: set per_second")
         })?;
         positive_rate("per_second", per_second)?;
-        positive_rate("min_per_second", self.min_per_second)?;
-        if self.min_per_second > per_second {
-            return Err(ConfigError::new(
-                "min_per_second",
-                format!(
-                    "the lowest rate ({}) must not be above the rate ({per_second})",
-                    self.min_per_second
-                ),
-            ));
-        }
+        let floor = match self.min_per_second {
+            Some(floor) => {
+                positive_rate("min_per_second", floor)?;
+                if floor > per_second {
+                    return Err(ConfigError::new(
+                        "min_per_second",
+                        format!(
+                            "the lowest rate ({floor}) must not be above the rate ({per_second})"
+                        ),
+                    ));
+                }
+                floor
+            }
+            None => DEFAULT_FLOOR.min(per_second),
+        };
         crate::config::at_least_one("burst", u64::from(self.burst))?;
-        crate::config::at_least_one("members", u64::from(self.members))?;
+        if let Some(members) = self.members {
+            crate::config::at_least_one("members", u64::from(members))?;
+        }
         if let Some(max_in_flight) = self.max_in_flight {
             crate::config::at_least_one("max_in_flight", max_in_flight as u64)?;
         }
@@ -143,7 +195,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             .map(|places| Arc::new(Semaphore::new(places.min(Semaphore::MAX_PERMITS))));
         let name: Arc<str> = Arc::from(self.name.unwrap_or_else(|| self.inner.name().to_owned()));
         crate::metrics::rate_per_second(&name, per_second);
-        let local = || LocalLimiter::new(per_second, self.burst, self.min_per_second);
+        let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {
             Some(store) => super::Limiter::Shared(super::shared::SharedLimiter::new(
@@ -151,7 +203,7 @@ impl<T: Transport> RateLimitBuilder<T> {
                 &name,
                 per_second,
                 self.burst,
-                self.min_per_second,
+                floor,
                 self.members,
             )),
             None => super::Limiter::Local(local()),
@@ -165,9 +217,13 @@ impl<T: Transport> RateLimitBuilder<T> {
             in_flight,
             max_wait: self.max_wait,
             adaptive: self.adaptive,
+            per_recipient: self.per_recipient,
         })
     }
 }
+
+/// The lowest rate an adaptive limiter falls to unless set: one send a second.
+const DEFAULT_FLOOR: f64 = 1.0;
 
 fn positive_rate(setting: &'static str, rate: f64) -> Result<(), ConfigError> {
     if rate.is_finite() && rate > 0.0 {

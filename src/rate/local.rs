@@ -35,8 +35,9 @@ impl LocalLimiter {
         }
     }
 
+    /// Whole µs since the limiter was made (see `gcra.rs` on why µs).
     fn now(&self) -> u64 {
-        super::gcra::nanos(Instant::now().duration_since(self.origin))
+        super::gcra::micros(Instant::now().duration_since(self.origin))
     }
 
     fn state(&self) -> std::sync::MutexGuard<'_, State> {
@@ -44,15 +45,15 @@ impl LocalLimiter {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reserves the next slot for a send that may wait up to `max_wait`.
-    pub(crate) fn reserve(&self, max_wait: Duration) -> Slot {
+    /// Reserves the next `cost` slots for a send that may wait up to `max_wait`.
+    pub(crate) fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
         let now = self.now();
         let mut state = self.state();
         let rate = Rate {
             per_second: state.rate.at(now),
             burst: self.burst,
         };
-        state.gcra.reserve(now, rate, max_wait)
+        state.gcra.reserve(now, rate, max_wait, cost)
     }
 
     /// The provider throttled a send: the rate halves.

@@ -36,7 +36,9 @@ pub const RATE_LIMITED: &str = "rate.limited";
 /// - Shared with `.shared(store)` (feature `redis`): every process whose limiter has the
 ///   same name in the store's namespace draws from one budget in Redis, and a throttle
 ///   lowers everyone's rate; while Redis does not answer, each paces itself at its share
-///   (`per_second / members`).
+///   of the rate and of the burst (`1 / members`, see [`members`](RateLimitBuilder::members)).
+/// - Built with [`cost_per_recipient`](RateLimitBuilder::cost_per_recipient), a send costs
+///   one slot per recipient of its envelope (Amazon SES counts its maximum send rate so).
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
 ///
@@ -65,6 +67,8 @@ pub struct RateLimitTransport<T> {
     in_flight: Option<Arc<Semaphore>>,
     max_wait: Duration,
     adaptive: bool,
+    /// Each recipient costs a slot, not each message.
+    per_recipient: bool,
 }
 
 impl<T: Transport> RateLimitTransport<T> {
@@ -99,9 +103,23 @@ impl<T: Transport> RateLimitTransport<T> {
         self.inner
     }
 
-    /// Waits for a send's turn: a place among the sends in flight and a slot of the rate,
-    /// together within `max_wait`.
-    async fn turn(&self) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SendError> {
+    /// How many slots a send to `envelope` costs: one, or one per recipient when counted so.
+    fn cost(&self, envelope: &Envelope) -> u32 {
+        if self.per_recipient {
+            u32::try_from(envelope.to().len())
+                .unwrap_or(u32::MAX)
+                .max(1)
+        } else {
+            1
+        }
+    }
+
+    /// Waits for a send's turn: a place among the sends in flight and `cost` slots of the
+    /// rate, together within `max_wait`.
+    async fn turn(
+        &self,
+        cost: u32,
+    ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SendError> {
         // The clock is read only where a wait must be measured: the limiter reads it once.
         let (permit, queued) = match &self.in_flight {
             Some(places) => {
@@ -117,7 +135,7 @@ impl<T: Transport> RateLimitTransport<T> {
         };
         match self
             .limiter
-            .reserve(self.max_wait.saturating_sub(queued))
+            .reserve(self.max_wait.saturating_sub(queued), cost)
             .await
         {
             Slot::After(wait) => {
@@ -152,15 +170,16 @@ impl<T: Transport> RateLimitTransport<T> {
                 ),
             ),
         };
-        error.with_transport(&*self.name)
+        error.with_transport(&*self.name).not_attempted()
     }
 
-    /// Lowers the rate when the provider throttled (not this crate's own limiters).
+    /// Lowers the rate when the provider throttled (not a limiter below this one, whose
+    /// refusal was never attempted).
     async fn heard(&self, result: &Result<Receipt, SendError>) {
         if let Err(error) = result
             && self.adaptive
             && error.category() == Category::RateLimited
-            && error.code() != RATE_LIMITED
+            && !error.is_not_attempted()
         {
             self.limiter.throttled().await;
             let now = self.limiter.per_second();
@@ -179,11 +198,11 @@ enum Limiter {
 }
 
 impl Limiter {
-    async fn reserve(&self, max_wait: Duration) -> Slot {
+    async fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
         match self {
-            Limiter::Local(local) => local.reserve(max_wait),
+            Limiter::Local(local) => local.reserve(max_wait, cost),
             #[cfg(feature = "redis")]
-            Limiter::Shared(shared) => shared.reserve(max_wait).await,
+            Limiter::Shared(shared) => shared.reserve(max_wait, cost).await,
         }
     }
 
@@ -211,14 +230,14 @@ impl<T: Transport> Transport for RateLimitTransport<T> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let _place = self.turn().await?;
+        let _place = self.turn(self.cost(envelope)).await?;
         let result = self.inner.send_raw(envelope, raw).await;
         self.heard(&result).await;
         result
     }
 
     async fn send(&self, message: &crate::Message) -> Result<Receipt, SendError> {
-        let _place = self.turn().await?;
+        let _place = self.turn(self.cost(message.envelope())).await?;
         let result = self.inner.send(message).await;
         self.heard(&result).await;
         result

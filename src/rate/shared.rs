@@ -1,10 +1,11 @@
 //! The limiter a fleet shares: one hash in Redis (or a Redis Cluster) per limiter name, one
 //! script call per send (`rate.lua`, beside this file), on the connection of a
 //! [`RedisStore`](crate::RedisStore) and with its timeout. While Redis does not answer, each
-//! process limits on its own at its share of the rate, and tries Redis again once per retry
-//! interval, as the store does.
+//! process limits on its own at its share of the rate and of the burst, and tries Redis again
+//! once per retry interval, as the store does. Its share is `1 / members`: the members set
+//! with `.members(n)`, or else the processes Redis last said share the limiter.
 
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU32, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
@@ -29,8 +30,14 @@ pub(crate) struct SharedLimiter {
     floor: f64,
     timeout: Duration,
     retry_interval: Duration,
-    /// Decides while Redis does not answer: at the fleet's share of the rate.
-    fallback: LocalLimiter,
+    /// This process's name among those sharing the limiter (the store's member name).
+    member: String,
+    /// The processes sharing the limiter, when set with `.members(n)`.
+    members: Option<u32>,
+    /// The processes Redis last said share the limiter; 0 before it said.
+    members_seen: AtomicU32,
+    /// Decides while Redis does not answer: at this process's share of the rate and burst.
+    fallback: Mutex<Fallback>,
     /// Redis is not asked before this, after it failed.
     silent_until: Mutex<Option<Instant>>,
     /// Whether the warning of this outage was logged.
@@ -52,6 +59,27 @@ impl std::fmt::Debug for SharedLimiter {
     }
 }
 
+/// The limiter of one process while Redis does not answer, made for a number of members.
+#[derive(Debug)]
+struct Fallback {
+    members: u32,
+    limiter: LocalLimiter,
+}
+
+impl Fallback {
+    /// A limiter at the share of one of `members` processes: `1 / members` of the rate and of
+    /// the burst (at least one send), the floor no higher than the share.
+    fn new(members: u32, per_second: f64, burst: u32, floor: f64) -> Fallback {
+        let members = members.max(1);
+        let share = per_second / f64::from(members);
+        let burst = (burst / members).max(1);
+        Fallback {
+            members,
+            limiter: LocalLimiter::new(share, burst, floor.min(share)),
+        }
+    }
+}
+
 /// What a call of the script said.
 enum Said {
     Slot(Slot),
@@ -65,9 +93,8 @@ impl SharedLimiter {
         per_second: f64,
         burst: u32,
         floor: f64,
-        members: u32,
+        members: Option<u32>,
     ) -> SharedLimiter {
-        let share = per_second / f64::from(members.max(1));
         SharedLimiter {
             connection: store.connection(),
             script: Arc::new(Script::new(SOURCE)),
@@ -77,7 +104,16 @@ impl SharedLimiter {
             floor,
             timeout: store.timeout(),
             retry_interval: store.retry_interval(),
-            fallback: LocalLimiter::new(share, burst, floor.min(share)),
+            member: store.member().to_owned(),
+            members,
+            members_seen: AtomicU32::new(0),
+            // Knowing neither the members nor who shares it: the full rate and burst.
+            fallback: Mutex::new(Fallback::new(
+                members.unwrap_or(1),
+                per_second,
+                burst,
+                floor,
+            )),
             silent_until: Mutex::new(None),
             warned: AtomicBool::new(false),
             last_rate: AtomicU64::new(per_second.to_bits()),
@@ -87,28 +123,42 @@ impl SharedLimiter {
 
     /// Reserves the next slot in the fleet's budget, or in this process's share of it while
     /// Redis does not answer.
-    pub(crate) async fn reserve(&self, max_wait: Duration) -> Slot {
+    pub(crate) async fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
         if self.may_ask() {
             let micros = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-            if let Some(Said::Slot(slot)) = self.call("take", micros).await {
+            if let Some(Said::Slot(slot)) = self.call("take", micros, cost).await {
                 return slot;
             }
         }
-        self.fallback.reserve(max_wait)
+        self.fallback().limiter.reserve(max_wait, cost)
+    }
+
+    fn fallback(&self) -> std::sync::MutexGuard<'_, Fallback> {
+        // Replaced whole, never torn by a panic.
+        self.fallback.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// How many processes share the limiter: as set, or as Redis last said; `None` when
+    /// neither is known.
+    fn members(&self) -> Option<u32> {
+        self.members.or_else(|| {
+            let seen = self.members_seen.load(Ordering::Relaxed);
+            (seen > 0).then_some(seen)
+        })
     }
 
     /// The provider throttled a send: the fleet's rate halves (this process's share too).
     pub(crate) async fn throttled(&self) {
-        self.fallback.throttled();
+        self.fallback().limiter.throttled();
         if self.may_ask() {
-            let _ = self.call("throttle", 0).await;
+            let _ = self.call("throttle", 0, 1).await;
         }
     }
 
     /// The rate Redis last said, or this process's share while Redis does not answer.
     pub(crate) fn per_second(&self) -> f64 {
         if self.silent() {
-            self.fallback.per_second()
+            self.fallback().limiter.per_second()
         } else {
             f64::from_bits(self.last_rate.load(Ordering::Relaxed))
         }
@@ -137,7 +187,7 @@ impl SharedLimiter {
         }
     }
 
-    async fn call(&self, op: &str, max_wait_micros: u64) -> Option<Said> {
+    async fn call(&self, op: &str, max_wait_micros: u64, cost: u32) -> Option<Said> {
         let mut connection = self.connection.clone();
         let mut invocation = self.script.key(&self.key);
         invocation
@@ -146,12 +196,16 @@ impl SharedLimiter {
             .arg(self.burst)
             .arg(max_wait_micros)
             .arg(self.floor)
-            .arg(u64::try_from(IDLE_EXPIRY.as_millis()).unwrap_or(u64::MAX));
+            .arg(u64::try_from(IDLE_EXPIRY.as_millis()).unwrap_or(u64::MAX))
+            .arg(&self.member)
+            .arg(cost);
         let reply: Result<Result<Vec<i64>, _>, _> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await;
         match reply {
-            Ok(Ok(values)) if let [verdict, micros, rate] = values[..] => {
+            Ok(Ok(values)) if let [verdict, micros, rate, members] = values[..] => {
                 self.answered();
+                let members = u32::try_from(members).unwrap_or(u32::MAX);
+                self.members_seen.store(members, Ordering::Relaxed);
                 let rate = rate as f64 / 1000.0;
                 self.last_rate.store(rate.to_bits(), Ordering::Relaxed);
                 let micros = Duration::from_micros(u64::try_from(micros).unwrap_or(0));
@@ -164,7 +218,7 @@ impl SharedLimiter {
                 })
             }
             Ok(Ok(values)) => {
-                self.failed(&format!("an answer of {} numbers, not 3", values.len()));
+                self.failed(&format!("an answer of {} numbers, not 4", values.len()));
                 None
             }
             Ok(Err(error)) => {
@@ -196,11 +250,19 @@ impl SharedLimiter {
             .unwrap_or_else(PoisonError::into_inner) =
             Some(crate::time::later(Instant::now(), self.retry_interval));
         if !self.warned.swap(true, Ordering::Relaxed) {
+            let members = self.members();
+            let mut fallback = self.fallback();
+            let share = members.unwrap_or(1);
+            if fallback.members != share {
+                *fallback = Fallback::new(share, self.per_second, self.burst, self.floor);
+            }
             tracing::warn!(
                 limiter = %self.name,
                 error = %why,
-                per_second = self.fallback.per_second(),
-                "rate.redis_unreachable: the limiter paces this process alone, at its share of the rate, until Redis answers"
+                members = members.map_or_else(|| String::from("unknown: the full rate and burst"), |m| m.to_string()),
+                per_second = fallback.limiter.per_second(),
+                burst = (self.burst / share).max(1),
+                "rate.redis_unreachable: the limiter paces this process alone, at its share of the rate and burst, until Redis answers"
             );
         }
     }

@@ -8,6 +8,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::cascade::{self, Stages, Verdict};
+use crate::panicked::catch_panic;
 use crate::{Envelope, Message, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
 mod backoff;
@@ -32,6 +33,8 @@ pub use builder::RetryBuilder;
 /// - Built with [`at_most_once`](RetryBuilder::at_most_once), it returns an error marked
 ///   [`is_maybe_delivered`](SendError::is_maybe_delivered) as it is: the provider may hold
 ///   the message, and a retry could deliver it twice. By default it retries such errors.
+/// - A try that panics is answered `transport.panicked` (Configuration, so not retried);
+///   the transport goes on with the next send.
 /// - [`Receipt::attempts`] says how many tries the delivery took.
 /// - **Deferred recipients.** A delivery whose receipt lists
 ///   [`deferred_recipients`](Receipt::deferred_recipients) (an SMTP server took the message
@@ -121,7 +124,7 @@ impl<T: Transport> RetryTransport<T> {
     {
         let mut attempt = 1;
         loop {
-            let result = send().await;
+            let result = catch_panic(self.inner.name(), send()).await;
             match self
                 .policy
                 .judge(self.inner.name(), attempt, first_try, result, false)
@@ -167,7 +170,7 @@ impl<T: Transport> RetryTransport<T> {
             crate::metrics::retry(transport);
             tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
             attempt = attempt.saturating_add(1);
-            match self.inner.send_raw(&envelope, raw).await {
+            match catch_panic(transport, self.inner.send_raw(&envelope, raw)).await {
                 Ok(mut again) => {
                     if let Some(budget) = &self.policy.budget {
                         budget.on_success();
