@@ -10,6 +10,7 @@ pub mod machine;
 pub mod metrics;
 #[cfg(feature = "outbox")]
 pub mod outbox;
+mod panicked;
 pub mod pool;
 pub mod rate;
 mod receipt;
