@@ -330,8 +330,8 @@ mod sealed {
     #[cfg(feature = "postgres")]
     #[async_trait::async_trait]
     impl Insert for &mut sqlx::PgConnection {
-        async fn insert(self, row: NewRow, now: Millis) -> Result<OutboxId, SendError> {
-            super::postgres::insert(self, &row, now)
+        async fn insert(self, row: NewRow, _now: Millis) -> Result<OutboxId, SendError> {
+            super::postgres::insert(self, &row)
                 .await
                 .map_err(|e| record::database_error("enqueueing in the caller's transaction", e))
         }

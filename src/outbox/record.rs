@@ -76,7 +76,7 @@ pub(crate) struct Claimed {
 
 /// Which claim of which message: `attempts` after the claim is the lease's token, so that an
 /// answer from a worker whose lease ran out (and another claimed the message) changes nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Claim {
     pub id: OutboxId,
     pub attempts: u32,

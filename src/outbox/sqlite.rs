@@ -17,7 +17,7 @@ use super::lanes::Lanes;
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
 };
-use super::schedule::Millis;
+use super::schedule::{Millis, millis};
 use super::{OutboxId, OutboxStats};
 use crate::{Category, SendError};
 
@@ -172,10 +172,11 @@ impl Backend for SqliteBackend {
     async fn claim(
         &self,
         now: Millis,
-        lease_until: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        let lease_until = now.saturating_add(millis(lease));
         let claimed = async {
             // One statement, so one transaction by itself: SQLite takes the write lock as the
             // statement starts, before it reads which messages are due, so no other writer
@@ -217,6 +218,47 @@ impl Backend for SqliteBackend {
         claimed
             .await
             .map_err(|e| database_error("claiming due mail", e))
+    }
+
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        let lease_until = now.saturating_add(millis(lease));
+        let renewed = async {
+            let mut renewed = Vec::with_capacity(claims.len());
+            for chunk in claims.chunks(ROWS_PER_INSERT) {
+                let sql = renew_sql(chunk.len());
+                let mut renew = sqlx::query(&sql).bind(lease_until);
+                for claim in chunk {
+                    renew = renew.bind(claim.id.0);
+                }
+                for claim in chunk {
+                    renew = renew.bind(claim.id.0).bind(claim.attempts);
+                }
+                let rows = if durable {
+                    renew.fetch_all(&self.pool).await?
+                } else {
+                    let mut lane = self.relaxed.get().await?;
+                    let rows = renew.fetch_all(lane.connection()).await?;
+                    lane.done();
+                    rows
+                };
+                for row in rows {
+                    renewed.push(Claim {
+                        id: OutboxId(row.try_get(0)?),
+                        attempts: row.try_get(1)?,
+                    });
+                }
+            }
+            Ok(renewed)
+        };
+        renewed
+            .await
+            .map_err(|e| database_error("renewing leases", e))
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
@@ -385,6 +427,18 @@ fn delete_sent_sql(count: usize) -> String {
     )
 }
 
+/// The renewal of `count` claims' leases (a lease's end is a held row's `due_at`): each row
+/// found by its id, and renewed only if it is still held under the claim. Its parameters: the
+/// lease's new end, the ids, then each id with its attempts.
+fn renew_sql(count: usize) -> String {
+    let ids = vec!["?"; count].join(", ");
+    let attempts = "WHEN ? THEN ? ".repeat(count);
+    format!(
+        "UPDATE mail_breaker_outbox SET due_at = ? WHERE id IN ({ids}) AND leased > 0 \
+         AND dead_at IS NULL AND attempts = CASE id {attempts}END RETURNING id, attempts"
+    )
+}
+
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
 /// (parameters 3 to 8).
 fn with_error<'q>(
@@ -464,7 +518,7 @@ mod tests {
     async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
         let (backend, ids) = three_queued("delete-token").await;
         let claimed = backend
-            .claim(1_000, 61_000, 10, false)
+            .claim(1_000, Duration::from_secs(60), 10, false)
             .await
             .expect("claimed");
         assert_eq!(claimed.len(), 3);
@@ -493,7 +547,7 @@ mod tests {
     async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
         let (backend, ids) = three_queued("claim").await;
         let claimed = backend
-            .claim(1_000, 61_000, 2, false)
+            .claim(1_000, Duration::from_secs(60), 2, false)
             .await
             .expect("claimed");
         let taken: Vec<OutboxId> = claimed.iter().map(|c| c.claim.id).collect();
@@ -506,12 +560,12 @@ mod tests {
         assert_eq!(claimed[1].recipients, "user2@example.org");
         assert_eq!(claimed[1].raw, row(2).raw);
         let rest = backend
-            .claim(1_000, 61_000, 10, true)
+            .claim(1_000, Duration::from_secs(60), 10, true)
             .await
             .expect("claimed");
         assert_eq!(rest.len(), 1, "the leased two are not due until 61 s");
         let expired = backend
-            .claim(61_000, 121_000, 10, false)
+            .claim(61_000, Duration::from_secs(60), 10, false)
             .await
             .expect("claimed");
         assert_eq!(expired.len(), 3, "every lease ran out");
@@ -520,5 +574,43 @@ mod tests {
                 .iter()
                 .all(|c| c.lease_lost && c.claim.attempts == 2)
         );
+    }
+
+    #[tokio::test]
+    async fn a_renewal_extends_only_the_leases_still_held_under_their_claims() {
+        let (backend, ids) = three_queued("renew").await;
+        let minute = Duration::from_secs(60);
+        let claimed = backend
+            .claim(1_000, minute, 10, false)
+            .await
+            .expect("claimed");
+        // The third's lease runs out at 61 s and another claim takes it.
+        let stale = claimed[2].claim;
+        let mut renewed = backend
+            .renew(&[claimed[0].claim, claimed[1].claim], 50_000, minute, false)
+            .await
+            .expect("renewed");
+        renewed.sort_by_key(|claim| claim.id);
+        assert_eq!(renewed, [claimed[0].claim, claimed[1].claim]);
+        let retaken = backend
+            .claim(61_000, minute, 10, false)
+            .await
+            .expect("claimed");
+        assert_eq!(
+            retaken.iter().map(|c| c.claim.id).collect::<Vec<_>>(),
+            [ids[2]],
+            "the renewed two are held until 110 s"
+        );
+        let late = backend
+            .renew(&[stale, claimed[0].claim], 62_000, minute, true)
+            .await
+            .expect("renewed");
+        assert_eq!(late, [claimed[0].claim], "the third is another claim's now");
+        backend.purge(ids[0]).await.expect("purged");
+        let gone = backend
+            .renew(&[claimed[0].claim], 63_000, minute, false)
+            .await
+            .expect("renewed");
+        assert!(gone.is_empty(), "a message that is gone is not renewed");
     }
 }

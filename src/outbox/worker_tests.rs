@@ -44,16 +44,19 @@ fn flight(sends: usize, ready: usize) -> Flight {
         flight.sends.push(std::future::pending::<Answer>().boxed());
     }
     for id in 0..ready {
-        flight.ready.push_back(Claimed {
-            claim: Claim {
-                id: OutboxId(id as i64),
-                attempts: 1,
+        flight.ready.push_back(Held {
+            message: Claimed {
+                claim: Claim {
+                    id: OutboxId(id as i64),
+                    attempts: 1,
+                },
+                enqueued_at: 0,
+                lease_lost: false,
+                sender: None,
+                recipients: String::new(),
+                raw: Vec::new(),
             },
-            enqueued_at: 0,
-            lease_lost: false,
-            sender: None,
-            recipients: String::new(),
-            raw: Vec::new(),
+            lease_end: Instant::now() + Duration::from_secs(60),
         });
     }
     flight
@@ -131,12 +134,21 @@ impl Backend for Counting {
     async fn claim(
         &self,
         now: Millis,
-        lease_until: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(now, lease_until, limit, durable).await
+        self.inner.claim(now, lease, limit, durable).await
+    }
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        self.inner.renew(claims, now, lease, durable).await
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {

@@ -626,6 +626,105 @@ pub async fn a_worker_with_no_room_for_a_send_is_a_configuration_error(outbox: O
     assert!(error.message().contains("concurrency"), "{error}");
 }
 
+/// Issue 45, point 1: a worker that holds messages ahead of its sends never lets their leases
+/// run out under it, so its own next claim never takes one of them again.
+pub async fn a_worker_whose_sends_take_most_of_the_lease_delivers_each_held_message_once(
+    outbox: Outbox,
+) {
+    outbox.enqueue_many(&numbered_messages(8)).await.unwrap();
+    let slow = Scripted::answering("slow", Reply::after(Duration::from_millis(240), Reply::Ok));
+    quick(&outbox, slow.clone())
+        .concurrency(1)
+        .lease(Duration::from_millis(400))
+        .drain()
+        .await
+        .unwrap();
+    let mut subjects = slow.subjects();
+    subjects.sort();
+    let sent = subjects.len();
+    subjects.dedup();
+    assert_eq!(
+        (sent, subjects.len()),
+        (8, 8),
+        "each of the 8 once: {subjects:?}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Issue 45, point 1: a send still running at `send_timeout` is dropped and answered as a
+/// timeout, before the lease runs out; the message is kept to be sent again.
+pub async fn a_send_still_running_at_send_timeout_is_answered_as_a_timeout_within_the_lease(
+    outbox: Outbox,
+) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let started = std::time::Instant::now();
+    quick(&outbox, hung.clone())
+        .lease(Duration::from_millis(400))
+        .send_timeout(Duration::from_millis(200))
+        .backoff(mail_breaker::Backoff::constant(Duration::from_secs(3_600)))
+        .drain()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(400), "answered in {took:?}");
+    assert_eq!(hung.sends(), 1);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.leased, stats.dead),
+        (1, 0, 0),
+        "kept for a later try: {stats:?}"
+    );
+}
+
+/// Issue 45, point 1: under `at_most_once`, a send dropped at `send_timeout` may have reached
+/// the provider (the worker cannot know whether its data went), so it is never sent again.
+pub async fn under_at_most_once_a_send_dropped_at_send_timeout_is_dead_as_maybe_delivered(
+    outbox: Outbox,
+) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    quick(&outbox, hung.clone())
+        .lease(Duration::from_millis(400))
+        .send_timeout(Duration::from_millis(100))
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
+    assert_eq!(dead[0].error.category(), Category::Timeout);
+}
+
+/// Issue 45, point 1: `send_timeout` must leave the lease room to write the answer.
+pub async fn a_send_timeout_not_below_the_lease_is_a_configuration_error(outbox: Outbox) {
+    for send_timeout in [
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+        Duration::ZERO,
+    ] {
+        let worker = outbox
+            .worker(Scripted::new("p"))
+            .lease(Duration::from_secs(1))
+            .send_timeout(send_timeout);
+        let refused = worker.validate().unwrap_err();
+        assert_eq!(refused.setting(), "send_timeout", "{refused}");
+        let error = worker.drain().await.unwrap_err();
+        assert_eq!(error.category(), Category::Configuration);
+        assert!(error.message().contains("send_timeout"), "{error}");
+    }
+    let fine = outbox
+        .worker(Scripted::new("p"))
+        .lease(Duration::from_secs(1));
+    assert_eq!(
+        fine.get_send_timeout(),
+        Duration::from_millis(750),
+        "3/4 of the lease"
+    );
+    assert!(fine.validate().is_ok());
+}
+
 /// One `#[tokio::test]` per rule above, each on a fresh outbox from `$open` (an async
 /// expression giving `Option<(Outbox, guard)>`, `None` when its server is missing).
 #[macro_export]
@@ -675,6 +774,10 @@ macro_rules! all_outbox_rules {
             stats_say_how_long_the_oldest_message_has_waited,
             enqueue_many_answers_each_messages_id_in_order,
             a_worker_with_no_room_for_a_send_is_a_configuration_error,
+            a_worker_whose_sends_take_most_of_the_lease_delivers_each_held_message_once,
+            a_send_still_running_at_send_timeout_is_answered_as_a_timeout_within_the_lease,
+            under_at_most_once_a_send_dropped_at_send_timeout_is_dead_as_maybe_delivered,
+            a_send_timeout_not_below_the_lease_is_a_configuration_error,
         );
     };
 }
