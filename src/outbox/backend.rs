@@ -103,7 +103,8 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// The dead letters, oldest death first.
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError>;
 
-    /// Makes a dead message due at `now` again, attempts and error kept; whether it was dead.
+    /// Makes a dead message due now again, as if enqueued now (age, attempts and panics
+    /// start afresh; its error kept); whether it was dead.
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError>;
 
     /// Deletes a message, queued or dead; whether it was there.

@@ -278,8 +278,9 @@ impl Outbox {
             .collect()
     }
 
-    /// Makes a dead letter due again now (its attempt count and last error kept). `Ok(false)`
-    /// when `id` is not a dead letter.
+    /// Makes a dead letter due again now, as if enqueued now: its age (for `max_age`) and
+    /// its attempt count start afresh; its last error is kept until the next answer.
+    /// `Ok(false)` when `id` is not a dead letter.
     pub async fn requeue(&self, id: OutboxId) -> Result<bool, SendError> {
         let requeued = self.backend.requeue(id, record::now()).await?;
         self.enqueued.notify_waiters();

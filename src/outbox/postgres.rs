@@ -35,7 +35,8 @@ const SCHEMA: [&str; 3] = [
         error_code TEXT,
         error_message TEXT,
         error_transport TEXT,
-        lease_until BIGINT
+        lease_until BIGINT,
+        panics INTEGER NOT NULL DEFAULT 0
     ) WITH (fillfactor = 50)",
     "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
         ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL",
@@ -54,6 +55,14 @@ const UPGRADE: [&str; 2] = [
 const OLD_TABLE: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
      WHERE attrelid = 'mail_breaker_outbox'::regclass AND attname = 'lease_until' \
      AND NOT attisdropped)";
+
+/// A table made before `panics` (issue 45) gets it: whether it lacks it, and the change
+/// (which writes no row: the default is a constant).
+const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
+     WHERE attrelid = 'mail_breaker_outbox'::regclass AND attname = 'panics' \
+     AND NOT attisdropped)";
+const ADD_PANICS: &str =
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS panics INTEGER NOT NULL DEFAULT 0";
 
 /// A key for the advisory lock that keeps processes starting together from creating the
 /// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
@@ -76,12 +85,25 @@ const GIVE_BACK: &str = concat!(
 );
 
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
-const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
-     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
-     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
-const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
-     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
-     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
+/// Counts a send that panicked (the error's code is parameter 5).
+macro_rules! count_panic {
+    () => {
+        "panics = panics + (CASE WHEN $5 = 'transport.panicked' THEN 1 ELSE 0 END), "
+    };
+}
+
+const FAILED_DEAD: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, ",
+    count_panic!(),
+    "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
+);
+const FAILED_RETRY: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, ",
+    count_panic!(),
+    "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
+);
 
 /// `now()` is the transaction's start, the same in both places.
 const INSERT: &str = concat!(
@@ -136,6 +158,10 @@ impl PostgresBackend {
                 for statement in UPGRADE {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
+            }
+            let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
+            if lacks {
+                sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
             }
             tx.commit().await
         };
@@ -265,7 +291,7 @@ impl Backend for PostgresBackend {
             " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
              RETURNING m.id, m.attempts, m.enqueued_at, \
                  m.id = ANY(ARRAY(SELECT id FROM due WHERE leased)), \
-                 m.sender, m.recipients, m.raw"
+                 m.sender, m.recipients, m.raw, m.panics"
         ))
         .bind(i64::from(limit))
         .bind(millis(lease));
@@ -294,6 +320,7 @@ impl Backend for PostgresBackend {
                     sender: row.try_get(4)?,
                     recipients: row.try_get(5)?,
                     raw: row.try_get(6)?,
+                    panics: u32::try_from(row.try_get::<i32, _>(7)?).unwrap_or(0),
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -518,7 +545,10 @@ impl Backend for PostgresBackend {
 
     async fn requeue(&self, id: OutboxId, _now: Millis) -> Result<bool, SendError> {
         let done = sqlx::query(concat!(
-            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, due_at = ",
+            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, attempts = 0, \
+             panics = 0, due_at = ",
+            now_ms!(),
+            ", enqueued_at = ",
             now_ms!(),
             " WHERE id = $1 AND dead_at IS NOT NULL"
         ))

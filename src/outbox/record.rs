@@ -69,6 +69,8 @@ pub(crate) struct Claimed {
     pub enqueued_at: Millis,
     /// Whether a worker held it before and its lease ran out: that worker may have sent it.
     pub lease_lost: bool,
+    /// How many of its sends panicked (`transport.panicked`) so far.
+    pub panics: u32,
     pub sender: Option<String>,
     pub recipients: String,
     pub raw: Vec<u8>,

@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     error_category TEXT,
     error_code TEXT,
     error_message TEXT,
-    error_transport TEXT
+    error_transport TEXT,
+    panics INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
     ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL;
@@ -43,17 +44,36 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
 ";
 
+/// A table made before `panics` (issue 45) gets it: whether it lacks it, and the change.
+const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
+     WHERE name = 'panics')";
+const ADD_PANICS: &str =
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN panics INTEGER NOT NULL DEFAULT 0";
+
+/// Counts a send that panicked (the error's code is parameter 5).
+macro_rules! count_panic {
+    () => {
+        "panics = panics + (CASE WHEN ?5 = 'transport.panicked' THEN 1 ELSE 0 END), "
+    };
+}
+
 /// A claim handed back unstarted: free, due at once, not counted as an attempt.
 const GIVE_BACK: &str = "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
      due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased > 0";
 
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
-const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
-     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
-     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
-const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
-     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
-     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
+const FAILED_DEAD: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, ",
+    count_panic!(),
+    "error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
+);
+const FAILED_RETRY: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, ",
+    count_panic!(),
+    "error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
+);
 
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
@@ -101,6 +121,19 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
+        let upgraded = async {
+            // Under the write lock, so that two processes opening one old file at once do
+            // not both add the column.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
+            if lacks {
+                sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        };
+        upgraded
+            .await
+            .map_err(|e| database_error("upgrading the outbox's table", e))?;
         let relaxed = options.synchronous(SqliteSynchronous::Normal);
         // Opened now, so that a file that cannot be opened fails here rather than in the worker.
         let first = relaxed.connect().await.map_err(opening)?;
@@ -186,7 +219,7 @@ impl Backend for SqliteBackend {
             let sql = format!(
                 "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
                  due_at = ?3 WHERE id IN ({DUE}) \
-                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw"
+                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw, panics"
             );
             let claim = sqlx::query(&sql).bind(now).bind(limit).bind(lease_until);
             let mut rows = if durable {
@@ -211,6 +244,7 @@ impl Backend for SqliteBackend {
                         sender: row.try_get(4)?,
                         recipients: row.try_get(5)?,
                         raw: row.try_get(6)?,
+                        panics: row.try_get(7)?,
                     })
                 })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
@@ -376,8 +410,8 @@ impl Backend for SqliteBackend {
 
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
         let done = sqlx::query(
-            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2 \
-             WHERE id = ?1 AND dead_at IS NOT NULL",
+            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2, \
+             enqueued_at = ?2, attempts = 0, panics = 0 WHERE id = ?1 AND dead_at IS NOT NULL",
         )
         .bind(id.0)
         .bind(now)

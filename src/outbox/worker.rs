@@ -560,6 +560,7 @@ impl<T: Transport + 'static> Worker<T> {
             Answer {
                 claim: message.claim,
                 enqueued_at: message.enqueued_at,
+                panics: message.panics,
                 result,
             }
         };
@@ -619,6 +620,8 @@ type Renewing<'a> = BoxFuture<'a, (Vec<Held>, Instant, Result<Vec<Claim>, SendEr
 struct Answer {
     claim: Claim,
     enqueued_at: Millis,
+    /// Its sends that panicked before this one.
+    panics: u32,
     result: Result<Receipt, SendError>,
 }
 
@@ -767,9 +770,11 @@ impl Flight {
             }
             None => self.probing = false,
         }
+        let panicked = error.code() == crate::panicked::PANICKED;
         let attempted = Attempted {
             enqueued_at: answer.enqueued_at,
             attempts: answer.claim.attempts,
+            panics: answer.panics.saturating_add(u32::from(panicked)),
             now,
         };
         let finish = match schedule::after_failure(policy, attempted, error, |retry| {

@@ -106,7 +106,8 @@ pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     assert_eq!((stats.queued, stats.dead), (0, 1));
 }
 
-pub async fn requeue_sends_a_dead_letter_again_keeping_its_attempt_count(outbox: Outbox) {
+/// Issue 45, point 6: a requeued dead letter starts afresh, its attempts counted anew.
+pub async fn requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
     let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
     quick(&outbox, provider.clone()).drain().await.unwrap();
@@ -117,12 +118,40 @@ pub async fn requeue_sends_a_dead_letter_again_keeping_its_attempt_count(outbox:
     );
     quick(&outbox, provider.clone()).drain().await.unwrap();
     assert_eq!(provider.sends(), 2);
-    assert_eq!(outbox.dead_letters(10).await.unwrap()[0].attempts, 2);
+    assert_eq!(outbox.dead_letters(10).await.unwrap()[0].attempts, 1);
     provider.set_default(Reply::Ok);
     assert!(outbox.requeue(id).await.unwrap());
     quick(&outbox, provider.clone()).drain().await.unwrap();
     assert_eq!(provider.sends(), 3);
     assert_eq!(outbox.stats().await.unwrap().dead, 0);
+}
+
+/// Issue 45, point 6: `max_age` counts from the requeue, not from the first enqueue.
+pub async fn a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let max_age = Duration::from_millis(300);
+    let refusing = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    quick(&outbox, refusing)
+        .max_age(max_age)
+        .drain()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await; // older than max_age now
+    assert!(outbox.requeue(id).await.unwrap());
+    let down = Scripted::answering("provider", Reply::fail(Category::Timeout));
+    quick(&outbox, down.clone())
+        .max_age(max_age)
+        .backoff(mail_breaker::Backoff::constant(Duration::from_secs(3_600)))
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(down.sends(), 1);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.dead),
+        (1, 0),
+        "retried, not expired: {stats:?}"
+    );
 }
 
 pub async fn a_failure_that_may_pass_is_not_due_before_its_retry_after(outbox: Outbox) {
@@ -725,6 +754,101 @@ pub async fn a_send_timeout_not_below_the_lease_is_a_configuration_error(outbox:
     assert!(fine.validate().is_ok());
 }
 
+/// Issue 45, point 2: an `Ok` whose receipt defers some recipients keeps the message for
+/// them alone; the caller gets the receipt as it is.
+pub async fn send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone(
+    outbox: Outbox,
+) {
+    let message = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("now@example.org".parse().unwrap())
+        .to("later@example.org".parse().unwrap())
+        .body(String::from("hello"))
+        .unwrap();
+    let provider = Greylisting::default();
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), provider.clone());
+    let receipt = transport.send(&message).await.unwrap();
+    assert!(!receipt.is_queued(), "delivered to the others");
+    assert_eq!(receipt.deferred_recipients().len(), 1);
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+    outbox.worker(provider.clone()).drain().await.unwrap();
+    let envelopes = provider.envelopes.lock().unwrap().clone();
+    assert_eq!(
+        envelopes,
+        [
+            vec!["now@example.org".to_owned(), "later@example.org".to_owned()],
+            vec!["later@example.org".to_owned()],
+        ]
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Panics on every send of a message whose subject is `boom`; delivers the others.
+#[derive(Clone, Default)]
+struct PanicsOnBoom {
+    sends: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for PanicsOnBoom {
+    fn name(&self) -> &str {
+        "panicking"
+    }
+
+    async fn send_raw(
+        &self,
+        _envelope: &mail_breaker::Envelope,
+        raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, SendError> {
+        let boom = String::from_utf8_lossy(raw).contains("Subject: boom");
+        self.sends
+            .lock()
+            .unwrap()
+            .push(if boom { "boom" } else { "fine" }.to_owned());
+        assert!(!boom, "the transport has a bug");
+        Ok(mail_breaker::Receipt::new("panicking"))
+    }
+}
+
+/// Issue 45, point 3: a send that panics is an answer (`transport.panicked`); the worker goes
+/// on, and the third panic of one message makes it a dead letter.
+pub async fn a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on(
+    outbox: Outbox,
+) {
+    let boom = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject("boom")
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&boom).await.unwrap();
+    outbox.enqueue(&super::message()).await.unwrap();
+    let provider = PanicsOnBoom::default();
+    outbox
+        .worker(provider.clone())
+        .concurrency(1)
+        .setup_wait(Duration::ZERO)
+        .drain()
+        .await
+        .unwrap();
+    let sends = provider.sends.lock().unwrap().clone();
+    assert_eq!(
+        sends.iter().filter(|s| *s == "boom").count(),
+        3,
+        "{sends:?}"
+    );
+    assert_eq!(
+        sends.iter().filter(|s| *s == "fine").count(),
+        1,
+        "{sends:?}"
+    );
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error.code(), "transport.panicked");
+    assert_eq!(dead[0].error.category(), Category::Configuration);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
 /// One `#[tokio::test]` per rule above, each on a fresh outbox from `$open` (an async
 /// expression giving `Option<(Outbox, guard)>`, `None` when its server is missing).
 #[macro_export]
@@ -746,7 +870,8 @@ macro_rules! all_outbox_rules {
             drain_sends_every_queued_message_once_and_empties_the_outbox,
             a_rejected_message_is_dead_at_once_with_its_error,
             a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
-            requeue_sends_a_dead_letter_again_keeping_its_attempt_count,
+            requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count,
+            a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue,
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
             a_failure_that_may_pass_is_sent_again_after_the_backoff,
             a_maybe_delivered_failure_is_dead_under_at_most_once,
@@ -778,6 +903,8 @@ macro_rules! all_outbox_rules {
             a_send_still_running_at_send_timeout_is_answered_as_a_timeout_within_the_lease,
             under_at_most_once_a_send_dropped_at_send_timeout_is_dead_as_maybe_delivered,
             a_send_timeout_not_below_the_lease_is_a_configuration_error,
+            send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone,
+            a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on,
         );
     };
 }
