@@ -64,6 +64,8 @@ mod postgres;
 mod record;
 pub(crate) mod schedule;
 mod sqlite;
+#[cfg_attr(not(feature = "config"), allow(dead_code))]
+pub(crate) mod supervise;
 mod transport;
 mod worker;
 
