@@ -17,6 +17,7 @@
 //! | [`mail_breaker_outbox_dead`](OUTBOX_DEAD) | gauge | | dead letters |
 //! | [`mail_breaker_outbox_oldest_seconds`](OUTBOX_OLDEST_SECONDS) | gauge | | how long the oldest queued message has waited |
 //! | [`mail_breaker_outbox_sent_total`](OUTBOX_SENT_TOTAL) | counter | `outcome` | answers an outbox worker recorded: `sent`, `retry` or `dead` |
+//! | [`mail_breaker_outbox_worker_restarts_total`](OUTBOX_WORKER_RESTARTS_TOTAL) | counter | | outbox workers a `Mailer` started again after they ended |
 //! | [`mail_breaker_rate_wait_seconds`](RATE_WAIT_SECONDS) | histogram | `transport` | how long sends waited for their turn at a rate limit |
 //! | [`mail_breaker_rate_per_second`](RATE_PER_SECOND) | gauge | `transport` | the rate a limiter allows now |
 //! | [`mail_breaker_rate_refused_total`](RATE_REFUSED_TOTAL) | counter | `transport` | sends a limiter answered `rate.limited` |
@@ -147,6 +148,17 @@ pub const OUTBOX_OLDEST_SECONDS: &str = "mail_breaker_outbox_oldest_seconds";
 /// ```
 pub const OUTBOX_SENT_TOTAL: &str = "mail_breaker_outbox_sent_total";
 
+/// Counter of the outbox workers a `Mailer` started again after they ended without being
+/// stopped (a panic outside any send, or an error).
+///
+/// ```
+/// assert_eq!(
+///     mail_breaker::metrics::OUTBOX_WORKER_RESTARTS_TOTAL,
+///     "mail_breaker_outbox_worker_restarts_total"
+/// );
+/// ```
+pub const OUTBOX_WORKER_RESTARTS_TOTAL: &str = "mail_breaker_outbox_worker_restarts_total";
+
 /// Histogram of how long each send waited for its turn at a rate limit, in seconds; label
 /// `transport` (the limiter's name).
 ///
@@ -224,6 +236,10 @@ pub fn describe() {
     describe_counter!(
         OUTBOX_SENT_TOTAL,
         "Answers an outbox worker recorded, by outcome: sent, retry or dead"
+    );
+    describe_counter!(
+        OUTBOX_WORKER_RESTARTS_TOTAL,
+        "Outbox workers started again after they ended without being stopped"
     );
 }
 
@@ -321,6 +337,16 @@ pub(crate) fn outbox_answers(outcome: &'static str, count: u64) {
     if count > 0 {
         ::metrics::counter!(OUTBOX_SENT_TOTAL, "outcome" => outcome).increment(count);
     }
+}
+
+/// An outbox worker that ended without being stopped is started again.
+#[cfg_attr(
+    not(all(feature = "metrics", feature = "outbox", feature = "config")),
+    allow(dead_code)
+)]
+pub(crate) fn outbox_worker_restarted() {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(OUTBOX_WORKER_RESTARTS_TOTAL).increment(1);
 }
 
 /// What an outbox worker last read of its outbox.

@@ -674,12 +674,23 @@ async fn with_outbox(
     if at_most_once {
         worker = worker.at_most_once();
     }
+    let worker = Arc::new(worker);
+    worker.validate().map_err(|error| {
+        ConfigError::new(
+            format!("outbox.{}", error.setting()),
+            error.reason().to_owned(),
+        )
+    })?;
     let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    tokio::spawn(async move {
-        if let Err(error) = worker.run(async { stopped.await.unwrap_or(()) }).await {
-            tracing::error!(error = %error, "outbox.worker_stopped");
-        }
-    });
+    // A worker task that ends without being stopped is started again, and why is logged.
+    let stopped = crate::outbox::supervise::stopped_by(stopped);
+    tokio::spawn(crate::outbox::supervise::supervise(
+        stopped,
+        move |stopped| {
+            let worker = Arc::clone(&worker);
+            async move { worker.run(stopped).await }
+        },
+    ));
     let front: Box<dyn Transport> = if config.queue_only {
         Box::new(OutboxTransport::queue_only(outbox.clone()))
     } else {

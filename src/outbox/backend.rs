@@ -2,6 +2,7 @@
 //! PostgreSQL (`postgres.rs`). Every method is one statement or one transaction.
 
 use std::fmt::Debug;
+use std::time::Duration;
 
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError};
 use super::schedule::Millis;
@@ -65,18 +66,30 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// Stores the rows, all or none, committed before it returns; their ids in order.
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError>;
 
-    /// Leases up to `limit` messages due at `now` (soonest first) until `lease_until`, in one
-    /// statement no other worker can interleave with. `durable`: the claim is synced to disk
+    /// Leases up to `limit` messages due now (soonest first) for `lease`, in one statement no
+    /// other worker can interleave with. `now` is this process's clock; PostgreSQL reads its
+    /// own (`now()`), so that workers on machines whose clocks differ agree. `durable`: the claim is synced to disk
     /// before it returns (`at_most_once` needs it: a claim that a power cut undid would let
     /// a message that went be sent again); else a lost claim only means a message sent again,
     /// which at-least-once allows.
     async fn claim(
         &self,
         now: Millis,
-        lease_until: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError>;
+
+    /// Extends the leases of these claims to `lease` from now, in one statement: those still
+    /// held under the claim (no other worker took the message since, and it is still there).
+    /// The claims renewed; `durable` as for [`claim`](Self::claim).
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError>;
 
     /// Writes back the outcome of each claim, in one transaction. A claim whose lease another
     /// worker has taken since is left alone.
@@ -90,7 +103,8 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// The dead letters, oldest death first.
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError>;
 
-    /// Makes a dead message due at `now` again, attempts and error kept; whether it was dead.
+    /// Makes a dead message due now again, as if enqueued now (age, attempts and panics
+    /// start afresh; its error kept); whether it was dead.
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError>;
 
     /// Deletes a message, queued or dead; whether it was there.

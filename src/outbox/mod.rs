@@ -64,6 +64,8 @@ mod postgres;
 mod record;
 pub(crate) mod schedule;
 mod sqlite;
+#[cfg_attr(not(feature = "config"), allow(dead_code))]
+pub(crate) mod supervise;
 mod transport;
 mod worker;
 
@@ -278,8 +280,9 @@ impl Outbox {
             .collect()
     }
 
-    /// Makes a dead letter due again now (its attempt count and last error kept). `Ok(false)`
-    /// when `id` is not a dead letter.
+    /// Makes a dead letter due again now, as if enqueued now: its age (for `max_age`) and
+    /// its attempt count start afresh; its last error is kept until the next answer.
+    /// `Ok(false)` when `id` is not a dead letter.
     pub async fn requeue(&self, id: OutboxId) -> Result<bool, SendError> {
         let requeued = self.backend.requeue(id, record::now()).await?;
         self.enqueued.notify_waiters();
@@ -330,8 +333,8 @@ mod sealed {
     #[cfg(feature = "postgres")]
     #[async_trait::async_trait]
     impl Insert for &mut sqlx::PgConnection {
-        async fn insert(self, row: NewRow, now: Millis) -> Result<OutboxId, SendError> {
-            super::postgres::insert(self, &row, now)
+        async fn insert(self, row: NewRow, _now: Millis) -> Result<OutboxId, SendError> {
+            super::postgres::insert(self, &row)
                 .await
                 .map_err(|e| record::database_error("enqueueing in the caller's transaction", e))
         }

@@ -11,7 +11,7 @@ use sqlx::{ConnectOptions, Connection, Postgres, Row};
 use super::backend::{Backend, Failed, Finish};
 use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
-use super::schedule::Millis;
+use super::schedule::{Millis, millis};
 use super::{OutboxId, OutboxStats};
 use crate::SendError;
 
@@ -35,7 +35,8 @@ const SCHEMA: [&str; 3] = [
         error_code TEXT,
         error_message TEXT,
         error_transport TEXT,
-        lease_until BIGINT
+        lease_until BIGINT,
+        panics INTEGER NOT NULL DEFAULT 0
     ) WITH (fillfactor = 50)",
     "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
         ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL",
@@ -55,24 +56,64 @@ const OLD_TABLE: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
      WHERE attrelid = 'mail_breaker_outbox'::regclass AND attname = 'lease_until' \
      AND NOT attisdropped)";
 
+/// A table made before `panics` (issue 45) gets it: whether it lacks it, and the change
+/// (which writes no row: the default is a constant).
+const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
+     WHERE attrelid = 'mail_breaker_outbox'::regclass AND attname = 'panics' \
+     AND NOT attisdropped)";
+const ADD_PANICS: &str =
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS panics INTEGER NOT NULL DEFAULT 0";
+
 /// A key for the advisory lock that keeps processes starting together from creating the
 /// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
 const SCHEMA_LOCK: i64 = 0x6d61_696c_6f75_7462; // "mailoutb"
 
+/// The database's clock in milliseconds since the Unix epoch: every lease and due time the
+/// database sets by itself comes from it, so that workers on machines whose clocks differ
+/// agree on when a message is due and when a lease ends.
+macro_rules! now_ms {
+    () => {
+        "(EXTRACT(EPOCH FROM now()) * 1000)::bigint"
+    };
+}
+
 /// A claim handed back unstarted: free, due at once, not counted as an attempt.
-const GIVE_BACK: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, \
-     due_at = $3 WHERE id = $1 AND attempts = $2 AND leased";
+const GIVE_BACK: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, due_at = ",
+    now_ms!(),
+    " WHERE id = $1 AND attempts = $2 AND leased"
+);
 
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
-const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, \
-     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
-     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
-const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, \
-     error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
-     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased";
+/// Counts a send that panicked (the error's code is parameter 5).
+macro_rules! count_panic {
+    () => {
+        "panics = panics + (CASE WHEN $5 = 'transport.panicked' THEN 1 ELSE 0 END), "
+    };
+}
 
-const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
-     VALUES ($1, $2, $3, $4, $4) RETURNING id";
+const FAILED_DEAD: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, ",
+    count_panic!(),
+    "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
+);
+const FAILED_RETRY: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, ",
+    count_panic!(),
+    "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
+     recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
+);
+
+/// `now()` is the transaction's start, the same in both places.
+const INSERT: &str = concat!(
+    "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
+     VALUES ($1, $2, $3, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    ") RETURNING id"
+);
 
 /// Connections for a worker's claims and answers: a claim and a write at once.
 const RELAXED_CONNECTIONS: usize = 2;
@@ -117,6 +158,10 @@ impl PostgresBackend {
                 for statement in UPGRADE {
                     sqlx::query(statement).execute(&mut *tx).await?;
                 }
+            }
+            let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
+            if lacks {
+                sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
             }
             tx.commit().await
         };
@@ -165,16 +210,15 @@ impl PostgresBackend {
 }
 
 /// Stores one row in the caller's connection (and so in its transaction, if it is in one).
+/// Its enqueue time is the database's.
 pub(crate) async fn insert(
     connection: &mut PgConnection,
     row: &NewRow,
-    now: Millis,
 ) -> Result<OutboxId, sqlx::Error> {
     let id: i64 = sqlx::query(INSERT)
         .bind(row.sender.as_deref())
         .bind(row.recipients.as_str())
         .bind(row.raw.as_slice())
-        .bind(now)
         .fetch_one(connection)
         .await?
         .try_get(0)?;
@@ -183,14 +227,14 @@ pub(crate) async fn insert(
 
 #[async_trait::async_trait]
 impl Backend for PostgresBackend {
-    async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
+    async fn enqueue(&self, rows: &[NewRow], _now: Millis) -> Result<Vec<OutboxId>, SendError> {
         if let [row] = rows {
             let mut connection = self
                 .pool
                 .acquire()
                 .await
                 .map_err(|e| database_error("enqueueing", e))?;
-            return insert(&mut connection, row, now)
+            return insert(&mut connection, row)
                 .await
                 .map(|id| vec![id])
                 .map_err(|e| database_error("enqueueing", e));
@@ -199,16 +243,18 @@ impl Backend for PostgresBackend {
         let recipients: Vec<&str> = rows.iter().map(|row| row.recipients.as_str()).collect();
         let raws: Vec<&[u8]> = rows.iter().map(|row| row.raw.as_slice()).collect();
         // One statement for the whole batch: all or none, without a transaction around it.
-        let mut ids: Vec<i64> = sqlx::query_scalar(
+        let mut ids: Vec<i64> = sqlx::query_scalar(concat!(
             "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
-             SELECT sender, recipients, raw, $4, $4 \
-             FROM UNNEST($1::text[], $2::text[], $3::bytea[]) AS batch(sender, recipients, raw) \
-             RETURNING id",
-        )
+             SELECT sender, recipients, raw, ",
+            now_ms!(),
+            ", ",
+            now_ms!(),
+            " FROM UNNEST($1::text[], $2::text[], $3::bytea[]) AS batch(sender, recipients, raw) \
+             RETURNING id"
+        ))
         .bind(senders)
         .bind(recipients)
         .bind(raws)
-        .bind(now)
         .fetch_all(&self.pool)
         .await
         .map_err(|e| database_error("enqueueing", e))?;
@@ -219,8 +265,8 @@ impl Backend for PostgresBackend {
 
     async fn claim(
         &self,
-        now: Millis,
-        lease_until: Millis,
+        _now: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
@@ -230,22 +276,25 @@ impl Backend for PostgresBackend {
         // a scan of the whole table, at every claim. The index on `due_at` leads past the rows
         // other claims hold (their `due_at` is when they became due), which are at most what
         // the workers hold ahead.
-        let claim = sqlx::query(
+        // Due and lease times are the database's (`now()`).
+        let claim = sqlx::query(concat!(
             "WITH due AS ( \
                  SELECT ctid, id, leased FROM mail_breaker_outbox \
-                 WHERE dead_at IS NULL AND due_at <= $1 \
-                 AND (NOT leased OR lease_until IS NULL OR lease_until <= $1) \
-                 ORDER BY due_at, id LIMIT $2 FOR UPDATE SKIP LOCKED) \
+                 WHERE dead_at IS NULL AND due_at <= ",
+            now_ms!(),
+            " AND (NOT leased OR lease_until IS NULL OR lease_until <= ",
+            now_ms!(),
+            ") ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
              UPDATE mail_breaker_outbox AS m \
-             SET attempts = m.attempts + 1, leased = TRUE, lease_until = $3 \
-             WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
+             SET attempts = m.attempts + 1, leased = TRUE, lease_until = ",
+            now_ms!(),
+            " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
              RETURNING m.id, m.attempts, m.enqueued_at, \
                  m.id = ANY(ARRAY(SELECT id FROM due WHERE leased)), \
-                 m.sender, m.recipients, m.raw",
-        )
-        .bind(now)
+                 m.sender, m.recipients, m.raw, m.panics"
+        ))
         .bind(i64::from(limit))
-        .bind(lease_until);
+        .bind(millis(lease));
         let rows = async {
             if durable {
                 return claim.fetch_all(&self.pool).await;
@@ -271,6 +320,7 @@ impl Backend for PostgresBackend {
                     sender: row.try_get(4)?,
                     recipients: row.try_get(5)?,
                     raw: row.try_get(6)?,
+                    panics: u32::try_from(row.try_get::<i32, _>(7)?).unwrap_or(0),
                 })
             })
             .collect::<Result<_, sqlx::Error>>()
@@ -278,6 +328,56 @@ impl Backend for PostgresBackend {
         // RETURNING keeps no order; ids go with enqueue order.
         claimed.sort_by_key(|message| message.claim.id);
         Ok(claimed)
+    }
+
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        _now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        let (ids, attempts): (Vec<i64>, Vec<i32>) = claims
+            .iter()
+            .map(|claim| {
+                (
+                    claim.id.0,
+                    i32::try_from(claim.attempts).unwrap_or(i32::MAX),
+                )
+            })
+            .unzip();
+        // Each row found by its id, and renewed only if it is still held under the claim.
+        let renew = sqlx::query(concat!(
+            "UPDATE mail_breaker_outbox SET lease_until = ",
+            now_ms!(),
+            " + $3 WHERE id = ANY($1::bigint[]) AND leased AND dead_at IS NULL \
+             AND attempts = ($2::int[])[array_position($1::bigint[], id)] \
+             RETURNING id, attempts"
+        ))
+        .bind(ids)
+        .bind(attempts)
+        .bind(millis(lease));
+        let rows = async {
+            if durable {
+                return renew.fetch_all(&self.pool).await;
+            }
+            let mut lane = self.relaxed.get().await?;
+            let rows = renew.fetch_all(lane.connection()).await?;
+            lane.done();
+            Ok(rows)
+        };
+        let rows = rows
+            .await
+            .map_err(|e| database_error("renewing leases", e))?;
+        rows.iter()
+            .map(|row| {
+                Ok(Claim {
+                    id: OutboxId(row.try_get(0)?),
+                    attempts: u32::try_from(row.try_get::<i32, _>(1)?).unwrap_or(0),
+                })
+            })
+            .collect::<Result<_, sqlx::Error>>()
+            .map_err(|e| database_error("renewing leases", e))
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
@@ -326,8 +426,8 @@ impl Backend for PostgresBackend {
             for (claim, finish) in outcomes {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
-                if let Finish::GiveBack { now } = finish {
-                    keyed(GIVE_BACK).bind(*now).execute(&mut *tx).await?;
+                if let Finish::GiveBack { .. } = finish {
+                    keyed(GIVE_BACK).execute(&mut *tx).await?;
                     continue;
                 }
                 let Some((failed, at, error, recipients)) = finish.failure() else {
@@ -378,25 +478,29 @@ impl Backend for PostgresBackend {
         .map_err(|e| database_error("reading the next due time", e))
     }
 
-    async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError> {
-        // Due: free and due, or held past the lease's end. Held: a lease still running.
-        let row = sqlx::query(
+    async fn stats(&self, _now: Millis) -> Result<OutboxStats, SendError> {
+        // Due: free and due, or held past the lease's end. Held: a lease still running. At
+        // the database's time, which is also what the oldest's wait is counted to.
+        let row = sqlx::query(concat!(
             "SELECT \
                COUNT(*) FILTER (WHERE dead_at IS NULL), \
-               COUNT(*) FILTER (WHERE dead_at IS NULL AND due_at <= $1 \
-                   AND (NOT leased OR lease_until IS NULL OR lease_until <= $1)), \
+               COUNT(*) FILTER (WHERE dead_at IS NULL AND due_at <= clock.now \
+                   AND (NOT leased OR lease_until IS NULL OR lease_until <= clock.now)), \
                COUNT(*) FILTER (WHERE dead_at IS NULL AND leased \
-                   AND GREATEST(due_at, lease_until) > $1), \
+                   AND GREATEST(due_at, lease_until) > clock.now), \
                COUNT(*) FILTER (WHERE dead_at IS NOT NULL), \
-               MIN(enqueued_at) FILTER (WHERE dead_at IS NULL) \
-             FROM mail_breaker_outbox",
-        )
-        .bind(now)
+               MIN(enqueued_at) FILTER (WHERE dead_at IS NULL), \
+               MIN(clock.now) \
+             FROM mail_breaker_outbox, (SELECT ",
+            now_ms!(),
+            " AS now) AS clock"
+        ))
         .fetch_one(&self.pool)
         .await
         .map_err(|e| database_error("counting", e))?;
+        let now: Option<Millis> = row.try_get(5).map_err(|e| database_error("counting", e))?;
         super::record::stats_from(
-            now,
+            now.unwrap_or(0),
             [
                 row.try_get(0),
                 row.try_get(1),
@@ -439,13 +543,16 @@ impl Backend for PostgresBackend {
             .map_err(|e| database_error("reading the dead letters", e))
     }
 
-    async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
-        let done = sqlx::query(
-            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, due_at = $2 \
-             WHERE id = $1 AND dead_at IS NOT NULL",
-        )
+    async fn requeue(&self, id: OutboxId, _now: Millis) -> Result<bool, SendError> {
+        let done = sqlx::query(concat!(
+            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, attempts = 0, \
+             panics = 0, due_at = ",
+            now_ms!(),
+            ", enqueued_at = ",
+            now_ms!(),
+            " WHERE id = $1 AND dead_at IS NOT NULL"
+        ))
         .bind(id.0)
-        .bind(now)
         .execute(&self.pool)
         .await
         .map_err(|e| database_error("requeueing", e))?;

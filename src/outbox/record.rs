@@ -69,6 +69,8 @@ pub(crate) struct Claimed {
     pub enqueued_at: Millis,
     /// Whether a worker held it before and its lease ran out: that worker may have sent it.
     pub lease_lost: bool,
+    /// How many of its sends panicked (`transport.panicked`) so far.
+    pub panics: u32,
     pub sender: Option<String>,
     pub recipients: String,
     pub raw: Vec<u8>,
@@ -76,7 +78,7 @@ pub(crate) struct Claimed {
 
 /// Which claim of which message: `attempts` after the claim is the lease's token, so that an
 /// answer from a worker whose lease ran out (and another claimed the message) changes nothing.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub(crate) struct Claim {
     pub id: OutboxId,
     pub attempts: u32,

@@ -30,6 +30,8 @@ pub(crate) struct Attempted {
     pub enqueued_at: Millis,
     /// Attempts so far, this one included (1 after the first).
     pub attempts: u32,
+    /// Sends of it that panicked so far, this one included.
+    pub panics: u32,
     /// When the answer came.
     pub now: Millis,
 }
@@ -54,6 +56,9 @@ pub(crate) fn after_failure(
     if error.is_maybe_delivered() && policy.at_most_once {
         return Next::Dead(maybe_delivered(error));
     }
+    if error.code() == crate::panicked::PANICKED && message.panics >= PANICS_TO_DEAD {
+        return Next::Dead(error);
+    }
     let wait = match error.category() {
         Category::Rejected | Category::InvalidMessage => return Next::Dead(error),
         Category::Authentication | Category::Configuration | Category::Unsupported => {
@@ -70,6 +75,9 @@ pub(crate) fn after_failure(
     let due_at = message.now.saturating_add(millis(wait)).min(deadline);
     Next::Retry { due_at, error }
 }
+
+/// A message whose send panicked this many times is dead: the bug is not going away.
+pub(crate) const PANICS_TO_DEAD: u32 = 3;
 
 /// What becomes of a message claimed again after its lease ran out: the worker that held it
 /// stopped answering mid-send, so the provider may have it. `None`: send it again.
@@ -144,8 +152,35 @@ mod tests {
         Attempted {
             enqueued_at: 1_000,
             attempts,
+            panics: 0,
             now,
         }
+    }
+
+    #[test]
+    fn a_message_whose_send_panicked_a_third_time_is_dead_and_waits_the_setup_wait_before() {
+        let panicked = || {
+            SendError::new(
+                Category::Configuration,
+                "transport.panicked",
+                "the send panicked",
+            )
+        };
+        for panics in 1..PANICS_TO_DEAD {
+            let message = Attempted {
+                panics,
+                ..attempted(panics, 2_000)
+            };
+            let next = after_failure(&policy(), message, panicked(), |_| MINUTE);
+            assert_eq!(retry_at(next), 2_000 + 3_600_000, "panic {panics}");
+        }
+        let third = Attempted {
+            panics: PANICS_TO_DEAD,
+            ..attempted(5, 2_000)
+        };
+        let error = dead(after_failure(&policy(), third, panicked(), |_| MINUTE));
+        assert_eq!(error.code(), "transport.panicked");
+        assert_eq!(error.category(), Category::Configuration);
     }
 
     fn error(category: Category) -> SendError {
@@ -390,7 +425,7 @@ mod tests {
             if let Some(wait) = retry_after {
                 error = error.with_retry_after(Duration::from_millis(wait));
             }
-            let message = Attempted { enqueued_at, attempts, now };
+            let message = Attempted { enqueued_at, attempts, panics: 0, now };
             let next = after_failure(&policy, message, error, |retry| {
                 assert_eq!(retry, attempts);
                 Duration::from_millis(backoff_ms)

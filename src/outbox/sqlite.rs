@@ -17,7 +17,7 @@ use super::lanes::Lanes;
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
 };
-use super::schedule::Millis;
+use super::schedule::{Millis, millis};
 use super::{OutboxId, OutboxStats};
 use crate::{Category, SendError};
 
@@ -35,7 +35,8 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     error_category TEXT,
     error_code TEXT,
     error_message TEXT,
-    error_transport TEXT
+    error_transport TEXT,
+    panics INTEGER NOT NULL DEFAULT 0
 );
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
     ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL;
@@ -43,17 +44,36 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
 ";
 
+/// A table made before `panics` (issue 45) gets it: whether it lacks it, and the change.
+const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
+     WHERE name = 'panics')";
+const ADD_PANICS: &str =
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN panics INTEGER NOT NULL DEFAULT 0";
+
+/// Counts a send that panicked (the error's code is parameter 5).
+macro_rules! count_panic {
+    () => {
+        "panics = panics + (CASE WHEN ?5 = 'transport.panicked' THEN 1 ELSE 0 END), "
+    };
+}
+
 /// A claim handed back unstarted: free, due at once, not counted as an attempt.
 const GIVE_BACK: &str = "UPDATE mail_breaker_outbox SET leased = 0, attempts = attempts - 1, \
      due_at = ?3 WHERE id = ?1 AND attempts = ?2 AND leased > 0";
 
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
-const FAILED_DEAD: &str = "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, \
-     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
-     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
-const FAILED_RETRY: &str = "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, \
-     error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
-     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0";
+const FAILED_DEAD: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = 0, dead_at = ?3, ",
+    count_panic!(),
+    "error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
+);
+const FAILED_RETRY: &str = concat!(
+    "UPDATE mail_breaker_outbox SET leased = 0, due_at = ?3, ",
+    count_panic!(),
+    "error_category = ?4, error_code = ?5, error_message = ?6, error_transport = ?7, \
+     recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
+);
 
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
@@ -101,6 +121,19 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
+        let upgraded = async {
+            // Under the write lock, so that two processes opening one old file at once do
+            // not both add the column.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
+            if lacks {
+                sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        };
+        upgraded
+            .await
+            .map_err(|e| database_error("upgrading the outbox's table", e))?;
         let relaxed = options.synchronous(SqliteSynchronous::Normal);
         // Opened now, so that a file that cannot be opened fails here rather than in the worker.
         let first = relaxed.connect().await.map_err(opening)?;
@@ -172,10 +205,11 @@ impl Backend for SqliteBackend {
     async fn claim(
         &self,
         now: Millis,
-        lease_until: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        let lease_until = now.saturating_add(millis(lease));
         let claimed = async {
             // One statement, so one transaction by itself: SQLite takes the write lock as the
             // statement starts, before it reads which messages are due, so no other writer
@@ -185,7 +219,7 @@ impl Backend for SqliteBackend {
             let sql = format!(
                 "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
                  due_at = ?3 WHERE id IN ({DUE}) \
-                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw"
+                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw, panics"
             );
             let claim = sqlx::query(&sql).bind(now).bind(limit).bind(lease_until);
             let mut rows = if durable {
@@ -210,6 +244,7 @@ impl Backend for SqliteBackend {
                         sender: row.try_get(4)?,
                         recipients: row.try_get(5)?,
                         raw: row.try_get(6)?,
+                        panics: row.try_get(7)?,
                     })
                 })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
@@ -217,6 +252,47 @@ impl Backend for SqliteBackend {
         claimed
             .await
             .map_err(|e| database_error("claiming due mail", e))
+    }
+
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        let lease_until = now.saturating_add(millis(lease));
+        let renewed = async {
+            let mut renewed = Vec::with_capacity(claims.len());
+            for chunk in claims.chunks(ROWS_PER_INSERT) {
+                let sql = renew_sql(chunk.len());
+                let mut renew = sqlx::query(&sql).bind(lease_until);
+                for claim in chunk {
+                    renew = renew.bind(claim.id.0);
+                }
+                for claim in chunk {
+                    renew = renew.bind(claim.id.0).bind(claim.attempts);
+                }
+                let rows = if durable {
+                    renew.fetch_all(&self.pool).await?
+                } else {
+                    let mut lane = self.relaxed.get().await?;
+                    let rows = renew.fetch_all(lane.connection()).await?;
+                    lane.done();
+                    rows
+                };
+                for row in rows {
+                    renewed.push(Claim {
+                        id: OutboxId(row.try_get(0)?),
+                        attempts: row.try_get(1)?,
+                    });
+                }
+            }
+            Ok(renewed)
+        };
+        renewed
+            .await
+            .map_err(|e| database_error("renewing leases", e))
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
@@ -334,8 +410,8 @@ impl Backend for SqliteBackend {
 
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
         let done = sqlx::query(
-            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2 \
-             WHERE id = ?1 AND dead_at IS NOT NULL",
+            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2, \
+             enqueued_at = ?2, attempts = 0, panics = 0 WHERE id = ?1 AND dead_at IS NOT NULL",
         )
         .bind(id.0)
         .bind(now)
@@ -382,6 +458,18 @@ fn delete_sent_sql(count: usize) -> String {
     format!(
         "DELETE FROM mail_breaker_outbox WHERE id IN ({ids}) AND leased > 0 \
          AND attempts = CASE id {attempts}END"
+    )
+}
+
+/// The renewal of `count` claims' leases (a lease's end is a held row's `due_at`): each row
+/// found by its id, and renewed only if it is still held under the claim. Its parameters: the
+/// lease's new end, the ids, then each id with its attempts.
+fn renew_sql(count: usize) -> String {
+    let ids = vec!["?"; count].join(", ");
+    let attempts = "WHEN ? THEN ? ".repeat(count);
+    format!(
+        "UPDATE mail_breaker_outbox SET due_at = ? WHERE id IN ({ids}) AND leased > 0 \
+         AND dead_at IS NULL AND attempts = CASE id {attempts}END RETURNING id, attempts"
     )
 }
 
@@ -464,7 +552,7 @@ mod tests {
     async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
         let (backend, ids) = three_queued("delete-token").await;
         let claimed = backend
-            .claim(1_000, 61_000, 10, false)
+            .claim(1_000, Duration::from_secs(60), 10, false)
             .await
             .expect("claimed");
         assert_eq!(claimed.len(), 3);
@@ -493,7 +581,7 @@ mod tests {
     async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
         let (backend, ids) = three_queued("claim").await;
         let claimed = backend
-            .claim(1_000, 61_000, 2, false)
+            .claim(1_000, Duration::from_secs(60), 2, false)
             .await
             .expect("claimed");
         let taken: Vec<OutboxId> = claimed.iter().map(|c| c.claim.id).collect();
@@ -506,12 +594,12 @@ mod tests {
         assert_eq!(claimed[1].recipients, "user2@example.org");
         assert_eq!(claimed[1].raw, row(2).raw);
         let rest = backend
-            .claim(1_000, 61_000, 10, true)
+            .claim(1_000, Duration::from_secs(60), 10, true)
             .await
             .expect("claimed");
         assert_eq!(rest.len(), 1, "the leased two are not due until 61 s");
         let expired = backend
-            .claim(61_000, 121_000, 10, false)
+            .claim(61_000, Duration::from_secs(60), 10, false)
             .await
             .expect("claimed");
         assert_eq!(expired.len(), 3, "every lease ran out");
@@ -520,5 +608,43 @@ mod tests {
                 .iter()
                 .all(|c| c.lease_lost && c.claim.attempts == 2)
         );
+    }
+
+    #[tokio::test]
+    async fn a_renewal_extends_only_the_leases_still_held_under_their_claims() {
+        let (backend, ids) = three_queued("renew").await;
+        let minute = Duration::from_secs(60);
+        let claimed = backend
+            .claim(1_000, minute, 10, false)
+            .await
+            .expect("claimed");
+        // The third's lease runs out at 61 s and another claim takes it.
+        let stale = claimed[2].claim;
+        let mut renewed = backend
+            .renew(&[claimed[0].claim, claimed[1].claim], 50_000, minute, false)
+            .await
+            .expect("renewed");
+        renewed.sort_by_key(|claim| claim.id);
+        assert_eq!(renewed, [claimed[0].claim, claimed[1].claim]);
+        let retaken = backend
+            .claim(61_000, minute, 10, false)
+            .await
+            .expect("claimed");
+        assert_eq!(
+            retaken.iter().map(|c| c.claim.id).collect::<Vec<_>>(),
+            [ids[2]],
+            "the renewed two are held until 110 s"
+        );
+        let late = backend
+            .renew(&[stale, claimed[0].claim], 62_000, minute, true)
+            .await
+            .expect("renewed");
+        assert_eq!(late, [claimed[0].claim], "the third is another claim's now");
+        backend.purge(ids[0]).await.expect("purged");
+        let gone = backend
+            .renew(&[claimed[0].claim], 63_000, minute, false)
+            .await
+            .expect("renewed");
+        assert!(gone.is_empty(), "a message that is gone is not renewed");
     }
 }

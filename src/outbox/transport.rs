@@ -14,7 +14,8 @@ use super::Outbox;
 /// A queued message is answered `Ok` with [`Receipt::is_queued`] true, its
 /// [`message_id`](Receipt::message_id) the outbox's id. A message refused for good
 /// (`Rejected`, `InvalidMessage`, ...) is answered with its error: queueing would not help.
-/// `Err` means the message was neither sent nor kept.
+/// `Err` means the message was neither sent nor kept. A delivery that deferred some
+/// recipients is answered with its receipt, and the message is queued for those alone.
 ///
 /// # Example
 /// ```
@@ -86,6 +87,41 @@ impl<T: Transport> OutboxTransport<T> {
         &self.outbox
     }
 
+    /// A delivery that deferred some recipients (SMTP `450` to their `RCPT TO`): the message
+    /// is queued for those recipients alone, as the worker does, and the receipt answered as
+    /// it is (its [`deferred_recipients`](Receipt::deferred_recipients) say who waits). If
+    /// the outbox cannot keep it, that is logged: the receipt still tells the truth.
+    async fn keep_deferred(&self, envelope: &Envelope, raw: &[u8], receipt: Receipt) -> Receipt {
+        let deferred: Vec<lettre::Address> = receipt
+            .deferred_recipients()
+            .iter()
+            .map(|(to, _)| to.clone())
+            .collect();
+        if deferred.is_empty() {
+            return receipt;
+        }
+        let kept = match Envelope::new(envelope.from().cloned(), deferred) {
+            Ok(narrowed) => self.outbox.enqueue_raw(&narrowed, raw).await.map(drop),
+            Err(error) => Err(SendError::new(
+                crate::Category::InvalidMessage,
+                "outbox.envelope",
+                format!("the deferred recipients make no envelope: {error}"),
+            )),
+        };
+        match kept {
+            Ok(()) => tracing::debug!(
+                deferred = receipt.deferred_recipients().len(),
+                "outbox.queued_deferred"
+            ),
+            Err(error) => tracing::error!(
+                error = %error,
+                deferred = receipt.deferred_recipients().len(),
+                "outbox.deferred_not_kept"
+            ),
+        }
+        receipt
+    }
+
     async fn queue(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let id = self.outbox.enqueue_raw(envelope, raw).await?;
         Ok(Receipt::new("outbox")
@@ -108,7 +144,7 @@ impl<T: Transport> Transport for OutboxTransport<T> {
             return self.queue(envelope, raw).await;
         };
         let error = match stack.send_raw(envelope, raw).await {
-            Ok(receipt) => return Ok(receipt),
+            Ok(receipt) => return Ok(self.keep_deferred(envelope, raw, receipt).await),
             Err(error) => error,
         };
         if !error.is_retryable() || (self.at_most_once && error.is_maybe_delivered()) {

@@ -75,6 +75,8 @@ pub struct Worker<T> {
     transport: Arc<T>,
     concurrency: usize,
     lease: Duration,
+    /// `None`: three quarters of the lease.
+    send_timeout: Option<Duration>,
     poll: Duration,
     shutdown_timeout: Duration,
     policy: Policy,
@@ -86,6 +88,7 @@ impl<T> fmt::Debug for Worker<T> {
             .field("outbox", &self.outbox)
             .field("concurrency", &self.concurrency)
             .field("lease", &self.lease)
+            .field("send_timeout", &self.send_timeout)
             .field("poll", &self.poll)
             .field("policy", &self.policy)
             .finish_non_exhaustive()
@@ -119,6 +122,7 @@ impl<T: Transport + 'static> Worker<T> {
             transport: Arc::new(transport),
             concurrency: 8,
             lease: Duration::from_secs(300),
+            send_timeout: None,
             poll: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
             policy: Policy {
@@ -141,6 +145,25 @@ impl<T: Transport + 'static> Worker<T> {
     pub fn lease(mut self, lease: Duration) -> Self {
         self.lease = lease;
         self
+    }
+
+    /// The longest a send may take (default three quarters of the [`lease`](Self::lease);
+    /// it must be shorter than the lease). A send still running then is dropped and answered
+    /// as a timeout (`outbox.send_timeout`), which may have reached the provider: it is sent
+    /// again, or dead as maybe delivered under [`at_most_once`](Self::at_most_once). No send
+    /// starts with less than this left of its message's lease; messages held ahead of their
+    /// sends have their leases renewed (or given back) first. So a message's lease never
+    /// runs out while this worker holds it, and the time between the two is left to write
+    /// its answer.
+    pub fn send_timeout(mut self, timeout: Duration) -> Self {
+        self.send_timeout = Some(timeout);
+        self
+    }
+
+    /// The send timeout in effect: the one set, or three quarters of the lease.
+    pub fn get_send_timeout(&self) -> Duration {
+        self.send_timeout
+            .unwrap_or_else(|| self.lease.saturating_mul(3) / 4)
     }
 
     /// How long a message is tried before it is dead as `outbox.expired` (default 3 days).
@@ -206,7 +229,9 @@ impl<T: Transport + 'static> Worker<T> {
             .await
     }
 
-    fn validate(&self) -> Result<(), ConfigError> {
+    /// Checks the settings, as [`run`](Self::run) and [`drain`](Self::drain) do before they
+    /// start: a `ConfigError` naming the first one out of range.
+    pub fn validate(&self) -> Result<(), ConfigError> {
         if self.concurrency == 0 {
             return Err(ConfigError::new(
                 "concurrency",
@@ -217,6 +242,17 @@ impl<T: Transport + 'static> Worker<T> {
             return Err(ConfigError::new(
                 "lease",
                 "a lease must be longer than zero, or every claim runs out at once",
+            ));
+        }
+        let send_timeout = self.get_send_timeout();
+        if send_timeout.is_zero() || send_timeout >= self.lease {
+            return Err(ConfigError::new(
+                "send_timeout",
+                format!(
+                    "the send timeout ({send_timeout:?}) must be longer than zero and shorter \
+                     than the lease ({:?}), which must outlast every send and its answer",
+                    self.lease
+                ),
             ));
         }
         if self.poll.is_zero() {
@@ -246,6 +282,13 @@ impl<T: Transport + 'static> Worker<T> {
         // the next: fewer, larger statements leave the machine's time to the sends.
         let mut writing: Option<Writing<'_>> = None;
         let mut claiming: Option<Claiming<'_>> = None;
+        // A renewal of the leases of the messages held ahead of their sends, once the next
+        // to start has less than `send_timeout` of its lease left.
+        let mut renewing: Option<Renewing<'_>> = None;
+        // The shutdown timeout has passed: only a write under way is awaited, then `run`
+        // returns; nothing is started and no timer is waited on again.
+        let mut gave_up = false;
+        let send_timeout = self.get_send_timeout();
         // False once a claim found fewer due than it asked for: nothing more is due until a
         // wake (an enqueue here, the next due time, the poll).
         let mut may_claim = true;
@@ -258,6 +301,9 @@ impl<T: Transport + 'static> Worker<T> {
             tokio::pin!(notified);
             notified.as_mut().enable();
 
+            if gave_up && writing.is_none() {
+                return Ok(());
+            }
             let now = Instant::now();
             if stopping.is_some() || flight.paused(now) {
                 flight.give_back();
@@ -271,8 +317,27 @@ impl<T: Transport + 'static> Worker<T> {
                     crate::metrics::outbox_stats(&stats);
                 }
             }
-            self.start_ready(&mut flight);
-            if writing.is_none() && !flight.answers.is_empty() && database.may_try(now) {
+            self.start_ready(&mut flight, send_timeout);
+            if renewing.is_none()
+                && stopping.is_none()
+                && database.may_try(now)
+                && flight.needs_renewal(now, self.concurrency, send_timeout)
+            {
+                let held: Vec<Held> = flight.ready.drain(..).collect();
+                flight.renewing = held.len();
+                let claims: Vec<Claim> = held.iter().map(|held| held.message.claim).collect();
+                let (lease, durable) = (self.lease, self.policy.at_most_once);
+                renewing = Some(
+                    async move {
+                        let sent = Instant::now();
+                        let renewed = backend.renew(&claims, record::now(), lease, durable).await;
+                        (held, sent, renewed)
+                    }
+                    .boxed(),
+                );
+            }
+            if writing.is_none() && !gave_up && !flight.answers.is_empty() && database.may_try(now)
+            {
                 let batch = std::mem::take(&mut flight.answers);
                 flight.writing += batch.len();
                 writing = Some(
@@ -283,7 +348,8 @@ impl<T: Transport + 'static> Worker<T> {
                     .boxed(),
                 );
             }
-            if until == Until::NothingDue && at_rest(&flight, &writing, &claiming) {
+            let busy = renewing.is_some();
+            if until == Until::NothingDue && !busy && at_rest(&flight, &writing, &claiming) {
                 if flight.paused(now) || (!may_claim && last_claim_idle) {
                     // Nothing due now (or everything due was refused for now: due later).
                     return Ok(());
@@ -297,18 +363,23 @@ impl<T: Transport + 'static> Worker<T> {
                 && database.may_try(now)
                 && let Some(wanted) = flight.wanted(self.concurrency, self.prefetch())
             {
-                let at = record::now();
-                let lease_until = at.saturating_add(schedule::millis(self.lease));
-                let idle = at_rest(&flight, &writing, &claiming);
+                let lease = self.lease;
+                let idle = !busy && at_rest(&flight, &writing, &claiming);
                 let durable = self.policy.at_most_once;
                 let wanted = wanted.get();
                 asked = wanted as usize;
                 claiming = Some(
-                    async move { (idle, backend.claim(at, lease_until, wanted, durable).await) }
-                        .boxed(),
+                    async move {
+                        // The lease's end by this clock counts from before the claim was
+                        // sent: never later than the database's.
+                        let sent = Instant::now();
+                        let claimed = backend.claim(record::now(), lease, wanted, durable).await;
+                        (idle, sent, claimed)
+                    }
+                    .boxed(),
                 );
             }
-            let rest = at_rest(&flight, &writing, &claiming);
+            let rest = !busy && at_rest(&flight, &writing, &claiming);
             if stopping.is_some() && rest {
                 return Ok(());
             }
@@ -354,31 +425,48 @@ impl<T: Transport + 'static> Worker<T> {
                         }
                     }
                 }
-                (started_idle, claimed) = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
+                (started_idle, sent, claimed) = async { claiming.as_mut().expect("guarded").await }, if claiming.is_some() => {
                     claiming = None;
                     match claimed {
                         Ok(messages) => {
                             database.reached();
                             may_claim = messages.len() >= asked;
                             last_claim_idle = started_idle;
+                            let lease_end = later(sent, self.lease);
                             for message in messages {
-                                self.take(&mut flight, message);
+                                self.take(&mut flight, message, lease_end);
                             }
                         }
                         Err(error) if until == Until::NothingDue => return Err(error),
                         Err(error) => database.failed(&error),
                     }
                 }
-                () = tokio::time::sleep_until(stopping.unwrap_or(now)), if stopping.is_some() => {
-                    // Sends still unanswered keep their leases, which run out.
+                (held, sent, renewed) = async { renewing.as_mut().expect("guarded").await }, if renewing.is_some() => {
+                    renewing = None;
+                    match renewed {
+                        Ok(renewed) => {
+                            database.reached();
+                            flight.renewed(held, &renewed, later(sent, self.lease));
+                        }
+                        Err(error) if until == Until::NothingDue => return Err(error),
+                        Err(error) => {
+                            database.failed(&error);
+                            // Held as they were: renewed at the database's next try, or given
+                            // back, or their leases run out.
+                            flight.renewed_none(held);
+                        }
+                    }
+                }
+                () = tokio::time::sleep_until(stopping.unwrap_or(now)), if stopping.is_some() && !gave_up => {
+                    // Sends still unanswered keep their leases, which run out; so do the
+                    // answers not written yet. A write under way is awaited, nothing else.
                     tracing::warn!(
                         unanswered = flight.sends.len(),
+                        unwritten = flight.answers.len(),
                         "outbox.shutdown_timeout"
                     );
                     flight.sends.clear();
-                    if flight.answers.is_empty() && writing.is_none() {
-                        return Ok(());
-                    }
+                    gave_up = true;
                 }
                 () = notified, if stopping.is_none() => may_claim = true,
                 () = sleep_until_some(wake) => may_claim = true,
@@ -416,22 +504,27 @@ impl<T: Transport + 'static> Worker<T> {
     }
 
     /// Starts claimed messages while there is room among the sends, unless the stack said
-    /// it refuses for now.
-    fn start_ready(&self, flight: &mut Flight) {
-        if flight.paused(Instant::now()) {
+    /// it refuses for now; never one with less than `send_timeout` of its lease left (its
+    /// lease is renewed first).
+    fn start_ready(&self, flight: &mut Flight, send_timeout: Duration) {
+        let now = Instant::now();
+        if flight.paused(now) {
             return;
         }
         while flight.room(self.concurrency) > 0 {
-            let Some(message) = flight.ready.pop_front() else {
-                break;
-            };
-            self.start(flight, message);
+            match flight.ready.front() {
+                Some(next) if next.lease_left(now) >= send_timeout => {}
+                _ => break,
+            }
+            if let Some(held) = flight.ready.pop_front() {
+                self.start(flight, held.message, send_timeout);
+            }
         }
     }
 
     /// Takes a claimed message in: ready to send, or dead at once when its last holder's lease
     /// ran out and `at_most_once` forbids sending it again (before it could be given back).
-    fn take(&self, flight: &mut Flight, message: Claimed) {
+    fn take(&self, flight: &mut Flight, message: Claimed, lease_end: Instant) {
         if message.lease_lost
             && let Some(error) = schedule::after_lost_lease(&self.policy)
         {
@@ -443,24 +536,62 @@ impl<T: Transport + 'static> Worker<T> {
             flight.answers.push((message.claim, dead));
             return;
         }
-        flight.ready.push_back(message);
+        flight.ready.push_back(Held { message, lease_end });
     }
 
-    /// Starts the send of a claimed message.
-    fn start(&self, flight: &mut Flight, message: Claimed) {
+    /// Starts the send of a claimed message: answered within `send_timeout`, and a panic
+    /// inside it is its answer (`transport.panicked`).
+    fn start(&self, flight: &mut Flight, message: Claimed, send_timeout: Duration) {
         let transport = Arc::clone(&self.transport);
         let send = async move {
             let result = match record::envelope(message.sender.as_deref(), &message.recipients) {
-                Ok(envelope) => transport.send_raw(&envelope, &message.raw).await,
+                Ok(envelope) => {
+                    let name = transport.name();
+                    let send = crate::panicked::catch_panic(name, async {
+                        transport.send_raw(&envelope, &message.raw).await
+                    });
+                    match tokio::time::timeout(send_timeout, send).await {
+                        Ok(answer) => answer,
+                        Err(_) => Err(send_timed_out(send_timeout, name)),
+                    }
+                }
                 Err(corrupt) => Err(corrupt),
             };
             Answer {
                 claim: message.claim,
                 enqueued_at: message.enqueued_at,
+                panics: message.panics,
                 result,
             }
         };
         flight.sends.push(send.boxed());
+    }
+}
+
+/// The answer to a send dropped at `send_timeout`. The worker cannot tell whether its data
+/// had gone, so it may have reached the provider: maybe delivered.
+fn send_timed_out(send_timeout: Duration, transport: &str) -> SendError {
+    SendError::new(
+        Category::Timeout,
+        "outbox.send_timeout",
+        format!(
+            "the send took longer than the worker's send_timeout of {send_timeout:?} and was \
+             dropped; the provider may have the message"
+        ),
+    )
+    .with_transport(transport)
+    .maybe_delivered()
+}
+
+/// A claimed message this worker holds, and when its lease ends by this process's clock.
+struct Held {
+    message: Claimed,
+    lease_end: Instant,
+}
+
+impl Held {
+    fn lease_left(&self, now: Instant) -> Duration {
+        self.lease_end.saturating_duration_since(now)
     }
 }
 
@@ -477,13 +608,20 @@ fn at_rest(
 /// A write of answers in the background: gives the batch back with how it went.
 type Writing<'a> = BoxFuture<'a, (Vec<(Claim, Finish)>, Result<(), SendError>)>;
 
-/// A claim in the background: whether nothing was held when it was made, and what it took.
-type Claiming<'a> = BoxFuture<'a, (bool, Result<Vec<Claimed>, SendError>)>;
+/// A claim in the background: whether nothing was held when it was made, when it was sent,
+/// and what it took.
+type Claiming<'a> = BoxFuture<'a, (bool, Instant, Result<Vec<Claimed>, SendError>)>;
+
+/// A renewal of held leases in the background: the messages, when it was sent, and the
+/// claims renewed.
+type Renewing<'a> = BoxFuture<'a, (Vec<Held>, Instant, Result<Vec<Claim>, SendError>)>;
 
 /// A send's answer, with what the worker needs to record it.
 struct Answer {
     claim: Claim,
     enqueued_at: Millis,
+    /// Its sends that panicked before this one.
+    panics: u32,
     result: Result<Receipt, SendError>,
 }
 
@@ -491,7 +629,9 @@ struct Answer {
 #[derive(Default)]
 struct Flight {
     /// Claimed, not started yet, soonest due first.
-    ready: std::collections::VecDeque<Claimed>,
+    ready: std::collections::VecDeque<Held>,
+    /// How many held messages a renewal under way holds.
+    renewing: usize,
     sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
     answers: Vec<(Claim, Finish)>,
     /// How many answers the writes under way hold.
@@ -522,7 +662,7 @@ impl Flight {
         } else {
             (concurrency.saturating_add(prefetch), prefetch)
         };
-        let held = self.sends.len() + self.ready.len();
+        let held = self.sends.len() + self.ready.len() + self.renewing;
         let free = capacity.saturating_sub(held);
         let starving = self.ready.is_empty() && self.sends.len() < capacity - prefetch;
         if !starving && free < capacity.div_ceil(2) {
@@ -539,13 +679,54 @@ impl Flight {
         let handed = self
             .ready
             .drain(..)
-            .map(|message| (message.claim, Finish::GiveBack { now }));
+            .map(|held| (held.message.claim, Finish::GiveBack { now }));
         self.answers.extend(handed);
     }
 
     /// Nothing held: no send in flight, none claimed and waiting, no answer unwritten.
     fn is_idle(&self) -> bool {
-        self.sends.is_empty() && self.ready.is_empty() && self.answers.is_empty()
+        self.sends.is_empty()
+            && self.ready.is_empty()
+            && self.answers.is_empty()
+            && self.renewing == 0
+    }
+
+    /// Whether the held messages' leases need renewing now: a send may start, and the next
+    /// message to start has less than `send_timeout` of its lease left.
+    fn needs_renewal(&self, now: Instant, concurrency: usize, send_timeout: Duration) -> bool {
+        self.renewing == 0
+            && !self.paused(now)
+            && self.room(concurrency) > 0
+            && self
+                .ready
+                .front()
+                .is_some_and(|next| next.lease_left(now) < send_timeout)
+    }
+
+    /// Takes back the messages of a renewal: those `renewed` with their new lease's end,
+    /// ahead of any claimed since; the others are no longer this worker's (another took the
+    /// message after its lease ran out, or it is gone) and are dropped unsent.
+    fn renewed(&mut self, held: Vec<Held>, renewed: &[Claim], lease_end: Instant) {
+        self.renewing = 0;
+        let lost = held.len().saturating_sub(renewed.len());
+        if lost > 0 {
+            tracing::debug!(lost, "outbox.leases_lost");
+        }
+        let renewed: std::collections::HashSet<&Claim> = renewed.iter().collect();
+        for mut held in held.into_iter().rev() {
+            if renewed.contains(&held.message.claim) {
+                held.lease_end = lease_end;
+                self.ready.push_front(held);
+            }
+        }
+    }
+
+    /// Takes back the messages of a renewal that failed, as they were.
+    fn renewed_none(&mut self, held: Vec<Held>) {
+        self.renewing = 0;
+        for held in held.into_iter().rev() {
+            self.ready.push_front(held);
+        }
     }
 
     /// The end of the pause the stack asked for, if it has not come by `now`.
@@ -589,9 +770,11 @@ impl Flight {
             }
             None => self.probing = false,
         }
+        let panicked = error.code() == crate::panicked::PANICKED;
         let attempted = Attempted {
             enqueued_at: answer.enqueued_at,
             attempts: answer.claim.attempts,
+            panics: answer.panics.saturating_add(u32::from(panicked)),
             now,
         };
         let finish = match schedule::after_failure(policy, attempted, error, |retry| {

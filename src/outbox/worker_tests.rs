@@ -44,16 +44,20 @@ fn flight(sends: usize, ready: usize) -> Flight {
         flight.sends.push(std::future::pending::<Answer>().boxed());
     }
     for id in 0..ready {
-        flight.ready.push_back(Claimed {
-            claim: Claim {
-                id: OutboxId(id as i64),
-                attempts: 1,
+        flight.ready.push_back(Held {
+            message: Claimed {
+                claim: Claim {
+                    id: OutboxId(id as i64),
+                    attempts: 1,
+                },
+                enqueued_at: 0,
+                lease_lost: false,
+                panics: 0,
+                sender: None,
+                recipients: String::new(),
+                raw: Vec::new(),
             },
-            enqueued_at: 0,
-            lease_lost: false,
-            sender: None,
-            recipients: String::new(),
-            raw: Vec::new(),
+            lease_end: Instant::now() + Duration::from_secs(60),
         });
     }
     flight
@@ -131,12 +135,21 @@ impl Backend for Counting {
     async fn claim(
         &self,
         now: Millis,
-        lease_until: Millis,
+        lease: Duration,
         limit: u32,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(now, lease_until, limit, durable).await
+        self.inner.claim(now, lease, limit, durable).await
+    }
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        now: Millis,
+        lease: Duration,
+        durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        self.inner.renew(claims, now, lease, durable).await
     }
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
@@ -419,5 +432,150 @@ async fn a_failure_with_a_retry_after_that_is_no_refusal_or_throttle_pauses_noth
     assert_eq!(
         tries, 10,
         "each message tried once (each then due in 30 s), none held back"
+    );
+}
+
+/// A backend holding one message to claim, whose writes of answers never end until let go.
+#[derive(Debug, Default)]
+struct StuckWrites {
+    claimed: std::sync::atomic::AtomicBool,
+    writes: AtomicUsize,
+    let_go: tokio::sync::Notify,
+}
+
+#[async_trait::async_trait]
+impl Backend for StuckWrites {
+    async fn enqueue(&self, _rows: &[NewRow], _now: Millis) -> Result<Vec<OutboxId>, SendError> {
+        Ok(Vec::new())
+    }
+    async fn claim(
+        &self,
+        _now: Millis,
+        _lease: Duration,
+        _limit: u32,
+        _durable: bool,
+    ) -> Result<Vec<Claimed>, SendError> {
+        if self.claimed.swap(true, Ordering::SeqCst) {
+            return Ok(Vec::new());
+        }
+        Ok(vec![Claimed {
+            claim: Claim {
+                id: OutboxId(1),
+                attempts: 1,
+            },
+            enqueued_at: record::now(),
+            lease_lost: false,
+            panics: 0,
+            sender: None,
+            recipients: String::from("user@example.org"),
+            raw: b"Subject: stuck\r\n\r\nhello\r\n".to_vec(),
+        }])
+    }
+    async fn renew(
+        &self,
+        claims: &[Claim],
+        _now: Millis,
+        _lease: Duration,
+        _durable: bool,
+    ) -> Result<Vec<Claim>, SendError> {
+        Ok(claims.to_vec())
+    }
+    async fn finish(&self, _outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
+        self.writes.fetch_add(1, Ordering::SeqCst);
+        self.let_go.notified().await;
+        Ok(())
+    }
+    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+        Ok(None)
+    }
+    async fn stats(&self, _now: Millis) -> Result<OutboxStats, SendError> {
+        Ok(OutboxStats::default())
+    }
+    async fn dead_letters(&self, _limit: u32) -> Result<Vec<DeadRow>, SendError> {
+        Ok(Vec::new())
+    }
+    async fn requeue(&self, _id: OutboxId, _now: Millis) -> Result<bool, SendError> {
+        Ok(false)
+    }
+    async fn purge(&self, _id: OutboxId) -> Result<bool, SendError> {
+        Ok(false)
+    }
+}
+
+/// Counts the wakes of the task it is the waker of.
+#[derive(Default)]
+struct Wakes(AtomicUsize);
+
+impl futures::task::ArcWake for Wakes {
+    fn wake_by_ref(this: &Arc<Self>) {
+        this.0.fetch_add(1, Ordering::SeqCst);
+    }
+}
+
+/// Issue 45, point 5: once `shutdown_timeout` has passed with an answer's write still under
+/// way, the worker awaits that write (it neither loops on its expired timer nor wakes
+/// itself), and returns when the write ends.
+#[tokio::test(start_paused = true)]
+async fn past_its_shutdown_timeout_a_worker_awaits_the_write_under_way_without_spinning() {
+    let backend = Arc::new(StuckWrites::default());
+    let shared: Arc<dyn Backend> = backend.clone();
+    let outbox = Outbox::with(shared, Kind::Sqlite);
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::ZERO);
+    let worker = outbox
+        .worker(provider)
+        .shutdown_timeout(Duration::from_secs(1))
+        .poll(Duration::from_secs(3_600));
+    let wakes = Arc::new(Wakes::default());
+    let waker = futures::task::waker(Arc::clone(&wakes));
+    let mut cx = std::task::Context::from_waker(&waker);
+    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+    let mut run = Box::pin(worker.run(async { stopped.await.unwrap_or(()) }));
+    // Claimed, sent and answered; the answer's write never ends.
+    for _ in 0..20 {
+        assert!(run.as_mut().poll(&mut cx).is_pending());
+        tokio::task::yield_now().await;
+    }
+    assert_eq!(
+        backend.writes.load(Ordering::SeqCst),
+        1,
+        "the write under way"
+    );
+    stop.send(()).expect("the worker listens");
+    assert!(run.as_mut().poll(&mut cx).is_pending());
+    tokio::time::advance(Duration::from_secs(2)).await;
+    // The shutdown timer fires once, and wakes the worker once.
+    assert!(run.as_mut().poll(&mut cx).is_pending(), "awaits the write");
+    for _ in 0..5 {
+        tokio::task::yield_now().await;
+    }
+    let before = wakes.0.load(Ordering::SeqCst);
+    for _ in 0..3 {
+        assert!(run.as_mut().poll(&mut cx).is_pending(), "awaits the write");
+        for _ in 0..5 {
+            tokio::task::yield_now().await;
+        }
+    }
+    assert_eq!(
+        wakes.0.load(Ordering::SeqCst),
+        before,
+        "a worker waiting on a write sets no timer that wakes it again"
+    );
+    backend.let_go.notify_one();
+    let mut ended = None;
+    for _ in 0..20 {
+        if let std::task::Poll::Ready(result) = run.as_mut().poll(&mut cx) {
+            ended = Some(result);
+            break;
+        }
+        tokio::task::yield_now().await;
+    }
+    assert!(
+        matches!(ended, Some(Ok(()))),
+        "returned once the write ended"
+    );
+    assert_eq!(
+        backend.writes.load(Ordering::SeqCst),
+        1,
+        "nothing more started"
     );
 }

@@ -106,7 +106,8 @@ pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     assert_eq!((stats.queued, stats.dead), (0, 1));
 }
 
-pub async fn requeue_sends_a_dead_letter_again_keeping_its_attempt_count(outbox: Outbox) {
+/// Issue 45, point 6: a requeued dead letter starts afresh, its attempts counted anew.
+pub async fn requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
     let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
     quick(&outbox, provider.clone()).drain().await.unwrap();
@@ -117,12 +118,40 @@ pub async fn requeue_sends_a_dead_letter_again_keeping_its_attempt_count(outbox:
     );
     quick(&outbox, provider.clone()).drain().await.unwrap();
     assert_eq!(provider.sends(), 2);
-    assert_eq!(outbox.dead_letters(10).await.unwrap()[0].attempts, 2);
+    assert_eq!(outbox.dead_letters(10).await.unwrap()[0].attempts, 1);
     provider.set_default(Reply::Ok);
     assert!(outbox.requeue(id).await.unwrap());
     quick(&outbox, provider.clone()).drain().await.unwrap();
     assert_eq!(provider.sends(), 3);
     assert_eq!(outbox.stats().await.unwrap().dead, 0);
+}
+
+/// Issue 45, point 6: `max_age` counts from the requeue, not from the first enqueue.
+pub async fn a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let max_age = Duration::from_millis(300);
+    let refusing = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    quick(&outbox, refusing)
+        .max_age(max_age)
+        .drain()
+        .await
+        .unwrap();
+    tokio::time::sleep(Duration::from_millis(400)).await; // older than max_age now
+    assert!(outbox.requeue(id).await.unwrap());
+    let down = Scripted::answering("provider", Reply::fail(Category::Timeout));
+    quick(&outbox, down.clone())
+        .max_age(max_age)
+        .backoff(mail_breaker::Backoff::constant(Duration::from_secs(3_600)))
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(down.sends(), 1);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.dead),
+        (1, 0),
+        "retried, not expired: {stats:?}"
+    );
 }
 
 pub async fn a_failure_that_may_pass_is_not_due_before_its_retry_after(outbox: Outbox) {
@@ -626,6 +655,200 @@ pub async fn a_worker_with_no_room_for_a_send_is_a_configuration_error(outbox: O
     assert!(error.message().contains("concurrency"), "{error}");
 }
 
+/// Issue 45, point 1: a worker that holds messages ahead of its sends never lets their leases
+/// run out under it, so its own next claim never takes one of them again.
+pub async fn a_worker_whose_sends_take_most_of_the_lease_delivers_each_held_message_once(
+    outbox: Outbox,
+) {
+    outbox.enqueue_many(&numbered_messages(8)).await.unwrap();
+    let slow = Scripted::answering("slow", Reply::after(Duration::from_millis(240), Reply::Ok));
+    quick(&outbox, slow.clone())
+        .concurrency(1)
+        .lease(Duration::from_millis(400))
+        .drain()
+        .await
+        .unwrap();
+    let mut subjects = slow.subjects();
+    subjects.sort();
+    let sent = subjects.len();
+    subjects.dedup();
+    assert_eq!(
+        (sent, subjects.len()),
+        (8, 8),
+        "each of the 8 once: {subjects:?}"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Issue 45, point 1: a send still running at `send_timeout` is dropped and answered as a
+/// timeout, before the lease runs out; the message is kept to be sent again.
+pub async fn a_send_still_running_at_send_timeout_is_answered_as_a_timeout_within_the_lease(
+    outbox: Outbox,
+) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let started = std::time::Instant::now();
+    quick(&outbox, hung.clone())
+        .lease(Duration::from_millis(400))
+        .send_timeout(Duration::from_millis(200))
+        .backoff(mail_breaker::Backoff::constant(Duration::from_secs(3_600)))
+        .drain()
+        .await
+        .unwrap();
+    let took = started.elapsed();
+    assert!(took < Duration::from_millis(400), "answered in {took:?}");
+    assert_eq!(hung.sends(), 1);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!(
+        (stats.queued, stats.leased, stats.dead),
+        (1, 0, 0),
+        "kept for a later try: {stats:?}"
+    );
+}
+
+/// Issue 45, point 1: under `at_most_once`, a send dropped at `send_timeout` may have reached
+/// the provider (the worker cannot know whether its data went), so it is never sent again.
+pub async fn under_at_most_once_a_send_dropped_at_send_timeout_is_dead_as_maybe_delivered(
+    outbox: Outbox,
+) {
+    outbox.enqueue(&super::message()).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    quick(&outbox, hung.clone())
+        .lease(Duration::from_millis(400))
+        .send_timeout(Duration::from_millis(100))
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error.code(), "outbox.maybe_delivered");
+    assert_eq!(dead[0].error.category(), Category::Timeout);
+}
+
+/// Issue 45, point 1: `send_timeout` must leave the lease room to write the answer.
+pub async fn a_send_timeout_not_below_the_lease_is_a_configuration_error(outbox: Outbox) {
+    for send_timeout in [
+        Duration::from_secs(1),
+        Duration::from_secs(2),
+        Duration::ZERO,
+    ] {
+        let worker = outbox
+            .worker(Scripted::new("p"))
+            .lease(Duration::from_secs(1))
+            .send_timeout(send_timeout);
+        let refused = worker.validate().unwrap_err();
+        assert_eq!(refused.setting(), "send_timeout", "{refused}");
+        let error = worker.drain().await.unwrap_err();
+        assert_eq!(error.category(), Category::Configuration);
+        assert!(error.message().contains("send_timeout"), "{error}");
+    }
+    let fine = outbox
+        .worker(Scripted::new("p"))
+        .lease(Duration::from_secs(1));
+    assert_eq!(
+        fine.get_send_timeout(),
+        Duration::from_millis(750),
+        "3/4 of the lease"
+    );
+    assert!(fine.validate().is_ok());
+}
+
+/// Issue 45, point 2: an `Ok` whose receipt defers some recipients keeps the message for
+/// them alone; the caller gets the receipt as it is.
+pub async fn send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone(
+    outbox: Outbox,
+) {
+    let message = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("now@example.org".parse().unwrap())
+        .to("later@example.org".parse().unwrap())
+        .body(String::from("hello"))
+        .unwrap();
+    let provider = Greylisting::default();
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), provider.clone());
+    let receipt = transport.send(&message).await.unwrap();
+    assert!(!receipt.is_queued(), "delivered to the others");
+    assert_eq!(receipt.deferred_recipients().len(), 1);
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+    outbox.worker(provider.clone()).drain().await.unwrap();
+    let envelopes = provider.envelopes.lock().unwrap().clone();
+    assert_eq!(
+        envelopes,
+        [
+            vec!["now@example.org".to_owned(), "later@example.org".to_owned()],
+            vec!["later@example.org".to_owned()],
+        ]
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Panics on every send of a message whose subject is `boom`; delivers the others.
+#[derive(Clone, Default)]
+struct PanicsOnBoom {
+    sends: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for PanicsOnBoom {
+    fn name(&self) -> &str {
+        "panicking"
+    }
+
+    async fn send_raw(
+        &self,
+        _envelope: &mail_breaker::Envelope,
+        raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, SendError> {
+        let boom = String::from_utf8_lossy(raw).contains("Subject: boom");
+        self.sends
+            .lock()
+            .unwrap()
+            .push(if boom { "boom" } else { "fine" }.to_owned());
+        assert!(!boom, "the transport has a bug");
+        Ok(mail_breaker::Receipt::new("panicking"))
+    }
+}
+
+/// Issue 45, point 3: a send that panics is an answer (`transport.panicked`); the worker goes
+/// on, and the third panic of one message makes it a dead letter.
+pub async fn a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on(
+    outbox: Outbox,
+) {
+    let boom = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject("boom")
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&boom).await.unwrap();
+    outbox.enqueue(&super::message()).await.unwrap();
+    let provider = PanicsOnBoom::default();
+    outbox
+        .worker(provider.clone())
+        .concurrency(1)
+        .setup_wait(Duration::ZERO)
+        .drain()
+        .await
+        .unwrap();
+    let sends = provider.sends.lock().unwrap().clone();
+    assert_eq!(
+        sends.iter().filter(|s| *s == "boom").count(),
+        3,
+        "{sends:?}"
+    );
+    assert_eq!(
+        sends.iter().filter(|s| *s == "fine").count(),
+        1,
+        "{sends:?}"
+    );
+    let dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.len(), 1);
+    assert_eq!(dead[0].error.code(), "transport.panicked");
+    assert_eq!(dead[0].error.category(), Category::Configuration);
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
 /// One `#[tokio::test]` per rule above, each on a fresh outbox from `$open` (an async
 /// expression giving `Option<(Outbox, guard)>`, `None` when its server is missing).
 #[macro_export]
@@ -647,7 +870,8 @@ macro_rules! all_outbox_rules {
             drain_sends_every_queued_message_once_and_empties_the_outbox,
             a_rejected_message_is_dead_at_once_with_its_error,
             a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
-            requeue_sends_a_dead_letter_again_keeping_its_attempt_count,
+            requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count,
+            a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue,
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
             a_failure_that_may_pass_is_sent_again_after_the_backoff,
             a_maybe_delivered_failure_is_dead_under_at_most_once,
@@ -675,6 +899,12 @@ macro_rules! all_outbox_rules {
             stats_say_how_long_the_oldest_message_has_waited,
             enqueue_many_answers_each_messages_id_in_order,
             a_worker_with_no_room_for_a_send_is_a_configuration_error,
+            a_worker_whose_sends_take_most_of_the_lease_delivers_each_held_message_once,
+            a_send_still_running_at_send_timeout_is_answered_as_a_timeout_within_the_lease,
+            under_at_most_once_a_send_dropped_at_send_timeout_is_dead_as_maybe_delivered,
+            a_send_timeout_not_below_the_lease_is_a_configuration_error,
+            send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone,
+            a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on,
         );
     };
 }
