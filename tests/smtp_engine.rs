@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mail_breaker::{Category, SendError, SmtpTransport, Transport};
+use lettre::Address;
+use mail_breaker::{Category, Envelope, SendError, SmtpTransport, Transport};
 use support::message;
 use support::raw_smtp::{Answer, RawSmtp};
 
@@ -594,4 +595,49 @@ async fn an_empty_message_the_server_took_after_every_recipient_was_refused_keep
     assert_eq!(error.code(), "smtp.550", "{error}");
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 1);
+}
+
+/// Addresses whose text holds a line break: lettre's parser refuses them, but
+/// `Address::new_dangerous` (or a caller's own unchecked source) does not.
+fn addresses_with_line_breaks() -> Vec<(&'static str, Envelope)> {
+    let plain = |text: &str| -> Address { text.parse().expect("a valid address") };
+    let evil_to = Address::new_dangerous("bob>\r\nRCPT TO:<eve", "example.org");
+    let evil_from = Address::new_dangerous("app\n", "example.com");
+    let evil_domain = Address::new_dangerous("bob", "example.org\rDATA");
+    vec![
+        (
+            "a recipient with CRLF",
+            Envelope::new(Some(plain("app@example.com")), vec![evil_to]).expect("an envelope"),
+        ),
+        (
+            "a sender with LF",
+            Envelope::new(Some(evil_from), vec![plain("bob@example.org")]).expect("an envelope"),
+        ),
+        (
+            "a recipient domain with CR",
+            Envelope::new(Some(plain("app@example.com")), vec![evil_domain])
+                .expect("an envelope"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn an_address_with_cr_or_lf_is_refused_as_an_invalid_message_before_any_command_is_written()
+{
+    let server = RawSmtp::start(greeting(), pipelining).await;
+    let smtp = transport(&server, true);
+    for (case, envelope) in addresses_with_line_breaks() {
+        let error = smtp
+            .send_raw(&envelope, b"Subject: x\r\n\r\nhello\r\n")
+            .await
+            .expect_err(case);
+        assert_eq!(error.category(), Category::InvalidMessage, "{case}: {error}");
+        assert!(!error.is_retryable(), "{case}");
+    }
+    let written = names(&server);
+    assert!(
+        !written.iter().any(|name| name == "MAIL" || name == "RCPT"),
+        "commands were written: {:?}",
+        server.commands()
+    );
 }

@@ -5,13 +5,43 @@
 //! bare LF becomes CRLF, so no line can end where a receiver and this client disagree (SMTP
 //! smuggling); for DATA a line that starts with `.` gets a second one, and the data ends with
 //! exactly one `CRLF.CRLF`. For BDAT (RFC 3030) the length says where the data ends, so only
-//! the line endings change. Addresses and the EHLO name come from lettre's checked types and
-//! the builder's check, so no command can carry a line break.
+//! the line endings change. The EHLO name comes from the builder's check; an address is
+//! checked here ([`check_envelope`]) before any command is written, since lettre's
+//! `Address::new_dangerous` (or a caller's own unchecked source) may hold a line break, which
+//! would turn a caller's input into a command of its own.
 
 use std::fmt::Write as _;
 
 use lettre::Address;
 use lettre::transport::smtp::extension::ClientId;
+
+use crate::{Category, Envelope, SendError};
+
+/// Refuses an envelope whose sender or a recipient holds a control character (CR, LF, NUL
+/// and the like): written into `MAIL FROM` or `RCPT TO`, a line break would end the command
+/// early and make the rest a command of its own. `InvalidMessage`, `smtp.invalid_address`.
+pub(super) fn check_envelope(envelope: &Envelope) -> Result<(), SendError> {
+    let unsafe_address = |address: &Address| {
+        AsRef::<str>::as_ref(address)
+            .chars()
+            .any(|c| c.is_ascii_control())
+    };
+    if envelope.from().is_some_and(unsafe_address) {
+        return Err(SendError::fixed(
+            Category::InvalidMessage,
+            "smtp.invalid_address",
+            "the sender's address holds a line break or another control character,              which no SMTP command may carry",
+        ));
+    }
+    if envelope.to().iter().any(unsafe_address) {
+        return Err(SendError::fixed(
+            Category::InvalidMessage,
+            "smtp.invalid_address",
+            "a recipient's address holds a line break or another control character,              which no SMTP command may carry",
+        ));
+    }
+    Ok(())
+}
 
 /// What MAIL FROM declares beside the sender.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]

@@ -291,6 +291,9 @@ impl SmtpTransport {
     /// Sends one formatted message within the timeout: `send_raw`, as a future of its own.
     async fn deliver(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let deadline = later(Instant::now(), self.timeout);
+        if let Err(error) = command::check_envelope(envelope) {
+            return Err(error.with_transport(&self.name));
+        }
         let result = match &self.sender {
             Sender::Own(pool) => self.send_on_pool(pool, envelope, raw, deadline).await,
             Sender::Lettre(transport) => {
