@@ -15,7 +15,7 @@ use crate::{Category, Receipt, SendError};
 /// | what happened | category |
 /// |---|---|
 /// | timeout | Timeout |
-/// | 4xx with an RFC 3463 `4.7.x` code that speaks of a rate (`450 4.7.28 rate limited`), or Gmail's `4.7.28`; a `421` too | RateLimited |
+/// | 4xx with an RFC 3463 `4.7.x` code whose text says what is limited (a rate, too many connections or messages, throttling: `450 4.7.28 rate limited`, Postfix's `421 4.7.0 Error: too many connections from ...`), or Gmail's `4.7.28`; a `421` too, but not for "too many" alone (`421 4.7.0 Error: too many errors`) | RateLimited |
 /// | other 421 | ServiceUnavailable |
 /// | other 4xx | ServerError |
 /// | 530, 534, 535 | Authentication |
@@ -97,8 +97,10 @@ fn reply_category(reply: u16, text: &str) -> Category {
     }
 }
 
-/// Whether a 4xx reply asks the client to slow down: an RFC 3463 `4.7.x` status with words of
-/// rate in the text, or Gmail's `4.7.28` (unusual rate of mail).
+/// Whether a 4xx reply asks the client to slow down: an RFC 3463 `4.7.x` status whose text
+/// says what is limited (a rate, too many connections or messages, throttling), or Gmail's
+/// `4.7.28` (unusual rate of mail). "Too many" alone says nothing of a rate: Postfix's
+/// `421 4.7.0 Error: too many errors` counts the session's own errors.
 fn is_rate_limit(text: &str) -> bool {
     let Some(detail) = enhanced_status(text)
         .and_then(|(class, subject, detail)| (class == 4 && subject == 7).then_some(detail))
@@ -106,10 +108,23 @@ fn is_rate_limit(text: &str) -> bool {
         return false;
     };
     let lower = text.to_ascii_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .collect();
+    let has = |word: &str| words.contains(&word);
+    let too_many = |what: &[&str]| {
+        words
+            .windows(3)
+            .any(|three| three[0] == "too" && three[1] == "many" && what.contains(&three[2]))
+    };
     detail == 28
-        || ["rate", "limit", "too many", "throttl", "slow down"]
-            .iter()
-            .any(|word| lower.contains(word))
+        || has("rate")
+        || has("limit")
+        || has("limited")
+        || words.iter().any(|word| word.starts_with("throttl"))
+        || lower.contains("slow down")
+        || too_many(&["connections", "messages", "sessions", "concurrent", "requests", "mails"])
 }
 
 /// The first RFC 3463 enhanced status code (`class.subject.detail`) in `text`.
