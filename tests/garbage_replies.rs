@@ -186,6 +186,10 @@ fn a_421_is_a_rate_limit_only_when_the_reply_says_it_is_one() {
         "421 4.7.1 Unable to generate a response, closing",
         "421 4.3.2 System not accepting network messages",
     ] {
-        assert_eq!(category(not_rate), Category::ServiceUnavailable, "{not_rate}");
+        assert_eq!(
+            category(not_rate),
+            Category::ServiceUnavailable,
+            "{not_rate}"
+        );
     }
 }
