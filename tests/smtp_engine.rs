@@ -861,3 +861,120 @@ async fn when_every_recipient_is_refused_a_rate_limit_answers_over_a_recipients_
         error.causes()
     );
 }
+
+/// A pipelining server offering 8BITMIME, and SMTPUTF8 where `smtputf8`.
+async fn eight_bit_server(smtputf8: bool) -> RawSmtp {
+    RawSmtp::start(greeting(), move |command| match command {
+        "EHLO" if smtputf8 => Answer::Say(
+            b"250-raw.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SMTPUTF8\r\n".to_vec(),
+        ),
+        "EHLO" => Answer::Say(b"250-raw.test\r\n250-PIPELINING\r\n250 8BITMIME\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await
+}
+
+fn ascii_envelope() -> Envelope {
+    Envelope::new(
+        Some("app@example.com".parse().expect("a sender")),
+        vec!["bob@example.org".parse().expect("a recipient")],
+    )
+    .expect("an envelope")
+}
+
+/// The MAIL command the server read, if any.
+fn mail_command(server: &RawSmtp) -> Option<String> {
+    server
+        .commands()
+        .into_iter()
+        .find(|line| line.starts_with("MAIL "))
+}
+
+const UTF8_SUBJECT: &str =
+    "From: Jöran <app@example.com>\r\nSubject: Grüße aus Köln\r\n\r\nhello\r\n";
+
+#[tokio::test]
+async fn raw_utf8_in_the_headers_of_an_ascii_envelope_declares_smtputf8_where_offered() {
+    let server = eight_bit_server(true).await;
+    transport(&server, true)
+        .send_raw(&ascii_envelope(), UTF8_SUBJECT.as_bytes())
+        .await
+        .expect("delivered");
+    let mail = mail_command(&server).expect("MAIL was sent");
+    assert!(mail.ends_with(" SMTPUTF8"), "{mail}");
+    assert!(mail.contains(" BODY=8BITMIME"), "{mail}");
+}
+
+#[tokio::test]
+async fn a_body_alone_that_is_not_ascii_declares_8bitmime_but_not_smtputf8() {
+    let server = eight_bit_server(true).await;
+    transport(&server, true)
+        .send_raw(
+            &ascii_envelope(),
+            "Subject: plain\r\n\r\nGrüße\r\n".as_bytes(),
+        )
+        .await
+        .expect("delivered");
+    let mail = mail_command(&server).expect("MAIL was sent");
+    assert!(mail.contains(" BODY=8BITMIME"), "{mail}");
+    assert!(!mail.contains("SMTPUTF8"), "{mail}");
+}
+
+#[tokio::test]
+async fn a_message_that_needs_smtputf8_is_an_invalid_message_where_the_server_does_not_offer_it() {
+    let server = eight_bit_server(false).await;
+    let smtp = transport(&server, true);
+    let in_headers = smtp
+        .send_raw(&ascii_envelope(), UTF8_SUBJECT.as_bytes())
+        .await
+        .expect_err("no SMTPUTF8");
+    let utf8_recipient = Envelope::new(
+        Some("app@example.com".parse().expect("a sender")),
+        vec!["jöran@example.org".parse().expect("a recipient")],
+    )
+    .expect("an envelope");
+    let in_envelope = smtp
+        .send_raw(&utf8_recipient, b"Subject: x\r\n\r\nhello\r\n")
+        .await
+        .expect_err("no SMTPUTF8");
+    for error in [in_headers, in_envelope] {
+        assert_eq!(error.category(), Category::InvalidMessage, "{error}");
+        assert!(error.message().contains("SMTPUTF8"), "says why: {error}");
+    }
+    assert_eq!(mail_command(&server), None, "nothing of it was sent");
+}
+
+#[tokio::test]
+async fn a_line_over_998_octets_is_an_invalid_message_and_nothing_of_it_is_sent() {
+    let server = eight_bit_server(true).await;
+    let smtp = transport(&server, true);
+    for (where_, message) in [
+        ("body", format!("Subject: x\r\n\r\n{}\r\n", "x".repeat(999))),
+        (
+            "header",
+            format!("Subject: {}\r\n\r\nhello\r\n", "x".repeat(990)),
+        ),
+        (
+            "last line",
+            format!("Subject: x\r\n\r\nhi\r\n{}", "y".repeat(1500)),
+        ),
+    ] {
+        let error = smtp
+            .send_raw(&ascii_envelope(), message.as_bytes())
+            .await
+            .expect_err(where_);
+        assert_eq!(
+            error.category(),
+            Category::InvalidMessage,
+            "{where_}: {error}"
+        );
+        assert_eq!(error.code(), "smtp.line_too_long", "{where_}");
+        assert!(error.message().contains("998"), "says why: {error}");
+    }
+    assert_eq!(mail_command(&server), None, "nothing of them was sent");
+    // 998 octets and its CRLF are exactly the limit.
+    let longest = format!("Subject: x\r\n\r\n{}\r\n", "x".repeat(998));
+    smtp.send_raw(&ascii_envelope(), longest.as_bytes())
+        .await
+        .expect("a line of 998 octets is delivered");
+}

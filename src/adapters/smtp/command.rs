@@ -50,7 +50,7 @@ pub(super) struct MailParameters {
     pub(super) size: Option<usize>,
     /// `BODY=8BITMIME`: the message is not ASCII.
     pub(super) eight_bit: bool,
-    /// `SMTPUTF8`: an address is not ASCII.
+    /// `SMTPUTF8`: an address, or the message's header, is not ASCII.
     pub(super) utf8: bool,
 }
 
@@ -170,6 +170,46 @@ impl Commands {
     }
 }
 
+/// The longest line SMTP carries, without its CRLF (RFC 5321 §4.5.3.1.6).
+pub(super) const MAX_LINE: usize = 998;
+
+/// What the client checks of a message before it sends it, read in one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Its octets on the wire: [`wire_length`].
+    pub(super) wire_length: usize,
+    /// The first line over [`MAX_LINE`] octets: its number (from 1) and length.
+    pub(super) too_long: Option<(usize, usize)>,
+    /// Whether its header (up to the first empty line) holds octets that are not ASCII:
+    /// raw UTF-8 in a `Subject` or a display name, which needs SMTPUTF8 (RFC 6531 §3.4).
+    pub(super) utf8_header: bool,
+}
+
+/// The [`Shape`] of `message`.
+pub(super) fn shape(message: &[u8]) -> Shape {
+    let mut shape = Shape {
+        wire_length: 0,
+        too_long: None,
+        utf8_header: false,
+    };
+    let mut in_header = true;
+    let mut number = 0usize;
+    for_each_line(message, |line| {
+        number = number.saturating_add(1);
+        shape.wire_length += line.len() + 2;
+        if line.len() > MAX_LINE && shape.too_long.is_none() {
+            shape.too_long = Some((number, line.len()));
+        }
+        if line.is_empty() {
+            in_header = false;
+        }
+        if in_header && !line.is_ascii() {
+            shape.utf8_header = true;
+        }
+    });
+    shape
+}
+
 /// The octets of `message` on the wire without dot-stuffing: every line ending CRLF, the last
 /// line ended. SIZE declares this, and BDAT sends exactly this many.
 pub(super) fn wire_length(message: &[u8]) -> usize {
@@ -248,6 +288,23 @@ mod tests {
     #[test]
     fn bdat_does_not_stuff_dots() {
         assert_eq!(bdat(b".\r\n"), b"BDAT 3 LAST\r\n.\r\n");
+    }
+
+    #[test]
+    fn shape_finds_the_first_line_over_998_octets_and_counts_as_wire_length_does() {
+        let message = format!("a\r\n{}\n{}\r\n", "x".repeat(998), "y".repeat(1200));
+        let found = shape(message.as_bytes());
+        assert_eq!(found.too_long, Some((3, 1200)));
+        assert_eq!(found.wire_length, wire_length(message.as_bytes()));
+        assert_eq!(shape(b"a\r\nb").too_long, None);
+    }
+
+    #[test]
+    fn only_non_ascii_before_the_first_empty_line_is_a_utf8_header() {
+        assert!(shape("Subject: Grüße\r\n\r\nhi".as_bytes()).utf8_header);
+        assert!(!shape("Subject: x\r\n\r\nGrüße".as_bytes()).utf8_header);
+        assert!(!shape("Subject: x\n\nGrüße".as_bytes()).utf8_header);
+        assert!(shape("Subject: x\r\nFrom: Jöran <a@b.c>".as_bytes()).utf8_header);
     }
 
     #[test]

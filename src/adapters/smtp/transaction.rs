@@ -12,7 +12,10 @@
 //! - **Maybe delivered.** Once the final data (the dot, or BDAT LAST) is written, a lost
 //!   connection, a timeout or a reply out of turn may hide a delivery: the error says so. A
 //!   4xx or 5xx answer to it is a refusal, never maybe-delivered.
-//! - **SIZE.** A message over the server's SIZE is `InvalidMessage` before any command.
+//! - **What the server can take.** A message over the server's SIZE, with a line over 998
+//!   octets, or that needs SMTPUTF8 (an address, or raw UTF-8 in its header) where the
+//!   server does not offer it, is `InvalidMessage` before any command. SMTPUTF8 is declared
+//!   whenever the envelope or the header needs it.
 //!
 //! What the transaction ends with tells the pool what to do with the connection
 //! ([`Ending`]).
@@ -26,7 +29,7 @@ use super::capabilities::Capabilities;
 use super::classify::{
     Stage, accepted_transaction, is_too_many_recipients, refusal, too_many_recipients,
 };
-use super::command::{Commands, MailParameters, wire_length};
+use super::command::{self, Commands, MailParameters};
 use super::connection::Connection;
 use super::reply::Reply;
 use crate::{AcceptedTransaction, Category, Envelope, Receipt, SendError};
@@ -663,16 +666,20 @@ fn every_recipient_refused(refused: Vec<(Address, SendError)>) -> SendError {
     }
 }
 
-/// MAIL's parameters: SIZE where the server offers it, SMTPUTF8 for non-ASCII addresses and
-/// 8BITMIME for a non-ASCII body; an `InvalidMessage` (`smtp.size`) for a message over the
-/// server's SIZE, or a `Configuration` error (`smtp.client`) if the server offers neither
-/// extension where needed.
+/// MAIL's parameters: SIZE where the server offers it, SMTPUTF8 where an address or the
+/// message's header is not ASCII (RFC 6531 §3.4), 8BITMIME for a message that is not ASCII.
+/// A message the server cannot take as it is, is refused before any command: over the
+/// server's SIZE (`smtp.size`), a line over 998 octets (`smtp.line_too_long`), or in need of
+/// SMTPUTF8 where the server does not offer it (`smtp.smtputf8_unavailable`), each
+/// `InvalidMessage`; a body that is not ASCII where the server offers no 8BITMIME is a
+/// `Configuration` error (`smtp.client`).
 fn mail_parameters(
     offered: &Capabilities,
     envelope: &Envelope,
     raw: &[u8],
 ) -> Result<MailParameters, SendError> {
-    let length = wire_length(raw);
+    let shape = command::shape(raw);
+    let length = shape.wire_length;
     if offered
         .size_limit()
         .is_some_and(|limit| u64::try_from(length).map_or(true, |length| length > limit))
@@ -686,13 +693,34 @@ fn mail_parameters(
             ),
         ));
     }
+    if let Some((line, octets)) = shape.too_long {
+        return Err(SendError::new(
+            Category::InvalidMessage,
+            "smtp.line_too_long",
+            format!(
+                "line {line} of the message is {octets} octets, and SMTP carries lines of at \
+                 most {} (RFC 5321 4.5.3.1.6): encode the body (quoted-printable or base64) \
+                 and fold long header fields",
+                command::MAX_LINE
+            ),
+        ));
+    }
     let non_ascii = |address: &Address| !AsRef::<str>::as_ref(address).is_ascii();
-    let utf8 = envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii);
+    let utf8_envelope =
+        envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii);
+    let utf8 = utf8_envelope || shape.utf8_header;
     if utf8 && !offered.smtputf8 {
         return Err(SendError::fixed(
-            Category::Configuration,
-            "smtp.client",
-            "the envelope has non-ASCII addresses and the server does not offer SMTPUTF8",
+            Category::InvalidMessage,
+            "smtp.smtputf8_unavailable",
+            if utf8_envelope {
+                "the envelope has addresses that are not ASCII, which need SMTPUTF8, and the \
+                 server does not offer SMTPUTF8"
+            } else {
+                "the message's header holds raw UTF-8 (a Subject or a display name, say), \
+                 which needs SMTPUTF8, and the server does not offer SMTPUTF8: encode the \
+                 header (RFC 2047) or send through a server that offers it"
+            },
         ));
     }
     let eight_bit = !raw.is_ascii();
@@ -777,14 +805,15 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_ascii_needs_8bitmime() {
-        let error = mail_parameters(&Capabilities::default(), &envelope(), "é".as_bytes())
+        let message = "Subject: x\r\n\r\né".as_bytes();
+        let error = mail_parameters(&Capabilities::default(), &envelope(), message)
             .expect_err("no 8BITMIME");
         assert_eq!(error.category(), Category::Configuration);
         let offered = Capabilities {
             eight_bit_mime: true,
             ..Capabilities::default()
         };
-        let parameters = mail_parameters(&offered, &envelope(), "é".as_bytes()).expect("fits");
+        let parameters = mail_parameters(&offered, &envelope(), message).expect("fits");
         assert!(parameters.eight_bit);
         assert!(!parameters.utf8);
     }
@@ -803,8 +832,8 @@ mod tests {
             let envelope = envelope.expect("an envelope");
             let error = mail_parameters(&Capabilities::default(), &envelope, b"x")
                 .expect_err("no SMTPUTF8");
-            assert_eq!(error.category(), Category::Configuration);
-            assert_eq!(error.code(), "smtp.client");
+            assert_eq!(error.category(), Category::InvalidMessage);
+            assert_eq!(error.code(), "smtp.smtputf8_unavailable");
             let parameters = mail_parameters(&offered, &envelope, b"x").expect("offered");
             assert!(parameters.utf8);
         }
