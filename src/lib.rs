@@ -42,7 +42,7 @@ pub use machine::{ErrorRate, Snapshot, State};
 pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};
 pub use rate::{RateLimitBuilder, RateLimitTransport};
-pub use receipt::{Category, Receipt, SendError};
+pub use receipt::{AcceptedTransaction, Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;

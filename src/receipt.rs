@@ -18,6 +18,8 @@ impl PartialEq for Receipt {
             && self.attempts == other.attempts
             && same_rejections
             && same_refusals(&self.deferred, &other.deferred)
+            && same_refusals(&self.maybe_delivered, &other.maybe_delivered)
+            && self.transactions == other.transactions
     }
 }
 
@@ -54,6 +56,10 @@ pub struct Receipt {
     rejected: Vec<(lettre::Address, SendError)>,
     /// Recipients the provider refused for now (a 4xx) while it accepted the others.
     deferred: Vec<(lettre::Address, SendError)>,
+    /// Recipients whose transaction's data went out and whose answer never came.
+    maybe_delivered: Vec<(lettre::Address, SendError)>,
+    /// Each transaction the provider accepted, where it says (SMTP); empty otherwise.
+    transactions: Vec<AcceptedTransaction>,
     /// Kept in an outbox to be sent later, not delivered yet.
     queued: bool,
 }
@@ -68,6 +74,8 @@ impl Receipt {
             attempts: 1,
             rejected: Vec::new(),
             deferred: Vec::new(),
+            maybe_delivered: Vec::new(),
+            transactions: Vec::new(),
             queued: false,
         }
     }
@@ -173,6 +181,97 @@ impl Receipt {
         std::mem::take(&mut self.deferred)
     }
 
+    /// Notes a recipient that may have the message: the data of the transaction that carried
+    /// it went out and no answer came (the connection dropped, or the send's time ran out),
+    /// while the message was delivered to others. Its error is marked
+    /// [`maybe_delivered`](SendError::maybe_delivered).
+    ///
+    /// ```
+    /// use mail_breaker::{Category, Receipt, SendError};
+    ///
+    /// let why = SendError::new(Category::Timeout, "smtp.timeout", "no answer to the final dot");
+    /// let receipt = Receipt::new("smtp://relay:25")
+    ///     .with_maybe_delivered_recipient("bob@example.org".parse().unwrap(), why);
+    /// assert_eq!(receipt.maybe_delivered_recipients().len(), 1);
+    /// assert!(receipt.maybe_delivered_recipients()[0].1.is_maybe_delivered());
+    /// assert!(receipt.deferred_recipients().is_empty());
+    /// ```
+    pub fn with_maybe_delivered_recipient(mut self, to: lettre::Address, why: SendError) -> Self {
+        self.maybe_delivered.push((to, why.maybe_delivered()));
+        self
+    }
+
+    /// The recipients that may have the message although no answer said so, each with why
+    /// (its error [`is_maybe_delivered`](SendError::is_maybe_delivered)): sending to them
+    /// again may deliver twice. [`RetryTransport`](crate::RetryTransport) sends to them again
+    /// only when it was not built with
+    /// [`at_most_once`](crate::RetryBuilder::at_most_once). Every recipient of the envelope
+    /// that is in none of the rejected, deferred and maybe-delivered lists was delivered.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// assert!(Receipt::new("stub").maybe_delivered_recipients().is_empty());
+    /// ```
+    pub fn maybe_delivered_recipients(&self) -> &[(lettre::Address, SendError)] {
+        &self.maybe_delivered
+    }
+
+    /// Takes the maybe-delivered recipients out, leaving none: for a retry that sends to them.
+    pub(crate) fn take_maybe_delivered_recipients(&mut self) -> Vec<(lettre::Address, SendError)> {
+        std::mem::take(&mut self.maybe_delivered)
+    }
+
+    /// Notes one transaction the provider accepted. The first one noted also gives the
+    /// receipt its [`response`](Self::response) and [`message_id`](Self::message_id) where
+    /// those are not set yet.
+    ///
+    /// ```
+    /// use mail_breaker::{AcceptedTransaction, Receipt};
+    ///
+    /// let first = AcceptedTransaction::new(
+    ///     "250 2.0.0 Ok: queued as 4F2A1",
+    ///     vec!["ann@example.org".parse().unwrap()],
+    /// )
+    /// .with_message_id("4F2A1");
+    /// let second = AcceptedTransaction::new(
+    ///     "250 2.0.0 Ok: queued as 4F2B7",
+    ///     vec!["bob@example.org".parse().unwrap()],
+    /// )
+    /// .with_message_id("4F2B7");
+    /// let receipt = Receipt::new("smtp://relay:25")
+    ///     .with_transaction(first)
+    ///     .with_transaction(second);
+    /// assert_eq!(receipt.message_id(), Some("4F2A1"));
+    /// assert_eq!(receipt.transactions()[1].message_id(), Some("4F2B7"));
+    /// ```
+    pub fn with_transaction(mut self, transaction: AcceptedTransaction) -> Self {
+        if self.transactions.is_empty() {
+            if self.response.is_none() {
+                self.response = Some(transaction.response.clone());
+            }
+            if self.message_id.is_none() {
+                self.message_id = transaction.message_id.clone();
+            }
+        }
+        self.transactions.push(transaction);
+        self
+    }
+
+    /// Each transaction the provider accepted, in order, with its reply, queue id and
+    /// recipients: one for an SMTP message, more where the server took the recipients in
+    /// several transactions (`452 4.5.3`, too many recipients for one), or where a retry sent
+    /// the message again to recipients deferred. Empty for a provider that does not speak of
+    /// transactions (the HTTP APIs). [`response`](Self::response) and
+    /// [`message_id`](Self::message_id) are the first transaction's.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// assert!(Receipt::new("stub").transactions().is_empty());
+    /// ```
+    pub fn transactions(&self) -> &[AcceptedTransaction] {
+        &self.transactions
+    }
+
     /// The name of the transport that delivered the message.
     pub fn transport(&self) -> &str {
         &self.transport
@@ -191,6 +290,61 @@ impl Receipt {
     /// How many tries the delivery took: 1 unless a retry transport tried again.
     pub fn attempts(&self) -> u32 {
         self.attempts
+    }
+}
+
+/// One transaction a provider accepted: its reply, the queue id the reply names, and the
+/// recipients it carried, so that an operator can trace each recipient to the server's log
+/// (Postfix gives each transaction a queue id of its own). See [`Receipt::transactions`].
+///
+/// ```
+/// use mail_breaker::AcceptedTransaction;
+///
+/// let transaction = AcceptedTransaction::new(
+///     "250 2.0.0 Ok: queued as 4F2A1",
+///     vec!["ann@example.org".parse().unwrap()],
+/// )
+/// .with_message_id("4F2A1");
+/// assert_eq!(transaction.response(), "250 2.0.0 Ok: queued as 4F2A1");
+/// assert_eq!(transaction.message_id(), Some("4F2A1"));
+/// assert_eq!(transaction.recipients()[0].to_string(), "ann@example.org");
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct AcceptedTransaction {
+    response: String,
+    message_id: Option<String>,
+    recipients: Vec<lettre::Address>,
+}
+
+impl AcceptedTransaction {
+    /// A transaction the provider accepted with the reply `response`, for `recipients`.
+    pub fn new(response: impl Into<String>, recipients: Vec<lettre::Address>) -> Self {
+        AcceptedTransaction {
+            response: response.into(),
+            message_id: None,
+            recipients,
+        }
+    }
+
+    /// Adds the provider's id for this transaction (an SMTP queue id).
+    pub fn with_message_id(mut self, id: impl Into<String>) -> Self {
+        self.message_id = Some(id.into());
+        self
+    }
+
+    /// The provider's reply to the transaction's data, e.g. `"250 2.0.0 Ok: queued as 4F2A1"`.
+    pub fn response(&self) -> &str {
+        &self.response
+    }
+
+    /// The provider's id for the transaction, where its reply names one.
+    pub fn message_id(&self) -> Option<&str> {
+        self.message_id.as_deref()
+    }
+
+    /// The recipients this transaction delivered to.
+    pub fn recipients(&self) -> &[lettre::Address] {
+        &self.recipients
     }
 }
 

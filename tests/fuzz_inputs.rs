@@ -77,7 +77,9 @@ proptest! {
     fn a_4xx_reply_with_a_4_7_rate_status_is_rate_limited(
         code in (400u16..=499).prop_filter("not 421", |code| *code != 421),
         detail in 0u16..1000,
-        word in "(rate|limit|too many|throttl|slow down)",
+        // Words that say what is limited; "too many" alone does not (issue 46: Postfix's
+        // `421 4.7.0 Error: too many errors`).
+        word in "(rate|limit|too many connections|too many messages|throttl|throttled|slow down)",
     ) {
         let text = format!("{code} 4.7.{detail} {word}");
         prop_assert_eq!(classify_smtp_reply(code, &text).category(), Category::RateLimited);

@@ -141,3 +141,55 @@ async fn a_421_banner_is_service_unavailable() {
     assert_eq!(error.category(), Category::ServiceUnavailable, "{error}");
     assert_eq!(error.code(), "smtp.421");
 }
+
+#[tokio::test]
+async fn postfixs_421_too_many_errors_is_service_unavailable_not_a_rate_limit() {
+    // The session's own errors, not a rate: Postfix says this when a client passed
+    // smtpd_hard_error_limit.
+    let server = RawSmtp::start(
+        b"421 4.7.0 pfx.test Error: too many errors\r\n".to_vec(),
+        Answer::healthy,
+    )
+    .await;
+    let error = send_to(&server).await;
+    assert_eq!(error.category(), Category::ServiceUnavailable, "{error}");
+    assert_eq!(error.code(), "smtp.421");
+}
+
+#[tokio::test]
+async fn a_421_that_speaks_of_a_connection_rate_is_rate_limited() {
+    // What Postfix's anvil limits say at the greeting.
+    let server = RawSmtp::start(
+        b"421 4.7.0 pfx.test Error: too many connections from 127.0.0.1\r\n".to_vec(),
+        Answer::healthy,
+    )
+    .await;
+    let error = send_to(&server).await;
+    assert_eq!(error.category(), Category::RateLimited, "{error}");
+}
+
+#[test]
+fn a_421_is_a_rate_limit_only_when_the_reply_says_it_is_one() {
+    let category = |text: &str| mail_breaker::classify_smtp_reply(421, text).category();
+    for rate in [
+        "421 4.7.28 Our system has detected an unusual rate of mail",
+        "421 4.7.0 Error: too many connections from 192.0.2.1",
+        "421 4.7.0 Too many messages, slow down",
+        "421 4.7.0 Connection rate limit exceeded",
+        "421 4.7.0 Try again later, throttled",
+    ] {
+        assert_eq!(category(rate), Category::RateLimited, "{rate}");
+    }
+    for not_rate in [
+        "421 4.7.0 pfx.test Error: too many errors",
+        "421 4.7.0 Error: too many bad commands",
+        "421 4.7.1 Unable to generate a response, closing",
+        "421 4.3.2 System not accepting network messages",
+    ] {
+        assert_eq!(
+            category(not_rate),
+            Category::ServiceUnavailable,
+            "{not_rate}"
+        );
+    }
+}

@@ -20,6 +20,8 @@ enum Answer {
     Deliver {
         defer: Vec<&'static str>,
         reject: Vec<&'static str>,
+        /// Recipients whose transaction's data went out with no answer.
+        maybe: Vec<&'static str>,
     },
     Fail(SendError),
 }
@@ -28,6 +30,7 @@ fn deliver_deferring(defer: &[&'static str]) -> Answer {
     Answer::Deliver {
         defer: defer.to_vec(),
         reject: Vec::new(),
+        maybe: Vec::new(),
     }
 }
 
@@ -83,11 +86,18 @@ impl Transport for Provider {
             .unwrap_or_else(deliver_all);
         match answer {
             Answer::Fail(error) => Err(error),
-            Answer::Deliver { defer, reject } => {
+            Answer::Deliver {
+                defer,
+                reject,
+                maybe,
+            } => {
                 let mut receipt = Receipt::new("provider");
                 for to in envelope.to() {
                     if defer.contains(&to.to_string().as_str()) {
                         receipt = receipt.with_deferred_recipient(to.clone(), greylisted());
+                    } else if maybe.contains(&to.to_string().as_str()) {
+                        let why = SendError::new(Category::Timeout, "smtp.timeout", "no answer");
+                        receipt = receipt.with_maybe_delivered_recipient(to.clone(), why);
                     } else if reject.contains(&to.to_string().as_str()) {
                         let why = SendError::new(Category::Rejected, "smtp.550", "no such user");
                         receipt = receipt.with_rejected_recipient(to.clone(), why);
@@ -233,9 +243,10 @@ async fn at_most_once_does_not_send_deferred_recipients_again_after_a_maybe_deli
         .await
         .expect("delivered to ann");
     assert_eq!(provider.sends().len(), 2);
-    let deferred = receipt.deferred_recipients();
-    assert_eq!(recipients(deferred), ["bob@example.net"]);
-    assert!(deferred[0].1.is_maybe_delivered());
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+    let maybe = receipt.maybe_delivered_recipients();
+    assert_eq!(recipients(maybe), ["bob@example.net"]);
+    assert!(maybe[0].1.is_maybe_delivered());
 }
 
 #[tokio::test(start_paused = true)]
@@ -255,6 +266,7 @@ async fn deferred_recipients_wait_their_errors_retry_after_when_it_is_longer() {
         Answer::Deliver {
             defer: vec!["bob@example.net"],
             reject: vec![],
+            maybe: vec![],
         },
         deliver_all(),
     ]);
@@ -288,4 +300,91 @@ impl Transport for WithRetryAfter {
         }
         Ok(later)
     }
+}
+
+fn deliver_maybe(maybe: &[&'static str], defer: &[&'static str]) -> Answer {
+    Answer::Deliver {
+        defer: defer.to_vec(),
+        reject: Vec::new(),
+        maybe: maybe.to_vec(),
+    }
+}
+
+fn at_most_once(provider: &Provider) -> RetryTransport<Provider> {
+    RetryTransport::builder(provider.clone())
+        .max_attempts(3)
+        .backoff(Backoff::constant(Duration::from_secs(5)))
+        .at_most_once()
+        .build()
+        .expect("valid settings")
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_at_most_once_a_maybe_delivered_recipient_is_not_sent_again() {
+    let provider = Provider::new([deliver_maybe(&["bob@example.net"], &[])]);
+    let receipt = at_most_once(&provider)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 1);
+    assert_eq!(
+        recipients(receipt.maybe_delivered_recipients()),
+        ["bob@example.net"]
+    );
+    assert!(receipt.deferred_recipients().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn without_at_most_once_a_maybe_delivered_recipient_is_sent_again_alone() {
+    let provider = Provider::new([deliver_maybe(&["bob@example.net"], &[]), deliver_all()]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    let sends = provider.sends();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(sends[1].0, ["bob@example.net"]);
+    assert!(
+        receipt.maybe_delivered_recipients().is_empty(),
+        "{receipt:?}"
+    );
+    assert!(receipt.deferred_recipients().is_empty());
+}
+
+#[tokio::test(start_paused = true)]
+async fn under_at_most_once_the_deferred_go_again_and_the_maybe_delivered_do_not() {
+    let provider = Provider::new([
+        deliver_maybe(&["bob@example.net"], &["ann@example.org"]),
+        deliver_all(),
+    ]);
+    let receipt = at_most_once(&provider)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    let sends = provider.sends();
+    assert_eq!(sends.len(), 2);
+    assert_eq!(sends[1].0, ["ann@example.org"]);
+    assert!(receipt.deferred_recipients().is_empty());
+    assert_eq!(
+        recipients(receipt.maybe_delivered_recipients()),
+        ["bob@example.net"]
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recipient_maybe_delivered_when_the_attempts_run_out_stays_listed_as_maybe_delivered() {
+    let provider = Provider::new([
+        deliver_maybe(&["bob@example.net"], &[]),
+        deliver_maybe(&["bob@example.net"], &[]),
+    ]);
+    let receipt = retry(&provider, 2)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 2);
+    assert_eq!(
+        recipients(receipt.maybe_delivered_recipients()),
+        ["bob@example.net"]
+    );
+    assert!(receipt.deferred_recipients().is_empty());
 }

@@ -401,3 +401,61 @@ async fn after_smtp_sink_is_killed_and_restarted_on_its_port_the_next_sends_all_
     assert!(batch.iter().all(Result::is_ok), "{batch:?}");
     assert_eq!(sink.received(), 8 + 6 + 8);
 }
+
+/// A server whose first final dot gets its reply and then `extra`, a reply no command asked
+/// for (at once, or `later`); each later dot gets its own queue id, Q2, Q3, ...
+async fn one_reply_too_many(extra: &'static [u8], later: Option<Duration>) -> RawSmtp {
+    let dots = AtomicUsize::new(0);
+    RawSmtp::start(greeting(), move |command| {
+        if command != "." {
+            return Answer::healthy(command);
+        }
+        let n = dots.fetch_add(1, Ordering::SeqCst) + 1;
+        let reply = format!("250 2.0.0 Ok: queued as Q{n}\r\n").into_bytes();
+        match (n, later) {
+            (1, None) => Answer::Say([reply, extra.to_vec()].concat()),
+            (1, Some(delay)) => Answer::SayThenLater(reply, delay, extra.to_vec()),
+            _ => Answer::Say(reply),
+        }
+    })
+    .await
+}
+
+async fn each_send_gets_its_own_answer_on_a_fresh_connection(
+    server: &RawSmtp,
+    smtp: &SmtpTransport,
+) {
+    let first = smtp.send(&message()).await.expect("the first is delivered");
+    assert_eq!(first.message_id(), Some("Q1"));
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let second = smtp
+        .send(&message())
+        .await
+        .expect("the second is delivered");
+    assert_eq!(second.message_id(), Some("Q2"), "{second:?}");
+    let third = smtp.send(&message()).await.expect("the third is delivered");
+    assert_eq!(third.message_id(), Some("Q3"), "{third:?}");
+    assert_eq!(
+        server.connections(),
+        2,
+        "the connection with an unread reply was closed, the next one kept"
+    );
+}
+
+#[tokio::test]
+async fn a_connection_with_a_reply_read_ahead_is_closed_not_reused() {
+    let server = one_reply_too_many(b"250 2.0.0 Ok: queued as STALE\r\n", None).await;
+    let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port()).with_timeout(TIMEOUT);
+    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp).await;
+}
+
+#[tokio::test]
+async fn a_connection_on_which_a_reply_arrived_while_it_was_idle_is_closed_not_reused() {
+    let server = one_reply_too_many(
+        b"250 2.0.0 Ok: queued as STALE\r\n",
+        Some(Duration::from_millis(20)),
+    )
+    .await;
+    let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port()).with_timeout(TIMEOUT);
+    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp).await;
+}

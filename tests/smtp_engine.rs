@@ -10,7 +10,8 @@ use std::sync::Arc;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::time::Duration;
 
-use mail_breaker::{Category, SendError, SmtpTransport, Transport};
+use lettre::Address;
+use mail_breaker::{Category, Envelope, SendError, SmtpTransport, Transport};
 use support::message;
 use support::raw_smtp::{Answer, RawSmtp};
 
@@ -594,4 +595,386 @@ async fn an_empty_message_the_server_took_after_every_recipient_was_refused_keep
     assert_eq!(error.code(), "smtp.550", "{error}");
     smtp.send(&message()).await.expect("delivered");
     assert_eq!(server.connections(), 1);
+}
+
+/// Addresses whose text holds a line break: lettre's parser refuses them, but
+/// `Address::new_dangerous` (or a caller's own unchecked source) does not.
+fn addresses_with_line_breaks() -> Vec<(&'static str, Envelope)> {
+    let plain = |text: &str| -> Address { text.parse().expect("a valid address") };
+    let evil_to = Address::new_dangerous("bob>\r\nRCPT TO:<eve", "example.org");
+    let evil_from = Address::new_dangerous("app\n", "example.com");
+    let evil_domain = Address::new_dangerous("bob", "example.org\rDATA");
+    vec![
+        (
+            "a recipient with CRLF",
+            Envelope::new(Some(plain("app@example.com")), vec![evil_to]).expect("an envelope"),
+        ),
+        (
+            "a sender with LF",
+            Envelope::new(Some(evil_from), vec![plain("bob@example.org")]).expect("an envelope"),
+        ),
+        (
+            "a recipient domain with CR",
+            Envelope::new(Some(plain("app@example.com")), vec![evil_domain]).expect("an envelope"),
+        ),
+    ]
+}
+
+#[tokio::test]
+async fn an_address_with_cr_or_lf_is_refused_as_an_invalid_message_before_any_command_is_written() {
+    let server = RawSmtp::start(greeting(), pipelining).await;
+    let smtp = transport(&server, true);
+    for (case, envelope) in addresses_with_line_breaks() {
+        let error = smtp
+            .send_raw(&envelope, b"Subject: x\r\n\r\nhello\r\n")
+            .await
+            .expect_err(case);
+        assert_eq!(
+            error.category(),
+            Category::InvalidMessage,
+            "{case}: {error}"
+        );
+        assert!(!error.is_retryable(), "{case}");
+    }
+    let written = names(&server);
+    assert!(
+        !written.iter().any(|name| name == "MAIL" || name == "RCPT"),
+        "commands were written: {:?}",
+        server.commands()
+    );
+}
+
+/// A server that takes at most `limit` recipients a transaction (the others get
+/// `too_many`, e.g. `452 4.5.3 ...`) and names each transaction's queue id after its number
+/// (`Q1`, `Q2`, ...: the count of MAIL commands so far). `script(n, command)` may answer a
+/// command of transaction `n` otherwise; `None` leaves it to the rules above.
+async fn recipients_limited(
+    limit: usize,
+    too_many: &'static [u8],
+    script: impl Fn(usize, &str) -> Option<Answer> + Send + Sync + 'static,
+) -> RawSmtp {
+    let mails = AtomicUsize::new(0);
+    let rcpts = AtomicUsize::new(0);
+    RawSmtp::start(greeting(), move |command| {
+        if command == "MAIL" {
+            mails.fetch_add(1, Ordering::SeqCst);
+            rcpts.store(0, Ordering::SeqCst);
+        }
+        let transaction = mails.load(Ordering::SeqCst);
+        if let Some(answer) = script(transaction, command) {
+            return answer;
+        }
+        match command {
+            "RCPT" if rcpts.fetch_add(1, Ordering::SeqCst) >= limit => {
+                Answer::Say(too_many.to_vec())
+            }
+            "." => Answer::Say(format!("250 2.0.0 Ok: queued as Q{transaction}\r\n").into_bytes()),
+            other => Answer::healthy(other),
+        }
+    })
+    .await
+}
+
+const TOO_MANY: &[u8] = b"452 4.5.3 Error: too many recipients\r\n";
+
+/// A message to `count` recipients, `r1@example.org` to `r<count>@example.org`.
+fn message_to_many(count: usize) -> mail_breaker::Message {
+    let mut builder = mail_breaker::Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .subject("many");
+    for n in 1..=count {
+        builder = builder.to(format!("r{n}@example.org").parse().expect("a recipient"));
+    }
+    builder.body(String::from("hello")).expect("a message")
+}
+
+fn addresses(list: &[(Address, SendError)]) -> Vec<String> {
+    list.iter().map(|(to, _)| to.to_string()).collect()
+}
+
+#[tokio::test]
+async fn a_split_send_lists_each_transaction_with_its_reply_queue_id_and_recipients() {
+    let server = recipients_limited(2, TOO_MANY, |_, _| None).await;
+    let receipt = transport(&server, false)
+        .send(&message_to_many(5))
+        .await
+        .expect("delivered");
+    let transactions: Vec<(Option<&str>, Vec<String>)> = receipt
+        .transactions()
+        .iter()
+        .map(|t| {
+            (
+                t.message_id(),
+                t.recipients().iter().map(ToString::to_string).collect(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        transactions,
+        [
+            (
+                Some("Q1"),
+                vec!["r1@example.org".to_owned(), "r2@example.org".to_owned()]
+            ),
+            (
+                Some("Q2"),
+                vec!["r3@example.org".to_owned(), "r4@example.org".to_owned()]
+            ),
+            (Some("Q3"), vec!["r5@example.org".to_owned()]),
+        ]
+    );
+    assert_eq!(
+        receipt.transactions()[1].response(),
+        "250 2.0.0 Ok: queued as Q2"
+    );
+    // The receipt's own reply and queue id stay the first transaction's.
+    assert_eq!(receipt.message_id(), Some("Q1"));
+    assert_eq!(receipt.response(), Some("250 2.0.0 Ok: queued as Q1"));
+    assert!(receipt.deferred_recipients().is_empty());
+    assert!(receipt.maybe_delivered_recipients().is_empty());
+}
+
+#[tokio::test]
+async fn a_single_transaction_is_listed_with_its_recipients_too() {
+    let server = recipients_limited(10, TOO_MANY, |_, _| None).await;
+    let receipt = transport(&server, true)
+        .send(&message_to_many(2))
+        .await
+        .expect("delivered");
+    assert_eq!(receipt.transactions().len(), 1, "{receipt:?}");
+    assert_eq!(receipt.transactions()[0].recipients().len(), 2);
+    assert_eq!(receipt.transactions()[0].message_id(), Some("Q1"));
+}
+
+#[tokio::test]
+async fn a_later_transaction_that_breaks_after_its_data_was_written_files_its_recipients_as_maybe_delivered()
+ {
+    let server = recipients_limited(1, TOO_MANY, |transaction, command| {
+        (transaction == 2 && command == ".").then_some(Answer::HangUp)
+    })
+    .await;
+    let receipt = transport(&server, false)
+        .send(&message_to_many(2))
+        .await
+        .expect("delivered to the first recipient");
+    assert_eq!(
+        addresses(receipt.maybe_delivered_recipients()),
+        ["r2@example.org"]
+    );
+    assert!(
+        receipt.maybe_delivered_recipients()[0]
+            .1
+            .is_maybe_delivered()
+    );
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+    assert_eq!(receipt.transactions().len(), 1);
+}
+
+#[tokio::test]
+async fn a_timeout_in_a_later_transaction_keeps_what_the_earlier_one_delivered() {
+    // The second transaction's final dot is never answered; the third recipient, too many
+    // for it, never had its turn.
+    let server = recipients_limited(1, TOO_MANY, |transaction, command| {
+        (transaction == 2 && command == ".").then_some(Answer::Silence)
+    })
+    .await;
+    let receipt = transport(&server, false)
+        .send(&message_to_many(3))
+        .await
+        .expect("the first transaction delivered");
+    assert_eq!(receipt.message_id(), Some("Q1"));
+    assert_eq!(
+        receipt.transactions()[0].recipients()[0].to_string(),
+        "r1@example.org"
+    );
+    let maybe = receipt.maybe_delivered_recipients();
+    assert_eq!(addresses(maybe), ["r2@example.org"], "{receipt:?}");
+    assert_eq!(maybe[0].1.category(), Category::Timeout);
+    assert!(maybe[0].1.is_maybe_delivered());
+    assert_eq!(addresses(receipt.deferred_recipients()), ["r3@example.org"]);
+    assert!(!receipt.deferred_recipients()[0].1.is_maybe_delivered());
+}
+
+#[tokio::test]
+async fn a_timeout_before_a_later_transactions_data_leaves_its_recipients_deferred() {
+    let server = recipients_limited(1, TOO_MANY, |transaction, command| {
+        (transaction == 2 && command == "DATA").then_some(Answer::Silence)
+    })
+    .await;
+    let receipt = transport(&server, false)
+        .send(&message_to_many(2))
+        .await
+        .expect("the first transaction delivered");
+    let deferred = receipt.deferred_recipients();
+    assert_eq!(addresses(deferred), ["r2@example.org"], "{receipt:?}");
+    assert_eq!(deferred[0].1.category(), Category::Timeout);
+    assert!(!deferred[0].1.is_maybe_delivered());
+    assert!(receipt.maybe_delivered_recipients().is_empty());
+}
+
+#[tokio::test]
+async fn a_552_too_many_recipients_keeps_the_servers_own_words() {
+    // RFC 5321 §4.5.3.1.10: some servers say 552 where 452 is meant; a client treats it as
+    // temporary. This one takes no recipient at all.
+    let server = recipients_limited(
+        0,
+        b"552 5.5.3 Recipient limit of raw.test reached\r\n",
+        |_, _| None,
+    )
+    .await;
+    let error = transport(&server, true)
+        .send(&message())
+        .await
+        .expect_err("no recipient taken");
+    assert_eq!(error.code(), "smtp.552", "{error}");
+    assert!(
+        error
+            .message()
+            .contains("Recipient limit of raw.test reached"),
+        "{error}"
+    );
+    assert!(error.is_retryable(), "{error}");
+}
+
+#[tokio::test]
+async fn when_every_recipient_is_refused_a_rate_limit_answers_over_a_recipients_deferral() {
+    let server = RawSmtp::start_reading_lines(greeting(), |command, line| match command {
+        "RCPT" if line.contains("r1@") => {
+            Answer::Say(b"450 4.2.1 mailbox busy, try later\r\n".to_vec())
+        }
+        "RCPT" => Answer::Say(b"451 4.7.28 rate limited, slow down\r\n".to_vec()),
+        other => pipelining(other),
+    })
+    .await;
+    let error = transport(&server, true)
+        .send(&message_to_many(2))
+        .await
+        .expect_err("every recipient refused");
+    assert_eq!(error.category(), Category::RateLimited, "{error}");
+    assert_eq!(error.code(), "smtp.451");
+    assert!(
+        error
+            .causes()
+            .iter()
+            .any(|cause| cause.code() == "smtp.450"),
+        "the recipient's deferral is kept beside it: {:?}",
+        error.causes()
+    );
+}
+
+/// A pipelining server offering 8BITMIME, and SMTPUTF8 where `smtputf8`.
+async fn eight_bit_server(smtputf8: bool) -> RawSmtp {
+    RawSmtp::start(greeting(), move |command| match command {
+        "EHLO" if smtputf8 => Answer::Say(
+            b"250-raw.test\r\n250-PIPELINING\r\n250-8BITMIME\r\n250 SMTPUTF8\r\n".to_vec(),
+        ),
+        "EHLO" => Answer::Say(b"250-raw.test\r\n250-PIPELINING\r\n250 8BITMIME\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await
+}
+
+fn ascii_envelope() -> Envelope {
+    Envelope::new(
+        Some("app@example.com".parse().expect("a sender")),
+        vec!["bob@example.org".parse().expect("a recipient")],
+    )
+    .expect("an envelope")
+}
+
+/// The MAIL command the server read, if any.
+fn mail_command(server: &RawSmtp) -> Option<String> {
+    server
+        .commands()
+        .into_iter()
+        .find(|line| line.starts_with("MAIL "))
+}
+
+const UTF8_SUBJECT: &str =
+    "From: Jöran <app@example.com>\r\nSubject: Grüße aus Köln\r\n\r\nhello\r\n";
+
+#[tokio::test]
+async fn raw_utf8_in_the_headers_of_an_ascii_envelope_declares_smtputf8_where_offered() {
+    let server = eight_bit_server(true).await;
+    transport(&server, true)
+        .send_raw(&ascii_envelope(), UTF8_SUBJECT.as_bytes())
+        .await
+        .expect("delivered");
+    let mail = mail_command(&server).expect("MAIL was sent");
+    assert!(mail.ends_with(" SMTPUTF8"), "{mail}");
+    assert!(mail.contains(" BODY=8BITMIME"), "{mail}");
+}
+
+#[tokio::test]
+async fn a_body_alone_that_is_not_ascii_declares_8bitmime_but_not_smtputf8() {
+    let server = eight_bit_server(true).await;
+    transport(&server, true)
+        .send_raw(
+            &ascii_envelope(),
+            "Subject: plain\r\n\r\nGrüße\r\n".as_bytes(),
+        )
+        .await
+        .expect("delivered");
+    let mail = mail_command(&server).expect("MAIL was sent");
+    assert!(mail.contains(" BODY=8BITMIME"), "{mail}");
+    assert!(!mail.contains("SMTPUTF8"), "{mail}");
+}
+
+#[tokio::test]
+async fn a_message_that_needs_smtputf8_is_an_invalid_message_where_the_server_does_not_offer_it() {
+    let server = eight_bit_server(false).await;
+    let smtp = transport(&server, true);
+    let in_headers = smtp
+        .send_raw(&ascii_envelope(), UTF8_SUBJECT.as_bytes())
+        .await
+        .expect_err("no SMTPUTF8");
+    let utf8_recipient = Envelope::new(
+        Some("app@example.com".parse().expect("a sender")),
+        vec!["jöran@example.org".parse().expect("a recipient")],
+    )
+    .expect("an envelope");
+    let in_envelope = smtp
+        .send_raw(&utf8_recipient, b"Subject: x\r\n\r\nhello\r\n")
+        .await
+        .expect_err("no SMTPUTF8");
+    for error in [in_headers, in_envelope] {
+        assert_eq!(error.category(), Category::InvalidMessage, "{error}");
+        assert!(error.message().contains("SMTPUTF8"), "says why: {error}");
+    }
+    assert_eq!(mail_command(&server), None, "nothing of it was sent");
+}
+
+#[tokio::test]
+async fn a_line_over_998_octets_is_an_invalid_message_and_nothing_of_it_is_sent() {
+    let server = eight_bit_server(true).await;
+    let smtp = transport(&server, true);
+    for (where_, message) in [
+        ("body", format!("Subject: x\r\n\r\n{}\r\n", "x".repeat(999))),
+        (
+            "header",
+            format!("Subject: {}\r\n\r\nhello\r\n", "x".repeat(990)),
+        ),
+        (
+            "last line",
+            format!("Subject: x\r\n\r\nhi\r\n{}", "y".repeat(1500)),
+        ),
+    ] {
+        let error = smtp
+            .send_raw(&ascii_envelope(), message.as_bytes())
+            .await
+            .expect_err(where_);
+        assert_eq!(
+            error.category(),
+            Category::InvalidMessage,
+            "{where_}: {error}"
+        );
+        assert_eq!(error.code(), "smtp.line_too_long", "{where_}");
+        assert!(error.message().contains("998"), "says why: {error}");
+    }
+    assert_eq!(mail_command(&server), None, "nothing of them was sent");
+    // 998 octets and its CRLF are exactly the limit.
+    let longest = format!("Subject: x\r\n\r\n{}\r\n", "x".repeat(998));
+    smtp.send_raw(&ascii_envelope(), longest.as_bytes())
+        .await
+        .expect("a line of 998 octets is delivered");
 }

@@ -326,3 +326,48 @@ async fn after_a_message_whose_every_recipient_was_refused_the_next_on_the_same_
         ["a@example.org"]
     );
 }
+
+#[tokio::test]
+async fn a_message_to_1001_recipients_is_split_at_the_452_and_delivered_to_all_in_one_send() {
+    let test = "a_message_to_1001_recipients_is_split_at_the_452_and_delivered_to_all_in_one_send";
+    // Postfix's own smtpd_recipient_limit: 1,000 a transaction.
+    let Some(postfix) = Postfix::start(test, PostfixOptions::default()) else {
+        return;
+    };
+    let recipients: Vec<String> = (1..=1001).map(|n| format!("r{n}@example.org")).collect();
+    let names: Vec<&str> = recipients.iter().map(String::as_str).collect();
+    let smtp = one_connection_to(postfix.port())
+        .build()
+        .expect("valid settings");
+    let receipt = match smtp.send(&message_to_all(&names, "1001")).await {
+        Ok(receipt) => receipt,
+        Err(error) => panic!("{error:?}\nmaillog:\n{}", postfix.maillog()),
+    };
+
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+    assert!(receipt.rejected_recipients().is_empty());
+    assert!(receipt.maybe_delivered_recipients().is_empty());
+    let transactions = receipt.transactions();
+    assert_eq!(transactions.len(), 2, "split at the 452 once");
+    assert_eq!(transactions[0].recipients().len(), 1000);
+    assert_eq!(transactions[1].recipients().len(), 1);
+    let listed: Vec<String> = transactions
+        .iter()
+        .flat_map(|t| t.recipients().iter().map(ToString::to_string))
+        .collect();
+    assert_eq!(listed, recipients, "every recipient listed once, in order");
+    let (first, second) = (transactions[0].message_id(), transactions[1].message_id());
+    assert!(first.is_some() && second.is_some(), "{transactions:?}");
+    assert_ne!(first, second, "each transaction has its own queue id");
+    assert_eq!(receipt.message_id(), first);
+
+    let mut delivered = postfix.wait_for_deliveries(1001, DELIVERY_WAIT);
+    delivered.sort();
+    let mut expected = recipients.clone();
+    expected.sort();
+    assert_eq!(delivered, expected);
+    let maillog = postfix.maillog();
+    for id in [first, second].into_iter().flatten() {
+        assert!(maillog.contains(id), "queue id {id} not in the maillog");
+    }
+}

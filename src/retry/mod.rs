@@ -43,6 +43,11 @@ pub use builder::RetryBuilder;
 ///   as a retry and within the same limits. The receipt then lists the recipients still
 ///   deferred, and those refused for good among the rejected. (`send` and `send_raw`; a
 ///   `send_many` answers with the first receipt, its deferred recipients listed.)
+/// - **Maybe-delivered recipients** ([`Receipt::maybe_delivered_recipients`]: a later SMTP
+///   transaction's data went out and no answer came) are sent again with the deferred, unless
+///   built with [`at_most_once`](RetryBuilder::at_most_once): then they stay listed as they
+///   are, and so does a deferred recipient whose next try ended maybe delivered. The
+///   transactions of each further delivery are added to [`Receipt::transactions`].
 ///
 /// Time is read from `tokio::time`, so `tokio::time::pause()` drives it in tests.
 ///
@@ -140,8 +145,16 @@ impl<T: Transport> RetryTransport<T> {
         }
     }
 
-    /// Sends `raw` again to the deferred recipients of `receipt`, as the policy allows, and
-    /// gives back the receipt with what became of them.
+    /// Whether `receipt` lists recipients to send to again: the deferred, and the
+    /// maybe-delivered unless `at_most_once`.
+    fn leaves_recipients_to_retry(&self, receipt: &Receipt) -> bool {
+        !receipt.deferred_recipients().is_empty()
+            || !(self.policy.at_most_once || receipt.maybe_delivered_recipients().is_empty())
+    }
+
+    /// Sends `raw` again to the recipients of `receipt` it may send to again (the deferred,
+    /// and the maybe-delivered unless `at_most_once`), as the policy allows, and gives back
+    /// the receipt with what became of them.
     async fn deliver_deferred(
         &self,
         mut receipt: Receipt,
@@ -150,9 +163,14 @@ impl<T: Transport> RetryTransport<T> {
         first_try: Instant,
     ) -> Receipt {
         let transport = self.inner.name();
+        let at_most_once = self.policy.at_most_once;
         let mut attempt = receipt.attempts();
-        let mut deferred = receipt.take_deferred_recipients();
-        while let Some(why) = deferred
+        // Each with why; a why marked maybe-delivered says the recipient may have it.
+        let mut again = receipt.take_deferred_recipients();
+        if !at_most_once {
+            again.extend(receipt.take_maybe_delivered_recipients());
+        }
+        while let Some(why) = again
             .iter()
             .map(|(_, why)| why)
             .max_by_key(|why| why.retry_after())
@@ -163,7 +181,7 @@ impl<T: Transport> RetryTransport<T> {
             else {
                 break;
             };
-            let recipients = deferred.iter().map(|(to, _)| to.clone()).collect();
+            let recipients = again.iter().map(|(to, _)| to.clone()).collect();
             let Ok(envelope) = Envelope::new(from.cloned(), recipients) else {
                 break;
             };
@@ -171,43 +189,58 @@ impl<T: Transport> RetryTransport<T> {
             tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
             attempt = attempt.saturating_add(1);
             match catch_panic(transport, self.inner.send_raw(&envelope, raw)).await {
-                Ok(mut again) => {
+                Ok(mut answer) => {
                     if let Some(budget) = &self.policy.budget {
                         budget.on_success();
                     }
-                    for (to, why) in again.rejected_recipients() {
+                    for (to, why) in answer.rejected_recipients() {
                         receipt = receipt.with_rejected_recipient(to.clone(), why.clone());
                     }
-                    deferred = again.take_deferred_recipients();
+                    for transaction in answer.transactions() {
+                        receipt = receipt.with_transaction(transaction.clone());
+                    }
+                    again = answer.take_deferred_recipients();
+                    let maybe = answer.take_maybe_delivered_recipients();
+                    if at_most_once {
+                        for (to, why) in maybe {
+                            receipt = receipt.with_maybe_delivered_recipient(to, why);
+                        }
+                    } else {
+                        again.extend(maybe);
+                    }
                 }
                 Err(error)
-                    if error.is_retryable()
-                        && !(self.policy.at_most_once && error.is_maybe_delivered()) =>
+                    if error.is_retryable() && !(at_most_once && error.is_maybe_delivered()) =>
                 {
                     if let Some(budget) = &self.policy.budget {
                         budget.on_retry_failure();
                     }
-                    for (_, why) in &mut deferred {
+                    for (_, why) in &mut again {
                         *why = error.clone();
                     }
                 }
                 Err(error) => {
-                    let refused = std::mem::take(&mut deferred);
-                    for (to, _) in refused {
-                        if error.is_retryable() {
-                            deferred.push((to, error.clone()));
+                    for (to, _) in std::mem::take(&mut again) {
+                        receipt = if error.is_maybe_delivered() {
+                            receipt.with_maybe_delivered_recipient(to, error.clone())
+                        } else if error.is_retryable() {
+                            receipt.with_deferred_recipient(to, error.clone())
                         } else {
-                            receipt = receipt.with_rejected_recipient(to, error.clone());
-                        }
+                            receipt.with_rejected_recipient(to, error.clone())
+                        };
                     }
                     break;
                 }
             }
         }
-        deferred
+        again
             .into_iter()
             .fold(receipt, |receipt, (to, why)| {
-                receipt.with_deferred_recipient(to, why)
+                if why.is_maybe_delivered() {
+                    receipt.with_maybe_delivered_recipient(to, why)
+                } else {
+                    receipt.with_deferred_recipient(to, why)
+                }
             })
             .with_attempts(attempt)
     }
@@ -317,7 +350,7 @@ impl<T: Transport> Transport for RetryTransport<T> {
         let receipt = self
             .retrying(first_try, || self.inner.send_raw(envelope, raw))
             .await?;
-        if receipt.deferred_recipients().is_empty() {
+        if !self.leaves_recipients_to_retry(&receipt) {
             return Ok(receipt);
         }
         Ok(self
@@ -330,7 +363,7 @@ impl<T: Transport> Transport for RetryTransport<T> {
         let receipt = self
             .retrying(first_try, || self.inner.send(message))
             .await?;
-        if receipt.deferred_recipients().is_empty() {
+        if !self.leaves_recipients_to_retry(&receipt) {
             return Ok(receipt);
         }
         let raw = message.formatted();

@@ -39,6 +39,9 @@ pub enum Answer {
     HangUp,
     /// Waits, then answers (a server slow to reply).
     After(Duration, Box<Answer>),
+    /// Writes the first bytes, waits, writes the second (a reply nobody asked for, arriving
+    /// while the client's connection is idle), then reads the next command.
+    SayThenLater(Vec<u8>, Duration, Vec<u8>),
     /// Writes these bytes in one write, then takes the server's side of a TLS handshake and
     /// goes on over TLS: the answer to STARTTLS. Needs a server made by
     /// [`RawSmtp::start_with_tls`].
@@ -320,6 +323,12 @@ async fn talk<S: AsyncRead + AsyncWrite + Unpin>(
                 writer.write_all(&bytes).await?;
                 writer.shutdown().await?;
                 return Ok(Next::Close);
+            }
+            Answer::SayThenLater(first, delay, second) => {
+                writer.write_all(&first).await?;
+                writer.flush().await?;
+                tokio::time::sleep(delay).await;
+                writer.write_all(&second).await?;
             }
             Answer::Silence => {}
             Answer::HangUp => return Ok(Next::Close),

@@ -28,7 +28,7 @@ use crate::{Category, SendError};
 /// | HTTP 401 and 403, signature and credential codes (`SignatureDoesNotMatch`, `AccessDenied`, `UnrecognizedClientException`, `ExpiredToken`, ...) | Authentication |
 /// | `AccountSuspendedException`, `SendingPausedException`, `NotFoundException` (a configuration set or template that does not exist), other HTTP 4xx (a wrong endpoint) | Configuration |
 /// | `BadRequestException`, `ValidationException`, other HTTP 400, HTTP 413 | InvalidMessage |
-/// | operation or attempt timeout, a read timeout (**maybe delivered**); a connect timeout | Timeout |
+/// | operation or attempt timeout, a read timeout (**maybe delivered**); a connect timeout; HTTP 408 (the server stopped waiting for the request) | Timeout |
 /// | a connection dropped after the request went out, a 2xx whose body was cut off (**maybe delivered**); connection refused, DNS, TLS | Network |
 /// | a request that could not be built or dispatched (no region, no credentials) | Configuration |
 ///
@@ -187,6 +187,8 @@ fn category_of(code: Option<&str>, status: Option<u16>, message: &str) -> Catego
     }
     match status {
         Some(429) => Category::RateLimited,
+        // Request Timeout: the server stopped waiting for the request, so it did not take it.
+        Some(408) => Category::Timeout,
         Some(503) => Category::ServiceUnavailable,
         Some(401 | 403) => Category::Authentication,
         Some(400 | 413) => Category::InvalidMessage,
@@ -441,6 +443,17 @@ mod tests {
         );
         assert_eq!(sorted(400, None, "").category(), Category::InvalidMessage);
         assert_eq!(sorted(413, None, "").category(), Category::InvalidMessage);
+    }
+
+    #[test]
+    fn an_http_408_is_a_timeout_that_was_not_delivered() {
+        // 408 Request Timeout: the server gave up waiting for the request, so it has not
+        // taken the message, and trying again may pass.
+        let error = sorted(408, None, "");
+        assert_eq!(error.category(), Category::Timeout);
+        assert_eq!(error.code(), "ses.408");
+        assert!(error.is_retryable());
+        assert!(!error.is_maybe_delivered());
     }
 
     #[test]

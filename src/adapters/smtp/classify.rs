@@ -6,7 +6,9 @@ use lettre::transport::smtp::response::Response;
 
 use super::reply::{Reply, ReplyError};
 use crate::receipt::SourceText;
-use crate::{Category, Receipt, SendError};
+use lettre::Address;
+
+use crate::{AcceptedTransaction, Category, Receipt, SendError};
 
 /// Sorts a lettre SMTP error into a [`Category`], with the code `smtp.<reply code>` for a
 /// server's reply, else `smtp.timeout`, `smtp.network`, `smtp.tls`, `smtp.client` or
@@ -15,7 +17,7 @@ use crate::{Category, Receipt, SendError};
 /// | what happened | category |
 /// |---|---|
 /// | timeout | Timeout |
-/// | 4xx with an RFC 3463 `4.7.x` code that speaks of a rate (`450 4.7.28 rate limited`), or Gmail's `4.7.28`; a `421` too | RateLimited |
+/// | 4xx with an RFC 3463 `4.7.x` code whose text says what is limited (a rate, too many connections or messages, throttling: `450 4.7.28 rate limited`, Postfix's `421 4.7.0 Error: too many connections from ...`), or Gmail's `4.7.28`; a `421` too, but not for "too many" alone (`421 4.7.0 Error: too many errors`) | RateLimited |
 /// | other 421 | ServiceUnavailable |
 /// | other 4xx | ServerError |
 /// | 530, 534, 535 | Authentication |
@@ -97,8 +99,10 @@ fn reply_category(reply: u16, text: &str) -> Category {
     }
 }
 
-/// Whether a 4xx reply asks the client to slow down: an RFC 3463 `4.7.x` status with words of
-/// rate in the text, or Gmail's `4.7.28` (unusual rate of mail).
+/// Whether a 4xx reply asks the client to slow down: an RFC 3463 `4.7.x` status whose text
+/// says what is limited (a rate, too many connections or messages, throttling), or Gmail's
+/// `4.7.28` (unusual rate of mail). "Too many" alone says nothing of a rate: Postfix's
+/// `421 4.7.0 Error: too many errors` counts the session's own errors.
 fn is_rate_limit(text: &str) -> bool {
     let Some(detail) = enhanced_status(text)
         .and_then(|(class, subject, detail)| (class == 4 && subject == 7).then_some(detail))
@@ -106,10 +110,30 @@ fn is_rate_limit(text: &str) -> bool {
         return false;
     };
     let lower = text.to_ascii_lowercase();
+    let words: Vec<&str> = lower
+        .split(|c: char| !c.is_ascii_alphanumeric())
+        .filter(|word| !word.is_empty())
+        .collect();
+    let has = |word: &str| words.contains(&word);
+    let too_many = |what: &[&str]| {
+        words
+            .windows(3)
+            .any(|three| three[0] == "too" && three[1] == "many" && what.contains(&three[2]))
+    };
     detail == 28
-        || ["rate", "limit", "too many", "throttl", "slow down"]
-            .iter()
-            .any(|word| lower.contains(word))
+        || has("rate")
+        || has("limit")
+        || has("limited")
+        || words.iter().any(|word| word.starts_with("throttl"))
+        || lower.contains("slow down")
+        || too_many(&[
+            "connections",
+            "messages",
+            "sessions",
+            "concurrent",
+            "requests",
+            "mails",
+        ])
 }
 
 /// The first RFC 3463 enhanced status code (`class.subject.detail`) in `text`.
@@ -188,14 +212,13 @@ pub(super) fn unreadable(error: &ReplyError) -> SendError {
     SendError::new(Category::Network, code, error.to_string())
 }
 
-/// The receipt for a message the server accepted with `reply`: its text, and the queue id
-/// when the reply names one.
-pub(super) fn receipt_for_reply(transport: &str, reply: &Reply) -> Receipt {
+/// The transaction the server accepted with `reply`, for `recipients`: the reply's text, and
+/// the queue id when the reply names one.
+pub(super) fn accepted_transaction(reply: &Reply, recipients: Vec<Address>) -> AcceptedTransaction {
     let text = reply.text();
-    let receipt = Receipt::new(transport);
     match queue_id(&text) {
-        Some(id) => receipt.with_message_id(id).with_response(text),
-        None => receipt.with_response(text),
+        Some(id) => AcceptedTransaction::new(text, recipients).with_message_id(id),
+        None => AcceptedTransaction::new(text, recipients),
     }
 }
 
@@ -207,6 +230,17 @@ pub(super) fn is_too_many_recipients(reply: &Reply) -> bool {
     matches!(reply.code(), 452 | 552)
         && (matches!(enhanced_status(&text), Some((4 | 5, 5, 3)))
             || text.to_ascii_lowercase().contains("too many recipients"))
+}
+
+/// The refusal of a recipient as too many for this transaction, in the server's own words:
+/// `ServerError`, since RFC 5321 §4.5.3.1.10 asks a client to treat even a `552` saying so
+/// as temporary (the recipient goes in a further transaction, or a later try).
+pub(super) fn too_many_recipients(reply: &Reply) -> SendError {
+    SendError::new(
+        Category::ServerError,
+        format!("smtp.{}", reply.code()),
+        reply.text(),
+    )
 }
 
 fn error_source(error: &SmtpError) -> Option<SourceText> {
@@ -445,13 +479,18 @@ mod tests {
     }
 
     #[test]
-    fn a_receipt_carries_the_reply_and_its_queue_id() {
-        let receipt = receipt_for_reply("smtp", &reply(b"250 2.0.0 Ok: queued as 4F2A1\r\n"));
-        assert_eq!(receipt.message_id(), Some("4F2A1"));
-        assert_eq!(receipt.response(), Some("250 2.0.0 Ok: queued as 4F2A1"));
-        let plain = receipt_for_reply("smtp", &reply(b"250\r\n"));
+    fn an_accepted_transaction_carries_the_reply_and_its_queue_id() {
+        let to: Address = "bob@example.org".parse().expect("an address");
+        let transaction = accepted_transaction(
+            &reply(b"250 2.0.0 Ok: queued as 4F2A1\r\n"),
+            vec![to.clone()],
+        );
+        assert_eq!(transaction.message_id(), Some("4F2A1"));
+        assert_eq!(transaction.response(), "250 2.0.0 Ok: queued as 4F2A1");
+        assert_eq!(transaction.recipients(), [to]);
+        let plain = accepted_transaction(&reply(b"250\r\n"), Vec::new());
         assert_eq!(plain.message_id(), None);
-        assert_eq!(plain.response(), Some("250"));
+        assert_eq!(plain.response(), "250");
     }
 
     #[test]

@@ -5,13 +5,43 @@
 //! bare LF becomes CRLF, so no line can end where a receiver and this client disagree (SMTP
 //! smuggling); for DATA a line that starts with `.` gets a second one, and the data ends with
 //! exactly one `CRLF.CRLF`. For BDAT (RFC 3030) the length says where the data ends, so only
-//! the line endings change. Addresses and the EHLO name come from lettre's checked types and
-//! the builder's check, so no command can carry a line break.
+//! the line endings change. The EHLO name comes from the builder's check; an address is
+//! checked here ([`check_envelope`]) before any command is written, since lettre's
+//! `Address::new_dangerous` (or a caller's own unchecked source) may hold a line break, which
+//! would turn a caller's input into a command of its own.
 
 use std::fmt::Write as _;
 
 use lettre::Address;
 use lettre::transport::smtp::extension::ClientId;
+
+use crate::{Category, Envelope, SendError};
+
+/// Refuses an envelope whose sender or a recipient holds a control character (CR, LF, NUL
+/// and the like): written into `MAIL FROM` or `RCPT TO`, a line break would end the command
+/// early and make the rest a command of its own. `InvalidMessage`, `smtp.invalid_address`.
+pub(super) fn check_envelope(envelope: &Envelope) -> Result<(), SendError> {
+    let unsafe_address = |address: &Address| {
+        AsRef::<str>::as_ref(address)
+            .chars()
+            .any(|c| c.is_ascii_control())
+    };
+    if envelope.from().is_some_and(unsafe_address) {
+        return Err(SendError::fixed(
+            Category::InvalidMessage,
+            "smtp.invalid_address",
+            "the sender's address holds a line break or another control character,              which no SMTP command may carry",
+        ));
+    }
+    if envelope.to().iter().any(unsafe_address) {
+        return Err(SendError::fixed(
+            Category::InvalidMessage,
+            "smtp.invalid_address",
+            "a recipient's address holds a line break or another control character,              which no SMTP command may carry",
+        ));
+    }
+    Ok(())
+}
 
 /// What MAIL FROM declares beside the sender.
 #[derive(Debug, Clone, Copy, Default, PartialEq, Eq)]
@@ -20,7 +50,7 @@ pub(super) struct MailParameters {
     pub(super) size: Option<usize>,
     /// `BODY=8BITMIME`: the message is not ASCII.
     pub(super) eight_bit: bool,
-    /// `SMTPUTF8`: an address is not ASCII.
+    /// `SMTPUTF8`: an address, or the message's header, is not ASCII.
     pub(super) utf8: bool,
 }
 
@@ -140,6 +170,46 @@ impl Commands {
     }
 }
 
+/// The longest line SMTP carries, without its CRLF (RFC 5321 §4.5.3.1.6).
+pub(super) const MAX_LINE: usize = 998;
+
+/// What the client checks of a message before it sends it, read in one pass.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct Shape {
+    /// Its octets on the wire: [`wire_length`].
+    pub(super) wire_length: usize,
+    /// The first line over [`MAX_LINE`] octets: its number (from 1) and length.
+    pub(super) too_long: Option<(usize, usize)>,
+    /// Whether its header (up to the first empty line) holds octets that are not ASCII:
+    /// raw UTF-8 in a `Subject` or a display name, which needs SMTPUTF8 (RFC 6531 §3.4).
+    pub(super) utf8_header: bool,
+}
+
+/// The [`Shape`] of `message`.
+pub(super) fn shape(message: &[u8]) -> Shape {
+    let mut shape = Shape {
+        wire_length: 0,
+        too_long: None,
+        utf8_header: false,
+    };
+    let mut in_header = true;
+    let mut number = 0usize;
+    for_each_line(message, |line| {
+        number = number.saturating_add(1);
+        shape.wire_length += line.len() + 2;
+        if line.len() > MAX_LINE && shape.too_long.is_none() {
+            shape.too_long = Some((number, line.len()));
+        }
+        if line.is_empty() {
+            in_header = false;
+        }
+        if in_header && !line.is_ascii() {
+            shape.utf8_header = true;
+        }
+    });
+    shape
+}
+
 /// The octets of `message` on the wire without dot-stuffing: every line ending CRLF, the last
 /// line ended. SIZE declares this, and BDAT sends exactly this many.
 pub(super) fn wire_length(message: &[u8]) -> usize {
@@ -218,6 +288,23 @@ mod tests {
     #[test]
     fn bdat_does_not_stuff_dots() {
         assert_eq!(bdat(b".\r\n"), b"BDAT 3 LAST\r\n.\r\n");
+    }
+
+    #[test]
+    fn shape_finds_the_first_line_over_998_octets_and_counts_as_wire_length_does() {
+        let message = format!("a\r\n{}\n{}\r\n", "x".repeat(998), "y".repeat(1200));
+        let found = shape(message.as_bytes());
+        assert_eq!(found.too_long, Some((3, 1200)));
+        assert_eq!(found.wire_length, wire_length(message.as_bytes()));
+        assert_eq!(shape(b"a\r\nb").too_long, None);
+    }
+
+    #[test]
+    fn only_non_ascii_before_the_first_empty_line_is_a_utf8_header() {
+        assert!(shape("Subject: Grüße\r\n\r\nhi".as_bytes()).utf8_header);
+        assert!(!shape("Subject: x\r\n\r\nGrüße".as_bytes()).utf8_header);
+        assert!(!shape("Subject: x\n\nGrüße".as_bytes()).utf8_header);
+        assert!(shape("Subject: x\r\nFrom: Jöran <a@b.c>".as_bytes()).utf8_header);
     }
 
     #[test]

@@ -14,6 +14,8 @@
 
 use std::fmt;
 use std::net::SocketAddr;
+use std::pin::Pin;
+use std::task::{Context, Poll, Waker};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -21,7 +23,7 @@ use base64::engine::general_purpose::STANDARD as BASE64;
 use lettre::transport::smtp::authentication::{Credentials, Mechanism};
 use lettre::transport::smtp::client::{AsyncTokioStream, Tls, TlsParameters};
 use lettre::transport::smtp::extension::ClientId;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncRead, AsyncWriteExt, ReadBuf};
 
 use super::capabilities::Capabilities;
 use super::classify::{Stage, refusal, unreadable};
@@ -90,6 +92,23 @@ impl Wire {
             .read(&mut self.stream)
             .await
             .map_err(|error| unreadable(&error))
+    }
+
+    /// Whether octets the client has not read as a reply are waiting: read ahead already, or
+    /// in the socket now (looked at without waiting), or the server closed its side. A
+    /// connection in this state would answer the next command with an old reply.
+    fn has_unread(&mut self) -> bool {
+        if !self.replies.is_empty() {
+            return true;
+        }
+        let mut octets = [0u8; 64];
+        let mut buffer = ReadBuf::new(&mut octets);
+        let mut context = Context::from_waker(Waker::noop());
+        match Pin::new(&mut self.stream).poll_read(&mut context, &mut buffer) {
+            Poll::Pending => false,
+            // Octets, the end of the stream, or an error: none leaves a usable session.
+            Poll::Ready(_) => true,
+        }
     }
 
     /// Writes `commands` and reads one reply.
@@ -255,6 +274,13 @@ impl Connection {
     /// Reads the next reply.
     pub(super) async fn read(&mut self) -> Result<Reply, SendError> {
         self.wire.read().await
+    }
+
+    /// Whether the connection holds octets no command has read as its reply (a reply the
+    /// server sent unasked, or twice), or the server closed it: such a connection is closed,
+    /// never used again, so that no reply is read as another command's.
+    pub(super) fn has_unread(&mut self) -> bool {
+        self.wire.has_unread()
     }
 
     /// Says NOOP and checks the `250`: whether an idle connection still works.

@@ -224,11 +224,9 @@ impl SmtpTransport {
         let attempt = self.transaction_on_pool(pool, envelope, raw, &progress);
         match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
-            // The cut-off transaction's connection was dropped with it, and so closed.
-            Err(_elapsed) if progress.final_data_written() => {
-                Err(self.timed_out().maybe_delivered())
-            }
-            Err(_elapsed) => Err(self.timed_out()),
+            // The cut-off transaction's connection was dropped with it, and so closed; what
+            // its earlier transactions delivered is kept.
+            Err(_elapsed) => progress.cut_off(&self.name, self.timed_out()),
         }
     }
 
@@ -291,6 +289,9 @@ impl SmtpTransport {
     /// Sends one formatted message within the timeout: `send_raw`, as a future of its own.
     async fn deliver(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let deadline = later(Instant::now(), self.timeout);
+        if let Err(error) = command::check_envelope(envelope) {
+            return Err(error.with_transport(&self.name));
+        }
         let result = match &self.sender {
             Sender::Own(pool) => self.send_on_pool(pool, envelope, raw, deadline).await,
             Sender::Lettre(transport) => {

@@ -9,8 +9,13 @@
 //! - An idle connection older than `idle_timeout` is closed when a send next meets it (there
 //!   is no timer task), and one that carried `max_messages_per_connection` transactions is
 //!   closed instead of handed back.
-//! - No NOOP on checkout: a connection the server closed while idle fails at RSET or MAIL,
-//!   before anything of the message was sent, and the send then opens a fresh one.
+//! - A connection holding octets no command read as its reply (a reply the server sent twice
+//!   or unasked, read ahead or arrived while idle), or that the server closed, is closed when
+//!   it comes back and when a send next takes it: its state is not known, and its next
+//!   command would read an old reply as its own.
+//! - No NOOP on checkout: a connection the server closed while idle that the look above did
+//!   not catch fails at RSET or MAIL, before anything of the message was sent, and the send
+//!   then opens a fresh one.
 
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
@@ -82,7 +87,11 @@ impl ConnectionPool {
     /// with a turn held.
     pub(super) fn take_idle(&self) -> Option<Connection> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
-        while let Some(candidate) = idle.pop() {
+        while let Some(mut candidate) = idle.pop() {
+            if candidate.connection.has_unread() {
+                // Dropped: closed without a word, its state not known.
+                continue;
+            }
             if candidate.since.elapsed() < self.limits.idle_timeout {
                 return Some(candidate.connection);
             }
@@ -98,7 +107,11 @@ impl ConnectionPool {
 
     /// Takes back a connection whose transaction the server answered whole, unless it has
     /// carried its share of messages.
-    pub(super) fn give_back(&self, connection: Connection) {
+    pub(super) fn give_back(&self, mut connection: Connection) {
+        if connection.has_unread() {
+            // A reply no command asked for: closed, never used again.
+            return;
+        }
         if connection.transactions >= self.limits.max_messages_per_connection {
             connection.retire();
             return;

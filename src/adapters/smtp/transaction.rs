@@ -12,21 +12,27 @@
 //! - **Maybe delivered.** Once the final data (the dot, or BDAT LAST) is written, a lost
 //!   connection, a timeout or a reply out of turn may hide a delivery: the error says so. A
 //!   4xx or 5xx answer to it is a refusal, never maybe-delivered.
-//! - **SIZE.** A message over the server's SIZE is `InvalidMessage` before any command.
+//! - **What the server can take.** A message over the server's SIZE, with a line over 998
+//!   octets, or that needs SMTPUTF8 (an address, or raw UTF-8 in its header) where the
+//!   server does not offer it, is `InvalidMessage` before any command. SMTPUTF8 is declared
+//!   whenever the envelope or the header needs it.
 //!
 //! What the transaction ends with tells the pool what to do with the connection
 //! ([`Ending`]).
 
 use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Mutex, MutexGuard, PoisonError};
 
 use lettre::Address;
 
 use super::capabilities::Capabilities;
-use super::classify::{Stage, is_too_many_recipients, receipt_for_reply, refusal};
-use super::command::{Commands, MailParameters, wire_length};
+use super::classify::{
+    Stage, accepted_transaction, is_too_many_recipients, refusal, too_many_recipients,
+};
+use super::command::{self, Commands, MailParameters};
 use super::connection::Connection;
 use super::reply::Reply;
-use crate::{Category, Envelope, SendError};
+use crate::{AcceptedTransaction, Category, Envelope, Receipt, SendError};
 
 /// How a transaction ended, for the connection's sake.
 #[derive(Debug)]
@@ -34,7 +40,7 @@ pub(super) enum Ending {
     /// The answer for the caller; `reusable` says whether the connection may carry another
     /// transaction (the server answered every command in turn and keeps the session open).
     Answered {
-        result: Result<crate::Receipt, SendError>,
+        result: Result<Receipt, SendError>,
         reusable: bool,
     },
     /// A connection taken from the pool failed before the server took any command of this
@@ -52,30 +58,168 @@ impl Ending {
     }
 }
 
-/// What one send's timeout needs to know: whether the final data of its message was written
-/// before the time ran out. Set by the engine, read after the send's future is dropped.
+/// What one send has done so far, kept outside its future so that a send cut off by its
+/// timeout still answers with each transaction's truth: the transactions delivered, the
+/// recipients refused, and those whose transaction was under way.
 #[derive(Debug, Default)]
-pub(super) struct Progress(AtomicBool);
+pub(super) struct Progress {
+    ledger: Mutex<Ledger>,
+}
+
+/// Where each recipient of a send stands.
+#[derive(Debug, Default)]
+struct Ledger {
+    /// The transactions the server accepted, in order.
+    delivered: Vec<AcceptedTransaction>,
+    /// Recipients refused at RCPT (for now or for good), or whose transaction was refused
+    /// or broke before its data went out, each with why.
+    refused: Vec<(Address, SendError)>,
+    /// Recipients of a transaction whose data went out and whose answer never came.
+    maybe_delivered: Vec<(Address, SendError)>,
+    /// The recipients of the transaction under way, in the order of their RCPTs.
+    round: Vec<Address>,
+    /// How many of `round` the server has answered.
+    answered: usize,
+    /// Those of `round` the server accepted.
+    accepted: Vec<Address>,
+    /// Recipients for a further transaction (too many for this one), each with the refusal
+    /// that said so, which they keep if the send ends before their turn.
+    later: Vec<(Address, SendError)>,
+    /// Whether the final data (the dot, or BDAT LAST) of the transaction under way went out.
+    final_data_written: bool,
+}
 
 impl Progress {
-    /// Whether the final data (the dot, or BDAT LAST) of this send's message was written.
-    pub(super) fn final_data_written(&self) -> bool {
-        self.0.load(Ordering::Relaxed)
+    fn ledger(&self) -> MutexGuard<'_, Ledger> {
+        self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    fn note_final_data_written(&self) {
-        self.0.store(true, Ordering::Relaxed);
+    /// The send begins (again, on a fresh connection) for `recipients`.
+    fn begin(&self, recipients: &[Address]) {
+        *self.ledger() = Ledger {
+            round: recipients.to_vec(),
+            ..Ledger::default()
+        };
     }
 
     /// Forgets a write on a pooled connection that turned out closed: nothing was taken.
     fn forget(&self) {
-        self.0.store(false, Ordering::Relaxed);
+        *self.ledger() = Ledger::default();
+    }
+
+    fn note_final_data_written(&self) {
+        self.ledger().final_data_written = true;
+    }
+
+    /// The server accepted the next recipient of the transaction under way.
+    fn accepted(&self, to: &Address) {
+        let mut ledger = self.ledger();
+        ledger.answered = ledger.answered.saturating_add(1);
+        ledger.accepted.push(to.clone());
+    }
+
+    /// The server refused the next recipient (for now or for good).
+    fn refused(&self, to: &Address, why: SendError) {
+        let mut ledger = self.ledger();
+        ledger.answered = ledger.answered.saturating_add(1);
+        ledger.refused.push((to.clone(), why));
+    }
+
+    /// The server refused the next recipient as too many for this transaction.
+    fn too_many(&self, to: &Address, why: SendError) {
+        let mut ledger = self.ledger();
+        ledger.answered = ledger.answered.saturating_add(1);
+        ledger.later.push((to.clone(), why));
+    }
+
+    /// The transaction under way was delivered with `reply`; the recipients for the next
+    /// one, if any are left.
+    fn delivered(&self, reply: &Reply) -> Option<Vec<Address>> {
+        let mut ledger = self.ledger();
+        let recipients = std::mem::take(&mut ledger.accepted);
+        ledger
+            .delivered
+            .push(accepted_transaction(reply, recipients));
+        let next: Vec<Address> = ledger.later.drain(..).map(|(to, _)| to).collect();
+        ledger.round.clone_from(&next);
+        ledger.answered = 0;
+        ledger.final_data_written = false;
+        (!next.is_empty()).then_some(next)
+    }
+
+    /// The transaction under way ended without a delivery (`why`): its recipients the server
+    /// did not refuse are maybe delivered where `why` says so, else refused with it.
+    fn undelivered(&self, why: &SendError) {
+        let mut ledger = self.ledger();
+        let ledger = &mut *ledger;
+        let unanswered = ledger.round.get(ledger.answered..).unwrap_or_default();
+        let in_flight = ledger.accepted.drain(..).chain(unanswered.iter().cloned());
+        if why.is_maybe_delivered() {
+            ledger
+                .maybe_delivered
+                .extend(in_flight.map(|to| (to, why.clone())));
+        } else {
+            ledger.refused.extend(in_flight.map(|to| (to, why.clone())));
+        }
+        ledger.round.clear();
+        ledger.answered = 0;
+    }
+
+    /// Whether a transaction of this send was delivered.
+    fn any_delivered(&self) -> bool {
+        !self.ledger().delivered.is_empty()
+    }
+
+    /// The answer of a send cut off by its timeout (`timed_out`): a receipt if a transaction
+    /// was delivered, the transaction under way maybe delivered once its final data went out.
+    pub(super) fn cut_off(
+        &self,
+        transport: &str,
+        timed_out: SendError,
+    ) -> Result<Receipt, SendError> {
+        let timed_out = if self.ledger().final_data_written {
+            timed_out.maybe_delivered()
+        } else {
+            timed_out
+        };
+        self.undelivered(&timed_out);
+        if !self.any_delivered() {
+            return Err(timed_out);
+        }
+        self.answer(transport)
+    }
+
+    /// The answer from what the send did: a receipt if a transaction was delivered, else the
+    /// refusal that decides what the caller does.
+    fn answer(&self, transport: &str) -> Result<Receipt, SendError> {
+        let mut ledger = self.ledger();
+        let later = std::mem::take(&mut ledger.later);
+        ledger.refused.extend(later);
+        if ledger.delivered.is_empty() {
+            return Err(every_recipient_refused(std::mem::take(&mut ledger.refused)));
+        }
+        let mut receipt = Receipt::new(transport);
+        for transaction in ledger.delivered.drain(..) {
+            receipt = receipt.with_transaction(transaction);
+        }
+        for (to, why) in ledger.refused.drain(..) {
+            receipt = if why.is_retryable() {
+                receipt.with_deferred_recipient(to, why)
+            } else {
+                receipt.with_rejected_recipient(to, why)
+            };
+        }
+        for (to, why) in ledger.maybe_delivered.drain(..) {
+            receipt = receipt.with_maybe_delivered_recipient(to, why);
+        }
+        Ok(receipt)
     }
 }
 
 /// Sends `raw` to the recipients of `envelope` on `connection`. `reused` says it came from
 /// the pool (and so may have been closed by the server while idle); `transport` names the
-/// receipt.
+/// receipt. Recipients refused as too many for one transaction go in the next, on the same
+/// connection, once this one is delivered.
 pub(super) async fn send(
     connection: &mut Connection,
     reused: bool,
@@ -94,8 +238,7 @@ pub(super) async fn send(
             };
         }
     };
-    let mut delivered: Option<Reply> = None;
-    let mut refused: Vec<(Address, SendError)> = Vec::new();
+    progress.begin(envelope.to());
     let mut pending: Vec<Address> = envelope.to().to_vec();
     let mut may_be_stale = reused;
     let mut reusable = true;
@@ -112,68 +255,40 @@ pub(super) async fn send(
         let round = transaction.run(connection, may_be_stale).await;
         may_be_stale = false;
         reusable &= !round.closed;
-        refused.extend(round.refused);
         match round.end {
-            End::Delivered(reply) => {
-                delivered.get_or_insert(reply);
-                if round.overflow.is_empty() {
-                    break;
-                }
-                pending = round.overflow;
-            }
-            End::NoRecipients(why) => {
-                // Too many even for the first of them: nothing more will go in this session.
-                refused.extend(round.overflow.into_iter().map(|to| (to, why.clone())));
-                break;
-            }
-            End::Refused(error) if delivered.is_some() => {
-                refused.extend(round.accepted.into_iter().map(|to| (to, error.clone())));
-                refused.extend(round.overflow.into_iter().map(|to| (to, error.clone())));
-                break;
-            }
+            End::Delivered(reply) => match progress.delivered(&reply) {
+                Some(next) => pending = next,
+                None => break,
+            },
+            // Too many even for the first of them: nothing more will go in this session.
+            End::NoRecipients => break,
             End::Refused(error) => {
-                return Ending::Answered {
-                    result: Err(error),
-                    reusable,
-                };
+                if !progress.any_delivered() {
+                    return Ending::Answered {
+                        result: Err(error),
+                        reusable,
+                    };
+                }
+                progress.undelivered(&error);
+                break;
             }
-            End::Broken(error) if delivered.is_some() => {
-                refused.extend(round.accepted.into_iter().map(|to| (to, error.clone())));
-                refused.extend(round.overflow.into_iter().map(|to| (to, error.clone())));
+            End::Broken(error) => {
+                if !progress.any_delivered() {
+                    return Ending::closing(error);
+                }
+                progress.undelivered(&error);
                 return Ending::Answered {
-                    result: Ok(receipt(transport, delivered.as_ref(), refused)),
+                    result: progress.answer(transport),
                     reusable: false,
                 };
             }
-            End::Broken(error) => return Ending::closing(error),
             End::NotBegun(error) => return Ending::NotBegun(error),
         }
     }
-    let result = match delivered {
-        Some(_) => Ok(receipt(transport, delivered.as_ref(), refused)),
-        None => Err(every_recipient_refused(refused)),
-    };
-    Ending::Answered { result, reusable }
-}
-
-/// The receipt for a delivery answered by `reply`, with each refused recipient listed as
-/// rejected (for good) or deferred (for now).
-fn receipt(
-    transport: &str,
-    reply: Option<&Reply>,
-    refused: Vec<(Address, SendError)>,
-) -> crate::Receipt {
-    let receipt = match reply {
-        Some(reply) => receipt_for_reply(transport, reply),
-        None => crate::Receipt::new(transport),
-    };
-    refused.into_iter().fold(receipt, |receipt, (to, why)| {
-        if why.is_retryable() {
-            receipt.with_deferred_recipient(to, why)
-        } else {
-            receipt.with_rejected_recipient(to, why)
-        }
-    })
+    Ending::Answered {
+        result: progress.answer(transport),
+        reusable,
+    }
 }
 
 /// One MAIL transaction's inputs.
@@ -189,12 +304,8 @@ struct Transaction<'a> {
     session_closed: AtomicBool,
 }
 
-/// What one MAIL transaction did with its recipients, and how it ended.
+/// How one MAIL transaction ended; what it did with each recipient is in the [`Progress`].
 struct Round {
-    accepted: Vec<Address>,
-    refused: Vec<(Address, SendError)>,
-    /// Refused as too many for this transaction: for the next one.
-    overflow: Vec<Address>,
     end: End,
     /// The connection cannot carry another transaction, whatever `end` says.
     closed: bool,
@@ -204,8 +315,8 @@ struct Round {
 enum End {
     /// The final data was accepted with this reply.
     Delivered(Reply),
-    /// No recipient was accepted (each is in `refused` or `overflow`); why, for the overflow.
-    NoRecipients(SendError),
+    /// No recipient was accepted: each was refused, or too many for this transaction.
+    NoRecipients,
     /// The server refused MAIL, DATA or the message; the session goes on (RSET first).
     Refused(SendError),
     /// The connection cannot be used again.
@@ -216,17 +327,10 @@ enum End {
 
 impl Transaction<'_> {
     async fn run(&self, connection: &mut Connection, may_be_stale: bool) -> Round {
-        let mut round = Round {
-            accepted: Vec::new(),
-            refused: Vec::new(),
-            overflow: Vec::new(),
-            end: End::NoRecipients(too_many_recipients()),
-            closed: false,
-        };
-        round.end = match self.exchange(connection, may_be_stale, &mut round).await {
+        let end = match self.exchange(connection, may_be_stale).await {
             Ok(end) | Err(end) => end,
         };
-        round.end = match round.end {
+        let end = match end {
             // Once the final data went out, a lost connection or a reply out of turn (a
             // Network error, unlike a `421` that refuses) may hide a delivery.
             End::Broken(error)
@@ -241,18 +345,15 @@ impl Transaction<'_> {
             }
             end => end,
         };
-        connection.needs_reset = matches!(round.end, End::Refused(_) | End::NoRecipients(_));
-        round.closed = self.session_closed.load(Ordering::Relaxed);
-        round
+        connection.needs_reset = matches!(end, End::Refused(_) | End::NoRecipients);
+        Round {
+            end,
+            closed: self.session_closed.load(Ordering::Relaxed),
+        }
     }
 
     /// The commands and their replies; `Err` ends the exchange early.
-    async fn exchange(
-        &self,
-        connection: &mut Connection,
-        may_be_stale: bool,
-        round: &mut Round,
-    ) -> Result<End, End> {
+    async fn exchange(&self, connection: &mut Connection, may_be_stale: bool) -> Result<End, End> {
         let pipelining = connection.pipelining();
         let chunking = connection.chunking();
         let reset = connection.needs_reset;
@@ -310,6 +411,7 @@ impl Transaction<'_> {
             return Ok(End::Refused(refused.clone()));
         }
 
+        let mut accepted = false;
         for to in self.recipients {
             if !pipelining {
                 write(connection, Commands::new().rcpt(to))
@@ -324,25 +426,24 @@ impl Transaction<'_> {
             }
             let reply = reply.map_err(End::Broken)?;
             match reply.code() {
-                250 | 251 => round.accepted.push(to.clone()),
-                _ if is_too_many_recipients(&reply) => round.overflow.push(to.clone()),
+                250 | 251 => {
+                    accepted = true;
+                    self.progress.accepted(to);
+                }
+                _ if is_too_many_recipients(&reply) => {
+                    self.progress.too_many(to, too_many_recipients(&reply));
+                }
                 421 => return Err(End::Broken(refusal(Stage::Transaction, &reply))),
-                _ if matches!(reply.class(), 4 | 5) => round
-                    .refused
-                    .push((to.clone(), refusal(Stage::Transaction, &reply))),
+                _ if matches!(reply.class(), 4 | 5) => {
+                    self.progress
+                        .refused(to, refusal(Stage::Transaction, &reply));
+                }
                 _ => return Err(End::Broken(refusal(Stage::Transaction, &reply))),
             }
         }
         let nothing_to_deliver = match &mail_refused {
             Some(refused) => Some(End::Refused(refused.clone())),
-            None if round.accepted.is_empty() => {
-                let why = round
-                    .refused
-                    .last()
-                    .map(|(_, why)| why.clone())
-                    .unwrap_or_else(too_many_recipients);
-                Some(End::NoRecipients(why))
-            }
+            None if !accepted => Some(End::NoRecipients),
             None => None,
         };
 
@@ -524,19 +625,32 @@ async fn read(connection: &mut Connection) -> Result<Reply, SendError> {
     connection.read().await
 }
 
-fn too_many_recipients() -> SendError {
-    SendError::fixed(
-        Category::ServerError,
-        "smtp.452",
-        "the server took none of the recipients in this session: too many recipients",
-    )
-}
-
-/// The answer when the server refused every recipient: a refusal that may pass if any does
-/// (a retry may then deliver to that recipient), else the first.
-fn every_recipient_refused(rejected: Vec<(Address, SendError)>) -> SendError {
-    let mut refusals = rejected.into_iter().map(|(_, why)| why);
-    let Some(first) = refusals.next() else {
+/// The answer when the server refused every recipient: the refusal that decides what the
+/// caller does, the first of the most telling kind. A refusal about the server (a rate limit,
+/// a server going down, credentials) comes before a recipient's deferral (a 4xx about its
+/// mailbox: a retry may deliver to it), which comes before a refusal for good. The other
+/// kinds of refusal are kept as the answer's [`causes`](SendError::causes), one of each code.
+fn every_recipient_refused(refused: Vec<(Address, SendError)>) -> SendError {
+    /// How much a refusal decides: lower decides more.
+    fn weight(why: &SendError) -> u8 {
+        match why.category() {
+            Category::ServerError => 1,
+            Category::Rejected | Category::InvalidMessage => 2,
+            _ => 0,
+        }
+    }
+    let mut refusals: Vec<SendError> = Vec::new();
+    for (_, why) in refused {
+        if !refusals.iter().any(|kept| kept.code() == why.code()) {
+            refusals.push(why);
+        }
+    }
+    let Some(decisive) = refusals
+        .iter()
+        .enumerate()
+        .min_by_key(|(index, why)| (weight(why), *index))
+        .map(|(index, _)| index)
+    else {
         // An envelope always has a recipient; this is for the type's sake.
         return SendError::fixed(
             Category::InvalidMessage,
@@ -544,22 +658,28 @@ fn every_recipient_refused(rejected: Vec<(Address, SendError)>) -> SendError {
             "the message has no recipients",
         );
     };
-    if first.is_retryable() {
-        return first;
+    let answer = refusals.remove(decisive);
+    if refusals.is_empty() {
+        answer
+    } else {
+        answer.with_causes(refusals)
     }
-    refusals.find(SendError::is_retryable).unwrap_or(first)
 }
 
-/// MAIL's parameters: SIZE where the server offers it, SMTPUTF8 for non-ASCII addresses and
-/// 8BITMIME for a non-ASCII body; an `InvalidMessage` (`smtp.size`) for a message over the
-/// server's SIZE, or a `Configuration` error (`smtp.client`) if the server offers neither
-/// extension where needed.
+/// MAIL's parameters: SIZE where the server offers it, SMTPUTF8 where an address or the
+/// message's header is not ASCII (RFC 6531 §3.4), 8BITMIME for a message that is not ASCII.
+/// A message the server cannot take as it is, is refused before any command: over the
+/// server's SIZE (`smtp.size`), a line over 998 octets (`smtp.line_too_long`), or in need of
+/// SMTPUTF8 where the server does not offer it (`smtp.smtputf8_unavailable`), each
+/// `InvalidMessage`; a body that is not ASCII where the server offers no 8BITMIME is a
+/// `Configuration` error (`smtp.client`).
 fn mail_parameters(
     offered: &Capabilities,
     envelope: &Envelope,
     raw: &[u8],
 ) -> Result<MailParameters, SendError> {
-    let length = wire_length(raw);
+    let shape = command::shape(raw);
+    let length = shape.wire_length;
     if offered
         .size_limit()
         .is_some_and(|limit| u64::try_from(length).map_or(true, |length| length > limit))
@@ -573,13 +693,34 @@ fn mail_parameters(
             ),
         ));
     }
+    if let Some((line, octets)) = shape.too_long {
+        return Err(SendError::new(
+            Category::InvalidMessage,
+            "smtp.line_too_long",
+            format!(
+                "line {line} of the message is {octets} octets, and SMTP carries lines of at \
+                 most {} (RFC 5321 4.5.3.1.6): encode the body (quoted-printable or base64) \
+                 and fold long header fields",
+                command::MAX_LINE
+            ),
+        ));
+    }
     let non_ascii = |address: &Address| !AsRef::<str>::as_ref(address).is_ascii();
-    let utf8 = envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii);
+    let utf8_envelope =
+        envelope.from().is_some_and(non_ascii) || envelope.to().iter().any(non_ascii);
+    let utf8 = utf8_envelope || shape.utf8_header;
     if utf8 && !offered.smtputf8 {
         return Err(SendError::fixed(
-            Category::Configuration,
-            "smtp.client",
-            "the envelope has non-ASCII addresses and the server does not offer SMTPUTF8",
+            Category::InvalidMessage,
+            "smtp.smtputf8_unavailable",
+            if utf8_envelope {
+                "the envelope has addresses that are not ASCII, which need SMTPUTF8, and the \
+                 server does not offer SMTPUTF8"
+            } else {
+                "the message's header holds raw UTF-8 (a Subject or a display name, say), \
+                 which needs SMTPUTF8, and the server does not offer SMTPUTF8: encode the \
+                 header (RFC 2047) or send through a server that offers it"
+            },
         ));
     }
     let eight_bit = !raw.is_ascii();
@@ -664,14 +805,15 @@ mod tests {
 
     #[test]
     fn a_body_that_is_not_ascii_needs_8bitmime() {
-        let error = mail_parameters(&Capabilities::default(), &envelope(), "é".as_bytes())
+        let message = "Subject: x\r\n\r\né".as_bytes();
+        let error = mail_parameters(&Capabilities::default(), &envelope(), message)
             .expect_err("no 8BITMIME");
         assert_eq!(error.category(), Category::Configuration);
         let offered = Capabilities {
             eight_bit_mime: true,
             ..Capabilities::default()
         };
-        let parameters = mail_parameters(&offered, &envelope(), "é".as_bytes()).expect("fits");
+        let parameters = mail_parameters(&offered, &envelope(), message).expect("fits");
         assert!(parameters.eight_bit);
         assert!(!parameters.utf8);
     }
@@ -690,8 +832,8 @@ mod tests {
             let envelope = envelope.expect("an envelope");
             let error = mail_parameters(&Capabilities::default(), &envelope, b"x")
                 .expect_err("no SMTPUTF8");
-            assert_eq!(error.category(), Category::Configuration);
-            assert_eq!(error.code(), "smtp.client");
+            assert_eq!(error.category(), Category::InvalidMessage);
+            assert_eq!(error.code(), "smtp.smtputf8_unavailable");
             let parameters = mail_parameters(&offered, &envelope, b"x").expect("offered");
             assert!(parameters.utf8);
         }
