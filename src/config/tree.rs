@@ -307,7 +307,7 @@ impl<'de> Deserialize<'de> for MailerConfig {
 fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
     let mut fields = node.table()?;
     let url = fields.required("url")?;
-    let provider = provider::read(&url.word()?, url.path())?;
+    let provider = provider::read(&url.url()?, url.path())?;
     let name = fields.read("name", Node::word)?;
     let priority = fields.read("priority", |node| node.whole_u32(0))?;
     let breaker = fields.read("breaker", breaker)?.unwrap_or_default();
@@ -472,7 +472,7 @@ fn budget(node: &Node<'_>) -> Result<Option<Budget>, ConfigError> {
 fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
     let mut fields = node.table()?;
     let url = fields.required("url")?;
-    let text = url.word()?;
+    let text = url.url()?;
     let database = if let Some(path) = text.strip_prefix("sqlite://") {
         if !cfg!(feature = "outbox") {
             return Err(url.error(
@@ -516,8 +516,8 @@ fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
         ));
     }
     let mut fields = node.table()?;
-    let url = fields.read("url", Node::word)?;
-    let cluster = fields.read("cluster", Node::words)?;
+    let url = fields.read("url", Node::url)?;
+    let cluster = fields.read("cluster", Node::urls)?;
     let (urls, cluster) = match (url, cluster) {
         (Some(url), None) => (vec![Secret(url)], false),
         (None, Some(urls)) if !urls.is_empty() => (urls.into_iter().map(Secret).collect(), true),
@@ -552,4 +552,47 @@ fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
     };
     fields.finish()?;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The password an `smtp://` member's URL gives, decoded as the SMTP client decodes it.
+    fn smtp_password(config: &MailerConfig) -> String {
+        let Provider::Smtp { url } = &config.members[0].provider else {
+            panic!("an smtp:// member")
+        };
+        let url = url::Url::parse(&url.0).expect("a URL");
+        percent_encoding::percent_decode_str(url.password().expect("a password"))
+            .decode_utf8()
+            .expect("UTF-8")
+            .into_owned()
+    }
+
+    #[test]
+    fn a_secret_from_the_environment_is_never_percent_decoded() {
+        // SAFETY: no other test of this binary reads or writes this variable.
+        unsafe { std::env::set_var("MAIL_BREAKER_TREE_TEST_SECRET", "p%41ss+w&rd@x/y:z") };
+        let dsn = MailerConfig::from_dsn(
+            "smtp://user:${MAIL_BREAKER_TREE_TEST_SECRET}@relay.example.com?tls=required",
+        )
+        .unwrap();
+        assert_eq!(smtp_password(&dsn), "p%41ss+w&rd@x/y:z");
+        let toml = MailerConfig::from_toml(
+            r#"
+            [[member]]
+            url = "smtp://user:${MAIL_BREAKER_TREE_TEST_SECRET}@relay.example.com?tls=required"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(smtp_password(&toml), "p%41ss+w&rd@x/y:z");
+    }
+
+    #[test]
+    fn a_percent_encoded_password_written_in_the_url_is_decoded() {
+        let config =
+            MailerConfig::from_dsn("smtp://user:p%41ss@relay.example.com?tls=required").unwrap();
+        assert_eq!(smtp_password(&config), "pAss");
+    }
 }
