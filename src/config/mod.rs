@@ -66,6 +66,8 @@ mod mailer;
 mod provider;
 #[cfg(feature = "config")]
 mod read;
+#[cfg(all(feature = "config", feature = "smtp"))]
+mod smtp_url;
 #[cfg(feature = "config")]
 mod tree;
 

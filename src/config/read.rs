@@ -29,6 +29,21 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// `value`, at `path`: a table made from what the document wrote (a member's settings
+    /// read from its URL's query, put beside the others).
+    pub(crate) fn at(path: &str, value: &'a Value) -> Node<'a> {
+        Node {
+            path: path.to_owned(),
+            value,
+        }
+    }
+
+    /// The table as written, before the environment fills anything in: `None` if not a
+    /// table.
+    pub(crate) fn written_table(&self) -> Option<&'a Table> {
+        self.value.as_table()
+    }
+
     pub(crate) fn path(&self) -> &str {
         &self.path
     }

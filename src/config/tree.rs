@@ -304,7 +304,57 @@ impl<'de> Deserialize<'de> for MailerConfig {
     }
 }
 
+/// A member: its settings, those its URL's query holds among them (as a DSN reads them
+/// from the same text), one reader for both.
 fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
+    let Some(written) = node.written_table() else {
+        return member_settings(node);
+    };
+    let url = written
+        .get("url")
+        .and_then(Value::as_str)
+        .map(|url| super::dsn::split_member(url, false))
+        .transpose()
+        .map_err(|why| ConfigError::new(format!("{}.url", node.path()), why))?;
+    match url {
+        Some((mut from_url, _)) if from_url.len() > 1 => {
+            let mut merged = written.clone();
+            if let Some(url) = from_url.remove("url") {
+                merged.insert("url".to_owned(), url);
+            }
+            put_beside(&mut merged, from_url, node.path())?;
+            member_settings(&Node::at(node.path(), &Value::Table(merged)))
+        }
+        _ => member_settings(node),
+    }
+}
+
+/// Puts the settings `from_url` read from a member's URL into the member's table: a setting
+/// given both there and beside it is an error naming it.
+fn put_beside(
+    into: &mut toml::Table,
+    from_url: toml::Table,
+    path: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in from_url {
+        let here = format!("{path}.{key}");
+        match (into.get_mut(&key), value) {
+            (Some(Value::Table(inner)), Value::Table(from)) => put_beside(inner, from, &here)?,
+            (Some(_), _) => {
+                return Err(ConfigError::new(
+                    here,
+                    "is given both in the member's url and beside it; give it once",
+                ));
+            }
+            (None, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn member_settings(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
     let mut fields = node.table()?;
     let url = fields.required("url")?;
     let provider = provider::read(&url.url()?, url.path())?;
