@@ -700,3 +700,14 @@ fn clear_text_with_credentials_is_an_error_naming_auth_without_tls_unless_it_is_
         .unwrap();
     MailerConfig::from_dsn("smtp://relay.example.com?tls=none").unwrap();
 }
+
+#[cfg(not(feature = "oauth2"))]
+#[test]
+fn oauth2_in_a_build_without_the_oauth2_feature_is_an_error_naming_it() {
+    let (path, reason) = dsn_error(
+        "smtp://me%40example.com@smtp.office365.com:587?auth=xoauth2\
+         &oauth2.token_url=https://login.example.com/token&oauth2.client_id=id&oauth2.scope=s",
+    );
+    assert_eq!(path, "member[0].url.auth");
+    assert!(reason.contains("oauth2"), "{reason}");
+}

@@ -56,6 +56,7 @@ parser.add_argument("--cert", required=True)
 parser.add_argument("--key", required=True)
 parser.add_argument("--user", required=True)
 parser.add_argument("--token", required=True)
+parser.add_argument("--clear", action="store_true")
 args = parser.parse_args()
 
 def log(line):
@@ -124,10 +125,15 @@ if args.offered == "oauthbearer":
     excluded.append("XOAUTH2")
 context = ssl.create_default_context(ssl.Purpose.CLIENT_AUTH)
 context.load_cert_chain(args.cert, args.key)
-controller = LoggingController(
-    Handler(), hostname="127.0.0.1", port=args.port, tls_context=context,
-    require_starttls=True, auth_require_tls=True, auth_required=True,
-    auth_exclude_mechanism=excluded)
+if args.clear:
+    controller = LoggingController(
+        Handler(), hostname="127.0.0.1", port=args.port, require_starttls=False,
+        auth_require_tls=False, auth_required=True, auth_exclude_mechanism=excluded)
+else:
+    controller = LoggingController(
+        Handler(), hostname="127.0.0.1", port=args.port, tls_context=context,
+        require_starttls=True, auth_require_tls=True, auth_required=True,
+        auth_exclude_mechanism=excluded)
 controller.start()
 print("ready", flush=True)
 threading.Event().wait()
@@ -147,6 +153,16 @@ impl OAuthSmtpd {
     /// Returns `None` after printing `SKIPPED <test>` when python3, aiosmtpd or openssl is
     /// missing; under `CI=true` that panics instead.
     pub fn start(test: &str, offered: Offered) -> Option<OAuthSmtpd> {
+        OAuthSmtpd::launch(test, offered, false)
+    }
+
+    /// [`start`](Self::start), but without TLS and taking AUTH in clear text: for a client
+    /// that cannot be told to trust the test CA (a DSN), with `auth_without_tls`.
+    pub fn start_clear(test: &str, offered: Offered) -> Option<OAuthSmtpd> {
+        OAuthSmtpd::launch(test, offered, true)
+    }
+
+    fn launch(test: &str, offered: Offered, clear: bool) -> Option<OAuthSmtpd> {
         let python = require_program("python3", test)?;
         let openssl = require_program("openssl", test)?;
         if !has_aiosmtpd(&python) {
@@ -170,8 +186,10 @@ impl OAuthSmtpd {
             Offered::OAuthBearer => "oauthbearer",
             Offered::Both => "both",
         };
+        let clear: &[&str] = if clear { &["--clear"] } else { &[] };
         let child = Command::new(&python)
             .arg(dir.join("server.py"))
+            .args(clear)
             .args(["--port", &port.to_string(), "--offered", offered])
             .arg("--cert")
             .arg(dir.join("server.pem"))
