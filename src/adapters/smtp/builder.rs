@@ -31,6 +31,7 @@ use crate::config::{at_least_one, non_zero_duration};
 /// | [`name`](Self::name): in logs, receipts and errors | `smtp://host:port` (`smtps://` for implicit TLS) |
 /// | [`pipelining`](Self::pipelining), [`chunking`](Self::chunking): used where the server offers them | on |
 /// | [`auth_without_tls`](Self::auth_without_tls): credentials on an unencrypted connection | refused |
+/// | [`oauth2`](Self::oauth2): log in with OAuth 2.0 (XOAUTH2, OAUTHBEARER) instead of a password | no |
 ///
 /// A setting that cannot work (0 connections, a zero timeout) is a [`ConfigError`] from
 /// [`build`](Self::build) naming it.
