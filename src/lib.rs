@@ -8,6 +8,8 @@ pub mod config;
 mod inline;
 pub mod machine;
 pub mod metrics;
+#[cfg(feature = "smtp")]
+pub mod oauth;
 #[cfg(feature = "outbox")]
 pub mod outbox;
 mod panicked;
@@ -38,6 +40,10 @@ pub use config::ConfigError;
 #[cfg(feature = "config")]
 pub use config::{Mailer, MailerConfig};
 pub use machine::{ErrorRate, Snapshot, State};
+#[cfg(feature = "smtp")]
+pub use oauth::{AccessToken, OAuthMechanism, TokenSource};
+#[cfg(feature = "oauth2")]
+pub use oauth::{ClientCredentials, RefreshToken};
 #[cfg(feature = "outbox")]
 pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};
 pub use pool::{PoolBuilder, PoolTransport, Strategy};

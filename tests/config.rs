@@ -628,3 +628,86 @@ fn an_outbox_is_on_sqlite_or_on_postgres_by_either_scheme() {
         )
     );
 }
+
+#[test]
+fn an_smtp_url_option_the_crate_does_not_know_is_an_error_naming_it_never_ignored() {
+    for (option, name) in [
+        ("TLS=required", "TLS"),
+        ("require_tls=true", "require_tls"),
+        ("tls=required&starttls=always", "starttls"),
+    ] {
+        let (path, reason) = dsn_error(&format!("smtp://relay.example.com?{option}"));
+        assert_eq!(path, format!("member[0].url.{name}"), "{option}: {reason}");
+        assert!(
+            reason.contains("tls"),
+            "{option}: says what is known: {reason}"
+        );
+        let (path, _) = toml_error(&format!(
+            "[[member]]\nurl = \"smtp://relay.example.com?{option}\""
+        ));
+        assert_eq!(path, format!("member[0].url.{name}"), "{option}");
+    }
+}
+
+#[test]
+fn an_smtp_url_option_with_a_value_it_cannot_take_is_an_error_naming_it() {
+    for (dsn, setting) in [
+        ("smtp://relay.example.com?tls=REQUIRED", "member[0].url.tls"),
+        ("smtps://relay.example.com?tls=none", "member[0].url.tls"),
+        (
+            "smtp://relay.example.com?tls=none&auth_without_tls=yes",
+            "member[0].url.auth_without_tls",
+        ),
+        (
+            "smtp://relay.example.com?tls=required&tls=none",
+            "member[0].url.tls",
+        ),
+    ] {
+        assert_eq!(dsn_error(dsn).0, setting, "{dsn}");
+    }
+}
+
+#[test]
+fn a_toml_members_url_keeps_the_settings_a_dsn_reads_from_the_same_text() {
+    let url = "smtp://relay.example.com?tls=required&breaker.threshold=5&rate=14/s&name=relay";
+    let dsn = MailerConfig::from_dsn(url).unwrap();
+    let toml = MailerConfig::from_toml(&format!("[[member]]\nurl = \"{url}\"")).unwrap();
+    assert_eq!(dsn, toml);
+    let written_out = MailerConfig::from_toml(
+        "[[member]]\nurl = \"smtp://relay.example.com?tls=required\"\nname = \"relay\"\n\
+         breaker = { threshold = 5 }\nrate = { per_second = 14 }",
+    )
+    .unwrap();
+    assert_eq!(toml, written_out);
+}
+
+#[test]
+fn a_setting_given_in_a_toml_members_url_and_beside_it_is_an_error_naming_it() {
+    let (path, reason) = toml_error(
+        "[[member]]\nurl = \"smtp://relay.example.com?tls=required&breaker.threshold=5\"\n\
+         breaker = { threshold = 3 }",
+    );
+    assert_eq!(path, "member[0].breaker.threshold");
+    assert!(reason.contains("url"), "{reason}");
+}
+
+#[test]
+fn clear_text_with_credentials_is_an_error_naming_auth_without_tls_unless_it_is_set() {
+    let (path, reason) = dsn_error("smtp://app:SECRET-1@relay.example.com?tls=none");
+    assert_eq!(path, "member[0].url.auth_without_tls");
+    assert!(!reason.contains("SECRET-1"), "{reason}");
+    MailerConfig::from_dsn("smtp://app:pw@relay.example.com?tls=none&auth_without_tls=true")
+        .unwrap();
+    MailerConfig::from_dsn("smtp://relay.example.com?tls=none").unwrap();
+}
+
+#[cfg(not(feature = "oauth2"))]
+#[test]
+fn oauth2_in_a_build_without_the_oauth2_feature_is_an_error_naming_it() {
+    let (path, reason) = dsn_error(
+        "smtp://me%40example.com@smtp.office365.com:587?auth=xoauth2\
+         &oauth2.token_url=https://login.example.com/token&oauth2.client_id=id&oauth2.scope=s",
+    );
+    assert_eq!(path, "member[0].url.auth");
+    assert!(reason.contains("oauth2"), "{reason}");
+}

@@ -251,7 +251,7 @@ fn decode(text: &str) -> Result<String, String> {
 
 /// A member's URL split into the member's table (`url` without the member's settings, and
 /// those settings) and, for a lone member, the stack's settings from its query.
-fn split_member(url: &str, lone: bool) -> Result<(Table, Table), String> {
+pub(crate) fn split_member(url: &str, lone: bool) -> Result<(Table, Table), String> {
     let (base, query) = url.split_once('?').unwrap_or((url, ""));
     let mut kept = Vec::new();
     let mut member = Vec::new();

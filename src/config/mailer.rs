@@ -293,7 +293,7 @@ fn smtp_builder(
     url: &str,
     connection: &ConnectionConfig,
 ) -> Result<crate::SmtpBuilder, ConfigError> {
-    let mut builder = crate::SmtpTransport::from_url(url)?;
+    let mut builder = super::smtp_url::read(url)?.builder()?;
     let smtp = &connection.smtp;
     if let Some(timeout) = connection.timeout {
         builder = builder.timeout(timeout);

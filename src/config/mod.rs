@@ -25,7 +25,15 @@
 //!   endpoint (`http://` on a loopback host, else `https://`).
 //! - Its query also holds its own settings: `name`, `priority`, `timeout`, SMTP's connection
 //!   settings, `breaker.*` and `rate` (`14/s`) or `rate.*`; the rest stays in the URL for
-//!   the provider.
+//!   the provider, which knows each of its options or refuses it (`?TLS=required` is an
+//!   error naming `member[0].url.TLS`, never a setting ignored).
+//! - An SMTP URL's own options: `tls` (`required`: STARTTLS or no send; `opportunistic`;
+//!   `none`: clear text, said in words), `auth_without_tls=true` (credentials in clear text,
+//!   for a trusted local relay), and `auth=xoauth2` or `auth=oauthbearer` with `oauth2.*`
+//!   for OAuth 2.0 (feature `oauth2`; see [`oauth`](crate::oauth)). A URL with credentials
+//!   (or `auth`) and no `tls` option means STARTTLS required; `tls=none` with credentials is
+//!   an error naming `auth_without_tls` unless it is `true`. `smtps://` is TLS from the
+//!   first octet and takes no `tls`.
 //! - `failover(A B ...)` tries the members in order (or by `priority`), `roundrobin(A B ...)`
 //!   in turn; the options after the closing parenthesis are the stack's: `at_most_once`,
 //!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`.
@@ -34,7 +42,8 @@
 //! # The TOML document
 //! The same tree: `strategy` (`failover` or `roundrobin`), `at_most_once`, a `[[member]]`
 //! for each member with its `url`, `name`, `priority`, connection settings, `breaker` and
-//! `rate`, and `[retry]`, `[outbox]` (with its `url`) and `[redis]` (with its `url`, or
+//! `rate` (a member's `url` may hold these in its query, read as a DSN reads them; one given
+//! both there and beside it is an error), and `[retry]`, `[outbox]` (with its `url`) and `[redis]` (with its `url`, or
 //! `cluster`: the nodes' URLs). Any serde format gives the same tree through
 //! `MailerConfig`'s `Deserialize`.
 //!
@@ -49,7 +58,9 @@
 //! | `redis` | `url` or `cluster`, `quorum`, `member`, `namespace`, `timeout`, `retry_interval`, `ca` (a PEM file) |
 //!
 //! Durations carry their unit: `250ms`, `30s`, `10m`, `1h`, `3d`. Numbers may be written as
-//! text (a DSN's are). `${NAME}` anywhere in a value is read from the environment.
+//! text (a DSN's are). `${NAME}` anywhere in a value is read from the environment, after the
+//! text around it is percent-decoded: a value put into a URL is taken exactly as the
+//! environment holds it (a password holding `%41` stays `%41`), never decoded.
 //!
 //! # Errors
 //! A setting out of range, of the wrong kind or unknown is a [`ConfigError`] whose
@@ -66,6 +77,8 @@ mod mailer;
 mod provider;
 #[cfg(feature = "config")]
 mod read;
+#[cfg(all(feature = "config", feature = "smtp"))]
+mod smtp_url;
 #[cfg(feature = "config")]
 mod tree;
 

@@ -86,8 +86,7 @@ pub(crate) fn read(text: &str, path: &str) -> Result<Provider, ConfigError> {
                 return Err(not_built("smtp"));
             }
             #[cfg(feature = "smtp")]
-            let _checked =
-                crate::SmtpTransport::from_url(text).map_err(|error| error.within(path))?;
+            let _checked = super::smtp_url::read(text).map_err(|error| error.within(path))?;
             Ok(Provider::Smtp {
                 url: Secret(text.to_owned()),
             })

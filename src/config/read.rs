@@ -29,6 +29,21 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// `value`, at `path`: a table made from what the document wrote (a member's settings
+    /// read from its URL's query, put beside the others).
+    pub(crate) fn at(path: &str, value: &'a Value) -> Node<'a> {
+        Node {
+            path: path.to_owned(),
+            value,
+        }
+    }
+
+    /// The table as written, before the environment fills anything in: `None` if not a
+    /// table.
+    pub(crate) fn written_table(&self) -> Option<&'a Table> {
+        self.value.as_table()
+    }
+
     pub(crate) fn path(&self) -> &str {
         &self.path
     }
@@ -100,6 +115,20 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// A URL, with `${NAME}` read from the environment: a value put in after the URL's
+    /// `://` is percent-encoded, so that reading the URL gives it back exactly as the
+    /// environment holds it (a secret holding `%41` stays `%41`), never decoded.
+    pub(crate) fn url(&self) -> Result<String, ConfigError> {
+        let text = match self.value {
+            Value::String(text) => expand_url(text).map_err(|reason| self.error(reason))?,
+            _ => return Err(self.expected("a URL")),
+        };
+        if text.trim().is_empty() {
+            return Err(self.error("must not be empty"));
+        }
+        Ok(text)
+    }
+
     /// Text that must not be empty.
     pub(crate) fn word(&self) -> Result<String, ConfigError> {
         let text = self.text()?;
@@ -109,12 +138,12 @@ impl<'a> Node<'a> {
         Ok(text)
     }
 
-    /// Texts that must not be empty: a list, or one text of them separated by commas (as a
-    /// DSN writes a list).
-    pub(crate) fn words(&self) -> Result<Vec<String>, ConfigError> {
+    /// URLs: a list, or one text of them separated by commas (as a DSN writes a list),
+    /// each read as [`url`](Self::url) reads one.
+    pub(crate) fn urls(&self) -> Result<Vec<String>, ConfigError> {
         match self.value {
             Value::String(_) => {
-                let text = self.text()?;
+                let text = self.url()?;
                 let words: Vec<String> = text
                     .split(',')
                     .map(str::trim)
@@ -123,7 +152,7 @@ impl<'a> Node<'a> {
                     .collect();
                 Ok(words)
             }
-            Value::Array(_) => self.list()?.iter().map(Node::word).collect(),
+            Value::Array(_) => self.list()?.iter().map(Node::url).collect(),
             _ => Err(self.expected("a list")),
         }
     }
@@ -339,6 +368,26 @@ pub(crate) fn may_hold_a_secret(text: &str) -> bool {
 
 /// `text` with each `${NAME}` replaced by the environment's `NAME`.
 pub(crate) fn expand(text: &str) -> Result<String, String> {
+    substitute(text, false)
+}
+
+/// Everything but the characters a URL never reads as anything else (RFC 3986's
+/// unreserved): what a value put into a URL is percent-encoded with.
+const IN_A_URL: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
+    .remove(b'-')
+    .remove(b'.')
+    .remove(b'_')
+    .remove(b'~');
+
+/// A URL's `text` with each `${NAME}` replaced by the environment's `NAME`; a value put in
+/// after the `://` is percent-encoded, so that the URL's reader, which decodes its parts,
+/// gives back the value exactly as the environment holds it. A value before the `://` (the
+/// whole URL in one variable) goes in as it is.
+pub(crate) fn expand_url(text: &str) -> Result<String, String> {
+    substitute(text, true)
+}
+
+fn substitute(text: &str, in_a_url: bool) -> Result<String, String> {
     let mut out = String::with_capacity(text.len());
     let mut rest = text;
     while let Some(start) = rest.find("${") {
@@ -360,6 +409,9 @@ pub(crate) fn expand(text: &str) -> Result<String, String> {
             ));
         }
         match std::env::var(name) {
+            Ok(value) if in_a_url && out.contains("://") => {
+                out.extend(percent_encoding::utf8_percent_encode(&value, IN_A_URL));
+            }
             Ok(value) => out.push_str(&value),
             Err(std::env::VarError::NotPresent) => {
                 return Err(format!("the environment variable {name} is not set"));
@@ -564,7 +616,7 @@ mod tests {
 
     #[test]
     fn a_list_is_a_toml_list_or_text_separated_by_commas() {
-        let read = |value: Value| at(&value).words().ok();
+        let read = |value: Value| at(&value).urls().ok();
         let list = Value::Array(vec![text("a"), text("b")]);
         assert_eq!(read(list), Some(vec!["a".to_owned(), "b".to_owned()]));
         assert_eq!(
@@ -643,6 +695,30 @@ mod tests {
         assert_eq!(
             expand("a $ sign and $HOME stay").unwrap(),
             "a $ sign and $HOME stay"
+        );
+    }
+
+    #[test]
+    fn a_value_put_into_a_url_after_its_scheme_is_percent_encoded_and_a_whole_url_is_not() {
+        // SAFETY: no other test of this binary reads or writes these variables.
+        unsafe {
+            std::env::set_var("MAIL_BREAKER_READ_TEST_URL_SECRET", "%41 b/");
+            std::env::set_var(
+                "MAIL_BREAKER_READ_TEST_WHOLE_URL",
+                "redis://:pw@host:6379/0",
+            );
+        }
+        assert_eq!(
+            expand_url("smtp://u:${MAIL_BREAKER_READ_TEST_URL_SECRET}@h").unwrap(),
+            "smtp://u:%2541%20b%2F@h"
+        );
+        assert_eq!(
+            expand_url("${MAIL_BREAKER_READ_TEST_WHOLE_URL}").unwrap(),
+            "redis://:pw@host:6379/0"
+        );
+        assert_eq!(
+            expand("x${MAIL_BREAKER_READ_TEST_URL_SECRET}").unwrap(),
+            "x%41 b/"
         );
     }
 

@@ -304,10 +304,60 @@ impl<'de> Deserialize<'de> for MailerConfig {
     }
 }
 
+/// A member: its settings, those its URL's query holds among them (as a DSN reads them
+/// from the same text), one reader for both.
 fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
+    let Some(written) = node.written_table() else {
+        return member_settings(node);
+    };
+    let url = written
+        .get("url")
+        .and_then(Value::as_str)
+        .map(|url| super::dsn::split_member(url, false))
+        .transpose()
+        .map_err(|why| ConfigError::new(format!("{}.url", node.path()), why))?;
+    match url {
+        Some((mut from_url, _)) if from_url.len() > 1 => {
+            let mut merged = written.clone();
+            if let Some(url) = from_url.remove("url") {
+                merged.insert("url".to_owned(), url);
+            }
+            put_beside(&mut merged, from_url, node.path())?;
+            member_settings(&Node::at(node.path(), &Value::Table(merged)))
+        }
+        _ => member_settings(node),
+    }
+}
+
+/// Puts the settings `from_url` read from a member's URL into the member's table: a setting
+/// given both there and beside it is an error naming it.
+fn put_beside(
+    into: &mut toml::Table,
+    from_url: toml::Table,
+    path: &str,
+) -> Result<(), ConfigError> {
+    for (key, value) in from_url {
+        let here = format!("{path}.{key}");
+        match (into.get_mut(&key), value) {
+            (Some(Value::Table(inner)), Value::Table(from)) => put_beside(inner, from, &here)?,
+            (Some(_), _) => {
+                return Err(ConfigError::new(
+                    here,
+                    "is given both in the member's url and beside it; give it once",
+                ));
+            }
+            (None, value) => {
+                into.insert(key, value);
+            }
+        }
+    }
+    Ok(())
+}
+
+fn member_settings(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
     let mut fields = node.table()?;
     let url = fields.required("url")?;
-    let provider = provider::read(&url.word()?, url.path())?;
+    let provider = provider::read(&url.url()?, url.path())?;
     let name = fields.read("name", Node::word)?;
     let priority = fields.read("priority", |node| node.whole_u32(0))?;
     let breaker = fields.read("breaker", breaker)?.unwrap_or_default();
@@ -472,7 +522,7 @@ fn budget(node: &Node<'_>) -> Result<Option<Budget>, ConfigError> {
 fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
     let mut fields = node.table()?;
     let url = fields.required("url")?;
-    let text = url.word()?;
+    let text = url.url()?;
     let database = if let Some(path) = text.strip_prefix("sqlite://") {
         if !cfg!(feature = "outbox") {
             return Err(url.error(
@@ -516,8 +566,8 @@ fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
         ));
     }
     let mut fields = node.table()?;
-    let url = fields.read("url", Node::word)?;
-    let cluster = fields.read("cluster", Node::words)?;
+    let url = fields.read("url", Node::url)?;
+    let cluster = fields.read("cluster", Node::urls)?;
     let (urls, cluster) = match (url, cluster) {
         (Some(url), None) => (vec![Secret(url)], false),
         (None, Some(urls)) if !urls.is_empty() => (urls.into_iter().map(Secret).collect(), true),
@@ -552,4 +602,47 @@ fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
     };
     fields.finish()?;
     Ok(config)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The password an `smtp://` member's URL gives, decoded as the SMTP client decodes it.
+    fn smtp_password(config: &MailerConfig) -> String {
+        let Provider::Smtp { url } = &config.members[0].provider else {
+            panic!("an smtp:// member")
+        };
+        let url = url::Url::parse(&url.0).expect("a URL");
+        percent_encoding::percent_decode_str(url.password().expect("a password"))
+            .decode_utf8()
+            .expect("UTF-8")
+            .into_owned()
+    }
+
+    #[test]
+    fn a_secret_from_the_environment_is_never_percent_decoded() {
+        // SAFETY: no other test of this binary reads or writes this variable.
+        unsafe { std::env::set_var("MAIL_BREAKER_TREE_TEST_SECRET", "p%41ss+w&rd@x/y:z") };
+        let dsn = MailerConfig::from_dsn(
+            "smtp://user:${MAIL_BREAKER_TREE_TEST_SECRET}@relay.example.com?tls=required",
+        )
+        .unwrap();
+        assert_eq!(smtp_password(&dsn), "p%41ss+w&rd@x/y:z");
+        let toml = MailerConfig::from_toml(
+            r#"
+            [[member]]
+            url = "smtp://user:${MAIL_BREAKER_TREE_TEST_SECRET}@relay.example.com?tls=required"
+            "#,
+        )
+        .unwrap();
+        assert_eq!(smtp_password(&toml), "p%41ss+w&rd@x/y:z");
+    }
+
+    #[test]
+    fn a_percent_encoded_password_written_in_the_url_is_decoded() {
+        let config =
+            MailerConfig::from_dsn("smtp://user:p%41ss@relay.example.com?tls=required").unwrap();
+        assert_eq!(smtp_password(&config), "pAss");
+    }
 }

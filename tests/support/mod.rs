@@ -4,6 +4,7 @@
 #![allow(dead_code)]
 
 pub mod aiosmtpd;
+pub mod aiosmtpd_oauth;
 #[cfg(all(feature = "config", feature = "metrics"))]
 pub mod equivalence;
 pub mod flaky;

@@ -31,6 +31,7 @@ use crate::config::{at_least_one, non_zero_duration};
 /// | [`name`](Self::name): in logs, receipts and errors | `smtp://host:port` (`smtps://` for implicit TLS) |
 /// | [`pipelining`](Self::pipelining), [`chunking`](Self::chunking): used where the server offers them | on |
 /// | [`auth_without_tls`](Self::auth_without_tls): credentials on an unencrypted connection | refused |
+/// | [`oauth2`](Self::oauth2): log in with OAuth 2.0 (XOAUTH2, OAUTHBEARER) instead of a password | no |
 ///
 /// A setting that cannot work (0 connections, a zero timeout) is a [`ConfigError`] from
 /// [`build`](Self::build) naming it.
@@ -59,6 +60,8 @@ pub struct SmtpBuilder {
     port: u16,
     tls: Tls,
     credentials: Option<Credentials>,
+    oauth2: Option<(String, Box<dyn crate::oauth::TokenSource>)>,
+    oauth2_mechanism: Option<crate::oauth::OAuthMechanism>,
     auth_without_tls: bool,
     timeout: Duration,
     connect_timeout: Duration,
@@ -78,6 +81,8 @@ impl SmtpBuilder {
             port,
             tls,
             credentials: None,
+            oauth2: None,
+            oauth2_mechanism: None,
             auth_without_tls: false,
             timeout: Duration::from_secs(60),
             connect_timeout: Duration::from_secs(10),
@@ -107,6 +112,61 @@ impl SmtpBuilder {
     /// ```
     pub fn credentials(mut self, credentials: Credentials) -> Self {
         self.credentials = Some(credentials);
+        self
+    }
+
+    /// Logs each connection in as `user` with OAuth 2.0 (DESIGN §16), a token from `source`:
+    /// `XOAUTH2` where the server offers it, else `OAUTHBEARER` (RFC 7628), unless
+    /// [`oauth2_mechanism`](Self::oauth2_mechanism) chooses. The transport keeps a token until
+    /// a minute before it expires; a refused one is fetched afresh once, and a second refusal
+    /// is the send's answer, `Authentication`. Like credentials, a token goes only over TLS
+    /// unless [`auth_without_tls`](Self::auth_without_tls) allows it. See
+    /// [`oauth`](crate::oauth) for Microsoft 365 and Gmail.
+    ///
+    /// ```
+    /// use mail_breaker::oauth::{AccessToken, TokenSource};
+    /// # use mail_breaker::{SendError, SmtpTransport};
+    /// struct Fixed;
+    /// #[async_trait::async_trait]
+    /// impl TokenSource for Fixed {
+    ///     async fn token(&self) -> Result<AccessToken, SendError> {
+    ///         Ok(AccessToken::new("token"))
+    ///     }
+    /// }
+    /// let smtp = SmtpTransport::starttls_relay("smtp.gmail.com")?
+    ///     .oauth2("me@gmail.com", Fixed)
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn oauth2(
+        mut self,
+        user: impl Into<String>,
+        source: impl crate::oauth::TokenSource + 'static,
+    ) -> Self {
+        self.oauth2 = Some((user.into(), Box::new(source)));
+        self
+    }
+
+    /// The SASL mechanism of the [`oauth2`](Self::oauth2) login, whatever else the server
+    /// offers: one it does not offer fails the send with `Configuration`,
+    /// `smtp.auth_unsupported`.
+    ///
+    /// ```
+    /// use mail_breaker::oauth::{AccessToken, OAuthMechanism, TokenSource};
+    /// # use mail_breaker::{SendError, SmtpTransport};
+    /// # struct Fixed;
+    /// # #[async_trait::async_trait]
+    /// # impl TokenSource for Fixed {
+    /// #     async fn token(&self) -> Result<AccessToken, SendError> { Ok(AccessToken::new("t")) }
+    /// # }
+    /// let smtp = SmtpTransport::starttls_relay("smtp.gmail.com")?
+    ///     .oauth2("me@gmail.com", Fixed)
+    ///     .oauth2_mechanism(OAuthMechanism::OAuthBearer)
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn oauth2_mechanism(mut self, mechanism: crate::oauth::OAuthMechanism) -> Self {
+        self.oauth2_mechanism = Some(mechanism);
         self
     }
 
@@ -327,6 +387,12 @@ impl SmtpBuilder {
         if let Some(name) = &self.hello_name {
             check_hello_name(name)?;
         }
+        if self.oauth2.is_some() && self.credentials.is_some() {
+            return Err(ConfigError::new(
+                "oauth2",
+                "a password (credentials) or OAuth 2.0, not both",
+            ));
+        }
         Ok(self.assemble())
     }
 
@@ -350,6 +416,13 @@ impl SmtpBuilder {
             port: self.port,
             tls: self.tls,
             credentials: self.credentials,
+            oauth2: self.oauth2.map(|(user, source)| {
+                std::sync::Arc::new(crate::oauth::OAuthLogin::new(
+                    user,
+                    source,
+                    self.oauth2_mechanism,
+                ))
+            }),
             auth_without_tls: self.auth_without_tls,
             hello_name,
             connect_timeout: self.connect_timeout,
@@ -373,6 +446,8 @@ impl fmt::Debug for SmtpBuilder {
             .field("port", &self.port)
             .field("tls", &self.tls)
             .field("authenticates", &self.credentials.is_some())
+            .field("oauth2", &self.oauth2.is_some())
+            .field("oauth2_mechanism", &self.oauth2_mechanism)
             .field("auth_without_tls", &self.auth_without_tls)
             .field("timeout", &self.timeout)
             .field("connect_timeout", &self.connect_timeout)

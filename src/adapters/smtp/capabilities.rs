@@ -15,6 +15,8 @@ pub(super) struct Capabilities {
     pub(super) smtputf8: bool,
     pub(super) auth_plain: bool,
     pub(super) auth_login: bool,
+    pub(super) auth_xoauth2: bool,
+    pub(super) auth_oauthbearer: bool,
 }
 
 impl Capabilities {
@@ -48,6 +50,8 @@ impl Capabilities {
                         match mechanism.to_ascii_uppercase().as_str() {
                             "PLAIN" => offered.auth_plain = true,
                             "LOGIN" => offered.auth_login = true,
+                            "XOAUTH2" => offered.auth_xoauth2 = true,
+                            "OAUTHBEARER" => offered.auth_oauthbearer = true,
                             _ => {}
                         }
                     }
@@ -96,6 +100,8 @@ mod tests {
                 smtputf8: true,
                 auth_plain: true,
                 auth_login: true,
+                auth_xoauth2: false,
+                auth_oauthbearer: false,
             }
         );
         assert_eq!(all.size_limit(), Some(10_240_000));
@@ -104,6 +110,12 @@ mod tests {
     #[test]
     fn the_first_line_is_the_servers_name_not_a_capability() {
         assert_eq!(offered(b"250 STARTTLS\r\n"), Capabilities::default());
+    }
+
+    #[test]
+    fn the_oauth_mechanisms_are_read_from_auth() {
+        let some = offered(b"250-mx\r\n250 AUTH LOGIN xoauth2 OAUTHBEARER\r\n");
+        assert!(some.auth_xoauth2 && some.auth_oauthbearer && !some.auth_plain);
     }
 
     #[test]

@@ -41,6 +41,8 @@ pub(super) struct ConnectionSettings {
     pub(super) port: u16,
     pub(super) tls: Tls,
     pub(super) credentials: Option<Credentials>,
+    /// An OAuth 2.0 login instead of credentials, shared by every connection.
+    pub(super) oauth2: Option<std::sync::Arc<crate::oauth::OAuthLogin>>,
     pub(super) auth_without_tls: bool,
     pub(super) hello_name: ClientId,
     pub(super) connect_timeout: Duration,
@@ -56,6 +58,7 @@ impl fmt::Debug for ConnectionSettings {
             .field("port", &self.port)
             .field("tls", &self.tls)
             .field("authenticates", &self.credentials.is_some())
+            .field("oauth2", &self.oauth2)
             .field("auth_without_tls", &self.auth_without_tls)
             .field("hello_name", &self.hello_name)
             .field("connect_timeout", &self.connect_timeout)
@@ -230,15 +233,18 @@ impl Connection {
             }
             _ => {}
         }
-        if let Some(credentials) = &settings.credentials {
-            if !encrypted && !settings.auth_without_tls {
-                return Err(SendError::fixed(
-                    Category::Configuration,
-                    "smtp.auth_in_clear",
-                    "the connection is not encrypted, so the credentials were not sent \
-                     (use TLS, or .auth_without_tls() for a trusted local relay)",
-                ));
-            }
+        let authenticates = settings.credentials.is_some() || settings.oauth2.is_some();
+        if authenticates && !encrypted && !settings.auth_without_tls {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "smtp.auth_in_clear",
+                "the connection is not encrypted, so the credentials were not sent \
+                 (use TLS, or .auth_without_tls() for a trusted local relay)",
+            ));
+        }
+        if let Some(login) = &settings.oauth2 {
+            authenticate_oauth2(&mut wire, &capabilities, login, settings).await?;
+        } else if let Some(credentials) = &settings.credentials {
             authenticate(&mut wire, &capabilities, credentials).await?;
         }
         Ok(Connection {
@@ -401,6 +407,59 @@ async fn authenticate(
     }
 }
 
+/// An OAuth 2.0 login (`XOAUTH2` or `OAUTHBEARER`) with the transport's kept token; a
+/// refusal (a `334` error challenge, or `535`) forgets the token, and one fetched afresh is
+/// tried once more on the same connection. The token is never in an error or a log.
+async fn authenticate_oauth2(
+    wire: &mut Wire,
+    offered: &Capabilities,
+    login: &crate::oauth::OAuthLogin,
+    settings: &ConnectionSettings,
+) -> Result<(), SendError> {
+    use crate::oauth::OAuthMechanism;
+    let mechanism = match login.mechanism {
+        Some(OAuthMechanism::XOAuth2) if offered.auth_xoauth2 => OAuthMechanism::XOAuth2,
+        Some(OAuthMechanism::OAuthBearer) if offered.auth_oauthbearer => {
+            OAuthMechanism::OAuthBearer
+        }
+        None if offered.auth_xoauth2 => OAuthMechanism::XOAuth2,
+        None if offered.auth_oauthbearer => OAuthMechanism::OAuthBearer,
+        _ => {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "smtp.auth_unsupported",
+                "an OAuth 2.0 login is set and the server does not offer its mechanism \
+                 (XOAUTH2 or OAUTHBEARER)",
+            ));
+        }
+    };
+    let mut tries_left = 2;
+    loop {
+        tries_left -= 1;
+        let token = login.token().await?;
+        let initial =
+            mechanism.initial_response(&login.user, &token, &settings.host, settings.port);
+        let mut reply = wire
+            .command(Commands::new().auth(mechanism.name(), Some(&initial)))
+            .await?;
+        let challenged = reply.code() == 334;
+        if challenged {
+            // The server's error challenge: answered, so that it gives its final reply.
+            let end = mechanism.end_of_failed_exchange();
+            reply = wire.command(Commands::new().auth_response(end)).await?;
+        }
+        if reply.code() == 235 {
+            return Ok(());
+        }
+        let refused = challenged || reply.code() == 535;
+        if !refused || tries_left == 0 {
+            return Err(refusal(Stage::Auth, &reply));
+        }
+        tracing::debug!(mechanism = mechanism.name(), "smtp.oauth2_token_refused");
+        login.refused(&token).await;
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use std::sync::Arc;
@@ -416,6 +475,7 @@ mod tests {
             port: 0,
             tls: Tls::None,
             credentials: None,
+            oauth2: None,
             auth_without_tls: false,
             hello_name: ClientId::Domain("client.test".to_owned()),
             connect_timeout,

@@ -1,0 +1,371 @@
+//! The built-in token sources (feature `oauth2`): a provider's token endpoint (RFC 6749),
+//! asked over HTTPS with the client-credentials grant (§4.4) or the refresh-token grant
+//! (§6); each token kept until a minute before it expires.
+
+use std::fmt;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use super::{AccessToken, TokenCache, TokenSource};
+use crate::{Category, ConfigError, SendError};
+
+/// How long one request to the token endpoint may take.
+const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
+/// The most of an error's description quoted in a [`SendError`].
+const QUOTED: usize = 200;
+
+/// Microsoft 365's client-credentials flow (RFC 6749 §4.4): the application's own identity,
+/// with `scope` `https://outlook.office365.com/.default`. [`build`](Self::build) makes the
+/// [`TokenSource`]. Its `Debug` never shows the secret.
+///
+/// ```
+/// use mail_breaker::oauth::ClientCredentials;
+///
+/// let tokens = ClientCredentials {
+///     token_url: "https://login.microsoftonline.com/TENANT/oauth2/v2.0/token".to_owned(),
+///     client_id: "00000000-0000-0000-0000-000000000000".to_owned(),
+///     client_secret: "s3cret".to_owned(),
+///     scope: "https://outlook.office365.com/.default".to_owned(),
+/// }
+/// .build()?;
+/// assert!(!format!("{tokens:?}").contains("s3cret"));
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct ClientCredentials {
+    /// The token endpoint (`https://`, or `http://` for a test server).
+    pub token_url: String,
+    /// The application's (client's) id.
+    pub client_id: String,
+    /// The application's secret.
+    pub client_secret: String,
+    /// What the token is for: `https://outlook.office365.com/.default` for Microsoft 365.
+    pub scope: String,
+}
+
+/// The refresh-token flow (RFC 6749 §6): a user's consent kept as a refresh token, for
+/// Gmail and Google Workspace accounts and Microsoft's delegated flow. A new refresh token
+/// the server returns (rotation) is kept and used from then on. [`build`](Self::build) makes
+/// the [`TokenSource`]. Its `Debug` never shows the secret or the refresh token.
+///
+/// ```
+/// use mail_breaker::oauth::RefreshToken;
+///
+/// let tokens = RefreshToken {
+///     token_url: "https://oauth2.googleapis.com/token".to_owned(),
+///     client_id: "1234.apps.googleusercontent.com".to_owned(),
+///     client_secret: "s3cret".to_owned(),
+///     refresh_token: "1//0refresh".to_owned(),
+/// }
+/// .build()?;
+/// assert!(!format!("{tokens:?}").contains("1//0refresh"));
+/// # Ok::<(), mail_breaker::ConfigError>(())
+/// ```
+#[derive(Clone)]
+pub struct RefreshToken {
+    /// The token endpoint (`https://`, or `http://` for a test server).
+    pub token_url: String,
+    /// The application's (client's) id.
+    pub client_id: String,
+    /// The application's secret; empty for a public client, which has none.
+    pub client_secret: String,
+    /// The refresh token the user's consent gave.
+    pub refresh_token: String,
+}
+
+impl fmt::Debug for ClientCredentials {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("ClientCredentials")
+            .field("token_url", &self.token_url)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &"***")
+            .field("scope", &self.scope)
+            .finish()
+    }
+}
+
+impl fmt::Debug for RefreshToken {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("RefreshToken")
+            .field("token_url", &self.token_url)
+            .field("client_id", &self.client_id)
+            .field("client_secret", &"***")
+            .field("refresh_token", &"***")
+            .finish()
+    }
+}
+
+impl ClientCredentials {
+    /// The token source: a [`ConfigError`] naming `token_url`, `client_id`,
+    /// `client_secret` or `scope` when one cannot work.
+    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        required("client_secret", &self.client_secret)?;
+        required("scope", &self.scope)?;
+        TokenEndpoint::new(
+            &self.token_url,
+            self.client_id,
+            self.client_secret,
+            Grant::ClientCredentials { scope: self.scope },
+        )
+    }
+}
+
+impl RefreshToken {
+    /// The token source: a [`ConfigError`] naming `token_url`, `client_id` or
+    /// `refresh_token` when one cannot work.
+    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        required("refresh_token", &self.refresh_token)?;
+        TokenEndpoint::new(
+            &self.token_url,
+            self.client_id,
+            self.client_secret,
+            Grant::RefreshToken(Mutex::new(self.refresh_token)),
+        )
+    }
+}
+
+fn required(setting: &'static str, value: &str) -> Result<(), ConfigError> {
+    if value.trim().is_empty() {
+        return Err(ConfigError::new(setting, "must not be empty"));
+    }
+    Ok(())
+}
+
+/// What the endpoint is asked for.
+enum Grant {
+    ClientCredentials {
+        scope: String,
+    },
+    /// The refresh token, replaced when the server returns a new one.
+    RefreshToken(Mutex<String>),
+}
+
+/// A provider's token endpoint as a [`TokenSource`]: made by [`ClientCredentials::build`]
+/// or [`RefreshToken::build`]. Each token is kept until a minute before it expires (or until
+/// a server refuses it), for all who ask.
+///
+/// Its errors: `Authentication` (`oauth2.invalid_grant`, `oauth2.invalid_client`, ...) when
+/// the endpoint refuses the client or the grant (`400` with such an error, `401`, `403`);
+/// `Configuration` (`oauth2.invalid_scope`, `oauth2.endpoint`) for a request it cannot
+/// read or a URL that is not a token endpoint; `RateLimited` for `429`,
+/// `ServiceUnavailable` for `5xx`, and `Timeout` or `Network` when it cannot be reached.
+pub struct TokenEndpoint {
+    url: reqwest::Url,
+    client_id: String,
+    client_secret: String,
+    grant: Grant,
+    http: reqwest::Client,
+    cache: TokenCache,
+}
+
+impl fmt::Debug for TokenEndpoint {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        let grant = match self.grant {
+            Grant::ClientCredentials { .. } => "client_credentials",
+            Grant::RefreshToken(_) => "refresh_token",
+        };
+        f.debug_struct("TokenEndpoint")
+            .field("url", &self.url.as_str())
+            .field("client_id", &self.client_id)
+            .field("grant", &grant)
+            .finish_non_exhaustive()
+    }
+}
+
+/// A token endpoint's answer (RFC 6749 §5.1, §5.2).
+#[derive(serde::Deserialize)]
+struct Answer {
+    access_token: Option<String>,
+    /// Seconds; some endpoints write it as text.
+    expires_in: Option<serde_json::Value>,
+    refresh_token: Option<String>,
+    error: Option<String>,
+    error_description: Option<String>,
+}
+
+impl TokenEndpoint {
+    fn new(
+        token_url: &str,
+        client_id: String,
+        client_secret: String,
+        grant: Grant,
+    ) -> Result<TokenEndpoint, ConfigError> {
+        let url = reqwest::Url::parse(token_url)
+            .ok()
+            .filter(|url| matches!(url.scheme(), "https" | "http") && url.host_str().is_some())
+            .ok_or_else(|| {
+                ConfigError::new("token_url", "expected the token endpoint's https:// URL")
+            })?;
+        required("client_id", &client_id)?;
+        let http = reqwest::Client::builder()
+            .timeout(REQUEST_TIMEOUT)
+            .build()
+            .map_err(|error| {
+                ConfigError::new(
+                    "token_url",
+                    format!("no HTTP client could be made: {error}"),
+                )
+            })?;
+        Ok(TokenEndpoint {
+            url,
+            client_id,
+            client_secret,
+            grant,
+            http,
+            cache: TokenCache::default(),
+        })
+    }
+
+    /// The request's form: the grant, and the client's identity in the body (RFC 6749
+    /// §2.3.1), which Microsoft and Google both read.
+    fn form(&self) -> String {
+        let mut form = url::form_urlencoded::Serializer::new(String::new());
+        match &self.grant {
+            Grant::ClientCredentials { scope } => {
+                form.append_pair("grant_type", "client_credentials");
+                form.append_pair("scope", scope);
+            }
+            Grant::RefreshToken(token) => {
+                form.append_pair("grant_type", "refresh_token");
+                let token = token.lock().unwrap_or_else(PoisonError::into_inner);
+                form.append_pair("refresh_token", &token);
+            }
+        }
+        form.append_pair("client_id", &self.client_id);
+        if !self.client_secret.is_empty() {
+            form.append_pair("client_secret", &self.client_secret);
+        }
+        form.finish()
+    }
+
+    /// Asks the endpoint for a new token.
+    async fn fetch(&self) -> Result<AccessToken, SendError> {
+        let sent = self
+            .http
+            .post(self.url.clone())
+            .header("Content-Type", "application/x-www-form-urlencoded")
+            .header("Accept", "application/json")
+            .body(self.form())
+            .send()
+            .await
+            .map_err(|error| unreachable_endpoint(&error))?;
+        let status = sent.status().as_u16();
+        let body = sent
+            .bytes()
+            .await
+            .map_err(|error| unreachable_endpoint(&error))?;
+        let answer: Option<Answer> = serde_json::from_slice(&body).ok();
+        if (200..300).contains(&status) {
+            return self.token_from(answer);
+        }
+        Err(self.refusal(status, answer))
+    }
+
+    /// The token of a success, keeping a new refresh token.
+    fn token_from(&self, answer: Option<Answer>) -> Result<AccessToken, SendError> {
+        let Some(answer) = answer else {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "oauth2.endpoint",
+                "the token endpoint's answer is not a token (JSON with access_token): is \
+                 token_url the provider's token endpoint?",
+            ));
+        };
+        let Some(secret) = answer.access_token.filter(|token| !token.is_empty()) else {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "oauth2.endpoint",
+                "the token endpoint's answer holds no access_token",
+            ));
+        };
+        if let (Grant::RefreshToken(kept), Some(new)) = (&self.grant, answer.refresh_token)
+            && !new.is_empty()
+        {
+            *kept.lock().unwrap_or_else(PoisonError::into_inner) = new;
+        }
+        let lifetime = answer.expires_in.and_then(|value| match value {
+            serde_json::Value::Number(number) => number.as_u64(),
+            serde_json::Value::String(text) => text.trim().parse().ok(),
+            _ => None,
+        });
+        let token = AccessToken::new(secret);
+        Ok(match lifetime {
+            Some(seconds) => token.expires_in(Duration::from_secs(seconds)),
+            None => token,
+        })
+    }
+
+    /// The error of a refusal, by status and the endpoint's `error` (RFC 6749 §5.2).
+    fn refusal(&self, status: u16, answer: Option<Answer>) -> SendError {
+        let (error, description) = answer
+            .map(|answer| (answer.error, answer.error_description))
+            .unwrap_or_default();
+        let error = error.filter(|code| {
+            !code.is_empty()
+                && code.len() <= 40
+                && code.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        });
+        let category = match (status, error.as_deref()) {
+            (429, _) => Category::RateLimited,
+            (500..=599, _) => Category::ServiceUnavailable,
+            (401 | 403, _) => Category::Authentication,
+            (
+                400,
+                Some("invalid_grant" | "invalid_client" | "unauthorized_client" | "access_denied"),
+            ) => Category::Authentication,
+            _ => Category::Configuration,
+        };
+        let code = match &error {
+            Some(error) => format!("oauth2.{error}"),
+            None => "oauth2.endpoint".to_owned(),
+        };
+        let mut message = format!("the token endpoint answered {status}");
+        if let Some(error) = &error {
+            message.push_str(&format!(" {error}"));
+        }
+        if let Some(description) = description {
+            let description: String = self.redact(&description).chars().take(QUOTED).collect();
+            message.push_str(&format!(": {description}"));
+        }
+        SendError::new(category, code, message)
+    }
+
+    /// `text` with every secret this source holds as `***`.
+    fn redact(&self, text: &str) -> String {
+        let mut text = text.to_owned();
+        let mut secrets = vec![self.client_secret.clone()];
+        if let Grant::RefreshToken(token) = &self.grant {
+            secrets.push(token.lock().unwrap_or_else(PoisonError::into_inner).clone());
+        }
+        for secret in secrets.iter().filter(|secret| secret.len() >= 4) {
+            text = text.replace(secret.as_str(), "***");
+        }
+        text
+    }
+}
+
+/// The endpoint could not be reached, or did not answer in time. The error's text never
+/// holds the request (reqwest's names only the URL, which holds no secret).
+fn unreachable_endpoint(error: &reqwest::Error) -> SendError {
+    let (category, code) = if error.is_timeout() {
+        (Category::Timeout, "oauth2.timeout")
+    } else {
+        (Category::Network, "oauth2.network")
+    };
+    SendError::new(
+        category,
+        code,
+        format!("the token endpoint could not be reached: {error}"),
+    )
+}
+
+#[async_trait::async_trait]
+impl TokenSource for TokenEndpoint {
+    async fn token(&self) -> Result<AccessToken, SendError> {
+        self.cache.get(self.fetch()).await
+    }
+
+    async fn refused(&self, token: &AccessToken) {
+        self.cache.forget(token).await;
+    }
+}
