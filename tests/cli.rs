@@ -17,6 +17,7 @@ use mail_breaker::outbox::Outbox;
 use mail_breaker::{Category, LettreTransport, SendError};
 use serde_json::Value;
 use support::aiosmtpd::{self, Aiosmtpd, Mechanisms};
+use support::postgres::PostgresServer;
 use support::redis::RedisServer;
 use support::servers::{free_port, report_skip};
 use support::smtp_sink::SmtpSink;
@@ -544,6 +545,13 @@ fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
         let outbox = Outbox::sqlite(dir.join("outbox.db"))
             .await
             .expect("an outbox");
+        kill_three(&outbox).await
+    })
+}
+
+/// Three messages queued in `outbox` and refused by a provider: dead letters. Their ids.
+async fn kill_three(outbox: &Outbox) -> Vec<i64> {
+    {
         let mut ids = Vec::new();
         for n in 1..=3 {
             let message = lettre::Message::builder()
@@ -560,7 +568,7 @@ fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
         outbox.worker(refusing).drain().await.expect("drained");
         assert_eq!(outbox.stats().await.expect("stats").dead, 3);
         ids
-    })
+    }
 }
 
 fn read_outbox<T>(dir: &Path, read: impl AsyncFnOnce(Outbox) -> T) -> T {
@@ -641,6 +649,67 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     assert_eq!(json(&output)["requeued"], serde_json::json!([ids[2]]));
     let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
     assert_eq!((stats.queued, stats.dead), (2, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_dead_and_show_read_a_postgres_outbox_as_they_read_an_sqlite_one() {
+    let Some(server) = PostgresServer::start("cli_outbox_postgres") else {
+        return;
+    };
+    let ids = runtime().block_on(async {
+        let outbox = Outbox::postgres(&server.url()).await.expect("an outbox");
+        kill_three(&outbox).await
+    });
+    let dsn = format!("smtp://127.0.0.1:{}?outbox={}", closed_port(), server.url());
+    let dead = json(&run(&["outbox", "dead", "--json", "--dsn", &dsn]));
+    assert_eq!(dead["dead"].as_array().map(Vec::len), Some(3), "{dead}");
+    assert_eq!(dead["dead"][2]["subject"], "dead letter 3");
+    let shown = json(&run(&[
+        "outbox",
+        "show",
+        &ids[1].to_string(),
+        "--json",
+        "--dsn",
+        &dsn,
+    ]));
+    assert_eq!(shown["status"], "dead");
+    assert_eq!(shown["recipients"][0], "user2@example.org");
+    assert_eq!(shown["error"]["code"], "smtp.550");
+    let output = run(&["outbox", "purge", &ids[1].to_string(), "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let left = runtime().block_on(async {
+        let outbox = Outbox::postgres(&server.url()).await.expect("an outbox");
+        outbox.stats().await.expect("stats").dead
+    });
+    assert_eq!(left, 2);
+}
+
+#[test]
+fn a_toml_configuration_is_read_as_the_same_dsn_would_be() {
+    let dir = scratch("cli_toml");
+    outbox_with_dead_letters(&dir);
+    let file = dir.join("mail.toml");
+    std::fs::write(
+        &file,
+        format!(
+            "[[member]]\nurl = \"smtp://127.0.0.1:{}\"\nname = \"relay\"\n\n[outbox]\nurl = \"sqlite://{}\"\n",
+            closed_port(),
+            dir.join("outbox.db").display()
+        ),
+    )
+    .expect("a TOML file");
+    let file = file.to_str().expect("a UTF-8 path");
+    let stats = json(&run(&["outbox", "stats", "--config", file, "--json"]));
+    assert_eq!(stats["dead"], 3, "{stats}");
+    let checked = json(&run(&["--config", file, "check", "--json"]));
+    assert_eq!(checked["members"][0]["member"], "relay");
+    let output = run(&["check", "--config", file, "--dsn", "smtp://127.0.0.1:1"]);
+    assert_eq!(
+        code(&output),
+        2,
+        "--dsn and --config together are bad arguments"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 
