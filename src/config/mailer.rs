@@ -121,9 +121,9 @@ impl Mailer {
     }
 
     /// Whether the members' breakers keep their state in a shared store (Redis, `[redis]`
-    /// or `redis=` in the DSN), so that [`isolate`](MemberBreaker::isolate) and
-    /// [`reset`](MemberBreaker::reset) reach every process that shares it. Without one each
-    /// process has breakers of its own.
+    /// or `redis=` in the DSN), so that [`isolate`](crate::CircuitBreakerTransport::isolate)
+    /// and [`reset`](crate::CircuitBreakerTransport::reset) reach every process that shares
+    /// it. Without one each process has breakers of its own.
     pub fn shares_breakers(&self) -> bool {
         self.config.redis.is_some()
     }

@@ -159,7 +159,10 @@ impl Backend for Counting {
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
         self.inner.purge(id).await
     }
-    async fn message(&self, id: OutboxId) -> Result<Option<super::inspect::MessageRow>, SendError> {
+    async fn message(
+        &self,
+        id: OutboxId,
+    ) -> Result<Option<crate::outbox::inspect::MessageRow>, SendError> {
         self.inner.message(id).await
     }
 }

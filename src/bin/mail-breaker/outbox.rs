@@ -313,14 +313,14 @@ async fn drain(stack: &Stack, outbox: &Outbox, out: &Out) -> Result<Exit, Failur
         return Err(Failure::usage("the configuration has no outbox"));
     };
     let before = outbox.stats().await.map_err(reading)?;
-    let bar = ProgressBar::new(before.due);
+    let bar = ProgressBar::new(before.queued);
     if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} left the queue ({eta})") {
         bar.set_style(style);
     }
     let watching = {
         let outbox = outbox.clone();
         let bar = bar.clone();
-        let start = before.queued + before.dead;
+        let start = before.queued;
         async move {
             loop {
                 tokio::time::sleep(Duration::from_millis(200)).await;

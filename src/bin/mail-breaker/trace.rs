@@ -35,7 +35,10 @@ impl Recorded {
 /// Records the crate's events between [`start`](Recorder::start) and
 /// [`take`](Recorder::take).
 #[derive(Clone, Default)]
-pub struct Recorder(Arc<Mutex<Option<(Instant, Vec<Recorded>)>>>);
+pub struct Recorder(Arc<Mutex<Recording>>);
+
+/// When the recording started and what it holds; `None` while not recording.
+type Recording = Option<(Instant, Vec<Recorded>)>;
 
 impl Recorder {
     pub fn start(&self) {
