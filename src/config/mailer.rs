@@ -48,6 +48,9 @@ pub struct Mailer {
     /// Stops the outbox's worker when the mailer goes.
     #[cfg(feature = "outbox")]
     _worker: Option<WorkerGuard>,
+    /// The stack behind the outbox, which its workers send through.
+    #[cfg(feature = "outbox")]
+    behind_outbox: Option<Arc<dyn Transport>>,
     config: MailerConfig,
 }
 
@@ -84,6 +87,45 @@ impl Mailer {
     #[cfg(feature = "outbox")]
     pub fn outbox(&self) -> Option<&crate::outbox::Outbox> {
         self.outbox.as_ref()
+    }
+
+    /// A new worker for the outbox, set up as the configuration says (`concurrency`,
+    /// `lease`, `max_age`, `poll`, `at_most_once`), sending through the stack behind the
+    /// outbox; `None` without an outbox. For draining in the foreground a mailer built with
+    /// [`build_without_worker`](MailerConfig::build_without_worker):
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mail_breaker::config::Mailer;
+    ///
+    /// let mailer = Mailer::from_dsn("smtp://127.0.0.1:2525?outbox=sqlite:///tmp/outbox.db")?
+    ///     .build_without_worker()
+    ///     .await?;
+    /// if let Some(worker) = mailer.worker() {
+    ///     worker.drain().await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "outbox")]
+    pub fn worker(&self) -> Option<crate::outbox::Worker<Arc<dyn Transport>>> {
+        let outbox = self.outbox.as_ref()?;
+        let config = self.config.outbox.as_ref()?;
+        let behind = Arc::clone(self.behind_outbox.as_ref()?);
+        Some(configured_worker(
+            outbox,
+            behind,
+            config,
+            self.config.at_most_once,
+        ))
+    }
+
+    /// Whether the members' breakers keep their state in a shared store (Redis, `[redis]`
+    /// or `redis=` in the DSN), so that [`isolate`](crate::CircuitBreakerTransport::isolate)
+    /// and [`reset`](crate::CircuitBreakerTransport::reset) reach every process that shares
+    /// it. Without one each process has breakers of its own.
+    pub fn shares_breakers(&self) -> bool {
+        self.config.redis.is_some()
     }
 }
 
@@ -130,6 +172,18 @@ impl MailerConfig {
     /// until it does, as [`RedisStore`](crate::RedisStore) does. An outbox that cannot be
     /// opened is an error naming `outbox.url`.
     pub async fn build(self) -> Result<Mailer, ConfigError> {
+        self.build_with(true).await
+    }
+
+    /// Builds the stack as [`build`](Self::build) does, but starts no outbox worker: mail the
+    /// stack cannot send is queued and stays there until a worker (another process's, or
+    /// [`Mailer::worker`]) sends it. For tools that read or operate the outbox.
+    pub async fn build_without_worker(self) -> Result<Mailer, ConfigError> {
+        self.build_with(false).await
+    }
+
+    #[cfg_attr(not(feature = "outbox"), allow(unused_variables))]
+    async fn build_with(self, start_worker: bool) -> Result<Mailer, ConfigError> {
         let store = match &self.redis {
             Some(redis) => Some(connect(redis).await?),
             None => None,
@@ -170,15 +224,16 @@ impl MailerConfig {
         };
         #[cfg(feature = "outbox")]
         {
-            let (stack, outbox, worker) = match &self.outbox {
-                Some(config) => with_outbox(stack, config, self.at_most_once).await?,
-                None => (stack, None, None),
+            let (stack, outbox, worker, behind_outbox) = match &self.outbox {
+                Some(config) => with_outbox(stack, config, self.at_most_once, start_worker).await?,
+                None => (stack, None, None, None),
             };
             Ok(Mailer {
                 stack,
                 breakers,
                 outbox,
                 _worker: worker,
+                behind_outbox,
                 config: self,
             })
         }
@@ -625,18 +680,20 @@ struct WorkerGuard {
     _stop: tokio::sync::oneshot::Sender<()>,
 }
 
-/// The stack in front of an outbox (or the outbox alone, `queue_only`), and a worker that
-/// sends what it keeps through the same stack.
+/// The stack in front of an outbox (or the outbox alone, `queue_only`), a worker that
+/// sends what it keeps through the same stack (unless `start_worker` is false), and that stack.
 #[cfg(feature = "outbox")]
 async fn with_outbox(
     stack: Box<dyn Transport>,
     config: &super::tree::OutboxConfig,
     at_most_once: bool,
+    start_worker: bool,
 ) -> Result<
     (
         Box<dyn Transport>,
         Option<crate::outbox::Outbox>,
         Option<WorkerGuard>,
+        Option<Arc<dyn Transport>>,
     ),
     ConfigError,
 > {
@@ -657,7 +714,55 @@ async fn with_outbox(
     let outbox =
         opened.map_err(|error| ConfigError::new("outbox.url", error.message().to_owned()))?;
     let stack: Arc<dyn Transport> = Arc::from(stack);
-    let mut worker = outbox.worker(Arc::clone(&stack));
+    let worker = Arc::new(configured_worker(
+        &outbox,
+        Arc::clone(&stack),
+        config,
+        at_most_once,
+    ));
+    worker.validate().map_err(|error| {
+        ConfigError::new(
+            format!("outbox.{}", error.setting()),
+            error.reason().to_owned(),
+        )
+    })?;
+    let guard = if start_worker {
+        let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
+        // A worker task that ends without being stopped is started again, and why is logged.
+        let stopped = crate::outbox::supervise::stopped_by(stopped);
+        tokio::spawn(crate::outbox::supervise::supervise(
+            stopped,
+            move |stopped| {
+                let worker = Arc::clone(&worker);
+                async move { worker.run(stopped).await }
+            },
+        ));
+        Some(WorkerGuard { _stop: stop })
+    } else {
+        None
+    };
+    let at_most_once = config.at_most_once || at_most_once;
+    let front: Box<dyn Transport> = if config.queue_only {
+        Box::new(OutboxTransport::queue_only(outbox.clone()))
+    } else {
+        let mut transport = OutboxTransport::send_or_queue(outbox.clone(), Arc::clone(&stack));
+        if at_most_once {
+            transport = transport.at_most_once();
+        }
+        Box::new(transport)
+    };
+    Ok((front, Some(outbox), guard, Some(stack)))
+}
+
+/// A worker for `outbox` through `stack`, set up as `config` says.
+#[cfg(feature = "outbox")]
+fn configured_worker(
+    outbox: &crate::outbox::Outbox,
+    stack: Arc<dyn Transport>,
+    config: &super::tree::OutboxConfig,
+    at_most_once: bool,
+) -> crate::outbox::Worker<Arc<dyn Transport>> {
+    let mut worker = outbox.worker(stack);
     if let Some(concurrency) = config.concurrency {
         worker = worker.concurrency(concurrency);
     }
@@ -670,37 +775,10 @@ async fn with_outbox(
     if let Some(poll) = config.poll {
         worker = worker.poll(poll);
     }
-    let at_most_once = config.at_most_once || at_most_once;
-    if at_most_once {
+    if config.at_most_once || at_most_once {
         worker = worker.at_most_once();
     }
-    let worker = Arc::new(worker);
-    worker.validate().map_err(|error| {
-        ConfigError::new(
-            format!("outbox.{}", error.setting()),
-            error.reason().to_owned(),
-        )
-    })?;
-    let (stop, stopped) = tokio::sync::oneshot::channel::<()>();
-    // A worker task that ends without being stopped is started again, and why is logged.
-    let stopped = crate::outbox::supervise::stopped_by(stopped);
-    tokio::spawn(crate::outbox::supervise::supervise(
-        stopped,
-        move |stopped| {
-            let worker = Arc::clone(&worker);
-            async move { worker.run(stopped).await }
-        },
-    ));
-    let front: Box<dyn Transport> = if config.queue_only {
-        Box::new(OutboxTransport::queue_only(outbox.clone()))
-    } else {
-        let mut transport = OutboxTransport::send_or_queue(outbox.clone(), stack);
-        if at_most_once {
-            transport = transport.at_most_once();
-        }
-        Box::new(transport)
-    };
-    Ok((front, Some(outbox), Some(WorkerGuard { _stop: stop })))
+    worker
 }
 
 #[cfg(all(test, feature = "smtp"))]

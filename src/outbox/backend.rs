@@ -4,6 +4,7 @@
 use std::fmt::Debug;
 use std::time::Duration;
 
+use super::inspect::MessageRow;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError};
 use super::schedule::Millis;
 use super::{OutboxId, OutboxStats};
@@ -109,4 +110,7 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// Deletes a message, queued or dead; whether it was there.
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError>;
+
+    /// One message, queued or dead, read and left as it is (`inspect.rs`).
+    async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError>;
 }

@@ -58,6 +58,7 @@ use tokio::sync::Notify;
 use crate::{Envelope, Message, SendError, Transport};
 
 mod backend;
+mod inspect;
 mod lanes;
 #[cfg(feature = "postgres")]
 mod postgres;
@@ -70,6 +71,7 @@ mod transport;
 mod worker;
 
 use backend::Backend;
+pub use inspect::StoredMessage;
 use record::NewRow;
 pub use transport::OutboxTransport;
 pub use worker::Worker;

@@ -9,6 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row};
 
 use super::backend::{Backend, Failed, Finish};
+use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
 use super::schedule::{Millis, millis};
@@ -566,6 +567,10 @@ impl Backend for PostgresBackend {
             .await
             .map_err(|e| database_error("purging", e))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError> {
+        super::inspect::postgres_message(&self.pool, id).await
     }
 }
 

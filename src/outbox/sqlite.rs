@@ -13,6 +13,7 @@ use sqlx::sqlite::{
 use sqlx::{ConnectOptions, Connection, Row, Sqlite};
 
 use super::backend::{Backend, Failed, Finish};
+use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
@@ -428,6 +429,10 @@ impl Backend for SqliteBackend {
             .await
             .map_err(|e| database_error("purging", e))?;
         Ok(done.rows_affected() == 1)
+    }
+
+    async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError> {
+        super::inspect::sqlite_message(&self.pool, id).await
     }
 }
 

@@ -172,6 +172,12 @@ impl Backend for Counting {
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
         self.inner.purge(id).await
     }
+    async fn message(
+        &self,
+        id: OutboxId,
+    ) -> Result<Option<crate::outbox::inspect::MessageRow>, SendError> {
+        self.inner.message(id).await
+    }
 }
 
 /// An outbox in a fresh SQLite file, and the counts of what its workers ask of it.

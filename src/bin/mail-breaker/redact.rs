@@ -1,0 +1,234 @@
+//! The secrets of a configuration, and every text shown with them as `***`.
+//!
+//! The crate's own errors and `Debug` already hide keys and passwords; this is the second
+//! line: every byte the command prints (tables, JSON, errors, `--verbose` logs) goes through
+//! [`Secrets::redact`], with the secrets read from the DSN or TOML text itself: a URL's
+//! password (and the whole user part for API keys: `postmark://KEY@default`), a query or
+//! TOML value whose name says secret, token, password or key, the value of each `${NAME}`
+//! the text reads from the environment, and SES's keys from the environment.
+
+use std::borrow::Cow;
+
+use crate::stack::Source;
+
+/// Schemes whose user part is a user name, not a key: only their password is secret.
+const USER_SCHEMES: [&str; 7] = [
+    "smtp",
+    "smtps",
+    "redis",
+    "rediss",
+    "postgres",
+    "postgresql",
+    "sqlite",
+];
+
+/// Names whose values are secret, in a query (`oauth2.client_secret=`) or a TOML key.
+const SECRET_WORDS: [&str; 5] = ["secret", "token", "password", "pass", "key"];
+
+/// Environment variables that hold SES's keys, read by the crate for `ses://`.
+const SECRET_VARIABLES: [&str; 2] = ["AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN"];
+
+/// Shorter secrets are not hidden: replacing every "ab" of every output would say nothing.
+const SHORTEST: usize = 3;
+
+/// The secrets to hide, longest first.
+#[derive(Debug, Default, Clone)]
+pub struct Secrets {
+    words: Vec<String>,
+}
+
+impl Secrets {
+    /// The secrets of the configuration the command reads.
+    pub fn from_source(source: &Source) -> Secrets {
+        Secrets::from_texts([source.text()])
+    }
+
+    /// The secrets found in any of `texts`.
+    pub fn from_texts<'a>(texts: impl IntoIterator<Item = &'a str>) -> Secrets {
+        let mut found = Vec::new();
+        for text in texts {
+            url_secrets(text, &mut found);
+            named_secrets(text, &mut found);
+            environment_secrets(text, &mut found);
+        }
+        for name in SECRET_VARIABLES {
+            if let Ok(value) = std::env::var(name) {
+                found.push(value);
+            }
+        }
+        let mut words: Vec<String> = Vec::new();
+        for secret in found {
+            if secret.starts_with("${") {
+                continue;
+            }
+            let decoded = percent_decode(&secret);
+            for form in [
+                secret.clone(),
+                decoded.clone(),
+                json_escaped(&secret),
+                json_escaped(&decoded),
+            ] {
+                if form.chars().count() >= SHORTEST && !words.contains(&form) {
+                    words.push(form);
+                }
+            }
+        }
+        words.sort_by_key(|word| std::cmp::Reverse(word.len()));
+        Secrets { words }
+    }
+
+    /// `text` with every secret as `***`.
+    pub fn redact<'t>(&self, text: &'t str) -> Cow<'t, str> {
+        if !self.words.iter().any(|word| text.contains(word.as_str())) {
+            return Cow::Borrowed(text);
+        }
+        let mut shown = text.to_owned();
+        for word in &self.words {
+            if shown.contains(word.as_str()) {
+                shown = shown.replace(word.as_str(), "***");
+            }
+        }
+        Cow::Owned(shown)
+    }
+}
+
+/// The user part of each URL in `text`: its password, and its user name too unless the
+/// scheme's user part is a user (`smtp://user:pass@`).
+fn url_secrets(text: &str, found: &mut Vec<String>) {
+    let mut rest = text;
+    while let Some(at) = rest.find("://") {
+        let scheme: String = rest[..at]
+            .chars()
+            .rev()
+            .take_while(|c| c.is_ascii_alphanumeric() || "+-.".contains(*c))
+            .collect::<Vec<_>>()
+            .into_iter()
+            .rev()
+            .collect();
+        let after = &rest[at + 3..];
+        let end = after
+            .find(|c: char| c.is_whitespace() || "/?#)\"',".contains(c))
+            .unwrap_or(after.len());
+        let authority = &after[..end];
+        if let Some(userinfo_end) = authority.rfind('@') {
+            let userinfo = &authority[..userinfo_end];
+            let (user, password) = match userinfo.split_once(':') {
+                Some((user, password)) => (user, Some(password)),
+                None => (userinfo, None),
+            };
+            if let Some(password) = password.filter(|p| !p.is_empty()) {
+                found.push(password.to_owned());
+            }
+            let scheme = scheme.to_ascii_lowercase();
+            if !USER_SCHEMES.contains(&scheme.as_str()) && !user.is_empty() {
+                found.push(user.to_owned());
+            }
+        }
+        rest = &after[end.min(after.len())..];
+    }
+}
+
+/// Values of query options and TOML keys whose name says they are secret.
+fn named_secrets(text: &str, found: &mut Vec<String>) {
+    let secret_name = |name: &str| {
+        let name = name.trim().trim_matches('"').to_ascii_lowercase();
+        SECRET_WORDS.iter().any(|word| name.contains(word))
+    };
+    // Query options: `name=value` after `?` or `&`.
+    for piece in text.split(['?', '&']).skip(1) {
+        if let Some((name, value)) = piece.split_once('=') {
+            let value: &str = value
+                .split(|c: char| c.is_whitespace() || "&)\"'".contains(c))
+                .next()
+                .unwrap_or_default();
+            if secret_name(name) && !value.is_empty() {
+                found.push(value.to_owned());
+            }
+        }
+    }
+    // TOML: `name = "value"` (or 'value').
+    for line in text.lines() {
+        if let Some((name, value)) = line.split_once('=') {
+            let value = value.trim();
+            let quoted = value
+                .strip_prefix('"')
+                .and_then(|v| v.split_once('"'))
+                .or_else(|| value.strip_prefix('\'').and_then(|v| v.split_once('\'')))
+                .map(|(inside, _)| inside);
+            if let Some(value) = quoted
+                && secret_name(name)
+                && !name.contains(['?', '&'])
+                && !value.contains("://")
+            {
+                found.push(value.to_owned());
+            }
+        }
+    }
+}
+
+/// The value of each `${NAME}` in `text`, from the environment.
+fn environment_secrets(text: &str, found: &mut Vec<String>) {
+    let mut rest = text;
+    while let Some(start) = rest.find("${") {
+        let after = &rest[start + 2..];
+        let Some(end) = after.find('}') else { break };
+        if let Ok(value) = std::env::var(&after[..end]) {
+            found.push(value);
+        }
+        rest = &after[end..];
+    }
+}
+
+fn percent_decode(text: &str) -> String {
+    let bytes = text.as_bytes();
+    let mut out = Vec::with_capacity(bytes.len());
+    let mut i = 0;
+    while i < bytes.len() {
+        if bytes[i] == b'%'
+            && i + 2 < bytes.len()
+            && let Some(byte) = std::str::from_utf8(&bytes[i + 1..i + 3])
+                .ok()
+                .and_then(|hex| u8::from_str_radix(hex, 16).ok())
+        {
+            out.push(byte);
+            i += 3;
+        } else {
+            out.push(bytes[i]);
+            i += 1;
+        }
+    }
+    String::from_utf8_lossy(&out).into_owned()
+}
+
+/// How `text` looks inside a JSON string.
+fn json_escaped(text: &str) -> String {
+    let quoted = serde_json::to_string(text).unwrap_or_default();
+    quoted
+        .strip_prefix('"')
+        .and_then(|q| q.strip_suffix('"'))
+        .unwrap_or_default()
+        .to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_password_and_an_api_key_in_a_dsn_are_hidden_and_a_user_name_is_not() {
+        let secrets = Secrets::from_texts([
+            "failover(smtp://mailer:s3cret%20pass@relay:587 postmark://KEY-123@default)",
+        ]);
+        let shown = secrets.redact("mailer s3cret pass s3cret%20pass KEY-123 relay");
+        assert_eq!(shown, "mailer *** *** *** relay");
+    }
+
+    #[test]
+    fn a_secret_query_option_and_a_toml_token_are_hidden() {
+        let secrets = Secrets::from_texts([
+            "smtp://u@h?auth=xoauth2&oauth2.client_secret=abcdef&oauth2.scope=x",
+            "[[member]]\nurl = \"smtp://h\"\napi_token = \"tok-999\"\n",
+        ]);
+        assert_eq!(secrets.redact("abcdef tok-999 xoauth2"), "*** *** xoauth2");
+    }
+}

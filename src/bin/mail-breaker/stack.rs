@@ -1,0 +1,79 @@
+//! Where the stack comes from (`--dsn`, `--config`, `MAILER_DSN`) and the built [`Mailer`].
+
+use std::path::PathBuf;
+
+use mail_breaker::config::Mailer;
+
+use crate::exit::Failure;
+
+/// The configuration's text, and what kind it is.
+#[derive(Debug)]
+pub enum Source {
+    Dsn(String),
+    Toml { path: PathBuf, text: String },
+}
+
+impl Source {
+    /// `--config`, else `--dsn`, else `MAILER_DSN`; none of them is bad arguments.
+    pub fn from_args(dsn: Option<String>, config: Option<PathBuf>) -> Result<Source, Failure> {
+        if let Some(path) = config {
+            let text = std::fs::read_to_string(&path).map_err(|error| {
+                Failure::usage(format!(
+                    "cannot read the configuration file {}: {error}",
+                    path.display()
+                ))
+            })?;
+            return Ok(Source::Toml { path, text });
+        }
+        if let Some(dsn) = dsn {
+            return Ok(Source::Dsn(dsn));
+        }
+        match std::env::var("MAILER_DSN") {
+            Ok(dsn) if !dsn.trim().is_empty() => Ok(Source::Dsn(dsn)),
+            _ => Err(Failure::usage(
+                "no stack to work with: give --dsn DSN, --config FILE.toml, or set MAILER_DSN",
+            )),
+        }
+    }
+
+    /// The text the secrets are read from.
+    pub fn text(&self) -> &str {
+        match self {
+            Source::Dsn(dsn) => dsn,
+            Source::Toml { text, .. } => text,
+        }
+    }
+}
+
+/// The built stack. No outbox worker runs in the background: `outbox drain` starts one in
+/// the foreground, and what `send` and `test` queue stays queued for the application's
+/// workers (or a drain).
+pub struct Stack {
+    pub mailer: Mailer,
+}
+
+impl Stack {
+    /// Reads and builds the configuration: a bad one is exit 2, naming the setting.
+    pub async fn load(source: &Source) -> Result<Stack, Failure> {
+        let config = match source {
+            Source::Dsn(dsn) => Mailer::from_dsn(dsn)?,
+            Source::Toml { path, text } => Mailer::from_toml(text).map_err(|error| {
+                let mut failure = Failure::from(error);
+                failure.message = format!("{} (in {})", failure.message, path.display());
+                failure
+            })?,
+        };
+        let mailer = config.build_without_worker().await?;
+        Ok(Stack { mailer })
+    }
+
+    /// The outbox, or exit 2 saying how to configure one.
+    pub fn outbox(&self) -> Result<&mail_breaker::outbox::Outbox, Failure> {
+        self.mailer.outbox().ok_or_else(|| {
+            Failure::usage(
+                "the configuration has no outbox: add `outbox=sqlite:///path/outbox.db` (or a \
+                 postgres:// URL) to the DSN, or an [outbox] table with its url to the TOML",
+            )
+        })
+    }
+}
