@@ -1,9 +1,11 @@
 //! [`StateChange`], and telling the listener and the logs about it.
 
+use std::collections::VecDeque;
 use std::panic::{AssertUnwindSafe, catch_unwind};
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::SystemTime;
 
-use crate::machine::{State, Transitions};
+use crate::machine::{Counting, State, Transition, Transitions};
 use crate::store::Reporter;
 
 /// A listener for changes of state, set with
@@ -39,15 +41,131 @@ pub struct StateChange {
     pub transport: String,
 }
 
+/// A change of state a breaker remembers, with why it happened, from
+/// [`recent_changes`](crate::CircuitBreakerTransport::recent_changes): for an operator's page.
+///
+/// ```
+/// use mail_breaker::{CircuitBreakerTransport, LettreTransport, State};
+/// # use lettre::transport::stub::AsyncStubTransport;
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// # let stub = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+/// let breaker = CircuitBreakerTransport::new(stub);
+/// breaker.isolate().await;
+/// let change = &breaker.recent_changes()[0];
+/// assert_eq!((change.from, change.to), (State::Closed, State::Open));
+/// assert_eq!(change.reason, "isolated by hand");
+/// # });
+/// ```
+#[derive(Debug, Clone, PartialEq, Eq)]
+#[non_exhaustive]
+pub struct RecentChange {
+    /// The breaker's key: the transport's name under `Scope::Transport`, else the scope's key.
+    pub key: String,
+    /// The state it left.
+    pub from: State,
+    /// The state it entered (an isolated breaker is open).
+    pub to: State,
+    /// When this process saw the change.
+    pub at: SystemTime,
+    /// Why, in words: the counting rule that opened it, a probe's outcome, or an operator's
+    /// hand.
+    pub reason: String,
+}
+
+/// How many changes a breaker remembers, over all its keys.
+const REMEMBERED: usize = 20;
+
+/// The last changes of one breaker, newest last; written only when the state changes, so a
+/// healthy breaker never takes its lock.
+#[derive(Debug)]
+pub(crate) struct History {
+    changes: Mutex<VecDeque<RecentChange>>,
+    /// Why a closed breaker opens, from its counting rule.
+    tripped: String,
+}
+
+impl History {
+    pub(crate) fn new(counting: &Counting) -> History {
+        let tripped = match counting {
+            Counting::Consecutive { threshold } => format!("{threshold} failures in a row"),
+            Counting::ErrorRate(rate) => format!(
+                "failures reached {} % of at least {} sends within {:?}",
+                rate.threshold_percent, rate.minimum_requests, rate.window
+            ),
+        };
+        History {
+            changes: Mutex::new(VecDeque::with_capacity(REMEMBERED)),
+            tripped,
+        }
+    }
+
+    /// Remembers a change the breaker made by its rules.
+    fn changed(&self, key: &str, transition: Transition) {
+        let reason = match (transition.from, transition.to) {
+            (State::Closed, State::Open) => self.tripped.as_str(),
+            (State::Open, State::HalfOpen) => "the open time passed: a probe may go",
+            (State::HalfOpen, State::Closed) => "the probes succeeded",
+            (State::HalfOpen, State::Open) => "a probe failed or passed its deadline",
+            _ => "",
+        };
+        self.remember(key, transition.from, transition.to, reason);
+    }
+
+    /// Remembers an operator's isolation or reset, which may change no state (isolating an
+    /// open breaker keeps it open).
+    pub(crate) fn by_hand(&self, key: &str, transitions: Transitions, isolated: bool) {
+        let (reason, to) = if isolated {
+            ("isolated by hand", State::Open)
+        } else {
+            ("reset by hand", State::Closed)
+        };
+        let from = transitions.iter().next().map_or(to, |change| change.from);
+        self.remember(key, from, to, reason);
+    }
+
+    fn remember(&self, key: &str, from: State, to: State, reason: &str) {
+        let mut changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        if changes.len() == REMEMBERED {
+            changes.pop_front();
+        }
+        changes.push_back(RecentChange {
+            key: key.to_owned(),
+            from,
+            to,
+            at: SystemTime::now(),
+            reason: reason.to_owned(),
+        });
+    }
+
+    /// The changes remembered, newest first.
+    pub(crate) fn recent(&self) -> Vec<RecentChange> {
+        let changes = self.changes.lock().unwrap_or_else(PoisonError::into_inner);
+        changes.iter().rev().cloned().collect()
+    }
+}
+
 /// The reporter a breaker gives its store for changes it learns of late (see [`Reporter`]):
-/// they are logged and told to the listener like any other.
-pub(crate) fn reporter(listener: Option<Listener>, transport: Arc<str>, shadow: bool) -> Reporter {
+/// they are logged, remembered and told to the listener like any other.
+pub(crate) fn reporter(
+    listener: Option<Listener>,
+    transport: Arc<str>,
+    shadow: bool,
+    history: Arc<History>,
+) -> Reporter {
     Reporter::new(move |key, transitions| {
-        announce(listener.as_ref(), &transport, key, transitions, shadow)
+        announce(
+            listener.as_ref(),
+            &transport,
+            key,
+            transitions,
+            shadow,
+            Some(&history),
+        )
     })
 }
 
-/// Logs each change and tells the listener, which may panic without stopping anything.
+/// Logs each change, remembers it in `history` (`None` when the caller remembered it with its
+/// own reason), and tells the listener, which may panic without stopping anything.
 ///
 /// In shadow mode each change also says, once, what the breaker would now refuse.
 pub(crate) fn announce(
@@ -56,9 +174,13 @@ pub(crate) fn announce(
     key: &str,
     transitions: Transitions,
     shadow: bool,
+    history: Option<&History>,
 ) {
     for transition in transitions.iter() {
         crate::metrics::transition(transport, transition);
+        if let Some(history) = history {
+            history.changed(key, transition);
+        }
         let (from, to) = (transition.from.as_str(), transition.to.as_str());
         match transition.to {
             State::Open => tracing::warn!(transport, key, from, to, "breaker.open"),

@@ -95,4 +95,11 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// Deletes a message, queued or dead; whether it was there.
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError>;
+
+    /// The database, for the operator page's reads (`admin_reads.rs`); `None` for one
+    /// without a table.
+    #[cfg(feature = "admin")]
+    fn database(&self) -> Option<super::admin_reads::Database<'_>> {
+        None
+    }
 }
