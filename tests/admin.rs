@@ -145,6 +145,16 @@ async fn the_page_refreshes_itself_and_loads_nothing_from_another_host() {
 }
 
 #[tokio::test]
+async fn the_page_lets_a_browser_send_its_origin_with_each_form() {
+    // Under `Referrer-Policy: no-referrer` a browser POSTs a form with `Origin: null`, which
+    // the page must refuse: every action would be forbidden.
+    let dir = folder("referrer");
+    let (mailer, _) = mailer(&dir).await;
+    let page = call(&admin::router(mailer), get("/")).await;
+    assert_eq!(page.headers()[header::REFERRER_POLICY], "same-origin");
+}
+
+#[tokio::test]
 async fn the_breakers_api_agrees_with_the_mailers_breakers() {
     let dir = folder("api-breakers");
     let (mailer, members) = mailer(&dir).await;

@@ -73,6 +73,8 @@ pub(crate) struct Shared {
     /// The token every action's form carries.
     pub(crate) token: String,
     pub(crate) read_only: bool,
+    /// How often the outbox's counts are kept for the chart.
+    pub(crate) chart_every: Duration,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
 }
@@ -94,7 +96,13 @@ impl Admin {
     /// The page over `mailer`, with its actions behind a token drawn at random from the
     /// operating system.
     pub fn new(mailer: Arc<Mailer>) -> Admin {
-        Admin::with(mailer, guard::random_token(), false)
+        Admin::with(Shared {
+            mailer,
+            token: guard::random_token(),
+            read_only: false,
+            chart_every: chart::EVERY,
+            history: Mutex::new(VecDeque::new()),
+        })
     }
 
     /// The page with its actions behind `token` (at least 16 characters, letters, digits,
@@ -119,28 +127,58 @@ impl Admin {
                 ),
             ));
         }
-        let read_only = self.shared.read_only;
-        Ok(Admin::with(
-            Arc::clone(&self.shared.mailer),
+        Ok(Admin::with(Shared {
             token,
-            read_only,
-        ))
+            ..self.settings()
+        }))
     }
 
     /// The page without any action: no form is shown and every POST is answered 405.
     pub fn read_only(self) -> Admin {
-        let token = self.shared.token.clone();
-        Admin::with(Arc::clone(&self.shared.mailer), token, true)
+        Admin::with(Shared {
+            read_only: true,
+            ..self.settings()
+        })
     }
 
-    fn with(mailer: Arc<Mailer>, token: String, read_only: bool) -> Admin {
+    /// How often the outbox's counts are read for the chart (default 15 s; at least 100 ms).
+    /// The chart keeps at most 720 readings, an hour at the default.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).chart_every(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn chart_every(self, every: Duration) -> Result<Admin, ConfigError> {
+        if every < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "chart_every",
+                format!("must be at least 100 ms, got {every:?}"),
+            ));
+        }
+        Ok(Admin::with(Shared {
+            chart_every: every,
+            ..self.settings()
+        }))
+    }
+
+    /// This page's settings, with a chart of its own.
+    fn settings(&self) -> Shared {
+        let shared = &self.shared;
+        Shared {
+            mailer: Arc::clone(&shared.mailer),
+            token: shared.token.clone(),
+            read_only: shared.read_only,
+            chart_every: shared.chart_every,
+            history: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn with(shared: Shared) -> Admin {
         Admin {
-            shared: Arc::new(Shared {
-                mailer,
-                token,
-                read_only,
-                history: Mutex::new(VecDeque::new()),
-            }),
+            shared: Arc::new(shared),
         }
     }
 
@@ -159,7 +197,7 @@ impl Admin {
     /// runtime it also starts reading the outbox's counts every 15 seconds for the chart,
     /// until the router and every clone of this `Admin` are dropped.
     pub fn router(&self) -> Router {
-        chart::start_sampling(Arc::downgrade(&self.shared));
+        chart::start_sampling(Arc::downgrade(&self.shared), self.shared.chart_every);
         let routes = Router::new()
             .route("/", get(page::show))
             .route("/api/breakers", get(read::breakers_json))

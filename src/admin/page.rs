@@ -57,12 +57,19 @@ td.error { overflow-wrap: anywhere; min-width: 12rem; }
 .counts { display: flex; flex-wrap: wrap; gap: .5rem; margin: 0; }
 .count { background: var(--card); border: 1px solid var(--line); border-radius: 8px; padding: .4rem .8rem; min-width: 5.5rem; }
 .count b { display: block; font-size: 1.3rem; }
-svg.chart { width: 100%; max-width: 40rem; height: 6rem; background: var(--card); border: 1px solid var(--line); border-radius: 8px; }
+svg.chart { display: block; width: 100%; max-width: 40rem; height: auto; background: var(--card); border: 1px solid var(--line); border-radius: 8px; }
 svg.chart .axis { stroke: var(--line); } svg.chart polyline { fill: none; stroke-width: 2; vector-effect: non-scaling-stroke; }
-svg.chart .queued { stroke: var(--half); } svg.chart .dead { stroke: var(--open); stroke-dasharray: 4 3; }
+svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(--half); } svg.chart .dead { stroke: var(--open); stroke-dasharray: 4 3; }
 .chart-scale { margin: .2rem 0; color: var(--muted); font-size: .8rem; }
 .key-queued { color: var(--half); } .key-dead { color: var(--open); }
 .problem { color: var(--open); }
+@media (max-width: 600px) {
+  table#dead thead { display: none; }
+  table#dead tr { display: block; border-bottom: 1px solid var(--line); padding: .3rem 0; }
+  table#dead td { display: grid; grid-template-columns: 6rem 1fr; border: 0; padding: .2rem .5rem; }
+  table#dead td::before { content: attr(data-label); color: var(--muted); }
+  table#dead td.error { min-width: 0; }
+}
 "#;
 
 /// `GET /`: the page.
@@ -90,7 +97,8 @@ pub(crate) async fn show(
                 header::CONTENT_SECURITY_POLICY,
                 "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; frame-ancestors 'none'",
             ),
-            (header::REFERRER_POLICY, "no-referrer"),
+            // Not `no-referrer`: under it a browser sends a form's POST with `Origin: null`.
+            (header::REFERRER_POLICY, "same-origin"),
         ],
         markup.into_string(),
     )
@@ -189,8 +197,12 @@ impl Page<'_> {
                 }
                 @if !self.shared.read_only {
                     div class="actions" {
-                        (self.form(&format!("breakers/{path}/isolate"), "Isolate", true))
-                        (self.form(&format!("breakers/{path}/reset"), "Reset", false))
+                        @if breaker.state != "isolated" {
+                            (self.form(&format!("breakers/{path}/isolate"), "Isolate", true))
+                        }
+                        @if breaker.state != "closed" || breaker.failures > 0 {
+                            (self.form(&format!("breakers/{path}/reset"), "Reset", false))
+                        }
                     }
                 }
             }
@@ -239,7 +251,7 @@ impl Page<'_> {
                             "oldest"
                         }
                     }
-                    (chart::svg(&self.shared.history()))
+                    (chart::svg(&self.shared.history(), self.shared.chart_every))
                 }
             }
         }
@@ -259,21 +271,21 @@ impl Page<'_> {
                         tbody {
                             @for letter in &dead {
                                 tr data-id=(letter.id) {
-                                    td { @for (i, to) in letter.recipients.iter().enumerate() {
+                                    td data-label="to" { div { @for (i, to) in letter.recipients.iter().enumerate() {
                                         @if i > 0 { br; } (to)
-                                    } }
-                                    td class="subject" { @match &letter.subject {
+                                    } } }
+                                    td data-label="subject" { div class="subject" { @match &letter.subject {
                                         Some(subject) => (subject),
                                         None => span class="muted" { "(none)" },
-                                    } }
-                                    td { (letter.attempts) }
-                                    td class="error" { code { (letter.code) } " " (letter.message) }
-                                    td class="when" { (self.ago(letter.died_at_ms)) }
+                                    } } }
+                                    td data-label="attempts" { (letter.attempts) }
+                                    td class="error" data-label="last error" { div { code { (letter.code) } " " (letter.message) } }
+                                    td class="when" data-label="died" { (self.ago(letter.died_at_ms)) }
                                     @if !self.shared.read_only {
-                                        td {
+                                        td data-label="" { div {
                                             (self.form(&format!("outbox/dead/{}/requeue", letter.id), "Requeue", false))
                                             (self.form(&format!("outbox/dead/{}/purge", letter.id), "Purge", true))
-                                        }
+                                        } }
                                     }
                                 }
                             }

@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::Shared;
-use super::chart::{self, Sample};
+use super::chart::Sample;
 use crate::State as BreakerState;
 use crate::outbox::OutboxId;
 
@@ -191,7 +191,7 @@ pub(crate) async fn outbox(shared: &Shared) -> Option<Result<Outbox, crate::Send
         Ok(stats) => stats,
         Err(error) => return Some(Err(error)),
     };
-    shared.keep(Sample::of(&stats), chart::EVERY);
+    shared.keep(Sample::of(&stats), shared.chart_every);
     let last_hour = shared
         .history()
         .into_iter()
