@@ -217,3 +217,156 @@ pub(crate) fn announce(
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::Duration;
+
+    use crate::{
+        Category, CircuitBreakerTransport, Envelope, Receipt, SendError, State, Transport,
+    };
+
+    /// A provider that fails while `down` is set.
+    struct Provider {
+        down: AtomicBool,
+    }
+
+    #[async_trait::async_trait]
+    impl Transport for Provider {
+        fn name(&self) -> &str {
+            "provider"
+        }
+
+        async fn send_raw(&self, _: &Envelope, _: &[u8]) -> Result<Receipt, SendError> {
+            if self.down.load(Ordering::SeqCst) {
+                Err(SendError::new(Category::Network, "test.down", "down"))
+            } else {
+                Ok(Receipt::new("provider"))
+            }
+        }
+    }
+
+    fn breaker() -> CircuitBreakerTransport<Provider> {
+        let provider = Provider {
+            down: AtomicBool::new(true),
+        };
+        CircuitBreakerTransport::builder(provider)
+            .failure_threshold(2)
+            .reset_timeout(Duration::from_secs(1))
+            .build()
+            .unwrap()
+    }
+
+    fn message() -> crate::Message {
+        lettre::Message::builder()
+            .from("app@example.com".parse().unwrap())
+            .to("user@example.org".parse().unwrap())
+            .body(String::from("hello"))
+            .unwrap()
+    }
+
+    /// The remembered changes, oldest first, as (from, to, reason).
+    fn told(breaker: &CircuitBreakerTransport<Provider>) -> Vec<(State, State, String)> {
+        let mut changes: Vec<_> = breaker
+            .recent_changes()
+            .into_iter()
+            .map(|change| (change.from, change.to, change.reason))
+            .collect();
+        changes.reverse();
+        changes
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn each_change_of_state_is_remembered_with_why_it_happened() {
+        let breaker = breaker();
+        for _ in 0..2 {
+            let _ = breaker.send(&message()).await;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        breaker.inner().down.store(false, Ordering::SeqCst);
+        breaker.send(&message()).await.unwrap();
+        let said = |from, to, why: &str| (from, to, why.to_owned());
+        assert_eq!(
+            told(&breaker),
+            [
+                said(State::Closed, State::Open, "2 failures in a row"),
+                said(
+                    State::Open,
+                    State::HalfOpen,
+                    "the open time passed: a probe may go"
+                ),
+                said(State::HalfOpen, State::Closed, "the probes succeeded"),
+            ]
+        );
+        assert!(
+            breaker
+                .recent_changes()
+                .iter()
+                .all(|change| change.key == "provider")
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_probe_is_remembered_as_the_reason_the_breaker_reopened() {
+        let breaker = breaker();
+        for _ in 0..2 {
+            let _ = breaker.send(&message()).await;
+        }
+        tokio::time::advance(Duration::from_secs(1)).await;
+        let _ = breaker.send(&message()).await;
+        let last = &breaker.recent_changes()[0];
+        assert_eq!((last.from, last.to), (State::HalfOpen, State::Open));
+        assert_eq!(last.reason, "a probe failed or passed its deadline");
+    }
+
+    #[tokio::test]
+    async fn isolating_and_resetting_by_hand_are_remembered_even_when_the_state_stays() {
+        let breaker = breaker();
+        for _ in 0..2 {
+            let _ = breaker.send(&message()).await;
+        }
+        breaker.isolate().await; // open already: no change of state
+        breaker.reset().await;
+        breaker.reset().await; // closed already
+        let said = |from, to, why: &str| (from, to, why.to_owned());
+        assert_eq!(
+            told(&breaker),
+            [
+                said(State::Closed, State::Open, "2 failures in a row"),
+                said(State::Open, State::Open, "isolated by hand"),
+                said(State::Open, State::Closed, "reset by hand"),
+                said(State::Closed, State::Closed, "reset by hand"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn a_breaker_remembers_only_its_last_twenty_changes_newest_first() {
+        let breaker = breaker();
+        for _ in 0..15 {
+            breaker.isolate().await;
+            breaker.reset().await;
+        }
+        let changes = breaker.recent_changes();
+        assert_eq!(changes.len(), 20);
+        assert_eq!(changes[0].reason, "reset by hand");
+        assert_eq!(changes[1].reason, "isolated by hand");
+        assert!(changes.windows(2).all(|pair| pair[0].at >= pair[1].at));
+    }
+
+    #[test]
+    fn under_an_error_rate_the_reason_names_the_rate_the_window_and_the_fewest_sends() {
+        let rate = crate::ErrorRate {
+            threshold_percent: 40,
+            minimum_requests: 10,
+            window: Duration::from_secs(30),
+            ..crate::ErrorRate::default()
+        };
+        let history = super::History::new(&crate::machine::Counting::ErrorRate(rate));
+        assert_eq!(
+            history.tripped,
+            "failures reached 40 % of at least 10 sends within 30s"
+        );
+    }
+}
