@@ -15,8 +15,9 @@ use axum::http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use mail_breaker::admin::{self, Admin};
 use mail_breaker::outbox::Outbox;
-use mail_breaker::{Category, Mailer, Message, State};
+use mail_breaker::{Category, Mailer, Message, State, Transport};
 use serde_json::Value;
+use support::raw_smtp::{Answer, RawSmtp};
 use support::scripted::{Reply, Scripted};
 use support::servers::free_port;
 use tower::ServiceExt;
@@ -194,6 +195,37 @@ async fn the_limiters_api_gives_each_limiters_name_configured_rate_and_rate_now(
     assert_eq!(read[0]["per_second"], limiters[0].per_second());
     assert_eq!(read[0]["adaptive"], true);
     assert_eq!(read[0]["backed_off_percent"], 0.0);
+}
+
+#[tokio::test]
+async fn an_adaptive_limiter_a_provider_throttled_shows_how_far_it_backed_off() {
+    // A provider that throttles every MAIL FROM as Gmail does: the adaptive limiter halves
+    // its rate. (No real server here answers a rate limit on demand.)
+    let server = RawSmtp::start(b"220 raw.test\r\n".to_vec(), |command| match command {
+        "MAIL" => Answer::Say(b"450 4.7.28 rate limited, try again later\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await;
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?name=throttling&rate=20/s&rate.adaptive=true&timeout=500ms",
+        server.port()
+    );
+    let mailer = Arc::new(Mailer::from_dsn(&dsn).unwrap().build().await.unwrap());
+    let error = mailer
+        .send(&support::message_to("user@example.org"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.category(), Category::RateLimited, "{error}");
+    let router = admin::router(Arc::clone(&mailer));
+    let read = json(&router, "/api/limiters").await;
+    assert_eq!(read[0]["name"], "throttling");
+    assert_eq!(read[0]["configured_per_second"], 20.0);
+    let now = read[0]["per_second"].as_f64().unwrap();
+    assert!((now - 10.0).abs() < 0.01, "halved: {read}");
+    let backed_off = read[0]["backed_off_percent"].as_f64().unwrap();
+    assert!((backed_off - 50.0).abs() < 0.1, "{read}");
+    let page = text(call(&router, get("/")).await).await;
+    assert!(page.contains("<td>50 %</td>"), "{page}");
 }
 
 #[tokio::test]
