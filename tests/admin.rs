@@ -438,6 +438,77 @@ async fn a_dead_letters_subject_holding_a_script_is_shown_escaped() {
 }
 
 #[tokio::test]
+async fn a_page_allowed_some_hosts_refuses_a_request_to_any_other_and_isolates_nothing() {
+    let dir = folder("hosts");
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer)).allow_hosts(["ops.example:443"]);
+    let router = admin.router();
+    let to = |host: &str, path: &str| {
+        Request::get(path)
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        call(&router, to("ops.example:443", "/")).await.status(),
+        StatusCode::OK
+    );
+    for path in ["/", "/api/breakers"] {
+        let response = call(&router, to("rebound.example:443", path)).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
+    }
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    let form = format!("token={}", admin.token());
+    let response = call(&router, post(&path, &form, &[])).await; // Host: 127.0.0.1:8025
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(
+        !mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+}
+
+/// The status line's code of a GET of `/` from the server at `port`, sent with `host`.
+async fn status_for_host(port: u16, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn served_on_loopback_the_page_answers_only_to_its_loopback_names() {
+    let dir = folder("loopback");
+    let (mailer, _) = mailer(&dir).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let admin = Admin::new(mailer);
+    let server = tokio::spawn(async move { admin.serve(listener).await });
+    assert_eq!(
+        status_for_host(port, &format!("127.0.0.1:{port}")).await,
+        "200"
+    );
+    assert_eq!(
+        status_for_host(port, &format!("localhost:{port}")).await,
+        "200"
+    );
+    assert_eq!(
+        status_for_host(port, &format!("rebound.example:{port}")).await,
+        "403"
+    );
+    server.abort();
+}
+
+#[tokio::test]
 async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
     let dir = folder("page");
     let (mailer, members) = mailer(&dir).await;

@@ -3,8 +3,13 @@
 
 use std::fmt::Write as _;
 
-use axum::http::HeaderMap;
+use std::sync::Arc;
+
+use axum::extract::Request;
 use axum::http::header::{HOST, ORIGIN};
+use axum::http::{HeaderMap, StatusCode};
+use axum::middleware::Next;
+use axum::response::{IntoResponse, Response};
 
 /// A token of 32 random bytes from the operating system, in hex.
 pub(crate) fn random_token() -> String {
@@ -59,10 +64,10 @@ pub(crate) fn check(
 /// came from another site, is refused; one without either (a script, an old browser) is let
 /// through to the token's check.
 fn same_site(headers: &HeaderMap) -> Result<(), Refused> {
-    if let Some(site) = headers.get("sec-fetch-site") {
-        if !matches!(site.as_bytes(), b"same-origin" | b"none") {
-            return Err(Refused::Origin);
-        }
+    if let Some(site) = headers.get("sec-fetch-site")
+        && !matches!(site.as_bytes(), b"same-origin" | b"none")
+    {
+        return Err(Refused::Origin);
     }
     let Some(origin) = headers.get(ORIGIN) else {
         return Ok(());
@@ -81,6 +86,55 @@ fn same_site(headers: &HeaderMap) -> Result<(), Refused> {
     } else {
         Err(Refused::Origin)
     }
+}
+
+/// Whether the request's `Host` is one of `hosts` (`host:port`, lower case). A page served
+/// on a loopback address answers only to its loopback names: a site whose name an attacker
+/// points at 127.0.0.1 (DNS rebinding) would otherwise read the page, and its token.
+pub(crate) fn host_allowed(headers: &HeaderMap, hosts: &[String]) -> bool {
+    headers
+        .get(HOST)
+        .and_then(|host| host.to_str().ok())
+        .is_some_and(|host| {
+            hosts
+                .iter()
+                .any(|allowed| allowed.eq_ignore_ascii_case(host))
+        })
+}
+
+/// The middleware of [`Admin::allow_hosts`](super::Admin::allow_hosts): 403 for a request to
+/// another host.
+pub(crate) async fn only_hosts(hosts: Arc<[String]>, request: Request, next: Next) -> Response {
+    if host_allowed(request.headers(), &hosts) {
+        return next.run(request).await;
+    }
+    let host = request
+        .headers()
+        .get(HOST)
+        .and_then(|host| host.to_str().ok());
+    tracing::warn!(host, "admin.refused: a request to another host");
+    (
+        StatusCode::FORBIDDEN,
+        "forbidden: this page does not answer to that host name\n",
+    )
+        .into_response()
+}
+
+/// The names a browser gives a server bound to `address` when it is a loopback address:
+/// `127.0.0.1:PORT` and `localhost:PORT` (`[::1]:PORT` for IPv6); `None` for any other
+/// address, whose names cannot be known.
+pub(crate) fn loopback_hosts(address: std::net::SocketAddr) -> Option<Vec<String>> {
+    if !address.ip().is_loopback() {
+        return None;
+    }
+    let port = address.port();
+    Some(vec![
+        match address {
+            std::net::SocketAddr::V4(v4) => format!("{}:{port}", v4.ip()),
+            std::net::SocketAddr::V6(v6) => format!("[{}]:{port}", v6.ip()),
+        },
+        format!("localhost:{port}"),
+    ])
 }
 
 /// Compares in a time that does not depend on where the first difference is.
@@ -128,6 +182,22 @@ mod tests {
         assert_eq!(check(&none, None, "t"), Err(Refused::Token));
         assert_eq!(check(&none, Some("u"), "t"), Err(Refused::Token));
         assert_eq!(check(&none, Some(""), ""), Err(Refused::Token));
+    }
+
+    #[test]
+    fn a_page_on_loopback_answers_to_its_loopback_names_only() {
+        let v4 = loopback_hosts("127.0.0.1:8025".parse().unwrap()).unwrap();
+        assert_eq!(v4, ["127.0.0.1:8025", "localhost:8025"]);
+        let v6 = loopback_hosts("[::1]:8025".parse().unwrap()).unwrap();
+        assert_eq!(v6, ["[::1]:8025", "localhost:8025"]);
+        assert_eq!(loopback_hosts("0.0.0.0:8025".parse().unwrap()), None);
+        assert!(host_allowed(&headers(&[("host", "LocalHost:8025")]), &v4));
+        assert!(!host_allowed(
+            &headers(&[("host", "rebound.example:8025")]),
+            &v4
+        ));
+        assert!(!host_allowed(&headers(&[("host", "localhost:8026")]), &v4));
+        assert!(!host_allowed(&HeaderMap::new(), &v4));
     }
 
     #[test]

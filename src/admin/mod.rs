@@ -75,6 +75,8 @@ pub(crate) struct Shared {
     pub(crate) read_only: bool,
     /// How often the outbox's counts are kept for the chart.
     pub(crate) chart_every: Duration,
+    /// The `Host`s the page answers to (`host:port`); `None`: any.
+    pub(crate) hosts: Option<Vec<String>>,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
 }
@@ -101,6 +103,7 @@ impl Admin {
             token: guard::random_token(),
             read_only: false,
             chart_every: chart::EVERY,
+            hosts: None,
             history: Mutex::new(VecDeque::new()),
         })
     }
@@ -164,6 +167,24 @@ impl Admin {
         }))
     }
 
+    /// Answers only requests whose `Host` is one of `hosts` (`host:port` as a browser sends
+    /// it, e.g. `ops.example.com:443` or `127.0.0.1:8025`); any other is answered 403. Against
+    /// DNS rebinding, where a site an operator visits points its own name at the page's
+    /// address. [`serve`](Admin::serve) on a loopback address sets the loopback names itself.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).allow_hosts(["mail-ops.internal:8025"]);
+    /// # }
+    /// ```
+    pub fn allow_hosts<S: Into<String>>(self, hosts: impl IntoIterator<Item = S>) -> Admin {
+        Admin::with(Shared {
+            hosts: Some(hosts.into_iter().map(Into::into).collect()),
+            ..self.settings()
+        })
+    }
+
     /// This page's settings, with a chart of its own.
     fn settings(&self) -> Shared {
         let shared = &self.shared;
@@ -172,6 +193,7 @@ impl Admin {
             token: shared.token.clone(),
             read_only: shared.read_only,
             chart_every: shared.chart_every,
+            hosts: shared.hosts.clone(),
             history: Mutex::new(VecDeque::new()),
         }
     }
@@ -221,23 +243,39 @@ impl Admin {
                 .route(actions[2], post(actions::requeue))
                 .route(actions[3], post(actions::purge))
         };
+        let routes = match &self.shared.hosts {
+            Some(hosts) => {
+                let hosts: Arc<[String]> = hosts.clone().into();
+                routes.layer(axum::middleware::from_fn(move |request, next| {
+                    guard::only_hosts(Arc::clone(&hosts), request, next)
+                }))
+            }
+            None => routes,
+        };
         routes.with_state(Arc::clone(&self.shared))
     }
 
     /// Serves the page alone on `listener` until the server fails: what `mail-breaker serve`
-    /// does. Bind to 127.0.0.1 unless something in front authenticates.
+    /// does. Bind to 127.0.0.1 unless something in front authenticates. On a loopback
+    /// address, unless [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
+    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`.
     ///
     /// ```no_run
     /// # use std::sync::Arc;
     /// # async fn run(mailer: Arc<mail_breaker::Mailer>) -> std::io::Result<()> {
     /// let admin = mail_breaker::admin::Admin::new(mailer);
     /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8025").await?;
-    /// println!("http://{}/ (actions behind token {})", listener.local_addr()?, admin.token());
+    /// println!("the operator page: http://{}/", listener.local_addr()?);
     /// admin.serve(listener).await
     /// # }
     /// ```
     pub async fn serve(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
-        axum::serve(listener, self.router()).await
+        let loopback = guard::loopback_hosts(listener.local_addr()?);
+        let admin = match loopback {
+            Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),
+            _ => self.clone(),
+        };
+        axum::serve(listener, admin.router()).await
     }
 }
 
