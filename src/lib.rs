@@ -2,6 +2,8 @@
 #![warn(missing_docs)]
 
 pub mod adapters;
+#[cfg(feature = "admin")]
+pub mod admin;
 pub mod breaker;
 mod cascade;
 pub mod config;

@@ -240,10 +240,12 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
             }
         };
         let transport_name: Arc<str> = Arc::from(self.inner.name());
+        let history = Arc::new(events::History::new(&counting));
         let late = events::reporter(
             self.listener.clone(),
             Arc::clone(&transport_name),
             self.shadow,
+            Arc::clone(&history),
         );
         Ok(CircuitBreakerTransport {
             inner: self.inner,
@@ -264,6 +266,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 late,
                 shadow: self.shadow,
                 slow_call: self.slow_call,
+                history,
             },
         })
     }

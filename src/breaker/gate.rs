@@ -5,7 +5,7 @@ use std::borrow::Cow;
 use std::sync::Arc;
 use std::time::Duration;
 
-use super::events::{Listener, announce};
+use super::events::{History, Listener, announce};
 use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::metrics;
@@ -35,6 +35,8 @@ pub(crate) struct Gate {
     pub(crate) shadow: bool,
     /// A success slower than this counts as a failure.
     pub(crate) slow_call: Option<Duration>,
+    /// The last changes of state, for an operator.
+    pub(crate) history: Arc<History>,
 }
 
 /// Leave to send one message: the permits of each of its breakers. Dropped unused, it
@@ -247,6 +249,7 @@ impl Gate {
                 key,
                 transitions,
                 self.shadow,
+                Some(&self.history),
             );
         }
     }

@@ -23,7 +23,7 @@ pub use crate::machine::{
     Transitions,
 };
 pub use builder::CircuitBreakerBuilder;
-pub use events::StateChange;
+pub use events::{RecentChange, StateChange};
 pub use scope::Scope;
 
 use future::LocalSend;

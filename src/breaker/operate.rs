@@ -4,6 +4,7 @@
 //! reached answers from, and acts on, local state, and says so in the logs.
 
 use super::CircuitBreakerTransport;
+use super::events::RecentChange;
 use crate::Transport;
 use crate::machine::{Snapshot, Transitions};
 
@@ -85,7 +86,7 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     pub async fn isolate_key(&self, key: &str) {
         let gate = &self.gate;
         let transitions = gate.store.isolate(key, &gate.rules, &gate.late).await;
-        self.told(key, transitions);
+        self.by_hand(key, transitions, true);
     }
 
     /// Closes the breaker under [`Scope::Transport`](crate::Scope::Transport), clears its
@@ -98,10 +99,26 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     pub async fn reset_key(&self, key: &str) {
         let gate = &self.gate;
         let transitions = gate.store.reset(key, &gate.rules, &gate.late).await;
-        self.told(key, transitions);
+        self.by_hand(key, transitions, false);
     }
 
-    fn told(&self, key: &str, transitions: Transitions) {
-        self.gate.announce(self.inner.name(), key, transitions);
+    /// The last changes of state this process saw, of every key, newest first (at most 20),
+    /// each with its time and reason; an isolation or reset by hand is one even when the
+    /// state stays. With a `RedisStore`, a change another process made shows here when this
+    /// one learns of it.
+    pub fn recent_changes(&self) -> Vec<RecentChange> {
+        self.gate.history.recent()
+    }
+
+    /// Remembers an isolation (or reset) with its reason, then logs its changes and tells
+    /// the listener.
+    fn by_hand(&self, key: &str, transitions: Transitions, isolated: bool) {
+        let gate = &self.gate;
+        gate.history.by_hand(key, transitions, isolated);
+        if !transitions.is_empty() {
+            let listener = gate.listener.as_ref();
+            let transport = self.inner.name();
+            super::events::announce(listener, transport, key, transitions, gate.shadow, None);
+        }
     }
 }

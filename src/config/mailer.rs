@@ -24,6 +24,66 @@ use crate::{
 /// so that every member's breaker is of one type.
 pub type MemberBreaker = CircuitBreakerTransport<Box<dyn Transport>>;
 
+/// A member's rate limit as a [`Mailer`] holds it, from [`Mailer::limiters`]: its name (the
+/// member's), the rate configured and the rate now.
+///
+/// ```no_run
+/// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+/// let mailer = mail_breaker::Mailer::from_dsn("smtp://relay:587?rate=10/s&rate.adaptive=true")?
+///     .build()
+///     .await?;
+/// for limiter in mailer.limiters() {
+///     println!("{}: {} of {} a second", limiter.name(), limiter.per_second(), limiter.configured_per_second());
+/// }
+/// # Ok(())
+/// # }
+/// ```
+pub struct MemberLimiter {
+    name: String,
+    configured: f64,
+    adaptive: bool,
+    limiter: Arc<RateLimitTransport<Box<dyn Transport>>>,
+}
+
+impl fmt::Debug for MemberLimiter {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("MemberLimiter")
+            .field("name", &self.name)
+            .field("configured", &self.configured)
+            .field("per_second", &self.per_second())
+            .field("adaptive", &self.adaptive)
+            .finish()
+    }
+}
+
+impl MemberLimiter {
+    /// The member's name, which the limiter goes by.
+    pub fn name(&self) -> &str {
+        &self.name
+    }
+
+    /// The rate configured, in sends per second.
+    pub fn configured_per_second(&self) -> f64 {
+        self.configured
+    }
+
+    /// The rate allowed now: the configured rate, or less while an adaptive limiter recovers
+    /// from a provider's throttle.
+    pub fn per_second(&self) -> f64 {
+        self.limiter.per_second()
+    }
+
+    /// Whether a provider's throttle lowers the rate.
+    pub fn is_adaptive(&self) -> bool {
+        self.adaptive
+    }
+
+    /// The limiter itself.
+    pub fn limiter(&self) -> &RateLimitTransport<Box<dyn Transport>> {
+        &self.limiter
+    }
+}
+
 /// The whole stack a [`MailerConfig`] describes, as one [`Transport`]; with its members'
 /// breakers by name, for snapshots, isolation and reset.
 ///
@@ -43,6 +103,7 @@ pub type MemberBreaker = CircuitBreakerTransport<Box<dyn Transport>>;
 pub struct Mailer {
     stack: Box<dyn Transport>,
     breakers: Vec<(String, Arc<MemberBreaker>)>,
+    limiters: Vec<MemberLimiter>,
     #[cfg(feature = "outbox")]
     outbox: Option<crate::outbox::Outbox>,
     /// Stops the outbox's worker when the mailer goes.
@@ -81,6 +142,11 @@ impl Mailer {
         self.breakers
             .iter()
             .map(|(name, breaker)| (name.as_str(), &**breaker))
+    }
+
+    /// Every member's rate limit, in the configuration's order (members without one left out).
+    pub fn limiters(&self) -> impl Iterator<Item = &MemberLimiter> {
+        self.limiters.iter()
     }
 
     /// The outbox the stack queues in, when it has one.
@@ -189,9 +255,10 @@ impl MailerConfig {
             None => None,
         };
         let mut breakers: Vec<(String, Arc<MemberBreaker>)> = Vec::new();
+        let mut limiters = Vec::new();
         for (index, member) in self.members.iter().enumerate() {
             let path = format!("member[{index}]");
-            let (name, breaker) = build_member(member, &path, store.as_ref())?;
+            let (name, breaker, limiter) = build_member(member, &path, store.as_ref())?;
             if let Some(taken) = breakers.iter().position(|(other, _)| *other == name) {
                 return Err(ConfigError::new(
                     format!("{path}.name"),
@@ -199,6 +266,7 @@ impl MailerConfig {
                 ));
             }
             breakers.push((name, breaker));
+            limiters.extend(limiter);
         }
         let pooled: Box<dyn Transport> = match breakers.as_slice() {
             [(_, only)] => Box::new(Arc::clone(only)),
@@ -231,6 +299,7 @@ impl MailerConfig {
             Ok(Mailer {
                 stack,
                 breakers,
+                limiters,
                 outbox,
                 _worker: worker,
                 behind_outbox,
@@ -241,6 +310,7 @@ impl MailerConfig {
         Ok(Mailer {
             stack,
             breakers,
+            limiters,
             config: self,
         })
     }
@@ -253,29 +323,35 @@ type Store = Arc<crate::RedisStore>;
 #[cfg(not(feature = "redis"))]
 type Store = std::convert::Infallible;
 
-/// A member's name and breaker.
+/// A member's name, breaker and rate limit.
 fn build_member(
     member: &MemberConfig,
     path: &str,
     store: Option<&Store>,
-) -> Result<(String, Arc<MemberBreaker>), ConfigError> {
+) -> Result<(String, Arc<MemberBreaker>, Option<MemberLimiter>), ConfigError> {
     let provider = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
         .clone()
         .unwrap_or_else(|| provider.name().to_owned());
-    let paced: Box<dyn Transport> = match &member.rate {
-        // Amazon SES counts each recipient against its maximum send rate.
+    let (paced, limiter): (Box<dyn Transport>, _) = match &member.rate {
         Some(rate) => {
+            // Amazon SES counts each recipient against its maximum send rate.
             let per_recipient = matches!(member.provider, Provider::Ses { .. });
-            let limiter = build_rate(provider, rate, &name, store, path, per_recipient)?;
-            Box::new(limiter)
+            let limiter = Arc::new(build_rate(provider, rate, &name, store, path, per_recipient)?);
+            let held = MemberLimiter {
+                name: name.clone(),
+                configured: rate.per_second,
+                adaptive: rate.adaptive == Some(true),
+                limiter: Arc::clone(&limiter),
+            };
+            (Box::new(limiter), Some(held))
         }
-        None => provider,
+        None => (provider, None),
     };
     let breaker = build_breaker(paced, &member.breaker, store)
         .map_err(|error| error.within(&format!("{path}.breaker")))?;
-    Ok((name, Arc::new(breaker)))
+    Ok((name, Arc::new(breaker), limiter))
 }
 
 /// The member's provider, reached as `connection` says. `path` is the member's: an error in

@@ -85,6 +85,6 @@ mod tree;
 pub use error::ConfigError;
 pub(crate) use error::{at_least_one, non_zero_duration};
 #[cfg(feature = "config")]
-pub use mailer::{Mailer, MemberBreaker};
+pub use mailer::{Mailer, MemberBreaker, MemberLimiter};
 #[cfg(feature = "config")]
 pub use tree::MailerConfig;

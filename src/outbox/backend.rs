@@ -113,4 +113,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// One message, queued or dead, read and left as it is (`inspect.rs`).
     async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError>;
+    /// The database, for the operator page's reads (`admin_reads.rs`); `None` for one
+    /// without a table.
+    #[cfg(feature = "admin")]
+    fn database(&self) -> Option<super::admin_reads::Database<'_>> {
+        None
+    }
 }

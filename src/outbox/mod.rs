@@ -57,6 +57,8 @@ use tokio::sync::Notify;
 
 use crate::{Envelope, Message, SendError, Transport};
 
+#[cfg(feature = "admin")]
+mod admin_reads;
 mod backend;
 mod inspect;
 mod lanes;

@@ -228,6 +228,11 @@ pub(crate) async fn insert(
 
 #[async_trait::async_trait]
 impl Backend for PostgresBackend {
+    #[cfg(feature = "admin")]
+    fn database(&self) -> Option<super::admin_reads::Database<'_>> {
+        Some(super::admin_reads::Database::Postgres(&self.pool))
+    }
+
     async fn enqueue(&self, rows: &[NewRow], _now: Millis) -> Result<Vec<OutboxId>, SendError> {
         if let [row] = rows {
             let mut connection = self

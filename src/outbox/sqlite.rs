@@ -172,6 +172,11 @@ pub(crate) async fn insert(
 
 #[async_trait::async_trait]
 impl Backend for SqliteBackend {
+    #[cfg(feature = "admin")]
+    fn database(&self) -> Option<super::admin_reads::Database<'_>> {
+        Some(super::admin_reads::Database::Sqlite(&self.pool))
+    }
+
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
         let stored = async {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;

@@ -1,0 +1,166 @@
+//! The page's actions: isolate and reset a member's breaker, requeue and purge a dead
+//! letter. Each checks the request first ([`guard`](super::guard)), is logged, and sends the
+//! browser back to the page.
+
+use std::collections::HashMap;
+use std::sync::Arc;
+
+use axum::extract::{Form, OriginalUri, Path, State};
+use axum::http::{HeaderMap, StatusCode, Uri, header};
+use axum::response::{IntoResponse, Redirect, Response};
+
+use super::Shared;
+use super::guard;
+use crate::outbox::OutboxId;
+
+/// A POST to a read-only page.
+pub(crate) async fn read_only() -> Response {
+    (
+        StatusCode::METHOD_NOT_ALLOWED,
+        [(header::ALLOW, "GET")],
+        "this page is read-only: it takes no action\n",
+    )
+        .into_response()
+}
+
+/// The form's fields: only `token` is read.
+type Fields = HashMap<String, String>;
+
+/// Refuses a request that may not act (403, logged), else `None`.
+fn refused(
+    shared: &Shared,
+    headers: &HeaderMap,
+    fields: &Fields,
+    action: &str,
+) -> Option<Response> {
+    let token = fields.get("token").map(String::as_str);
+    let refusal = guard::check(headers, token, &shared.token).err()?;
+    tracing::warn!(action, why = refusal.as_str(), "admin.refused");
+    Some(
+        (
+            StatusCode::FORBIDDEN,
+            format!("forbidden: {}\n", refusal.as_str()),
+        )
+            .into_response(),
+    )
+}
+
+/// Back to the page the form was on: the path this router is mounted at.
+fn back(original: &Uri, routed: &Uri) -> Response {
+    let mount = super::mount_path(original.path(), routed.path());
+    Redirect::to(&format!("{mount}/")).into_response()
+}
+
+fn not_found(what: String) -> Response {
+    (StatusCode::NOT_FOUND, format!("{what}\n")).into_response()
+}
+
+pub(crate) async fn isolate(
+    state: State<Arc<Shared>>,
+    path: Path<String>,
+    uris: (OriginalUri, Uri),
+    headers: HeaderMap,
+    form: Form<Fields>,
+) -> Response {
+    on_breaker(state, path, uris, headers, form, true).await
+}
+
+pub(crate) async fn reset(
+    state: State<Arc<Shared>>,
+    path: Path<String>,
+    uris: (OriginalUri, Uri),
+    headers: HeaderMap,
+    form: Form<Fields>,
+) -> Response {
+    on_breaker(state, path, uris, headers, form, false).await
+}
+
+async fn on_breaker(
+    State(shared): State<Arc<Shared>>,
+    Path(name): Path<String>,
+    (OriginalUri(original), routed): (OriginalUri, Uri),
+    headers: HeaderMap,
+    Form(fields): Form<Fields>,
+    isolate: bool,
+) -> Response {
+    let action = if isolate { "isolate" } else { "reset" };
+    if let Some(refusal) = refused(&shared, &headers, &fields, action) {
+        return refusal;
+    }
+    let Some(breaker) = shared.mailer.breaker(&name) else {
+        return not_found(format!("no member is named {name:?}"));
+    };
+    if isolate {
+        breaker.isolate().await;
+        tracing::info!(member = %name, "admin.breaker_isolated");
+    } else {
+        breaker.reset().await;
+        tracing::info!(member = %name, "admin.breaker_reset");
+    }
+    back(&original, &routed)
+}
+
+pub(crate) async fn requeue(
+    state: State<Arc<Shared>>,
+    path: Path<i64>,
+    uris: (OriginalUri, Uri),
+    headers: HeaderMap,
+    form: Form<Fields>,
+) -> Response {
+    on_dead_letter(state, path, uris, headers, form, true).await
+}
+
+pub(crate) async fn purge(
+    state: State<Arc<Shared>>,
+    path: Path<i64>,
+    uris: (OriginalUri, Uri),
+    headers: HeaderMap,
+    form: Form<Fields>,
+) -> Response {
+    on_dead_letter(state, path, uris, headers, form, false).await
+}
+
+async fn on_dead_letter(
+    State(shared): State<Arc<Shared>>,
+    Path(id): Path<i64>,
+    (OriginalUri(original), routed): (OriginalUri, Uri),
+    headers: HeaderMap,
+    Form(fields): Form<Fields>,
+    requeue: bool,
+) -> Response {
+    let action = if requeue { "requeue" } else { "purge" };
+    if let Some(refusal) = refused(&shared, &headers, &fields, action) {
+        return refusal;
+    }
+    let Some(outbox) = shared.mailer.outbox() else {
+        return not_found("the mailer has no outbox".to_owned());
+    };
+    let id = OutboxId::from(id);
+    // A purge from this page deletes only a dead letter, never mail still queued.
+    let dead = match outbox.dead_letters(super::read::DEAD_SHOWN).await {
+        Ok(letters) => letters.iter().any(|letter| letter.id == id),
+        Err(error) => return failed(action, &error),
+    };
+    let done = match (dead, requeue) {
+        (false, _) => Ok(false),
+        (true, true) => outbox.requeue(id).await,
+        (true, false) => outbox.purge(id).await,
+    };
+    match done {
+        Ok(true) => {
+            tracing::info!(id = %id, action, "admin.dead_letter");
+            back(&original, &routed)
+        }
+        Ok(false) => not_found(format!("no dead letter has id {id}")),
+        Err(error) => failed(action, &error),
+    }
+}
+
+fn failed(action: &str, error: &crate::SendError) -> Response {
+    tracing::warn!(action, error = %error, "admin.failed");
+    (
+        StatusCode::SERVICE_UNAVAILABLE,
+        format!("the outbox did not answer: {}\n", error.message()),
+    )
+        .into_response()
+}

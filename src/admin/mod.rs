@@ -1,0 +1,313 @@
+//! The operator page (feature `admin`): a [`Mailer`]'s breakers, limiters, outbox and dead
+//! letters on one page served by axum, with the actions an operator needs.
+//!
+//! Everything shown is read from the crate's own snapshots at each request: each member's
+//! breaker ([`snapshot`](crate::CircuitBreakerTransport::snapshot) and
+//! [`recent_changes`](crate::CircuitBreakerTransport::recent_changes)), each limiter
+//! ([`Mailer::limiters`]), the outbox's [`stats`](crate::Outbox::stats) and
+//! [`dead_letters`](crate::Outbox::dead_letters). The chart of the last hour is drawn from
+//! `stats` read every 15 seconds by this process while the router lives.
+//!
+//! # Routes
+//! | route | what |
+//! | --- | --- |
+//! | `GET /` | the page (HTML, refreshes itself every 5 s) |
+//! | `GET /api/breakers`, `/api/limiters`, `/api/outbox`, `/api/dead` | the same data as JSON |
+//! | `POST /breakers/{name}/isolate`, `POST /breakers/{name}/reset` | hold a member's breaker open, or close it |
+//! | `POST /outbox/dead/{id}/requeue`, `POST /outbox/dead/{id}/purge` | send a dead letter again, or delete it |
+//!
+//! A member's name goes into a path percent-encoded (`smtp%3A%2F%2Frelay%3A587`).
+//!
+//! # Safety of the actions
+//! Each action is a plain HTML form that carries the page's token ([`Admin::token`]). A POST
+//! without it, or whose `Origin` is another site's, is answered 403 and changes nothing; each
+//! action done is logged with `tracing` (`admin.*` at INFO, refusals at WARN). With
+//! [`Admin::read_only`] the page shows no form and every POST is answered 405.
+//!
+//! The router has no authentication of its own: mount it behind the application's.
+//!
+//! # Example
+//! ```no_run
+//! use std::sync::Arc;
+//! use mail_breaker::admin::Admin;
+//! use mail_breaker::Mailer;
+//!
+//! # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+//! let mailer = Arc::new(Mailer::from_dsn(&std::env::var("MAILER_DSN")?)?.build().await?);
+//! let app = axum::Router::new()
+//!     // ... the application's own routes, and its authentication layer over this nest
+//!     .nest("/admin/mail", Admin::new(Arc::clone(&mailer)).router());
+//! let listener = tokio::net::TcpListener::bind("127.0.0.1:8080").await?;
+//! axum::serve(listener, app).await?;
+//! # Ok(())
+//! # }
+//! ```
+
+use std::collections::VecDeque;
+use std::fmt;
+use std::sync::{Arc, Mutex, PoisonError, Weak};
+use std::time::{Duration, Instant};
+
+use axum::Router;
+use axum::routing::{get, post};
+
+use crate::{ConfigError, Mailer};
+
+mod actions;
+mod chart;
+mod guard;
+mod page;
+mod read;
+
+/// The operator page over one [`Mailer`]; see the [module docs](self).
+///
+/// Cheap to clone: clones share the mailer, the token and the chart's readings.
+#[derive(Clone)]
+pub struct Admin {
+    shared: Arc<Shared>,
+}
+
+/// What every request of one page reads.
+pub(crate) struct Shared {
+    pub(crate) mailer: Arc<Mailer>,
+    /// The token every action's form carries.
+    pub(crate) token: String,
+    pub(crate) read_only: bool,
+    /// How often the outbox's counts are kept for the chart.
+    pub(crate) chart_every: Duration,
+    /// The `Host`s the page answers to (`host:port`); `None`: any.
+    pub(crate) hosts: Option<Vec<String>>,
+    /// The outbox's counts over the last hour, for the chart.
+    pub(crate) history: Mutex<VecDeque<chart::Sample>>,
+}
+
+impl fmt::Debug for Admin {
+    /// The mailer and whether it is read-only; never the token.
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("Admin")
+            .field("mailer", &self.shared.mailer)
+            .field("read_only", &self.shared.read_only)
+            .finish_non_exhaustive()
+    }
+}
+
+/// The shortest token [`Admin::with_token`] takes.
+const SHORTEST_TOKEN: usize = 16;
+
+impl Admin {
+    /// The page over `mailer`, with its actions behind a token drawn at random from the
+    /// operating system.
+    pub fn new(mailer: Arc<Mailer>) -> Admin {
+        Admin::with(Shared {
+            mailer,
+            token: guard::random_token(),
+            read_only: false,
+            chart_every: chart::EVERY,
+            hosts: None,
+            history: Mutex::new(VecDeque::new()),
+        })
+    }
+
+    /// The page with its actions behind `token` (at least 16 characters, letters, digits,
+    /// `-` and `_`), for a server that keeps one token across restarts or shares it between
+    /// processes.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).with_token("a-long-token-from-a-secret-store")?;
+    /// assert_eq!(admin.token(), "a-long-token-from-a-secret-store");
+    /// # Ok(()) }
+    /// ```
+    pub fn with_token(self, token: impl Into<String>) -> Result<Admin, ConfigError> {
+        let token = token.into();
+        let fits = |c: char| c.is_ascii_alphanumeric() || c == '-' || c == '_';
+        if token.len() < SHORTEST_TOKEN || !token.chars().all(fits) {
+            return Err(ConfigError::new(
+                "token",
+                format!(
+                    "must be at least {SHORTEST_TOKEN} characters of letters, digits, '-' and '_'"
+                ),
+            ));
+        }
+        Ok(Admin::with(Shared {
+            token,
+            ..self.settings()
+        }))
+    }
+
+    /// The page without any action: no form is shown and every POST is answered 405.
+    pub fn read_only(self) -> Admin {
+        Admin::with(Shared {
+            read_only: true,
+            ..self.settings()
+        })
+    }
+
+    /// How often the outbox's counts are read for the chart (default 15 s; at least 100 ms).
+    /// The chart keeps at most 720 readings, an hour at the default.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # use std::time::Duration;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).chart_every(Duration::from_secs(5))?;
+    /// # Ok(()) }
+    /// ```
+    pub fn chart_every(self, every: Duration) -> Result<Admin, ConfigError> {
+        if every < Duration::from_millis(100) {
+            return Err(ConfigError::new(
+                "chart_every",
+                format!("must be at least 100 ms, got {every:?}"),
+            ));
+        }
+        Ok(Admin::with(Shared {
+            chart_every: every,
+            ..self.settings()
+        }))
+    }
+
+    /// Answers only requests whose `Host` is one of `hosts` (`host:port` as a browser sends
+    /// it, e.g. `ops.example.com:443` or `127.0.0.1:8025`); any other is answered 403. Against
+    /// DNS rebinding, where a site an operator visits points its own name at the page's
+    /// address. [`serve`](Admin::serve) on a loopback address sets the loopback names itself.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).allow_hosts(["mail-ops.internal:8025"]);
+    /// # }
+    /// ```
+    pub fn allow_hosts<S: Into<String>>(self, hosts: impl IntoIterator<Item = S>) -> Admin {
+        Admin::with(Shared {
+            hosts: Some(hosts.into_iter().map(Into::into).collect()),
+            ..self.settings()
+        })
+    }
+
+    /// This page's settings, with a chart of its own.
+    fn settings(&self) -> Shared {
+        let shared = &self.shared;
+        Shared {
+            mailer: Arc::clone(&shared.mailer),
+            token: shared.token.clone(),
+            read_only: shared.read_only,
+            chart_every: shared.chart_every,
+            hosts: shared.hosts.clone(),
+            history: Mutex::new(VecDeque::new()),
+        }
+    }
+
+    fn with(shared: Shared) -> Admin {
+        Admin {
+            shared: Arc::new(shared),
+        }
+    }
+
+    /// The token the page's forms carry (a secret: whoever holds it and reaches the router
+    /// can act).
+    pub fn token(&self) -> &str {
+        &self.shared.token
+    }
+
+    /// Whether the actions are removed.
+    pub fn is_read_only(&self) -> bool {
+        self.shared.read_only
+    }
+
+    /// The page's routes, to mount with `Router::nest` (or serve alone). Inside a Tokio
+    /// runtime it also starts reading the outbox's counts every 15 seconds for the chart,
+    /// until the router and every clone of this `Admin` are dropped.
+    pub fn router(&self) -> Router {
+        chart::start_sampling(Arc::downgrade(&self.shared), self.shared.chart_every);
+        let routes = Router::new()
+            .route("/", get(page::show))
+            .route("/api/breakers", get(read::breakers_json))
+            .route("/api/limiters", get(read::limiters_json))
+            .route("/api/outbox", get(read::outbox_json))
+            .route("/api/dead", get(read::dead_json));
+        let actions = [
+            "/breakers/{name}/isolate",
+            "/breakers/{name}/reset",
+            "/outbox/dead/{id}/requeue",
+            "/outbox/dead/{id}/purge",
+        ];
+        let routes = if self.shared.read_only {
+            actions.into_iter().fold(routes, |routes, path| {
+                routes.route(path, post(actions::read_only))
+            })
+        } else {
+            routes
+                .route(actions[0], post(actions::isolate))
+                .route(actions[1], post(actions::reset))
+                .route(actions[2], post(actions::requeue))
+                .route(actions[3], post(actions::purge))
+        };
+        let routes = match &self.shared.hosts {
+            Some(hosts) => {
+                let hosts: Arc<[String]> = hosts.clone().into();
+                routes.layer(axum::middleware::from_fn(move |request, next| {
+                    guard::only_hosts(Arc::clone(&hosts), request, next)
+                }))
+            }
+            None => routes,
+        };
+        routes.with_state(Arc::clone(&self.shared))
+    }
+
+    /// Serves the page alone on `listener` until the server fails: what `mail-breaker serve`
+    /// does. Bind to 127.0.0.1 unless something in front authenticates. On a loopback
+    /// address, unless [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
+    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # async fn run(mailer: Arc<mail_breaker::Mailer>) -> std::io::Result<()> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer);
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8025").await?;
+    /// println!("the operator page: http://{}/", listener.local_addr()?);
+    /// admin.serve(listener).await
+    /// # }
+    /// ```
+    pub async fn serve(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+        let loopback = guard::loopback_hosts(listener.local_addr()?);
+        let admin = match loopback {
+            Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),
+            _ => self.clone(),
+        };
+        axum::serve(listener, admin.router()).await
+    }
+}
+
+/// `Admin::new(mailer).router()`: the page with its actions behind a random token.
+pub fn router(mailer: Arc<Mailer>) -> Router {
+    Admin::new(mailer).router()
+}
+
+impl Shared {
+    /// Keeps a reading of the outbox for the chart, unless one was kept less than `every` ago.
+    pub(crate) fn keep(&self, sample: chart::Sample, every: Duration) {
+        let mut history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        chart::keep(&mut history, sample, every, Instant::now());
+    }
+
+    /// The chart's readings, oldest first.
+    pub(crate) fn history(&self) -> Vec<chart::Sample> {
+        let history = self.history.lock().unwrap_or_else(PoisonError::into_inner);
+        history.iter().copied().collect()
+    }
+}
+
+/// The path the router is mounted at (`""` at the root, `/ops/mail` under `nest`), from the
+/// request's path as it came (`original`) and as the router sees it (`routed`).
+pub(crate) fn mount_path<'a>(original: &'a str, routed: &str) -> &'a str {
+    match original.strip_suffix(routed) {
+        Some(mount) => mount,
+        // `nest("/ops/mail", ..)` routes `/ops/mail` itself to `/`.
+        None if routed == "/" => original.trim_end_matches('/'),
+        None => "",
+    }
+}
+
+/// What the sampler holds: the page's state while anything else does.
+pub(crate) type WeakShared = Weak<Shared>;

@@ -1,0 +1,290 @@
+//! What the page shows, read from the mailer's own snapshots at each request, and the
+//! `/api/` routes that give it as JSON.
+
+use std::sync::Arc;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use axum::Json;
+use axum::extract::State;
+use axum::http::StatusCode;
+use axum::response::{IntoResponse, Response};
+use serde::Serialize;
+
+use super::Shared;
+use super::chart::Sample;
+use crate::State as BreakerState;
+use crate::outbox::OutboxId;
+
+/// The most dead letters the page lists.
+pub(crate) const DEAD_SHOWN: u32 = 100;
+
+/// How many of a breaker's last changes are shown.
+const CHANGES_SHOWN: usize = 5;
+
+/// One member's breaker.
+#[derive(Debug, Serialize)]
+pub(crate) struct Breaker {
+    /// The member's name, as the routes take it.
+    pub name: String,
+    /// The key of its breaker (the provider's name).
+    pub key: String,
+    /// `closed`, `open`, `half_open` or `isolated`.
+    pub state: &'static str,
+    pub failures: u32,
+    /// Results counted (see `Snapshot::calls`).
+    pub calls: u32,
+    /// Of those, the ones that were not failures.
+    pub successes: u32,
+    pub failure_rate: Option<f64>,
+    /// When it last opened, as this process saw it (milliseconds since the Unix epoch).
+    pub opened_at_ms: Option<u64>,
+    /// While open: how long until a probe may go (milliseconds).
+    pub next_probe_ms: Option<u64>,
+    pub open_streak: u32,
+    pub recent_changes: Vec<Change>,
+}
+
+/// One change of a breaker's state.
+#[derive(Debug, Serialize)]
+pub(crate) struct Change {
+    pub key: String,
+    pub from: &'static str,
+    pub to: &'static str,
+    pub at_ms: u64,
+    pub reason: String,
+}
+
+/// One member's rate limit.
+#[derive(Debug, Serialize)]
+pub(crate) struct Limiter {
+    pub name: String,
+    pub configured_per_second: f64,
+    pub per_second: f64,
+    pub adaptive: bool,
+    /// How far below the configured rate it is now, in percent (0 when not backed off).
+    pub backed_off_percent: f64,
+}
+
+/// The outbox's counts.
+#[derive(Debug, Serialize)]
+pub(crate) struct Outbox {
+    pub queued: u64,
+    pub due: u64,
+    pub leased: u64,
+    pub dead: u64,
+    pub oldest_seconds: Option<f64>,
+    /// The counts read over the last hour, oldest first.
+    pub last_hour: Vec<Point>,
+}
+
+/// One reading of the chart.
+#[derive(Debug, Serialize)]
+pub(crate) struct Point {
+    pub at_ms: u64,
+    pub queued: u64,
+    pub dead: u64,
+}
+
+/// One dead letter.
+#[derive(Debug, Serialize)]
+pub(crate) struct Dead {
+    pub id: i64,
+    pub sender: Option<String>,
+    pub recipients: Vec<String>,
+    /// The message's `Subject`, decoded; `None` when it has none or it could not be read.
+    pub subject: Option<String>,
+    pub attempts: u32,
+    pub category: &'static str,
+    pub code: String,
+    pub message: String,
+    pub transport: Option<String>,
+    pub died_at_ms: u64,
+}
+
+/// Milliseconds since the Unix epoch.
+pub(crate) fn epoch_ms(at: SystemTime) -> u64 {
+    at.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        u64::try_from(since.as_millis()).unwrap_or(u64::MAX)
+    })
+}
+
+fn millis(duration: Duration) -> u64 {
+    u64::try_from(duration.as_millis()).unwrap_or(u64::MAX)
+}
+
+/// The word for a breaker's state: an isolated breaker is open, but held so by hand.
+pub(crate) fn state_word(state: BreakerState, isolated: bool) -> &'static str {
+    if isolated { "isolated" } else { state.as_str() }
+}
+
+/// Every member's breaker, in the configuration's order.
+pub(crate) async fn breakers(shared: &Shared) -> Vec<Breaker> {
+    let mut read = Vec::new();
+    for (name, breaker) in shared.mailer.breakers() {
+        let snapshot = breaker.snapshot().await;
+        let changes = breaker.recent_changes();
+        let opened_at = match snapshot.state() {
+            BreakerState::Closed => None,
+            BreakerState::Open | BreakerState::HalfOpen => changes
+                .iter()
+                .find(|change| change.key == snapshot.key() && change.to == BreakerState::Open)
+                .map(|change| epoch_ms(change.at)),
+        };
+        let next_probe = match (snapshot.state(), snapshot.is_isolated()) {
+            (BreakerState::Open, false) => snapshot.retry_after().map(millis),
+            _ => None,
+        };
+        read.push(Breaker {
+            name: name.to_owned(),
+            key: snapshot.key().to_owned(),
+            state: state_word(snapshot.state(), snapshot.is_isolated()),
+            failures: snapshot.failures(),
+            calls: snapshot.calls(),
+            successes: snapshot.calls().saturating_sub(snapshot.failures()),
+            failure_rate: snapshot.failure_rate(),
+            opened_at_ms: opened_at,
+            next_probe_ms: next_probe,
+            open_streak: snapshot.open_streak(),
+            recent_changes: changes
+                .into_iter()
+                .take(CHANGES_SHOWN)
+                .map(|change| Change {
+                    key: change.key,
+                    from: change.from.as_str(),
+                    to: change.to.as_str(),
+                    at_ms: epoch_ms(change.at),
+                    reason: change.reason,
+                })
+                .collect(),
+        });
+    }
+    read
+}
+
+/// Every member's rate limit.
+pub(crate) fn limiters(shared: &Shared) -> Vec<Limiter> {
+    shared
+        .mailer
+        .limiters()
+        .map(|limiter| {
+            let (configured, now) = (limiter.configured_per_second(), limiter.per_second());
+            let backed_off = if configured > 0.0 && now < configured {
+                (1.0 - now / configured) * 100.0
+            } else {
+                0.0
+            };
+            Limiter {
+                name: limiter.name().to_owned(),
+                configured_per_second: configured,
+                per_second: now,
+                adaptive: limiter.is_adaptive(),
+                backed_off_percent: backed_off,
+            }
+        })
+        .collect()
+}
+
+/// The outbox's counts, `None` without an outbox; read now, and kept for the chart.
+pub(crate) async fn outbox(shared: &Shared) -> Option<Result<Outbox, crate::SendError>> {
+    let outbox = shared.mailer.outbox()?;
+    let stats = match outbox.stats().await {
+        Ok(stats) => stats,
+        Err(error) => return Some(Err(error)),
+    };
+    shared.keep(Sample::of(&stats), shared.chart_every);
+    let last_hour = shared
+        .history()
+        .into_iter()
+        .map(|sample| Point {
+            at_ms: epoch_ms(sample.wall),
+            queued: sample.queued,
+            dead: sample.dead,
+        })
+        .collect();
+    Some(Ok(Outbox {
+        queued: stats.queued,
+        due: stats.due,
+        leased: stats.leased,
+        dead: stats.dead,
+        oldest_seconds: stats.oldest.map(|age| age.as_secs_f64()),
+        last_hour,
+    }))
+}
+
+/// The dead letters, those dead longest first, with their subjects.
+pub(crate) async fn dead(shared: &Shared) -> Option<Result<Vec<Dead>, crate::SendError>> {
+    let outbox = shared.mailer.outbox()?;
+    let letters = match outbox.dead_letters(DEAD_SHOWN).await {
+        Ok(letters) => letters,
+        Err(error) => return Some(Err(error)),
+    };
+    // A subject that cannot be read is shown as missing, not as a failed page.
+    let heads = outbox
+        .dead_letter_heads(DEAD_SHOWN)
+        .await
+        .unwrap_or_default();
+    let subject_of = |id: OutboxId| {
+        heads
+            .iter()
+            .find(|(head, _)| *head == id)
+            .and_then(|(_, raw)| subject(raw))
+    };
+    Some(Ok(letters
+        .into_iter()
+        .map(|letter| Dead {
+            id: i64::from(letter.id),
+            sender: letter.envelope.from().map(ToString::to_string),
+            recipients: letter
+                .envelope
+                .to()
+                .iter()
+                .map(ToString::to_string)
+                .collect(),
+            subject: subject_of(letter.id),
+            attempts: letter.attempts,
+            category: letter.error.category().as_str(),
+            code: letter.error.code().to_owned(),
+            message: letter.error.message().to_owned(),
+            transport: letter.error.transport().map(str::to_owned),
+            died_at_ms: epoch_ms(letter.at),
+        })
+        .collect()))
+}
+
+/// The decoded `Subject` of a message's head.
+pub(crate) fn subject(raw: &[u8]) -> Option<String> {
+    let message = mail_parser::MessageParser::new().parse_headers(raw)?;
+    message.subject().map(str::to_owned)
+}
+
+/// An error the page shows in place of what it could not read.
+fn unavailable(error: &crate::SendError) -> Response {
+    let body = serde_json::json!({ "error": { "code": error.code(), "message": error.message() } });
+    (StatusCode::SERVICE_UNAVAILABLE, Json(body)).into_response()
+}
+
+pub(crate) async fn breakers_json(State(shared): State<Arc<Shared>>) -> Response {
+    Json(breakers(&shared).await).into_response()
+}
+
+pub(crate) async fn limiters_json(State(shared): State<Arc<Shared>>) -> Response {
+    Json(limiters(&shared)).into_response()
+}
+
+/// The outbox's counts; `null` when the mailer has no outbox.
+pub(crate) async fn outbox_json(State(shared): State<Arc<Shared>>) -> Response {
+    match outbox(&shared).await {
+        None => Json(serde_json::Value::Null).into_response(),
+        Some(Ok(outbox)) => Json(outbox).into_response(),
+        Some(Err(error)) => unavailable(&error),
+    }
+}
+
+/// The dead letters; `[]` when the mailer has no outbox.
+pub(crate) async fn dead_json(State(shared): State<Arc<Shared>>) -> Response {
+    match dead(&shared).await {
+        None => Json(Vec::<Dead>::new()).into_response(),
+        Some(Ok(dead)) => Json(dead).into_response(),
+        Some(Err(error)) => unavailable(&error),
+    }
+}

@@ -1,0 +1,59 @@
+//! Reads for the operator page (feature `admin`) that the outbox's API does not make: the
+//! head of each dead letter's message, where its subject is. Kept apart from the backends'
+//! own statements; like them, they read the outbox's table through the outbox.
+
+use sqlx::Row;
+
+use super::record::database_error;
+use super::{Outbox, OutboxId};
+use crate::SendError;
+
+/// How much of a message is read for its headers: a subject lies well within it.
+const HEAD_BYTES: i64 = 16 * 1024;
+
+/// The database behind an outbox, for the reads in this file.
+pub(crate) enum Database<'a> {
+    Sqlite(&'a sqlx::SqlitePool),
+    #[cfg(feature = "postgres")]
+    Postgres(&'a sqlx::PgPool),
+}
+
+impl Outbox {
+    /// The first bytes of each dead letter's message (its headers), up to `limit`, in the
+    /// order of [`dead_letters`](Outbox::dead_letters); empty for a backend without a table.
+    pub(crate) async fn dead_letter_heads(
+        &self,
+        limit: u32,
+    ) -> Result<Vec<(OutboxId, Vec<u8>)>, SendError> {
+        let read = |e| database_error("reading the dead letters' headers", e);
+        let rows = match self.backend().database() {
+            Some(Database::Sqlite(pool)) => sqlx::query(
+                "SELECT id, substr(raw, 1, ?1) FROM mail_breaker_outbox \
+                 WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT ?2",
+            )
+            .bind(HEAD_BYTES)
+            .bind(limit)
+            .fetch_all(pool)
+            .await
+            .map_err(read)?
+            .iter()
+            .map(|row| Ok((OutboxId(row.try_get(0)?), row.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>(),
+            #[cfg(feature = "postgres")]
+            Some(Database::Postgres(pool)) => sqlx::query(
+                "SELECT id, substring(raw FROM 1 FOR $1) FROM mail_breaker_outbox \
+                 WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT $2",
+            )
+            .bind(i32::try_from(HEAD_BYTES).unwrap_or(i32::MAX))
+            .bind(i64::from(limit))
+            .fetch_all(pool)
+            .await
+            .map_err(read)?
+            .iter()
+            .map(|row| Ok((OutboxId(row.try_get(0)?), row.try_get(1)?)))
+            .collect::<Result<Vec<_>, sqlx::Error>>(),
+            None => Ok(Vec::new()),
+        };
+        rows.map_err(read)
+    }
+}

@@ -1,0 +1,576 @@
+//! The operator page's router (feature `admin`), called in process with tower's `oneshot`:
+//! what each route answers, that `/api/` agrees with the mailer's own snapshots, that an
+//! action needs the page's token and this site's origin, that a read-only page takes no
+//! action, and that a subject holding markup is shown as text.
+#![cfg(all(feature = "admin", feature = "smtp"))]
+
+mod support;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use axum::Router;
+use axum::body::Body;
+use axum::http::{Request, Response, StatusCode, header};
+use http_body_util::BodyExt;
+use mail_breaker::admin::{self, Admin};
+use mail_breaker::outbox::Outbox;
+use mail_breaker::{Category, Mailer, Message, State, Transport};
+use serde_json::Value;
+use support::raw_smtp::{Answer, RawSmtp};
+use support::scripted::{Reply, Scripted};
+use support::servers::free_port;
+use tower::ServiceExt;
+
+/// The first member's name, as the DSN gives it (its URL), and the second's.
+struct Members {
+    first: String,
+    second: &'static str,
+}
+
+/// A folder of its own for a test's outbox.
+fn folder(test: &str) -> PathBuf {
+    let dir =
+        std::env::temp_dir().join(format!("mail-breaker-admin-{}-{test}", std::process::id()));
+    let _ = std::fs::remove_dir_all(&dir);
+    std::fs::create_dir_all(&dir).unwrap();
+    dir
+}
+
+/// A mailer of two members on ports where nothing listens (the router tests send nothing),
+/// the first with an adaptive rate limit, and an outbox in `dir`.
+async fn mailer(dir: &Path) -> (Arc<Mailer>, Members) {
+    let first = format!("smtp://127.0.0.1:{}", free_port());
+    let dsn = format!(
+        "failover({first}?rate=20/s&rate.adaptive=true smtp://127.0.0.1:{}?name=backup)\
+         ?outbox=sqlite://{}&outbox.poll=1h",
+        free_port(),
+        dir.join("outbox.db").display()
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    (
+        Arc::new(mailer),
+        Members {
+            first,
+            second: "backup",
+        },
+    )
+}
+
+/// Puts a message with `subject` among the dead letters of the outbox in `dir`, as a
+/// provider that refused it leaves it, before the mailer opens the file.
+async fn dead_letter(dir: &Path, subject: &str) {
+    let outbox = Outbox::sqlite(dir.join("outbox.db")).await.unwrap();
+    let dead_before = outbox.stats().await.unwrap().dead;
+    let message = Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject(subject)
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&message).await.unwrap();
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    outbox.worker(refusing).drain().await.unwrap();
+    assert_eq!(outbox.stats().await.unwrap().dead, dead_before + 1);
+}
+
+fn get(path: &str) -> Request<Body> {
+    Request::get(path).body(Body::empty()).unwrap()
+}
+
+/// A form POST to `path` with `form` as its body and `headers`.
+fn post(path: &str, form: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request = Request::post(path)
+        .header(header::CONTENT_TYPE, "application/x-www-form-urlencoded")
+        .header(header::HOST, "127.0.0.1:8025");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::from(form.to_owned())).unwrap()
+}
+
+async fn call(router: &Router, request: Request<Body>) -> Response<Body> {
+    router.clone().oneshot(request).await.unwrap()
+}
+
+async fn text(response: Response<Body>) -> String {
+    let bytes = response.into_body().collect().await.unwrap().to_bytes();
+    String::from_utf8(bytes.to_vec()).unwrap()
+}
+
+async fn json(router: &Router, path: &str) -> Value {
+    let response = call(router, get(path)).await;
+    assert_eq!(response.status(), StatusCode::OK, "{path}");
+    serde_json::from_str(&text(response).await).unwrap()
+}
+
+fn content_type(response: &Response<Body>) -> &str {
+    response.headers()[header::CONTENT_TYPE].to_str().unwrap()
+}
+
+/// A member's name as a path takes it.
+fn encoded(name: &str) -> String {
+    percent_encoding::utf8_percent_encode(name, percent_encoding::NON_ALPHANUMERIC).to_string()
+}
+
+#[tokio::test]
+async fn each_route_answers_ok_with_html_for_the_page_and_json_under_api() {
+    let dir = folder("routes");
+    let (mailer, _) = mailer(&dir).await;
+    let router = admin::router(mailer);
+    let page = call(&router, get("/")).await;
+    assert_eq!(page.status(), StatusCode::OK);
+    assert_eq!(content_type(&page), "text/html; charset=utf-8");
+    for path in ["/api/breakers", "/api/limiters", "/api/outbox", "/api/dead"] {
+        let response = call(&router, get(path)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        assert_eq!(content_type(&response), "application/json", "{path}");
+    }
+}
+
+#[tokio::test]
+async fn the_page_refreshes_itself_and_loads_nothing_from_another_host() {
+    let dir = folder("refresh");
+    let (mailer, _) = mailer(&dir).await;
+    let page = text(call(&admin::router(mailer), get("/")).await).await;
+    assert!(
+        page.contains(r#"<meta http-equiv="refresh" content="5">"#),
+        "{page}"
+    );
+    assert!(!page.contains("<script"), "no script: {page}");
+    assert!(!page.contains("src="), "no asset: {page}");
+    assert!(
+        !page.contains("://") || !page.contains("href=\"http"),
+        "no link out: {page}"
+    );
+}
+
+#[tokio::test]
+async fn the_page_lets_a_browser_send_its_origin_with_each_form() {
+    // Under `Referrer-Policy: no-referrer` a browser POSTs a form with `Origin: null`, which
+    // the page must refuse: every action would be forbidden.
+    let dir = folder("referrer");
+    let (mailer, _) = mailer(&dir).await;
+    let page = call(&admin::router(mailer), get("/")).await;
+    assert_eq!(page.headers()[header::REFERRER_POLICY], "same-origin");
+}
+
+#[tokio::test]
+async fn the_breakers_api_agrees_with_the_mailers_breakers() {
+    let dir = folder("api-breakers");
+    let (mailer, members) = mailer(&dir).await;
+    mailer.breaker(members.second).unwrap().isolate().await;
+    let read = json(&admin::router(Arc::clone(&mailer)), "/api/breakers").await;
+    let read = read.as_array().unwrap();
+    assert_eq!(read.len(), mailer.breakers().count());
+    for ((name, breaker), shown) in mailer.breakers().zip(read) {
+        let snapshot = breaker.snapshot().await;
+        assert_eq!(shown["name"], name);
+        assert_eq!(shown["key"], snapshot.key());
+        assert_eq!(shown["failures"], snapshot.failures());
+        assert_eq!(shown["calls"], snapshot.calls());
+        let state = if snapshot.is_isolated() {
+            "isolated"
+        } else {
+            snapshot.state().as_str()
+        };
+        assert_eq!(shown["state"], state);
+    }
+    assert_eq!(read[0]["state"], "closed");
+    assert_eq!(read[1]["state"], "isolated");
+    assert_eq!(read[1]["recent_changes"][0]["reason"], "isolated by hand");
+    assert!(read[1]["opened_at_ms"].as_u64().is_some(), "{}", read[1]);
+}
+
+#[tokio::test]
+async fn the_limiters_api_gives_each_limiters_name_configured_rate_and_rate_now() {
+    let dir = folder("api-limiters");
+    let (mailer, members) = mailer(&dir).await;
+    let read = json(&admin::router(Arc::clone(&mailer)), "/api/limiters").await;
+    let limiters: Vec<_> = mailer.limiters().collect();
+    assert_eq!(limiters.len(), 1, "only the first member has a rate");
+    assert_eq!(limiters[0].name(), members.first);
+    assert_eq!(read[0]["name"], limiters[0].name());
+    assert_eq!(read[0]["configured_per_second"], 20.0);
+    assert_eq!(read[0]["per_second"], limiters[0].per_second());
+    assert_eq!(read[0]["adaptive"], true);
+    assert_eq!(read[0]["backed_off_percent"], 0.0);
+}
+
+#[tokio::test]
+async fn an_adaptive_limiter_a_provider_throttled_shows_how_far_it_backed_off() {
+    // A provider that throttles every MAIL FROM as Gmail does: the adaptive limiter halves
+    // its rate. (No real server here answers a rate limit on demand.)
+    let server = RawSmtp::start(b"220 raw.test\r\n".to_vec(), |command| match command {
+        "MAIL" => Answer::Say(b"450 4.7.28 rate limited, try again later\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+    .await;
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?name=throttling&rate=20/s&rate.adaptive=true&timeout=500ms",
+        server.port()
+    );
+    let mailer = Arc::new(Mailer::from_dsn(&dsn).unwrap().build().await.unwrap());
+    let error = mailer
+        .send(&support::message_to("user@example.org"))
+        .await
+        .unwrap_err();
+    assert_eq!(error.category(), Category::RateLimited, "{error}");
+    let router = admin::router(Arc::clone(&mailer));
+    let read = json(&router, "/api/limiters").await;
+    assert_eq!(read[0]["name"], "throttling");
+    assert_eq!(read[0]["configured_per_second"], 20.0);
+    let now = read[0]["per_second"].as_f64().unwrap();
+    assert!((now - 10.0).abs() < 0.01, "halved: {read}");
+    let backed_off = read[0]["backed_off_percent"].as_f64().unwrap();
+    assert!((backed_off - 50.0).abs() < 0.1, "{read}");
+    let page = text(call(&router, get("/")).await).await;
+    assert!(page.contains("<td>50 %</td>"), "{page}");
+}
+
+#[tokio::test]
+async fn the_outbox_and_dead_letter_apis_agree_with_the_outbox() {
+    let dir = folder("api-outbox");
+    dead_letter(&dir, "a refused welcome").await;
+    let (mailer, _) = mailer(&dir).await;
+    let router = admin::router(Arc::clone(&mailer));
+    let outbox = mailer.outbox().unwrap();
+    let stats = outbox.stats().await.unwrap();
+    let read = json(&router, "/api/outbox").await;
+    for (field, count) in [
+        ("queued", stats.queued),
+        ("due", stats.due),
+        ("leased", stats.leased),
+        ("dead", stats.dead),
+    ] {
+        assert_eq!(read[field], count, "{field}: {read}");
+    }
+    assert_eq!(read["last_hour"].as_array().unwrap().len(), 1, "{read}");
+    let dead = json(&router, "/api/dead").await;
+    let letters = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(dead.as_array().unwrap().len(), letters.len());
+    assert_eq!(dead[0]["id"], i64::from(letters[0].id));
+    assert_eq!(dead[0]["recipients"][0], "user@example.org");
+    assert_eq!(dead[0]["subject"], "a refused welcome");
+    assert_eq!(dead[0]["attempts"], 1);
+    assert_eq!(dead[0]["code"], "test.rejected");
+    assert_eq!(dead[0]["message"], "scripted failure");
+}
+
+#[tokio::test]
+async fn a_post_without_the_token_is_forbidden_and_isolates_nothing() {
+    let dir = folder("no-token");
+    let (mailer, members) = mailer(&dir).await;
+    let router = admin::router(Arc::clone(&mailer));
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    for form in ["", "token=", "token=not-the-token"] {
+        let response = call(&router, post(&path, form, &[])).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{form:?}");
+    }
+    let breaker = mailer.breaker(&members.first).unwrap();
+    assert!(!breaker.snapshot().await.is_isolated());
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test]
+async fn a_post_from_another_sites_origin_is_forbidden_and_isolates_nothing_even_with_the_token() {
+    let dir = folder("other-origin");
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    let form = format!("token={}", admin.token());
+    for headers in [
+        [("origin", "https://attacker.example")],
+        [("origin", "null")],
+        [("sec-fetch-site", "cross-site")],
+    ] {
+        let response = call(&router, post(&path, &form, &headers)).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+    }
+    assert!(
+        !mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+}
+
+#[tokio::test]
+async fn a_post_with_the_token_isolates_the_member_its_percent_encoded_path_names() {
+    let dir = folder("isolate");
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    assert!(path.contains("smtp%3A%2F%2F127%2E0%2E0%2E1%3A"), "{path}");
+    let form = format!("token={}", admin.token());
+    let same_site = [("origin", "http://127.0.0.1:8025")];
+    let response = call(&router, post(&path, &form, &same_site)).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()[header::LOCATION], "/");
+    assert!(
+        mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+    assert_eq!(
+        mailer.breaker(members.second).unwrap().state(),
+        State::Closed
+    );
+
+    let reset = format!("/breakers/{}/reset", encoded(&members.first));
+    let response = call(&router, post(&reset, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let breaker = mailer.breaker(&members.first).unwrap();
+    assert!(!breaker.snapshot().await.is_isolated());
+    assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test]
+async fn an_action_on_a_member_that_does_not_exist_is_not_found() {
+    let dir = folder("no-member");
+    let (mailer, _) = mailer(&dir).await;
+    let admin = Admin::new(mailer);
+    let form = format!("token={}", admin.token());
+    let response = call(
+        &admin.router(),
+        post("/breakers/nobody/isolate", &form, &[]),
+    )
+    .await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+}
+
+#[tokio::test]
+async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
+    let dir = folder("requeue-purge");
+    dead_letter(&dir, "first").await;
+    dead_letter(&dir, "second").await;
+    let (mailer, _) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let outbox = mailer.outbox().unwrap();
+    let letters = outbox.dead_letters(10).await.unwrap();
+    let form = format!("token={}", admin.token());
+
+    let requeue = format!("/outbox/dead/{}/requeue", letters[0].id);
+    assert_eq!(
+        call(&router, post(&requeue, "", &[])).await.status(),
+        StatusCode::FORBIDDEN
+    );
+    assert_eq!(
+        outbox.stats().await.unwrap().dead,
+        2,
+        "nothing changed without the token"
+    );
+    let response = call(&router, post(&requeue, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (1, 1));
+
+    let purge = format!("/outbox/dead/{}/purge", letters[1].id);
+    let response = call(&router, post(&purge, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (1, 0));
+
+    let queued = format!("/outbox/dead/{}/purge", letters[0].id);
+    let response = call(&router, post(&queued, &form, &[])).await;
+    assert_eq!(
+        response.status(),
+        StatusCode::NOT_FOUND,
+        "queued mail is not a dead letter"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+}
+
+#[tokio::test]
+async fn a_read_only_page_answers_every_post_405_and_shows_no_form() {
+    let dir = folder("read-only");
+    dead_letter(&dir, "kept").await;
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer)).read_only();
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    let member = encoded(&members.first);
+    for path in [
+        format!("/breakers/{member}/isolate"),
+        format!("/breakers/{member}/reset"),
+        "/outbox/dead/1/requeue".to_owned(),
+        "/outbox/dead/1/purge".to_owned(),
+        "/".to_owned(),
+        "/api/breakers".to_owned(),
+    ] {
+        let response = call(&router, post(&path, &form, &[])).await;
+        assert_eq!(response.status(), StatusCode::METHOD_NOT_ALLOWED, "{path}");
+    }
+    assert!(
+        !mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+    assert_eq!(mailer.outbox().unwrap().stats().await.unwrap().dead, 1);
+    let page = text(call(&router, get("/")).await).await;
+    assert!(page.contains("kept"), "the dead letter is shown: {page}");
+    assert!(!page.contains("<form"), "{page}");
+    assert!(!page.contains(admin.token()), "{page}");
+}
+
+#[tokio::test]
+async fn a_dead_letters_subject_holding_a_script_is_shown_escaped() {
+    let dir = folder("escaped");
+    dead_letter(&dir, "<script>alert(1)</script>").await;
+    let (mailer, _) = mailer(&dir).await;
+    let page = text(call(&admin::router(mailer), get("/")).await).await;
+    assert!(!page.contains("<script>"), "{page}");
+    assert!(
+        page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_page_allowed_some_hosts_refuses_a_request_to_any_other_and_isolates_nothing() {
+    let dir = folder("hosts");
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer)).allow_hosts(["ops.example:443"]);
+    let router = admin.router();
+    let to = |host: &str, path: &str| {
+        Request::get(path)
+            .header(header::HOST, host)
+            .body(Body::empty())
+            .unwrap()
+    };
+    assert_eq!(
+        call(&router, to("ops.example:443", "/")).await.status(),
+        StatusCode::OK
+    );
+    for path in ["/", "/api/breakers"] {
+        let response = call(&router, to("rebound.example:443", path)).await;
+        assert_eq!(response.status(), StatusCode::FORBIDDEN, "{path}");
+    }
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    let form = format!("token={}", admin.token());
+    let response = call(&router, post(&path, &form, &[])).await; // Host: 127.0.0.1:8025
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    assert!(
+        !mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+}
+
+/// The status line's code of a GET of `/` from the server at `port`, sent with `host`.
+async fn status_for_host(port: u16, host: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut stream = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .unwrap();
+    let request = format!("GET / HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+    stream.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = Vec::new();
+    stream.read_to_end(&mut answer).await.unwrap();
+    let answer = String::from_utf8_lossy(&answer);
+    answer.split(' ').nth(1).unwrap_or_default().to_owned()
+}
+
+#[tokio::test]
+async fn served_on_loopback_the_page_answers_only_to_its_loopback_names() {
+    let dir = folder("loopback");
+    let (mailer, _) = mailer(&dir).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let admin = Admin::new(mailer);
+    let server = tokio::spawn(async move { admin.serve(listener).await });
+    assert_eq!(
+        status_for_host(port, &format!("127.0.0.1:{port}")).await,
+        "200"
+    );
+    assert_eq!(
+        status_for_host(port, &format!("localhost:{port}")).await,
+        "200"
+    );
+    assert_eq!(
+        status_for_host(port, &format!("rebound.example:{port}")).await,
+        "403"
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
+    let dir = folder("page");
+    let (mailer, members) = mailer(&dir).await;
+    mailer.breaker(members.second).unwrap().isolate().await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let page = text(call(&admin.router(), get("/")).await).await;
+    assert!(
+        page.contains(&format!(r#"data-member="{}""#, members.first)),
+        "{page}"
+    );
+    assert!(page.contains(r#"data-state="closed">closed<"#), "{page}");
+    assert!(
+        page.contains(r#"data-state="isolated">isolated<"#),
+        "{page}"
+    );
+    assert!(page.contains("isolated by hand"), "{page}");
+    let isolate = format!(r#"action="/breakers/{}/isolate""#, encoded(&members.first));
+    assert!(page.contains(&isolate), "{page}");
+    assert!(
+        page.contains(&format!(r#"name="token" value="{}""#, admin.token())),
+        "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_router_nested_under_a_path_posts_its_forms_and_sends_back_under_that_path() {
+    let dir = folder("nested");
+    let (mailer, members) = mailer(&dir).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let app = Router::new().nest("/ops/mail", admin.router());
+    let page = text(call(&app, get("/ops/mail")).await).await;
+    let isolate = format!("/ops/mail/breakers/{}/isolate", encoded(&members.first));
+    assert!(page.contains(&format!(r#"action="{isolate}""#)), "{page}");
+    let form = format!("token={}", admin.token());
+    let response = call(&app, post(&isolate, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert_eq!(response.headers()[header::LOCATION], "/ops/mail/");
+    assert!(
+        mailer
+            .breaker(&members.first)
+            .unwrap()
+            .snapshot()
+            .await
+            .is_isolated()
+    );
+}
+
+#[tokio::test]
+async fn a_token_given_must_be_long_and_plain_and_is_the_one_the_forms_carry() {
+    let dir = folder("given-token");
+    let (mailer, _) = mailer(&dir).await;
+    for bad in ["short", "sixteen-chars-but-\"quoted\"", ""] {
+        let error = Admin::new(Arc::clone(&mailer)).with_token(bad).unwrap_err();
+        assert_eq!(error.setting(), "token", "{bad:?}");
+    }
+    let admin = Admin::new(mailer)
+        .with_token("a-token-kept-in-a-vault")
+        .unwrap();
+    assert_eq!(admin.token(), "a-token-kept-in-a-vault");
+    let page = text(call(&admin.router(), get("/")).await).await;
+    assert!(
+        page.contains(r#"value="a-token-kept-in-a-vault""#),
+        "{page}"
+    );
+}
