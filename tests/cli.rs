@@ -540,6 +540,40 @@ fn send_of_one_message_on_stdin_prints_where_it_went() {
     assert_eq!(sink.received_subjects(), ["from stdin"]);
 }
 
+#[test]
+fn send_refused_by_the_provider_counts_each_as_refused_with_a_row_per_failure_and_exits_3() {
+    let Some(sink) = SmtpSink::start(
+        "cli_send_refused",
+        &["-f", "RCPT", "-B", "550 5.1.1 No such user"],
+    ) else {
+        return;
+    };
+    let dir = scratch("cli_send_refused");
+    let files = eml_files(&dir, 2);
+    let dsn = format!("smtp://127.0.0.1:{}", sink.port());
+    let mut args = vec!["send", "--dsn", &dsn];
+    args.extend(
+        files
+            .iter()
+            .map(|file| file.to_str().expect("a UTF-8 path")),
+    );
+    let output = run(&args);
+    assert_eq!(code(&output), 3, "{}{}", stdout(&output), stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("2 messages: 0 sent, 0 queued, 2 refused, 0 failed"),
+        "{text}"
+    );
+    for file in &files {
+        let row = text
+            .lines()
+            .find(|line| line.contains(file.to_str().unwrap_or_default()))
+            .unwrap_or_else(|| panic!("a row for {}: {text}", file.display()));
+        assert!(row.contains("refused") && row.contains("smtp.550"), "{row}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox holding three dead letters (refused by a provider), with their ids.
 fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
     runtime().block_on(async {
