@@ -749,6 +749,51 @@ fn a_toml_configuration_is_read_as_the_same_dsn_would_be() {
 }
 
 #[test]
+fn reading_the_outbox_or_checking_the_members_sends_nothing_the_outbox_holds() {
+    let Some(sink) = SmtpSink::start_counting("cli_outbox_reads_only", &[]) else {
+        return;
+    };
+    // A member that greets a second late: `check` runs that long, time enough for a worker
+    // running in the background of the command to send what the outbox holds.
+    let Some(slow) = SmtpSink::start("cli_outbox_reads_only", &["-W", "EHLO:1"]) else {
+        return;
+    };
+    let dir = scratch("cli_outbox_reads_only");
+    let ids = runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            let message = support::message_to(&format!("user{n}@example.org"));
+            ids.push(i64::from(outbox.enqueue(&message).await.expect("queued")));
+        }
+        ids
+    });
+    let dsn = format!(
+        "failover(smtp://127.0.0.1:{} smtp://127.0.0.1:{})?outbox=sqlite://{}",
+        sink.port(),
+        slow.port(),
+        dir.join("outbox.db").display()
+    );
+    let id = ids[0].to_string();
+    for args in [
+        &["outbox", "stats", "--dsn", &dsn][..],
+        &["outbox", "dead", "--dsn", &dsn][..],
+        &["outbox", "show", &id, "--dsn", &dsn][..],
+        &["breakers", "--dsn", &dsn][..],
+        &["check", "--dsn", &dsn][..],
+    ] {
+        run(args);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sink.received(), 0, "a read sent queued mail");
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!((stats.queued, stats.due, stats.leased), (20, 20, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn outbox_commands_without_an_outbox_exit_2_and_say_how_to_add_one() {
     let dsn = format!("smtp://127.0.0.1:{}", closed_port());
     let output = run(&["outbox", "stats", "--dsn", &dsn]);
