@@ -794,6 +794,58 @@ fn reading_the_outbox_or_checking_the_members_sends_nothing_the_outbox_holds() {
 }
 
 #[test]
+fn outbox_drain_stops_at_ctrl_c_and_leaves_what_it_did_not_send_queued() {
+    // A provider that stalls five seconds before answering DATA: the drain is still busy
+    // when the interrupt comes.
+    let Some(sink) = SmtpSink::start_counting("cli_drain_interrupted", &["-W", "DATA:5"]) else {
+        return;
+    };
+    let dir = scratch("cli_drain_interrupted");
+    runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        for n in 0..3 {
+            let message = support::message_to(&format!("user{n}@example.org"));
+            outbox.enqueue(&message).await.expect("queued");
+        }
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        sink.port(),
+        dir.join("outbox.db").display()
+    );
+    let started = Instant::now();
+    let child = std::process::Command::new(BIN)
+        .env_remove("MAILER_DSN")
+        .args(["outbox", "drain", "--dsn", &dsn])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mail-breaker outbox drain starts");
+    std::thread::sleep(Duration::from_millis(700));
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let output = child.wait_with_output().expect("the drain ends");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "it stopped at the interrupt, not when the provider answered"
+    );
+    assert_eq!(code(&output), 1, "{}{}", stdout(&output), stderr(&output));
+    assert!(
+        stderr(&output).contains("interrupted"),
+        "{}",
+        stderr(&output)
+    );
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!(stats.queued, 3, "nothing was lost: {stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn outbox_commands_without_an_outbox_exit_2_and_say_how_to_add_one() {
     let dsn = format!("smtp://127.0.0.1:{}", closed_port());
     let output = run(&["outbox", "stats", "--dsn", &dsn]);
