@@ -540,6 +540,40 @@ fn send_of_one_message_on_stdin_prints_where_it_went() {
     assert_eq!(sink.received_subjects(), ["from stdin"]);
 }
 
+#[test]
+fn send_refused_by_the_provider_counts_each_as_refused_with_a_row_per_failure_and_exits_3() {
+    let Some(sink) = SmtpSink::start(
+        "cli_send_refused",
+        &["-f", "RCPT", "-B", "550 5.1.1 No such user"],
+    ) else {
+        return;
+    };
+    let dir = scratch("cli_send_refused");
+    let files = eml_files(&dir, 2);
+    let dsn = format!("smtp://127.0.0.1:{}", sink.port());
+    let mut args = vec!["send", "--dsn", &dsn];
+    args.extend(
+        files
+            .iter()
+            .map(|file| file.to_str().expect("a UTF-8 path")),
+    );
+    let output = run(&args);
+    assert_eq!(code(&output), 3, "{}{}", stdout(&output), stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("2 messages: 0 sent, 0 queued, 2 refused, 0 failed"),
+        "{text}"
+    );
+    for file in &files {
+        let row = text
+            .lines()
+            .find(|line| line.contains(file.to_str().unwrap_or_default()))
+            .unwrap_or_else(|| panic!("a row for {}: {text}", file.display()));
+        assert!(row.contains("refused") && row.contains("smtp.550"), "{row}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox holding three dead letters (refused by a provider), with their ids.
 fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
     runtime().block_on(async {
@@ -711,6 +745,103 @@ fn a_toml_configuration_is_read_as_the_same_dsn_would_be() {
         2,
         "--dsn and --config together are bad arguments"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn reading_the_outbox_or_checking_the_members_sends_nothing_the_outbox_holds() {
+    let Some(sink) = SmtpSink::start_counting("cli_outbox_reads_only", &[]) else {
+        return;
+    };
+    // A member that greets a second late: `check` runs that long, time enough for a worker
+    // running in the background of the command to send what the outbox holds.
+    let Some(slow) = SmtpSink::start("cli_outbox_reads_only", &["-W", "EHLO:1"]) else {
+        return;
+    };
+    let dir = scratch("cli_outbox_reads_only");
+    let ids = runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let mut ids = Vec::new();
+        for n in 0..20 {
+            let message = support::message_to(&format!("user{n}@example.org"));
+            ids.push(i64::from(outbox.enqueue(&message).await.expect("queued")));
+        }
+        ids
+    });
+    let dsn = format!(
+        "failover(smtp://127.0.0.1:{} smtp://127.0.0.1:{})?outbox=sqlite://{}",
+        sink.port(),
+        slow.port(),
+        dir.join("outbox.db").display()
+    );
+    let id = ids[0].to_string();
+    for args in [
+        &["outbox", "stats", "--dsn", &dsn][..],
+        &["outbox", "dead", "--dsn", &dsn][..],
+        &["outbox", "show", &id, "--dsn", &dsn][..],
+        &["breakers", "--dsn", &dsn][..],
+        &["check", "--dsn", &dsn][..],
+    ] {
+        run(args);
+    }
+    std::thread::sleep(Duration::from_millis(200));
+    assert_eq!(sink.received(), 0, "a read sent queued mail");
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!((stats.queued, stats.due, stats.leased), (20, 20, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_drain_stops_at_ctrl_c_and_leaves_what_it_did_not_send_queued() {
+    // A provider that stalls five seconds before answering DATA: the drain is still busy
+    // when the interrupt comes.
+    let Some(sink) = SmtpSink::start_counting("cli_drain_interrupted", &["-W", "DATA:5"]) else {
+        return;
+    };
+    let dir = scratch("cli_drain_interrupted");
+    runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        for n in 0..3 {
+            let message = support::message_to(&format!("user{n}@example.org"));
+            outbox.enqueue(&message).await.expect("queued");
+        }
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        sink.port(),
+        dir.join("outbox.db").display()
+    );
+    let started = Instant::now();
+    let child = std::process::Command::new(BIN)
+        .env_remove("MAILER_DSN")
+        .args(["outbox", "drain", "--dsn", &dsn])
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped())
+        .spawn()
+        .expect("mail-breaker outbox drain starts");
+    std::thread::sleep(Duration::from_millis(700));
+    let interrupted = std::process::Command::new("kill")
+        .args(["-INT", &child.id().to_string()])
+        .status()
+        .expect("kill runs");
+    assert!(interrupted.success());
+    let output = child.wait_with_output().expect("the drain ends");
+    assert!(
+        started.elapsed() < Duration::from_secs(4),
+        "it stopped at the interrupt, not when the provider answered"
+    );
+    assert_eq!(code(&output), 1, "{}{}", stdout(&output), stderr(&output));
+    assert!(
+        stderr(&output).contains("interrupted"),
+        "{}",
+        stderr(&output)
+    );
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!(stats.queued, 3, "nothing was lost: {stats:?}");
     let _ = std::fs::remove_dir_all(&dir);
 }
 
