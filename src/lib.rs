@@ -5,6 +5,7 @@ pub mod adapters;
 pub mod breaker;
 mod cascade;
 pub mod config;
+mod error;
 mod inline;
 pub mod machine;
 pub mod metrics;
@@ -33,9 +34,9 @@ pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
 pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
-pub use config::ConfigError;
 #[cfg(feature = "config")]
 pub use config::{Mailer, MailerConfig};
+pub use error::ConfigError;
 pub use machine::{ErrorRate, Snapshot, State};
 #[cfg(feature = "outbox")]
 pub use outbox::{DeadLetter, Outbox, OutboxId, OutboxStats, OutboxTransport, Worker};

@@ -59,7 +59,6 @@
 
 #[cfg(feature = "config")]
 mod dsn;
-mod error;
 #[cfg(feature = "config")]
 mod mailer;
 #[cfg(feature = "config")]
@@ -69,8 +68,7 @@ mod read;
 #[cfg(feature = "config")]
 mod tree;
 
-pub use error::ConfigError;
-pub(crate) use error::{at_least_one, non_zero_duration};
+pub use crate::error::ConfigError;
 #[cfg(feature = "config")]
 pub use mailer::{Mailer, MemberBreaker};
 #[cfg(feature = "config")]

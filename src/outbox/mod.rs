@@ -58,6 +58,7 @@ use tokio::sync::Notify;
 use crate::{Envelope, Message, SendError, Transport};
 
 mod backend;
+mod gauges;
 mod lanes;
 #[cfg(feature = "postgres")]
 mod postgres;

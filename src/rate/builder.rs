@@ -132,10 +132,10 @@ impl<T: Transport> RateLimitBuilder<T> {
                 ),
             ));
         }
-        crate::config::at_least_one("burst", u64::from(self.burst))?;
-        crate::config::at_least_one("members", u64::from(self.members))?;
+        crate::error::at_least_one("burst", u64::from(self.burst))?;
+        crate::error::at_least_one("members", u64::from(self.members))?;
         if let Some(max_in_flight) = self.max_in_flight {
-            crate::config::at_least_one("max_in_flight", max_in_flight as u64)?;
+            crate::error::at_least_one("max_in_flight", max_in_flight as u64)?;
         }
         let in_flight = self
             .max_in_flight
