@@ -25,6 +25,7 @@ pub mod breaker;
 mod cascade;
 pub mod config;
 mod error;
+pub mod guide;
 mod inline;
 pub mod machine;
 pub mod metrics;
