@@ -1,4 +1,23 @@
 #![doc = include_str!("../README.md")]
+//!
+//! # Layers
+//!
+//! The crate is built in floors, from the ground up; a module imports only from its own
+//! floor and the floors below it, so each can be read, tested and changed knowing only what
+//! it stands on. `tests/layers.rs` reads this table and every file of `src/`, and fails when a
+//! module imports one on a floor above it, unless a comment on that line says `layers:` and
+//! why. (Doc links may point anywhere.)
+//!
+//! | floor | modules | what stands there |
+//! |---|---|---|
+//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `metrics`, `sync`, `inline`, `panicked` | the breaker's state machine, the [`Transport`] trait, answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, the metrics' names |
+//! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
+//! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
+//! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate` | transports around transports: failover and round robin, retries, rate limits |
+//! | 5. the adapters | `adapters` | the providers: SMTP, SES, the HTTP APIs, lettre's transports |
+//! | 6. the outbox | `outbox` | mail kept in a database until a provider takes it |
+//! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
+//! | 8. the command, the page and the guide | `bin`, `admin`, `guide` | what an operator runs and reads; the user's manual (text only) |
 #![warn(missing_docs)]
 
 pub mod adapters;
@@ -7,6 +26,8 @@ pub mod admin;
 pub mod breaker;
 mod cascade;
 pub mod config;
+mod error;
+pub mod guide;
 mod inline;
 pub mod machine;
 pub mod metrics;
@@ -38,9 +59,9 @@ pub use adapters::ses::{SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
 pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};
-pub use config::ConfigError;
 #[cfg(feature = "config")]
 pub use config::{Mailer, MailerConfig};
+pub use error::ConfigError;
 pub use machine::{ErrorRate, Snapshot, State};
 #[cfg(feature = "smtp")]
 pub use oauth::{AccessToken, OAuthMechanism, TokenSource};

@@ -326,43 +326,6 @@ pub(crate) fn retry_throttled(transport: &str) {
     ::metrics::counter!(RETRIES_THROTTLED_TOTAL, "transport" => transport.to_owned()).increment(1);
 }
 
-/// An outbox worker recorded `count` answers with `outcome` (`sent`, `retry` or `dead`).
-#[inline]
-#[cfg_attr(
-    not(all(feature = "metrics", feature = "outbox")),
-    allow(dead_code, unused_variables)
-)]
-pub(crate) fn outbox_answers(outcome: &'static str, count: u64) {
-    #[cfg(feature = "metrics")]
-    if count > 0 {
-        ::metrics::counter!(OUTBOX_SENT_TOTAL, "outcome" => outcome).increment(count);
-    }
-}
-
-/// An outbox worker that ended without being stopped is started again.
-#[cfg_attr(
-    not(all(feature = "metrics", feature = "outbox", feature = "config")),
-    allow(dead_code)
-)]
-pub(crate) fn outbox_worker_restarted() {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(OUTBOX_WORKER_RESTARTS_TOTAL).increment(1);
-}
-
-/// What an outbox worker last read of its outbox.
-#[cfg(feature = "outbox")]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn outbox_stats(stats: &crate::outbox::OutboxStats) {
-    #[cfg(feature = "metrics")]
-    {
-        ::metrics::gauge!(OUTBOX_QUEUED).set(stats.queued as f64);
-        ::metrics::gauge!(OUTBOX_DUE).set(stats.due as f64);
-        ::metrics::gauge!(OUTBOX_DEAD).set(stats.dead as f64);
-        ::metrics::gauge!(OUTBOX_OLDEST_SECONDS)
-            .set(stats.oldest.map_or(0.0, |oldest| oldest.as_secs_f64()));
-    }
-}
-
 /// A send through the limiter `name` waited `waited` for its turn.
 #[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]

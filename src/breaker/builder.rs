@@ -7,7 +7,7 @@ use super::CircuitBreakerTransport;
 use super::events::{self, Listener, StateChange};
 use super::gate::{FailurePredicate, Gate};
 use super::scope::Scope;
-use crate::config::{at_least_one, non_zero_duration};
+use crate::error::{at_least_one, non_zero_duration};
 use crate::machine::Rules;
 use crate::machine::{Counting, ErrorRate};
 use crate::store::{BreakerStore, MemoryStore, memory::DEFAULT_MAX_KEYS};

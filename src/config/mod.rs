@@ -70,7 +70,6 @@
 
 #[cfg(feature = "config")]
 mod dsn;
-mod error;
 #[cfg(feature = "config")]
 mod mailer;
 #[cfg(feature = "config")]
@@ -82,8 +81,7 @@ mod smtp_url;
 #[cfg(feature = "config")]
 mod tree;
 
-pub use error::ConfigError;
-pub(crate) use error::{at_least_one, non_zero_duration};
+pub use crate::error::ConfigError;
 #[cfg(feature = "config")]
 pub use mailer::{Mailer, MemberBreaker, MemberLimiter};
 #[cfg(feature = "config")]

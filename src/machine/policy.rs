@@ -5,7 +5,7 @@ use std::time::Duration;
 use tokio::time::Instant;
 
 use crate::ConfigError;
-use crate::config::{at_least_one, non_zero_duration};
+use crate::error::{at_least_one, non_zero_duration};
 
 /// Open the breaker on the share of failures in a sliding window, instead of failures in a row.
 ///

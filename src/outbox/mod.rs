@@ -60,6 +60,7 @@ use crate::{Envelope, Message, SendError, Transport};
 #[cfg(feature = "admin")]
 mod admin_reads;
 mod backend;
+mod gauges;
 mod inspect;
 mod lanes;
 #[cfg(feature = "postgres")]

@@ -43,7 +43,7 @@ where
             Err(panic) => crate::panicked::panicked("outbox worker", panic.as_ref()).to_string(),
         };
         tracing::error!(why = %why, "outbox.worker_restarted");
-        crate::metrics::outbox_worker_restarted();
+        super::gauges::worker_restarted();
         tokio::select! {
             () = tokio::time::sleep(RESTART_WAIT) => {}
             () = stopped.clone() => return,

@@ -314,7 +314,7 @@ impl<T: Transport + 'static> Worker<T> {
                 let stats = backend.stats(record::now()).await;
                 stats_read = Some((now, reading.elapsed()));
                 if let Ok(stats) = stats {
-                    crate::metrics::outbox_stats(&stats);
+                    super::gauges::stats(&stats);
                 }
             }
             self.start_ready(&mut flight, send_timeout);
@@ -810,12 +810,12 @@ fn record_written(batch: &[(Claim, Finish)]) {
     let count = |outcome: fn(&Finish) -> bool| {
         batch.iter().filter(|(_, finish)| outcome(finish)).count() as u64
     };
-    crate::metrics::outbox_answers("sent", count(|finish| matches!(finish, Finish::Sent)));
-    crate::metrics::outbox_answers(
+    super::gauges::answers("sent", count(|finish| matches!(finish, Finish::Sent)));
+    super::gauges::answers(
         "retry",
         count(|finish| matches!(finish, Finish::Retry { .. })),
     );
-    crate::metrics::outbox_answers(
+    super::gauges::answers(
         "dead",
         count(|finish| matches!(finish, Finish::Dead { .. })),
     );

@@ -182,12 +182,12 @@ impl<T: Transport> RateLimitBuilder<T> {
             }
             None => DEFAULT_FLOOR.min(per_second),
         };
-        crate::config::at_least_one("burst", u64::from(self.burst))?;
+        crate::error::at_least_one("burst", u64::from(self.burst))?;
         if let Some(members) = self.members {
-            crate::config::at_least_one("members", u64::from(members))?;
+            crate::error::at_least_one("members", u64::from(members))?;
         }
         if let Some(max_in_flight) = self.max_in_flight {
-            crate::config::at_least_one("max_in_flight", max_in_flight as u64)?;
+            crate::error::at_least_one("max_in_flight", max_in_flight as u64)?;
         }
         let in_flight = self
             .max_in_flight

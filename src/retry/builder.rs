@@ -5,7 +5,7 @@ use std::time::Duration;
 
 use super::{Backoff, Policy, RetryBudget, RetryTransport};
 use crate::ConfigError;
-use crate::config::{at_least_one, non_zero_duration};
+use crate::error::{at_least_one, non_zero_duration};
 
 /// Settings for a [`RetryTransport`]; made by [`RetryTransport::builder`].
 ///

@@ -13,7 +13,7 @@ use super::SmtpTransport;
 use super::connection::ConnectionSettings;
 use super::pool::PoolLimits;
 use crate::ConfigError;
-use crate::config::{at_least_one, non_zero_duration};
+use crate::error::{at_least_one, non_zero_duration};
 
 /// The settings of an [`SmtpTransport`] on the crate's own connections; made by
 /// [`SmtpTransport::relay`], [`starttls_relay`](SmtpTransport::starttls_relay),

@@ -1,4 +1,10 @@
-//! [`ConfigError`]: a setting that cannot work, named by its builder method or its path.
+//! [`ConfigError`]: a setting that cannot work, named by its builder method or its path, and
+//! the small checks every builder makes with it.
+//!
+//! It stands on the ground floor, beside [`SendError`](crate::SendError), so that the
+//! breaker, the wrappers and the adapters answer for their settings without depending on
+//! [`config`](crate::config), the module that builds them all; that module re-exports it as
+//! `mail_breaker::config::ConfigError`.
 
 use std::borrow::Cow;
 
