@@ -116,9 +116,7 @@ asyncio.run(main())
 /// A running aiosmtpd on `127.0.0.1:<port>`, killed on drop.
 #[derive(Debug)]
 pub struct Aiosmtpd {
-    port: u16,
-    dir: PathBuf,
-    process: ServerProcess,
+    server: ScriptServer,
 }
 
 impl Aiosmtpd {
@@ -127,6 +125,70 @@ impl Aiosmtpd {
     /// Returns `None` after printing `SKIPPED <test>` when python3, aiosmtpd or openssl is
     /// missing; under `CI=true` that panics instead.
     pub fn start(test: &str, mode: Mode, mechanisms: Mechanisms) -> Option<Aiosmtpd> {
+        let mode_arg = match mode {
+            Mode::StartTls => "starttls",
+            Mode::Implicit => "implicit",
+            Mode::Clear => "clear",
+        };
+        let mechanisms = match mechanisms {
+            Mechanisms::PlainAndLogin => "plain-and-login",
+            Mechanisms::LoginOnly => "login-only",
+        };
+        let args = ["--mode", mode_arg, "--mechanisms", mechanisms];
+        let args = args.iter().chain(&["--user", USER, "--password", PASSWORD]);
+        let server = ScriptServer::launch(test, "aiosmtpd", SCRIPT, args, mode != Mode::Implicit)?;
+        Some(Aiosmtpd { server })
+    }
+
+    /// The loopback port it listens on.
+    pub fn port(&self) -> u16 {
+        self.server.port
+    }
+
+    /// TLS for `localhost` that trusts the test CA which signed the server's certificate.
+    pub fn tls_parameters(&self) -> TlsParameters {
+        self.server.tls_parameters()
+    }
+
+    /// What the server wrote to stderr, for failure messages.
+    pub fn log(&self) -> String {
+        self.server.log()
+    }
+
+    /// The AUTH commands the server received so far, each as `AUTH <mechanism>`, in order.
+    pub fn auth_commands(&self) -> Vec<String> {
+        self.log()
+            .lines()
+            .filter(|line| line.starts_with("AUTH"))
+            .map(str::to_owned)
+            .collect()
+    }
+}
+
+/// An aiosmtpd script run from a scratch folder that holds it, its log and a certificate for
+/// `localhost` signed by a test CA; killed, and its folder removed, on drop.
+///
+/// The script binds port 0 itself and prints `ready PORT` once it listens, so that no port is
+/// chosen ahead and handed over (another process could take it meanwhile); it is given
+/// `--cert FILE --key FILE` beside the arguments of the launcher.
+#[derive(Debug)]
+pub(super) struct ScriptServer {
+    pub(super) port: u16,
+    pub(super) dir: PathBuf,
+    process: ServerProcess,
+}
+
+impl ScriptServer {
+    /// Runs `script` with `args` and waits for its ready line, then (where `greets_in_clear`)
+    /// for its greeting, and checks that the port's listener is this process's. `None` after
+    /// printing SKIPPED where python3, aiosmtpd or openssl is missing; a panic under CI.
+    pub(super) fn launch<'a>(
+        test: &str,
+        what: &str,
+        script: &str,
+        args: impl IntoIterator<Item = &'a &'a str>,
+        greets_in_clear: bool,
+    ) -> Option<ScriptServer> {
         let python = require_program("python3", test)?;
         let openssl = require_program("openssl", test)?;
         if !has_aiosmtpd(&python) {
@@ -142,54 +204,34 @@ impl Aiosmtpd {
         }
         let dir = scratch_dir();
         make_certificates(&openssl, &dir);
-        fs::write(dir.join("server.py"), SCRIPT).expect("writing the aiosmtpd script");
+        fs::write(dir.join("server.py"), script).expect("writing the aiosmtpd script");
         let log = fs::File::create(dir.join("server.log")).expect("creating the server log");
         let child = Command::new(&python)
             .arg(dir.join("server.py"))
-            .args([
-                "--mode",
-                match mode {
-                    Mode::StartTls => "starttls",
-                    Mode::Implicit => "implicit",
-                    Mode::Clear => "clear",
-                },
-            ])
-            .args([
-                "--mechanisms",
-                match mechanisms {
-                    Mechanisms::PlainAndLogin => "plain-and-login",
-                    Mechanisms::LoginOnly => "login-only",
-                },
-            ])
+            .args(args)
             .arg("--cert")
             .arg(dir.join("server.pem"))
             .arg("--key")
             .arg(dir.join("server.key"))
-            .args(["--user", USER, "--password", PASSWORD])
             .stdin(Stdio::null())
             .stdout(Stdio::piped())
             .stderr(log)
             .spawn()
             .expect("spawning python3");
         // Owned before the wait: a failed wait still kills it.
-        let mut server = Aiosmtpd {
+        let mut server = ScriptServer {
             port: 0,
             dir,
             process: ServerProcess::new(child),
         };
-        if let Err(error) = server.wait_until_ready(mode) {
+        if let Err(error) = server.wait_until_ready(what, greets_in_clear) {
             panic!("{test}: {error}");
         }
         Some(server)
     }
 
-    /// The loopback port it listens on.
-    pub fn port(&self) -> u16 {
-        self.port
-    }
-
     /// TLS for `localhost` that trusts the test CA which signed the server's certificate.
-    pub fn tls_parameters(&self) -> TlsParameters {
+    pub(super) fn tls_parameters(&self) -> TlsParameters {
         let pem = fs::read(self.dir.join("ca.pem")).expect("reading the test CA");
         TlsParameters::builder("localhost".to_owned())
             .add_root_certificate(Certificate::from_pem(&pem).expect("a PEM certificate"))
@@ -197,30 +239,20 @@ impl Aiosmtpd {
             .expect("valid TLS parameters")
     }
 
-    /// What the server wrote to stderr, for failure messages.
-    pub fn log(&self) -> String {
+    /// What the server wrote to stderr.
+    pub(super) fn log(&self) -> String {
         fs::read_to_string(self.dir.join("server.log")).unwrap_or_default()
     }
 
-    /// The AUTH commands the server received so far, each as `AUTH <mechanism>`, in order.
-    pub fn auth_commands(&self) -> Vec<String> {
-        self.log()
-            .lines()
-            .filter(|line| line.starts_with("AUTH"))
-            .map(str::to_owned)
-            .collect()
-    }
-
-    /// Waits for the script's `ready PORT` line (printed once the server listens on the port
-    /// it bound itself), then for the SMTP greeting there where the greeting is in clear text,
-    /// and checks that the port's listener is this process's.
-    fn wait_until_ready(&mut self, mode: Mode) -> Result<(), String> {
+    /// Waits for the script's `ready PORT` line, then for the SMTP greeting there where the
+    /// greeting is in clear text, and checks that the port's listener is this process's.
+    fn wait_until_ready(&mut self, what: &str, greets_in_clear: bool) -> Result<(), String> {
         let stdout = self
             .process
             .child_mut()
             .stdout
             .take()
-            .ok_or("aiosmtpd's stdout is not piped")?;
+            .ok_or("the script's stdout is not piped")?;
         let (ready_line, lines) = mpsc::channel();
         thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -232,35 +264,30 @@ impl Aiosmtpd {
         let log_dir = self.dir.clone();
         let log = move || fs::read_to_string(log_dir.join("server.log")).unwrap_or_default();
         let mut port = None;
-        wait_until_ready("aiosmtpd", &mut self.process, STARTUP_TIMEOUT, &log, || {
+        wait_until_ready(what, &mut self.process, STARTUP_TIMEOUT, &log, || {
             let line = lines
                 .try_recv()
                 .map_err(|_| String::from("no ready line yet"))?;
             port = line
                 .strip_prefix("ready ")
                 .and_then(|port| port.trim().parse::<u16>().ok());
-            port.map(|_| ())
-                .ok_or(format!("an unexpected line: {line:?}"))
+            port.map(|_| ()).ok_or(format!("an unexpected line: {line:?}"))
         })?;
         self.port = port.ok_or("no port")?;
         let address = SocketAddr::from(([127, 0, 0, 1], self.port));
-        if mode != Mode::Implicit {
-            wait_until_ready("aiosmtpd", &mut self.process, STARTUP_TIMEOUT, &log, || {
+        if greets_in_clear {
+            wait_until_ready(what, &mut self.process, STARTUP_TIMEOUT, &log, || {
                 smtp_greeting(address).map(drop)
             })?;
         }
         if !listens_on(self.process.id(), self.port) {
-            return Err(format!(
-                "port {} is not aiosmtpd's; log: {}",
-                self.port,
-                log()
-            ));
+            return Err(format!("port {} is not {what}'s; log: {}", self.port, log()));
         }
         Ok(())
     }
 }
 
-impl Drop for Aiosmtpd {
+impl Drop for ScriptServer {
     fn drop(&mut self) {
         self.process.kill();
         let _ = fs::remove_dir_all(&self.dir);
