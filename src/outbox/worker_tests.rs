@@ -506,6 +506,12 @@ impl Backend for StuckWrites {
     async fn purge(&self, _id: OutboxId) -> Result<bool, SendError> {
         Ok(false)
     }
+    async fn message(
+        &self,
+        _id: OutboxId,
+    ) -> Result<Option<crate::outbox::inspect::MessageRow>, SendError> {
+        Ok(None)
+    }
 }
 
 /// Counts the wakes of the task it is the waker of.
