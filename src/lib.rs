@@ -1,4 +1,32 @@
-#![doc = include_str!("../README.md")]
+//! Keep an application's e-mail flowing when its mail provider fails.
+//!
+//! A [`CircuitBreakerTransport`] stops sending to a provider that keeps failing, answers at
+//! once while it is down, and lets exactly one probe through to learn whether it is back; a
+//! [`PoolTransport`] fails over to the next provider; a [`RetryTransport`] waits as long as
+//! the breaker says; a [`RateLimitTransport`] keeps to a provider's quota; an
+//! [`Outbox`](crate::outbox) keeps what no provider takes now. Each is a [`Transport`], and
+//! so is each provider: the crate's own [`SmtpTransport`], Amazon SES and the HTTP APIs (each
+//! under its feature), any lettre transport through [`LettreTransport`]. A [`Mailer`] builds
+//! the whole stack from one DSN or one TOML document.
+//!
+//! ```no_run
+//! use mail_breaker::{Mailer, Transport};
+//!
+//! # async fn run(message: lettre::Message) -> Result<(), Box<dyn std::error::Error>> {
+//! let mailer = Mailer::from_dsn(
+//!     "retry(failover(smtp://app:${SMTP_PASSWORD}@smtp.example.com?tls=required \
+//!                     smtps://app:${BACKUP_PASSWORD}@backup.example.com))?attempts=4",
+//! )?
+//! .build()
+//! .await?;
+//! mailer.send(&message).await?;
+//! # Ok(())
+//! # }
+//! ```
+//!
+//! The [guide] is the user's manual, chapter by chapter, from [a first
+//! stack](guide::first_stack) (two relays, one Redis, an outbox) to [the configuration
+//! reference](guide::configuration) and [performance](guide::performance).
 //!
 //! # Layers
 //!
@@ -7,6 +35,10 @@
 //! it stands on. `tests/layers.rs` reads this table and every file of `src/`, and fails when a
 //! module imports one on a floor above it, unless a comment on that line says `layers:` and
 //! why. (Doc links may point anywhere.)
+//!
+//! In one line: core (machine, transport, receipt and error, time) → stores → the breaker's
+//! shell → wrappers (pool, retry, cascade, rate) → adapters → outbox → configuration → the
+//! command and the page (bin, admin).
 //!
 //! | floor | modules | what stands there |
 //! |---|---|---|
@@ -78,3 +110,8 @@ pub use store::RedisStore;
 pub use store::{BreakerStore, MemoryStore};
 pub use time::MAX_PROVIDER_WAIT;
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};
+
+/// The README's code blocks, compiled as doctests so that what the front page shows builds.
+#[cfg(all(doctest, feature = "smtp", feature = "config"))]
+#[doc = include_str!("../README.md")]
+pub struct ReadmeDoctests;

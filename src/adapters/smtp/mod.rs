@@ -72,7 +72,7 @@ use transaction::{Ending, Progress};
 ///   and never for a 4xx or 5xx answer to it.
 /// - **Safe against a hostile server**: bounded reads, no reply injection through STARTTLS,
 ///   credentials only over TLS, the body CRLF-normalised and dot-stuffed (no SMTP smuggling);
-///   see the README's SMTP section.
+///   see [the guide's SMTP chapter](crate::guide::smtp).
 /// - [`SmtpBuilder::max_connections`] sends hold a connection at once; others wait their turn
 ///   within their timeout. `send_many` sends that many messages at once, answers in order.
 ///
