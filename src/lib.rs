@@ -46,7 +46,7 @@
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
 //! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate` | transports around transports: failover and round robin, retries, rate limits |
-//! | 5. the adapters | `adapters` | the providers: SMTP, SES, the HTTP APIs, lettre's transports |
+//! | 5. the adapters | `adapters`, `oauth` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login |
 //! | 6. the outbox | `outbox` | mail kept in a database until a provider takes it |
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
 //! | 8. the command, the page and the guide | `bin`, `admin`, `guide` | what an operator runs and reads; the user's manual (text only) |
