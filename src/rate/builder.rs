@@ -198,14 +198,14 @@ impl<T: Transport> RateLimitBuilder<T> {
         let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {
-            Some(store) => super::Limiter::Shared(super::shared::SharedLimiter::new(
+            Some(store) => super::Limiter::Shared(Box::new(super::shared::SharedLimiter::new(
                 store,
                 &name,
                 per_second,
                 self.burst,
                 floor,
                 self.members,
-            )),
+            ))),
             None => super::Limiter::Local(local()),
         };
         #[cfg(not(feature = "redis"))]
