@@ -41,7 +41,7 @@ files[gate]="src/breaker/gate.rs"
 tests[gate]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate --test=scope --test=extreme_settings --test=metrics"
 files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
 tests[retry]="--lib --test=retry --test=batch_failures --test=extreme_settings --test=cancellation --test=metrics"
-files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs"
+files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs src/panicked.rs"
 tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancellation --test=metrics"
 # Where the breakers' state lives: the memory store's lock-free words and the bounded map of
 # per-domain breakers; and the Redis store's script, quorum and connections.
@@ -77,7 +77,7 @@ tests[outbox-postgres]="--test=outbox_postgres"
 # The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
-tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=metrics --test=logs"
+tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=rate_local_and_script --test=breaker --test=metrics --test=logs"
 # The whole stack from one DSN or TOML: the DSN parser, the tree reader with its paths, the
 # providers' URLs, the config types, and the build.
 files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"

@@ -385,9 +385,8 @@ impl Unspent<'_> {
     }
 
     /// What to record of `result`: the permit and how it counts, unless the send went without
-    /// one (in shadow mode, past a breaker that would refuse).
-    /// A send that was never attempted counts for nothing: its permit stays, for `Drop` to
-    /// give back.
+    /// one (in shadow mode, past a breaker that would refuse), or unless it was never
+    /// attempted: then its permit stays, for `Drop` to give back.
     #[inline]
     pub(crate) fn counted(&self, result: &Result<Receipt, SendError>) -> Option<(Permit, Outcome)> {
         if !attempted(result) {

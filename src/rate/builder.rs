@@ -132,9 +132,9 @@ impl<T: Transport> RateLimitBuilder<T> {
     /// How many processes share the budget: while Redis does not answer, each paces itself
     /// at `per_second / members` with a burst of `burst / members` (at least 1). Unset, it is
     /// the number of processes Redis last said share the limiter (those that called it in
-    /// the last ten minutes, each known by its store's
-    /// [`member`](crate::RedisStore::with_member) name); knowing neither, a process takes
-    /// the full rate and burst. Only a [shared](Self::shared) limiter reads it.
+    /// the last ten minutes, each known by its store's member name, `RedisStore::with_member`);
+    /// knowing neither, a process takes the full rate and burst. Only a shared limiter
+    /// (feature `redis`) reads it.
     pub fn members(mut self, members: u32) -> Self {
         self.members = Some(members);
         self
@@ -198,14 +198,14 @@ impl<T: Transport> RateLimitBuilder<T> {
         let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {
-            Some(store) => super::Limiter::Shared(super::shared::SharedLimiter::new(
+            Some(store) => super::Limiter::Shared(Box::new(super::shared::SharedLimiter::new(
                 store,
                 &name,
                 per_second,
                 self.burst,
                 floor,
                 self.members,
-            )),
+            ))),
             None => super::Limiter::Local(local()),
         };
         #[cfg(not(feature = "redis"))]

@@ -193,8 +193,9 @@ impl<T: Transport> RateLimitTransport<T> {
 #[derive(Debug)]
 enum Limiter {
     Local(LocalLimiter),
+    /// Boxed: its connection, script and fallback make it several times the local one.
     #[cfg(feature = "redis")]
-    Shared(shared::SharedLimiter),
+    Shared(Box<shared::SharedLimiter>),
 }
 
 impl Limiter {
