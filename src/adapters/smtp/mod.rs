@@ -39,7 +39,7 @@ pub use classify::{classify_smtp_error, classify_smtp_reply};
 
 use crate::time::later;
 use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
-use connection::{Connection, ConnectionSettings};
+use connection::ConnectionSettings;
 use lettre_pool::Unfinished;
 use pool::{ConnectionPool, PoolLimits};
 use transaction::{Ending, Progress};
@@ -241,10 +241,7 @@ impl SmtpTransport {
         progress: &Progress,
     ) -> Result<Receipt, SendError> {
         let _turn = pool.turn().await?;
-        let (mut connection, mut reused) = match pool.take_idle() {
-            Some(connection) => (connection, true),
-            None => (pool.open().await?, false),
-        };
+        let (mut connection, mut reused) = pool.checkout().await?;
         loop {
             let ending =
                 transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
@@ -263,8 +260,7 @@ impl SmtpTransport {
                         "smtp.stale_connection_replaced"
                     );
                     drop(connection);
-                    connection = pool.open().await?;
-                    reused = false;
+                    (connection, reused) = pool.checkout().await?;
                 }
                 Ending::NotBegun(error) => return Err(error),
             }
@@ -281,7 +277,7 @@ impl SmtpTransport {
             pool.give_back(connection);
             return Ok(());
         }
-        let connection: Connection = pool.open().await?;
+        let connection = pool.open().await?;
         pool.give_back(connection);
         Ok(())
     }
