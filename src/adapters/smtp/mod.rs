@@ -74,7 +74,8 @@ use transaction::{Ending, Progress};
 ///   receipt. When every recipient is refused, the refusal that decides what the caller does
 ///   is the answer (a rate limit before a recipient's deferral before a refusal for good).
 /// - **What the server can take** is checked before any command: an address holding CR, LF
-///   or another control character, a line over 998 octets, or a message that needs SMTPUTF8
+///   or another control character, a line over 998 octets (a header line is folded before
+///   a space first, as lettre writes a `To:` of many recipients on one line), or a message that needs SMTPUTF8
 ///   (an address, or raw UTF-8 in its header) where the server does not offer it is
 ///   `InvalidMessage`; SMTPUTF8 is declared whenever it is needed.
 /// - **A server that limits how fast clients connect**: after a connection refused as a rate
