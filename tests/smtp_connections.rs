@@ -459,3 +459,81 @@ async fn a_connection_on_which_a_reply_arrived_while_it_was_idle_is_closed_not_r
     let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port()).with_timeout(TIMEOUT);
     each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp).await;
 }
+
+/// A gate in front of `server` that lets `allowed` connections through and refuses every
+/// later one at the greeting, as a server limiting how fast clients connect does; and how
+/// many connections it was asked for.
+async fn connection_limit(server: &RawSmtp, allowed: usize) -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = listener.local_addr().expect("an address").port();
+    let backend = server.port();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&attempts);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if counted.fetch_add(1, Ordering::SeqCst) >= allowed {
+                let _ = client
+                    .write_all(b"421 4.7.0 raw.test Error: too many connections from 127.0.0.1\r\n")
+                    .await;
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut upstream) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    (port, attempts)
+}
+
+#[tokio::test]
+async fn after_a_connection_refused_as_a_rate_limit_sends_wait_for_a_live_connection_instead_of_opening_more()
+ {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let (port, attempts) = connection_limit(&server, 2).await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(port)
+        .timeout(Duration::from_secs(5))
+        .max_connections(6)
+        .build()
+        .expect("valid settings");
+
+    let answers = support_send_all(&smtp, numbered_messages(30)).await;
+
+    let failed: Vec<_> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert!(failed.is_empty(), "{failed:?}");
+    // Two let through; at most the other four of the first burst refused, and no more
+    // tries while opening is paused.
+    assert!(
+        attempts.load(Ordering::SeqCst) <= 6,
+        "{} connections asked for",
+        attempts.load(Ordering::SeqCst)
+    );
+}
+
+#[tokio::test]
+async fn with_no_live_connection_a_rate_limit_refusal_answers_and_no_connection_is_tried_during_the_pause()
+ {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let (port, attempts) = connection_limit(&server, 0).await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(port)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("valid settings");
+    let first = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(first.category(), Category::RateLimited, "{first}");
+    let second = smtp.send(&message()).await.expect_err("paused");
+    assert_eq!(second.category(), Category::RateLimited, "{second}");
+    assert!(
+        second.retry_after().is_some(),
+        "says how long the pause lasts"
+    );
+    assert_eq!(attempts.load(Ordering::SeqCst), 1);
+}

@@ -945,14 +945,16 @@ async fn a_message_that_needs_smtputf8_is_an_invalid_message_where_the_server_do
 }
 
 #[tokio::test]
-async fn a_line_over_998_octets_is_an_invalid_message_and_nothing_of_it_is_sent() {
+async fn a_line_over_998_octets_that_cannot_be_folded_is_an_invalid_message_and_nothing_of_it_is_sent()
+ {
     let server = eight_bit_server(true).await;
     let smtp = transport(&server, true);
     for (where_, message) in [
         ("body", format!("Subject: x\r\n\r\n{}\r\n", "x".repeat(999))),
         (
+            // A header line is folded before a space where it is too long; this one has none.
             "header",
-            format!("Subject: {}\r\n\r\nhello\r\n", "x".repeat(990)),
+            format!("X-Long:{}\r\n\r\nhello\r\n", "x".repeat(992)),
         ),
         (
             "last line",

@@ -371,3 +371,47 @@ async fn a_message_to_1001_recipients_is_split_at_the_452_and_delivered_to_all_i
         assert!(maillog.contains(id), "queue id {id} not in the maillog");
     }
 }
+
+#[tokio::test]
+async fn with_a_connection_rate_limit_of_5_fifty_messages_sent_8_at_a_time_through_one_pool_are_all_delivered()
+ {
+    let test = "with_a_connection_rate_limit_of_5_fifty_messages_sent_8_at_a_time_through_one_pool_are_all_delivered";
+    // Five connections a minute from one client, loopback included (by default the clients
+    // of mynetworks are exempt); anvil counts them.
+    let options = PostfixOptions::default()
+        .setting("smtpd_client_connection_rate_limit", "5")
+        .setting("smtpd_client_event_limit_exceptions", "");
+    let Some(postfix) = Postfix::start(test, options) else {
+        return;
+    };
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(postfix.port())
+        .max_connections(8)
+        .timeout(TIMEOUT)
+        .build()
+        .expect("valid settings");
+    let messages = support::numbered_messages(50);
+    let answers: Vec<_> = {
+        use futures::StreamExt;
+        smtp.send_many(futures::stream::iter(messages).boxed())
+            .collect()
+            .await
+    };
+
+    let failed: Vec<String> = answers
+        .iter()
+        .filter_map(|answer| answer.as_ref().err().map(ToString::to_string))
+        .collect();
+    assert!(
+        failed.is_empty(),
+        "{} of 50 failed: {failed:?}\nmaillog:\n{}",
+        failed.len(),
+        postfix.maillog()
+    );
+    assert_eq!(postfix.wait_for_deliveries(50, DELIVERY_WAIT).len(), 50);
+    assert!(
+        postfix.maillog().contains("Connection rate limit exceeded"),
+        "the limit was never reached, so this test showed nothing:\n{}",
+        postfix.maillog()
+    );
+}

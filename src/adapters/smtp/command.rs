@@ -218,22 +218,58 @@ pub(super) fn wire_length(message: &[u8]) -> usize {
     length
 }
 
-/// Hands each line of `message` to `line`, without its ending: a bare CR, a bare LF and CRLF
-/// each end a line, and a last line without an ending counts as one.
+/// Hands each line of `message` to `line` as it goes on the wire, without its ending: a bare
+/// CR, a bare LF and CRLF each end a line, and a last line without an ending counts as one.
+/// A header line (before the first empty line) over [`MAX_LINE`] octets is folded (RFC 5322
+/// §2.2.3: a line break put before a space or tab, which a reader takes out again), as lettre
+/// writes a `To:` of many recipients on one line; one with no space to fold at stays long.
 fn for_each_line(message: &[u8], mut line: impl FnMut(&[u8])) {
+    let mut in_header = true;
+    let mut each = |content: &[u8]| {
+        if content.is_empty() {
+            in_header = false;
+        }
+        if in_header {
+            fold(content, &mut line);
+        } else {
+            line(content);
+        }
+    };
     let mut rest = message;
     while let Some(end) = rest
         .iter()
         .position(|&octet| octet == b'\r' || octet == b'\n')
     {
         let (content, after) = rest.split_at(end);
-        line(content);
+        each(content);
         let ending_length = if after.starts_with(b"\r\n") { 2 } else { 1 };
         rest = after.get(ending_length..).unwrap_or_default();
     }
     if !rest.is_empty() {
-        line(rest);
+        each(rest);
     }
+}
+
+/// Hands a header line to `line` in pieces of at most [`MAX_LINE`] octets, each cut before a
+/// space or tab, while there is one to cut at.
+fn fold(mut header: &[u8], line: &mut impl FnMut(&[u8])) {
+    while header.len() > MAX_LINE {
+        // The last space or tab that leaves a piece of at most MAX_LINE octets with more
+        // than white space in it.
+        let cut = (1..=MAX_LINE).rev().find(|&at| {
+            matches!(header.get(at), Some(b' ' | b'\t'))
+                && header[..at]
+                    .iter()
+                    .any(|&octet| octet != b' ' && octet != b'\t')
+        });
+        let Some(cut) = cut else {
+            break;
+        };
+        let (piece, rest) = header.split_at(cut);
+        line(piece);
+        header = rest;
+    }
+    line(header);
 }
 
 #[cfg(test)]
@@ -297,6 +333,34 @@ mod tests {
         assert_eq!(found.too_long, Some((3, 1200)));
         assert_eq!(found.wire_length, wire_length(message.as_bytes()));
         assert_eq!(shape(b"a\r\nb").too_long, None);
+    }
+
+    #[test]
+    fn a_header_line_over_998_octets_is_folded_before_a_space_and_a_body_line_is_not() {
+        let to = format!("To: {}", vec!["r@example.org"; 150].join(", "));
+        let message = format!("{to}\r\n\r\n{}\r\n", "x".repeat(1200));
+        let wire = data(message.as_bytes());
+        let header_end = wire
+            .windows(4)
+            .position(|w| w == b"\r\n\r\n")
+            .expect("a header");
+        let header = &wire[..header_end];
+        for piece in header.split(|&octet| octet == b'\n') {
+            assert!(piece.len() <= MAX_LINE + 1, "{} octets", piece.len());
+        }
+        // Unfolded (each CRLF before a space taken out), the header is as it was.
+        let unfolded = String::from_utf8_lossy(header).replace("\r\n ", " ");
+        assert_eq!(unfolded, to);
+        let found = shape(message.as_bytes());
+        assert_eq!(
+            found.too_long.map(|(_, octets)| octets),
+            Some(1200),
+            "the body line stays long"
+        );
+        assert_eq!(found.wire_length, wire.len() - 3);
+        let unbreakable = format!("Subject: {}\r\n\r\nhi", "x".repeat(1000));
+        // Folded after "Subject:", the rest has no space to fold at.
+        assert_eq!(shape(unbreakable.as_bytes()).too_long, Some((2, 1001)));
     }
 
     #[test]

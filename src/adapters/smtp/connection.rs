@@ -15,7 +15,7 @@
 use std::fmt;
 use std::net::SocketAddr;
 use std::pin::Pin;
-use std::task::{Context, Poll, Waker};
+use std::task::{Context, Waker};
 use std::time::Duration;
 
 use base64::Engine as _;
@@ -107,11 +107,10 @@ impl Wire {
         let mut octets = [0u8; 64];
         let mut buffer = ReadBuf::new(&mut octets);
         let mut context = Context::from_waker(Waker::noop());
-        match Pin::new(&mut self.stream).poll_read(&mut context, &mut buffer) {
-            Poll::Pending => false,
-            // Octets, the end of the stream, or an error: none leaves a usable session.
-            Poll::Ready(_) => true,
-        }
+        // Octets, the end of the stream, or an error: none leaves a usable session.
+        Pin::new(&mut self.stream)
+            .poll_read(&mut context, &mut buffer)
+            .is_ready()
     }
 
     /// Writes `commands` and reads one reply.

@@ -39,7 +39,7 @@ pub use classify::{classify_smtp_error, classify_smtp_reply};
 
 use crate::time::later;
 use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
-use connection::{Connection, ConnectionSettings};
+use connection::ConnectionSettings;
 use lettre_pool::Unfinished;
 use pool::{ConnectionPool, PoolLimits};
 use transaction::{Ending, Progress};
@@ -57,16 +57,30 @@ use transaction::{Ending, Progress};
 /// - **A connection is reused only after its whole transaction was answered**, each reply
 ///   checked against the command it answers. A send cut off anywhere (by its timeout, by its
 ///   caller dropping it, by an I/O error) or a reply out of turn closes its connection, so a
-///   late reply can never be read as the answer to another message. After a refused
-///   transaction the next one begins with RSET.
+///   late reply can never be read as the answer to another message; so does a connection
+///   holding octets no command read as its reply (a reply sent twice or unasked). After a
+///   refused transaction the next one begins with RSET.
 /// - **No NOOP per message.** A pooled connection the server closed while it was idle shows
 ///   it in its first reply (none, or the `421`/`451` it sent as it closed); the send then goes
 ///   on one fresh connection without an error.
 /// - **Each recipient is answered on its own.** The message goes to the recipients the server
 ///   accepted; those refused for good are in [`Receipt::rejected_recipients`], those refused
 ///   for now (a 4xx) in [`Receipt::deferred_recipients`], each with its error; recipients
-///   refused as too many for one transaction (`452 4.5.3`) get the message in a further
-///   transaction. When every recipient is refused, that refusal is the answer.
+///   refused as too many for one transaction (`452 4.5.3`, or a `552` saying so) get the
+///   message in a further transaction, and [`Receipt::transactions`] lists each transaction's
+///   reply, queue id and recipients. A further transaction that breaks, or runs out of the
+///   send's time, after its data was written leaves its recipients in
+///   [`Receipt::maybe_delivered_recipients`]; what the earlier ones delivered stays a
+///   receipt. When every recipient is refused, the refusal that decides what the caller does
+///   is the answer (a rate limit before a recipient's deferral before a refusal for good).
+/// - **What the server can take** is checked before any command: an address holding CR, LF
+///   or another control character, a line over 998 octets (a header line is folded before
+///   a space first, as lettre writes a `To:` of many recipients on one line), or a message that needs SMTPUTF8
+///   (an address, or raw UTF-8 in its header) where the server does not offer it is
+///   `InvalidMessage`; SMTPUTF8 is declared whenever it is needed.
+/// - **A server that limits how fast clients connect**: after a connection refused as a rate
+///   limit, the pool opens none for a while, and sends wait (within their timeout) for one of
+///   its connections to come free.
 /// - **Maybe delivered.** A Network error or Timeout after the final data was written is marked
 ///   [`SendError::maybe_delivered`]: the server may hold the message. Never before that point,
 ///   and never for a 4xx or 5xx answer to it.
@@ -241,10 +255,7 @@ impl SmtpTransport {
         progress: &Progress,
     ) -> Result<Receipt, SendError> {
         let _turn = pool.turn().await?;
-        let (mut connection, mut reused) = match pool.take_idle() {
-            Some(connection) => (connection, true),
-            None => (pool.open().await?, false),
-        };
+        let (mut connection, mut reused) = pool.checkout().await?;
         loop {
             let ending =
                 transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
@@ -263,8 +274,7 @@ impl SmtpTransport {
                         "smtp.stale_connection_replaced"
                     );
                     drop(connection);
-                    connection = pool.open().await?;
-                    reused = false;
+                    (connection, reused) = pool.checkout().await?;
                 }
                 Ending::NotBegun(error) => return Err(error),
             }
@@ -281,7 +291,7 @@ impl SmtpTransport {
             pool.give_back(connection);
             return Ok(());
         }
-        let connection: Connection = pool.open().await?;
+        let connection = pool.open().await?;
         pool.give_back(connection);
         Ok(())
     }

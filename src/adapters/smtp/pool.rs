@@ -13,18 +13,30 @@
 //!   or unasked, read ahead or arrived while idle), or that the server closed, is closed when
 //!   it comes back and when a send next takes it: its state is not known, and its next
 //!   command would read an old reply as its own.
+//! - **A server that limits how fast clients connect.** A connection refused as a rate
+//!   limit (Postfix's `421 4.7.0 Error: too many connections from ...` at the greeting)
+//!   pauses opening: for its `retry_after`, else [`OPEN_PAUSE`], no send opens a connection;
+//!   each waits (within its own timeout) for one of the pool's live connections to come
+//!   free. Only when none is open or opening is the refusal the send's answer.
 //! - No NOOP on checkout: a connection the server closed while idle that the look above did
 //!   not catch fails at RSET or MAIL, before anything of the message was sent, and the send
 //!   then opens a fresh one.
 
-use std::sync::{Mutex, PoisonError};
+use std::ops::{Deref, DerefMut};
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
-use tokio::sync::{Semaphore, SemaphorePermit};
+use tokio::sync::{Notify, Semaphore, SemaphorePermit};
 use tokio::time::Instant;
 
 use super::connection::{Connection, ConnectionSettings};
+use crate::time::later;
 use crate::{Category, SendError};
+
+/// How long opening pauses after a connection was refused as a rate limit that did not say
+/// how long.
+pub(super) const OPEN_PAUSE: Duration = Duration::from_secs(5);
 
 /// The limits of a pool.
 #[derive(Debug, Clone, Copy)]
@@ -41,10 +53,68 @@ pub(super) struct ConnectionPool {
     permits: Semaphore,
     /// Idle connections, the most recently used last.
     idle: Mutex<Vec<Idle>>,
+    /// The connections open or being opened, and the signal that one came free or closed.
+    live: Arc<Live>,
+    /// Until when no connection is opened, and the refusal that said so.
+    paused: Mutex<Option<(Instant, SendError)>>,
+}
+
+/// How many connections of a pool are open or being opened; a waiting send listens to
+/// `changed`.
+#[derive(Debug, Default)]
+struct Live {
+    count: AtomicUsize,
+    /// Notified when a connection comes back to the pool or closes.
+    changed: Notify,
+}
+
+/// Counts one connection as live while it exists.
+#[derive(Debug)]
+struct LiveGuard(Arc<Live>);
+
+impl LiveGuard {
+    fn new(live: &Arc<Live>) -> Self {
+        live.count.fetch_add(1, Ordering::SeqCst);
+        LiveGuard(Arc::clone(live))
+    }
+}
+
+impl Drop for LiveGuard {
+    fn drop(&mut self) {
+        self.0.count.fetch_sub(1, Ordering::SeqCst);
+        self.0.changed.notify_waiters();
+    }
+}
+
+/// A connection of the pool: counted as live until it is dropped.
+pub(super) struct Pooled {
+    connection: Connection,
+    _live: LiveGuard,
+}
+
+impl Pooled {
+    /// Closes it in the background after a QUIT (see [`Connection::retire`]).
+    fn retire(self) {
+        self.connection.retire();
+    }
+}
+
+impl Deref for Pooled {
+    type Target = Connection;
+
+    fn deref(&self) -> &Connection {
+        &self.connection
+    }
+}
+
+impl DerefMut for Pooled {
+    fn deref_mut(&mut self) -> &mut Connection {
+        &mut self.connection
+    }
 }
 
 struct Idle {
-    connection: Connection,
+    connection: Pooled,
     since: Instant,
 }
 
@@ -61,6 +131,8 @@ impl ConnectionPool {
             permits: Semaphore::new(limits.max_connections),
             limits,
             idle: Mutex::new(Vec::new()),
+            live: Arc::default(),
+            paused: Mutex::new(None),
         }
     }
 
@@ -85,7 +157,7 @@ impl ConnectionPool {
 
     /// The most recently used idle connection that is still young enough, if any. Call it
     /// with a turn held.
-    pub(super) fn take_idle(&self) -> Option<Connection> {
+    pub(super) fn take_idle(&self) -> Option<Pooled> {
         let mut idle = self.idle.lock().unwrap_or_else(PoisonError::into_inner);
         while let Some(mut candidate) = idle.pop() {
             if candidate.connection.has_unread() {
@@ -101,13 +173,76 @@ impl ConnectionPool {
     }
 
     /// Opens a fresh connection. Call it with a turn held.
-    pub(super) async fn open(&self) -> Result<Connection, SendError> {
-        Connection::open(&self.settings).await
+    pub(super) async fn open(&self) -> Result<Pooled, SendError> {
+        let live = LiveGuard::new(&self.live);
+        let connection = Connection::open(&self.settings).await?;
+        Ok(Pooled {
+            connection,
+            _live: live,
+        })
+    }
+
+    /// A connection for a send that holds its turn, and whether it was idle in the pool: the
+    /// most recent idle one, else a fresh one. While opening is paused after a rate-limit
+    /// refusal, it waits for a live connection to come free instead, and answers with that
+    /// refusal only when no connection is open or being opened.
+    pub(super) async fn checkout(&self) -> Result<(Pooled, bool), SendError> {
+        loop {
+            // Listening before looking, so that a connection that comes free in between
+            // still wakes this send.
+            let changed = self.live.changed.notified();
+            tokio::pin!(changed);
+            changed.as_mut().enable();
+            if let Some(connection) = self.take_idle() {
+                return Ok((connection, true));
+            }
+            if let Some((until, why)) = self.pause() {
+                if self.live.count.load(Ordering::SeqCst) == 0 {
+                    let left = until.saturating_duration_since(Instant::now());
+                    return Err(why.with_retry_after(left));
+                }
+                tokio::select! {
+                    () = &mut changed => {}
+                    () = tokio::time::sleep_until(until) => {}
+                }
+                continue;
+            }
+            match self.open().await {
+                Ok(connection) => return Ok((connection, false)),
+                Err(error) if error.category() == Category::RateLimited => {
+                    let pause = error.retry_after().unwrap_or(OPEN_PAUSE);
+                    tracing::debug!(
+                        code = error.code(),
+                        pause_ms = pause.as_millis() as u64,
+                        "smtp.opening_paused"
+                    );
+                    *self.paused.lock().unwrap_or_else(PoisonError::into_inner) =
+                        Some((later(Instant::now(), pause), error.clone()));
+                    if self.live.count.load(Ordering::SeqCst) == 0 {
+                        return Err(error);
+                    }
+                }
+                Err(error) => return Err(error),
+            }
+        }
+    }
+
+    /// Until when opening is paused, and why; `None` once the pause is over.
+    fn pause(&self) -> Option<(Instant, SendError)> {
+        let mut paused = self.paused.lock().unwrap_or_else(PoisonError::into_inner);
+        match &*paused {
+            Some((until, why)) if Instant::now() < *until => Some((*until, why.clone())),
+            Some(_) => {
+                *paused = None;
+                None
+            }
+            None => None,
+        }
     }
 
     /// Takes back a connection whose transaction the server answered whole, unless it has
     /// carried its share of messages.
-    pub(super) fn give_back(&self, mut connection: Connection) {
+    pub(super) fn give_back(&self, mut connection: Pooled) {
         if connection.has_unread() {
             // A reply no command asked for: closed, never used again.
             return;
@@ -130,5 +265,8 @@ impl ConnectionPool {
             connection,
             since: Instant::now(),
         });
+        drop(idle);
+        // A send waiting while opening is paused may take it.
+        self.live.changed.notify_waiters();
     }
 }

@@ -13,7 +13,7 @@
 //!   connection, a timeout or a reply out of turn may hide a delivery: the error says so. A
 //!   4xx or 5xx answer to it is a refusal, never maybe-delivered.
 //! - **What the server can take.** A message over the server's SIZE, with a line over 998
-//!   octets, or that needs SMTPUTF8 (an address, or raw UTF-8 in its header) where the
+//!   octets that cannot be folded (a header line is folded before a space), or that needs SMTPUTF8 (an address, or raw UTF-8 in its header) where the
 //!   server does not offer it, is `InvalidMessage` before any command. SMTPUTF8 is declared
 //!   whenever the envelope or the header needs it.
 //!
