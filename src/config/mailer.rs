@@ -338,7 +338,14 @@ fn build_member(
         Some(rate) => {
             // Amazon SES counts each recipient against its maximum send rate.
             let per_recipient = matches!(member.provider, Provider::Ses { .. });
-            let limiter = Arc::new(build_rate(provider, rate, &name, store, path, per_recipient)?);
+            let limiter = Arc::new(build_rate(
+                provider,
+                rate,
+                &name,
+                store,
+                path,
+                per_recipient,
+            )?);
             let held = MemberLimiter {
                 name: name.clone(),
                 configured: rate.per_second,

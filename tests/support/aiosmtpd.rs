@@ -271,7 +271,8 @@ impl ScriptServer {
             port = line
                 .strip_prefix("ready ")
                 .and_then(|port| port.trim().parse::<u16>().ok());
-            port.map(|_| ()).ok_or(format!("an unexpected line: {line:?}"))
+            port.map(|_| ())
+                .ok_or(format!("an unexpected line: {line:?}"))
         })?;
         self.port = port.ok_or("no port")?;
         let address = SocketAddr::from(([127, 0, 0, 1], self.port));
@@ -281,7 +282,11 @@ impl ScriptServer {
             })?;
         }
         if !listens_on(self.process.id(), self.port) {
-            return Err(format!("port {} is not {what}'s; log: {}", self.port, log()));
+            return Err(format!(
+                "port {} is not {what}'s; log: {}",
+                self.port,
+                log()
+            ));
         }
         Ok(())
     }
