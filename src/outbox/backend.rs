@@ -33,6 +33,32 @@ pub(crate) enum Finish {
     },
 }
 
+/// How many bytes of bodies a claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bytes {
+    pub max: u64,
+    /// The first message is taken even if its body alone is larger than `max`.
+    pub first_whatever_size: bool,
+}
+
+impl Bytes {
+    /// No bound.
+    #[cfg(test)]
+    pub(crate) const ANY: Bytes = Bytes {
+        max: u64::MAX,
+        first_whatever_size: true,
+    };
+
+    /// The bound as SQL parameters: the bytes, and the bytes before a message below which it
+    /// is taken whatever its size (1: only the first; 0: none).
+    pub(crate) fn parameters(self) -> (i64, i64) {
+        (
+            i64::try_from(self.max).unwrap_or(i64::MAX),
+            i64::from(self.first_whatever_size),
+        )
+    }
+}
+
 /// Which time a failed claim's update sets.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum Failed {
@@ -68,7 +94,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// Leases up to `limit` messages due now (soonest first) for `lease`, in one statement no
     /// other worker can interleave with. `now` is this process's clock; PostgreSQL reads its
-    /// own (`now()`), so that workers on machines whose clocks differ agree. `durable`: the claim is synced to disk
+    /// own (`now()`), so that workers on machines whose clocks differ agree. It stops before
+    /// the message whose body would bring the bodies taken past `bytes.max`; with
+    /// `bytes.first_whatever_size` it takes the first however large (a worker holding nothing
+    /// must make progress). `durable`: the claim is synced to disk
     /// before it returns (`at_most_once` needs it: a claim that a power cut undid would let
     /// a message that went be sent again); else a lost claim only means a message sent again,
     /// which at-least-once allows.
@@ -77,6 +106,7 @@ pub(crate) trait Backend: Send + Sync + Debug {
         now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError>;
 

@@ -8,7 +8,7 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row};
 
-use super::backend::{Backend, Failed, Finish};
+use super::backend::{Backend, Bytes, Failed, Finish};
 use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
 use super::schedule::{Millis, millis};
@@ -268,8 +268,10 @@ impl Backend for PostgresBackend {
         _now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        let (max_bytes, first) = bytes.parameters();
         // The rows are updated as found by the locked versions' places (`ctid`, which no
         // other transaction can move while the lock holds), not by a join with `due`: a
         // join's plan for any parameters (the one kept after a few calls) is a hash join over
@@ -277,24 +279,34 @@ impl Backend for PostgresBackend {
         // other claims hold (their `due_at` is when they became due), which are at most what
         // the workers hold ahead.
         // Due and lease times are the database's (`now()`).
+        // Of the due rows locked, those whose bodies fit in `$3` bytes with the bodies before
+        // them, and those with fewer than `$4` bytes before them (the first, when `$4` is 1);
+        // the others are let go when the statement ends.
+        // `octet_length` reads a stored body's size, not its bytes.
         let claim = sqlx::query(concat!(
             "WITH due AS ( \
-                 SELECT ctid, id, leased FROM mail_breaker_outbox \
+                 SELECT ctid, id, leased, due_at, octet_length(raw) AS size \
+                 FROM mail_breaker_outbox \
                  WHERE dead_at IS NULL AND due_at <= ",
             now_ms!(),
             " AND (NOT leased OR lease_until IS NULL OR lease_until <= ",
             now_ms!(),
-            ") ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+            ") ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             fits AS (SELECT ctid, id, leased FROM (SELECT ctid, id, leased, size, \
+                 SUM(size) OVER (ORDER BY due_at, id ROWS UNBOUNDED PRECEDING) AS total \
+                 FROM due) AS sized WHERE total <= $3 OR total - size < $4) \
              UPDATE mail_breaker_outbox AS m \
              SET attempts = m.attempts + 1, leased = TRUE, lease_until = ",
             now_ms!(),
-            " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
+            " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM fits)) \
              RETURNING m.id, m.attempts, m.enqueued_at, \
-                 m.id = ANY(ARRAY(SELECT id FROM due WHERE leased)), \
+                 m.id = ANY(ARRAY(SELECT id FROM fits WHERE leased)), \
                  m.sender, m.recipients, m.raw, m.panics"
         ))
         .bind(i64::from(limit))
-        .bind(millis(lease));
+        .bind(millis(lease))
+        .bind(max_bytes)
+        .bind(first);
         let rows = async {
             if durable {
                 return claim.fetch_all(&self.pool).await;

@@ -12,7 +12,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection, Row, Sqlite};
 
-use super::backend::{Backend, Failed, Finish};
+use super::backend::{Backend, Bytes, Failed, Finish};
 use super::lanes::Lanes;
 use super::record::{
     Claim, Claimed, DeadRow, NewRow, StoredError, database_error, database_error_of,
@@ -82,8 +82,14 @@ const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, 
 const ROWS_PER_INSERT: usize = 500;
 
 /// The due messages a claim takes, soonest first; the same rows for the read and the update.
-const DUE: &str = "SELECT id FROM mail_breaker_outbox WHERE dead_at IS NULL AND due_at <= ?1 \
-     ORDER BY due_at, id LIMIT ?2";
+/// Of those, the ones whose bodies fit in `?4` bytes with the bodies before them, and those
+/// with fewer than `?5` bytes before them (the first, when `?5` is 1). `length` of a blob
+/// reads its size, not its bytes.
+const DUE: &str = "SELECT id FROM (SELECT id, size, \
+     SUM(size) OVER (ORDER BY due_at, id ROWS UNBOUNDED PRECEDING) AS total \
+     FROM (SELECT id, due_at, length(raw) AS size FROM mail_breaker_outbox \
+     WHERE dead_at IS NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)) \
+     WHERE total <= ?4 OR total - size < ?5";
 
 /// The outbox's SQLite database.
 #[derive(Debug, Clone)]
@@ -207,9 +213,11 @@ impl Backend for SqliteBackend {
         now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         let lease_until = now.saturating_add(millis(lease));
+        let (max_bytes, first) = bytes.parameters();
         let claimed = async {
             // One statement, so one transaction by itself: SQLite takes the write lock as the
             // statement starts, before it reads which messages are due, so no other writer
@@ -221,7 +229,12 @@ impl Backend for SqliteBackend {
                  due_at = ?3 WHERE id IN ({DUE}) \
                  RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw, panics"
             );
-            let claim = sqlx::query(&sql).bind(now).bind(limit).bind(lease_until);
+            let claim = sqlx::query(&sql)
+                .bind(now)
+                .bind(limit)
+                .bind(lease_until)
+                .bind(max_bytes)
+                .bind(first);
             let mut rows = if durable {
                 claim.fetch_all(&self.pool).await?
             } else {
@@ -552,7 +565,7 @@ mod tests {
     async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
         let (backend, ids) = three_queued("delete-token").await;
         let claimed = backend
-            .claim(1_000, Duration::from_secs(60), 10, false)
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(claimed.len(), 3);
@@ -581,7 +594,7 @@ mod tests {
     async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
         let (backend, ids) = three_queued("claim").await;
         let claimed = backend
-            .claim(1_000, Duration::from_secs(60), 2, false)
+            .claim(1_000, Duration::from_secs(60), 2, Bytes::ANY, false)
             .await
             .expect("claimed");
         let taken: Vec<OutboxId> = claimed.iter().map(|c| c.claim.id).collect();
@@ -594,12 +607,12 @@ mod tests {
         assert_eq!(claimed[1].recipients, "user2@example.org");
         assert_eq!(claimed[1].raw, row(2).raw);
         let rest = backend
-            .claim(1_000, Duration::from_secs(60), 10, true)
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, true)
             .await
             .expect("claimed");
         assert_eq!(rest.len(), 1, "the leased two are not due until 61 s");
         let expired = backend
-            .claim(61_000, Duration::from_secs(60), 10, false)
+            .claim(61_000, Duration::from_secs(60), 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(expired.len(), 3, "every lease ran out");
@@ -615,7 +628,7 @@ mod tests {
         let (backend, ids) = three_queued("renew").await;
         let minute = Duration::from_secs(60);
         let claimed = backend
-            .claim(1_000, minute, 10, false)
+            .claim(1_000, minute, 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         // The third's lease runs out at 61 s and another claim takes it.
@@ -627,7 +640,7 @@ mod tests {
         renewed.sort_by_key(|claim| claim.id);
         assert_eq!(renewed, [claimed[0].claim, claimed[1].claim]);
         let retaken = backend
-            .claim(61_000, minute, 10, false)
+            .claim(61_000, minute, 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(
