@@ -108,7 +108,10 @@ pub(crate) struct SqliteBackend {
 
 impl SqliteBackend {
     /// Opens (creating it if missing) the database file at `path` and its table.
-    pub(crate) async fn open(path: &Path) -> Result<SqliteBackend, SendError> {
+    pub(crate) async fn open(
+        path: &Path,
+        settings: &super::OutboxOptions,
+    ) -> Result<SqliteBackend, SendError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -119,7 +122,7 @@ impl SqliteBackend {
             .busy_timeout(Duration::from_secs(10));
         let opening = |e| database_error_of(Category::Configuration, "opening the SQLite file", e);
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(settings.get_connections_or(4))
             .connect_with(options.clone())
             .await
             .map_err(opening)?;
@@ -513,7 +516,7 @@ mod tests {
             std::env::temp_dir().join(format!("mail-breaker-sqlite-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        SqliteBackend::open(&dir.join("outbox.db"))
+        SqliteBackend::open(&dir.join("outbox.db"), &crate::outbox::OutboxOptions::new())
             .await
             .expect("an SQLite outbox")
     }

@@ -181,9 +181,12 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         std::env::temp_dir().join(format!("mail-breaker-worker-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let sqlite = crate::outbox::sqlite::SqliteBackend::open(&dir.join("outbox.db"))
-        .await
-        .expect("an SQLite outbox");
+    let sqlite = crate::outbox::sqlite::SqliteBackend::open(
+        &dir.join("outbox.db"),
+        &crate::outbox::OutboxOptions::new(),
+    )
+    .await
+    .expect("an SQLite outbox");
     let counting = Arc::new(Counting {
         inner: Arc::new(sqlite),
         claims: AtomicUsize::new(0),

@@ -17,6 +17,7 @@ pub mod postgres;
 pub mod raw_smtp;
 pub mod redis;
 pub mod redis_cluster;
+pub mod relay;
 pub mod scripted;
 pub mod servers;
 pub mod ses_faults;
