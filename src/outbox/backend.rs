@@ -28,6 +28,9 @@ pub(crate) enum Finish {
     Retry {
         error: StoredError,
         due_at: Millis,
+        /// `due_at` less the time of the answer: how long from now it waits (a database
+        /// with a clock of its own counts it from its own now).
+        wait: Millis,
         /// The recipients it is now for, when a delivery deferred only some of them.
         recipients: Option<String>,
     },
@@ -69,6 +72,15 @@ pub(crate) enum Failed {
 }
 
 impl Finish {
+    /// How long a retry waits from the answer; zero for any other outcome.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wait(&self) -> Millis {
+        match self {
+            Finish::Retry { wait, .. } => *wait,
+            _ => 0,
+        }
+    }
+
     /// For a failure: which update, its time, the error, and the narrowed recipients.
     pub(crate) fn failure(&self) -> Option<(Failed, Millis, &StoredError, Option<&str>)> {
         match self {
@@ -82,6 +94,7 @@ impl Finish {
                 error,
                 due_at,
                 recipients,
+                ..
             } => Some((Failed::Retry, *due_at, error, recipients.as_deref())),
         }
     }

@@ -93,14 +93,20 @@ macro_rules! count_panic {
     };
 }
 
+/// Dead at the database's now (`$3`, the worker's time, is not read); or due again `$3`
+/// milliseconds after the database's now: the worker's wait, on the database's clock.
 const FAILED_DEAD: &str = concat!(
-    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, ",
+    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = ",
+    now_ms!(),
+    " + 0 * $3, ",
     count_panic!(),
     "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
      recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
 );
 const FAILED_RETRY: &str = concat!(
-    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, ",
+    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = ",
+    now_ms!(),
+    " + $3, ",
     count_panic!(),
     "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
      recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
@@ -499,11 +505,11 @@ impl Backend for PostgresBackend {
                 let Some((failed, at, error, recipients)) = finish.failure() else {
                     continue;
                 };
-                let sql = match failed {
-                    Failed::Dead => FAILED_DEAD,
-                    Failed::Retry => FAILED_RETRY,
+                let (sql, time) = match failed {
+                    Failed::Dead => (FAILED_DEAD, at),
+                    Failed::Retry => (FAILED_RETRY, finish.wait()),
                 };
-                let query = with_error(keyed(sql), at, error, recipients);
+                let query = with_error(keyed(sql), time, error, recipients);
                 query.execute(&mut *tx).await?;
             }
             tx.commit().await?;

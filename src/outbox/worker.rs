@@ -846,6 +846,7 @@ impl Flight {
             Next::Retry { due_at, error } => Finish::Retry {
                 error: StoredError::of(&error),
                 due_at,
+                wait: due_at.saturating_sub(now),
                 recipients,
             },
         };
