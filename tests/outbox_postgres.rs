@@ -382,3 +382,137 @@ async fn an_older_table_is_upgraded_and_keeps_the_leases_written_in_it() {
         .await
         .expect("an outbox on the upgraded table");
 }
+
+/// Issue 45, point 4: PostgreSQL behind a link that drops packets (a relay that stops
+/// forwarding, closing nothing). `enqueue` answers `Err` within its bounds (the pool's 3 s
+/// wait for a connection, the statement's bound), the worker neither hangs nor loses a
+/// message, and everything drains once the link is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn with_the_database_blackholed_enqueue_fails_within_its_bound_and_all_drains_after() {
+    use std::time::{Duration, Instant};
+    use support::relay::Relay;
+    use support::scripted::{Reply, Scripted};
+
+    let Some(server) = PostgresServer::start("outbox_blackholed") else {
+        return;
+    };
+    let relay = Relay::start(server.port()).await;
+    let url = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", relay.port()),
+    );
+    let options =
+        mail_breaker::outbox::OutboxOptions::new().statement_timeout(Duration::from_millis(300));
+    let outbox = Outbox::postgres_with(&url, &options).await.unwrap();
+    let provider = Scripted::answering(
+        "provider",
+        Reply::after(Duration::from_millis(2), Reply::Ok),
+    );
+    let worker = outbox
+        .worker(provider.clone())
+        .concurrency(2)
+        .lease(Duration::from_secs(3))
+        .poll(Duration::from_millis(50));
+    let running = support::outbox_rules::Running::start(worker);
+    let messages = support::numbered_messages(30);
+    let mut kept = Vec::new();
+    for (i, message) in messages.iter().enumerate().take(10) {
+        outbox.enqueue(message).await.unwrap();
+        kept.push(format!("message {i}"));
+    }
+
+    relay.blackhole();
+    for (i, message) in messages.iter().enumerate().skip(10).take(3) {
+        let started = Instant::now();
+        let outcome = outbox.enqueue(message).await;
+        let took = started.elapsed();
+        assert!(
+            took < Duration::from_millis(4_500),
+            "an enqueue answered after {took:?} with the link down"
+        );
+        let error = outcome.expect_err("no Ok with the link down");
+        assert!(
+            ["outbox.database", "outbox.maybe_queued"].contains(&error.code()),
+            "{error}"
+        );
+        if error.code() == "outbox.maybe_queued" {
+            println!("message {i} may be queued: {error}");
+        }
+    }
+    tokio::time::sleep(Duration::from_secs(1)).await;
+    relay.forward();
+
+    for (i, message) in messages.iter().enumerate().skip(13) {
+        outbox.enqueue(message).await.unwrap();
+        kept.push(format!("message {i}"));
+    }
+    for _ in 0..300 {
+        if outbox.stats().await.is_ok_and(|stats| stats.queued == 0) {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    running.stop().await;
+    let sent: std::collections::HashSet<String> = provider.subjects().into_iter().collect();
+    let lost: Vec<&String> = kept.iter().filter(|s| !sent.contains(*s)).collect();
+    assert!(lost.is_empty(), "enqueued with Ok, never sent: {lost:?}");
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Issue 45, point 4: an enqueue whose statement went out on a held connection and whose
+/// answer never comes back (the link died after the server committed) answers `Err` within
+/// the client's bound, marked maybe-queued; the message is sent once the link is back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_enqueue_whose_answer_is_lost_answers_maybe_queued_within_the_bound() {
+    use sqlx::Connection as _;
+    use std::time::{Duration, Instant};
+    use support::relay::Relay;
+    use support::scripted::Scripted;
+
+    let Some(server) = PostgresServer::start("outbox_answer_lost") else {
+        return;
+    };
+    let relay = Relay::start(server.port()).await;
+    let url = server.url().replace(
+        &format!(":{}/", server.port()),
+        &format!(":{}/", relay.port()),
+    );
+    let options =
+        mail_breaker::outbox::OutboxOptions::new().statement_timeout(Duration::from_secs(2));
+    let outbox = Outbox::postgres_with(&url, &options).await.unwrap();
+    // Each insert takes 600 ms on the server, so that the link goes down while it runs.
+    let mut admin = sqlx::PgConnection::connect(&server.url()).await.unwrap();
+    for statement in [
+        "CREATE FUNCTION slow_insert() RETURNS trigger AS $$ \
+         BEGIN PERFORM pg_sleep(0.6); RETURN NEW; END $$ LANGUAGE plpgsql",
+        "CREATE TRIGGER slow_insert BEFORE INSERT ON mail_breaker_outbox \
+         FOR EACH ROW EXECUTE FUNCTION slow_insert()",
+    ] {
+        sqlx::query(statement).execute(&mut admin).await.unwrap();
+    }
+    let enqueuing = {
+        let outbox = outbox.clone();
+        tokio::spawn(async move {
+            let started = Instant::now();
+            let outcome = outbox.enqueue(&support::message()).await;
+            (outcome, started.elapsed())
+        })
+    };
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    relay.blackhole(); // the insert commits unanswered
+    let (outcome, took) = tokio::time::timeout(Duration::from_secs(10), enqueuing)
+        .await
+        .expect("enqueue answered")
+        .unwrap();
+    let error = outcome.expect_err("its answer never came");
+    assert_eq!(error.code(), "outbox.maybe_queued", "{error}");
+    assert!(
+        took < Duration::from_millis(3_800),
+        "answered after {took:?}"
+    );
+
+    relay.forward();
+    let provider = Scripted::new("provider");
+    outbox.worker(provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 1, "committed unanswered: sent once");
+}

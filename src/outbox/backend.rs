@@ -29,9 +29,38 @@ pub(crate) enum Finish {
     Retry {
         error: StoredError,
         due_at: Millis,
+        /// `due_at` less the time of the answer: how long from now it waits (a database
+        /// with a clock of its own counts it from its own now).
+        wait: Millis,
         /// The recipients it is now for, when a delivery deferred only some of them.
         recipients: Option<String>,
     },
+}
+
+/// How many bytes of bodies a claim may take.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct Bytes {
+    pub max: u64,
+    /// The first message is taken even if its body alone is larger than `max`.
+    pub first_whatever_size: bool,
+}
+
+impl Bytes {
+    /// No bound.
+    #[cfg(test)]
+    pub(crate) const ANY: Bytes = Bytes {
+        max: u64::MAX,
+        first_whatever_size: true,
+    };
+
+    /// The bound as SQL parameters: the bytes, and the bytes before a message below which it
+    /// is taken whatever its size (1: only the first; 0: none).
+    pub(crate) fn parameters(self) -> (i64, i64) {
+        (
+            i64::try_from(self.max).unwrap_or(i64::MAX),
+            i64::from(self.first_whatever_size),
+        )
+    }
 }
 
 /// Which time a failed claim's update sets.
@@ -44,6 +73,15 @@ pub(crate) enum Failed {
 }
 
 impl Finish {
+    /// How long a retry waits from the answer; zero for any other outcome.
+    #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+    pub(crate) fn wait(&self) -> Millis {
+        match self {
+            Finish::Retry { wait, .. } => *wait,
+            _ => 0,
+        }
+    }
+
     /// For a failure: which update, its time, the error, and the narrowed recipients.
     pub(crate) fn failure(&self) -> Option<(Failed, Millis, &StoredError, Option<&str>)> {
         match self {
@@ -57,6 +95,7 @@ impl Finish {
                 error,
                 due_at,
                 recipients,
+                ..
             } => Some((Failed::Retry, *due_at, error, recipients.as_deref())),
         }
     }
@@ -69,7 +108,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// Leases up to `limit` messages due now (soonest first) for `lease`, in one statement no
     /// other worker can interleave with. `now` is this process's clock; PostgreSQL reads its
-    /// own (`now()`), so that workers on machines whose clocks differ agree. `durable`: the claim is synced to disk
+    /// own (`now()`), so that workers on machines whose clocks differ agree. It stops before
+    /// the message whose body would bring the bodies taken past `bytes.max`; with
+    /// `bytes.first_whatever_size` it takes the first however large (a worker holding nothing
+    /// must make progress). `durable`: the claim is synced to disk
     /// before it returns (`at_most_once` needs it: a claim that a power cut undid would let
     /// a message that went be sent again); else a lost claim only means a message sent again,
     /// which at-least-once allows.
@@ -78,6 +120,7 @@ pub(crate) trait Backend: Send + Sync + Debug {
         now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError>;
 

@@ -63,6 +63,7 @@ mod backend;
 mod gauges;
 mod inspect;
 mod lanes;
+mod options;
 #[cfg(feature = "postgres")]
 mod postgres;
 mod record;
@@ -75,6 +76,7 @@ mod worker;
 
 use backend::Backend;
 pub use inspect::StoredMessage;
+pub use options::OutboxOptions;
 use record::NewRow;
 pub use transport::OutboxTransport;
 pub use worker::Worker;
@@ -174,7 +176,17 @@ impl Outbox {
     /// Several processes may open one file; their workers never send one message at once.
     /// An error is `Configuration` when the file cannot be opened or created.
     pub async fn sqlite(path: impl AsRef<Path>) -> Result<Outbox, SendError> {
-        let backend = sqlite::SqliteBackend::open(path.as_ref()).await?;
+        Outbox::sqlite_with(path, &OutboxOptions::new()).await
+    }
+
+    /// [`sqlite`](Self::sqlite) with its pool's size set by `options`; `Configuration` for
+    /// options out of range.
+    pub async fn sqlite_with(
+        path: impl AsRef<Path>,
+        options: &OutboxOptions,
+    ) -> Result<Outbox, SendError> {
+        options.validate().map_err(config_error)?;
+        let backend = sqlite::SqliteBackend::open(path.as_ref(), options).await?;
         Ok(Outbox::with(Arc::new(backend), Kind::Sqlite))
     }
 
@@ -187,7 +199,15 @@ impl Outbox {
     /// that version's workers first: they do not read the leases this version writes.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<Outbox, SendError> {
-        let backend = postgres::PostgresBackend::open(url).await?;
+        Outbox::postgres_with(url, &OutboxOptions::new()).await
+    }
+
+    /// [`postgres`](Self::postgres) with its pools' sizes and its statements' bound set by
+    /// `options`; `Configuration` for options out of range.
+    #[cfg(feature = "postgres")]
+    pub async fn postgres_with(url: &str, options: &OutboxOptions) -> Result<Outbox, SendError> {
+        options.validate().map_err(config_error)?;
+        let backend = postgres::PostgresBackend::open(url, options).await?;
         Ok(Outbox::with(Arc::new(backend), Kind::Postgres))
     }
 
@@ -306,6 +326,14 @@ impl Outbox {
     pub(crate) fn enqueued(&self) -> &Notify {
         &self.enqueued
     }
+}
+
+fn config_error(error: crate::ConfigError) -> SendError {
+    SendError::new(
+        crate::Category::Configuration,
+        "outbox.config",
+        error.to_string(),
+    )
 }
 
 /// A connection [`Outbox::enqueue_in`] can write to: `&mut sqlx::SqliteConnection`, or

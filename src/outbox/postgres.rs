@@ -8,7 +8,8 @@ use std::time::Duration;
 use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row};
 
-use super::backend::{Backend, Failed, Finish};
+use super::OutboxOptions;
+use super::backend::{Backend, Bytes, Failed, Finish};
 use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
@@ -93,14 +94,20 @@ macro_rules! count_panic {
     };
 }
 
+/// Dead at the database's now (`$3`, the worker's time, is not read); or due again `$3`
+/// milliseconds after the database's now: the worker's wait, on the database's clock.
 const FAILED_DEAD: &str = concat!(
-    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = $3, ",
+    "UPDATE mail_breaker_outbox SET leased = FALSE, dead_at = ",
+    now_ms!(),
+    " + 0 * $3, ",
     count_panic!(),
     "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
      recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
 );
 const FAILED_RETRY: &str = concat!(
-    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = $3, ",
+    "UPDATE mail_breaker_outbox SET leased = FALSE, due_at = ",
+    now_ms!(),
+    " + $3, ",
     count_panic!(),
     "error_category = $4, error_code = $5, error_message = $6, error_transport = $7, \
      recipients = COALESCE($8, recipients) WHERE id = $1 AND attempts = $2 AND leased"
@@ -116,15 +123,56 @@ const INSERT: &str = concat!(
     ") RETURNING id"
 );
 
-/// Connections for a worker's claims and answers: a claim and a write at once.
-const RELAXED_CONNECTIONS: usize = 2;
-
 /// The longest wait for a connection, as for `enqueue`'s pool.
 const CONNECT_TIMEOUT: Duration = Duration::from_secs(3);
+
+/// Runs a statement on a connection of the backend's pool within its bound: a connection
+/// whose statement failed or overran is closed, never handed back to the pool (whose check
+/// of it would wait on a dead link in turn). An async block giving `Result<_, sqlx::Error>`.
+macro_rules! on_pool {
+    ($backend:expr, |$connection:ident| $statement:expr) => {
+        async {
+            let mut pooled = $backend.pool.acquire().await?;
+            let answered = {
+                let $connection = &mut *pooled;
+                within($backend.bound, $statement).await
+            };
+            if answered.is_err() {
+                pooled.close_on_drop();
+            }
+            answered
+        }
+    };
+}
+
+/// `statement` within `bound`: one that overran is an I/O error `TimedOut`, and its future
+/// (and with it the statement) is dropped.
+async fn within<T>(
+    bound: Duration,
+    statement: impl std::future::Future<Output = Result<T, sqlx::Error>>,
+) -> Result<T, sqlx::Error> {
+    tokio::time::timeout(bound, statement)
+        .await
+        .unwrap_or_else(|_| Err(overran(bound)))
+}
+
+fn overran(bound: Duration) -> sqlx::Error {
+    sqlx::Error::Io(std::io::Error::new(
+        std::io::ErrorKind::TimedOut,
+        format!("PostgreSQL did not answer a statement within {bound:?}"),
+    ))
+}
+
+fn is_overrun(error: &sqlx::Error) -> bool {
+    matches!(error, sqlx::Error::Io(io) if io.kind() == std::io::ErrorKind::TimedOut)
+}
 
 /// The outbox's PostgreSQL database.
 #[derive(Debug, Clone)]
 pub(crate) struct PostgresBackend {
+    /// The client's bound on each statement (or transaction): the server's
+    /// `statement_timeout` and a second more, for a server that never hears the statement.
+    bound: Duration,
     /// Every commit waits for the WAL's flush: enqueues, and claims under `at_most_once`.
     pool: PgPool,
     /// Commits that do not wait for the flush (`synchronous_commit = off`): answers,
@@ -134,12 +182,22 @@ pub(crate) struct PostgresBackend {
 }
 
 impl PostgresBackend {
-    pub(crate) async fn open(url: &str) -> Result<PostgresBackend, SendError> {
-        // Read once, for the pool and for the worker's lanes.
+    pub(crate) async fn open(
+        url: &str,
+        settings: &OutboxOptions,
+    ) -> Result<PostgresBackend, SendError> {
+        // Read once, for the pool and for the worker's lanes. The server gives up on a
+        // statement after `statement_timeout`; the client a second later.
+        let statement_timeout = settings.get_statement_timeout();
+        let bound = statement_timeout.saturating_add(Duration::from_secs(1));
         let options = PgConnectOptions::from_str(url)
-            .map_err(|e| database_error("connecting to PostgreSQL", e))?;
+            .map_err(|e| database_error("connecting to PostgreSQL", e))?
+            .options([(
+                "statement_timeout",
+                statement_timeout.as_millis().max(1).to_string(),
+            )]);
         let pool = PgPoolOptions::new()
-            .max_connections(8)
+            .max_connections(settings.get_connections())
             // While the server is down, `enqueue` answers `Err` after this rather than hang.
             .acquire_timeout(CONNECT_TIMEOUT)
             .connect_with(options.clone())
@@ -172,7 +230,7 @@ impl PostgresBackend {
         // A statement that meets a dead connection fails; the worker tries again later, and
         // the lane opens a fresh connection.
         let relaxed = Lanes::new(
-            RELAXED_CONNECTIONS,
+            settings.get_worker_connections(),
             Box::new(move || {
                 let options = options.clone();
                 Box::pin(async move {
@@ -204,6 +262,7 @@ impl PostgresBackend {
             }),
         );
         Ok(PostgresBackend {
+            bound,
             pool,
             relaxed: Arc::new(relaxed),
         })
@@ -235,21 +294,16 @@ impl Backend for PostgresBackend {
 
     async fn enqueue(&self, rows: &[NewRow], _now: Millis) -> Result<Vec<OutboxId>, SendError> {
         if let [row] = rows {
-            let mut connection = self
-                .pool
-                .acquire()
-                .await
-                .map_err(|e| database_error("enqueueing", e))?;
-            return insert(&mut connection, row)
+            return on_pool!(self, |connection| insert(connection, row))
                 .await
                 .map(|id| vec![id])
-                .map_err(|e| database_error("enqueueing", e));
+                .map_err(enqueue_error);
         }
         let senders: Vec<Option<&str>> = rows.iter().map(|row| row.sender.as_deref()).collect();
         let recipients: Vec<&str> = rows.iter().map(|row| row.recipients.as_str()).collect();
         let raws: Vec<&[u8]> = rows.iter().map(|row| row.raw.as_slice()).collect();
         // One statement for the whole batch: all or none, without a transaction around it.
-        let mut ids: Vec<i64> = sqlx::query_scalar(concat!(
+        let ids = sqlx::query_scalar(concat!(
             "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
              SELECT sender, recipients, raw, ",
             now_ms!(),
@@ -260,10 +314,10 @@ impl Backend for PostgresBackend {
         ))
         .bind(senders)
         .bind(recipients)
-        .bind(raws)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| database_error("enqueueing", e))?;
+        .bind(raws);
+        let mut ids: Vec<i64> = on_pool!(self, |connection| ids.fetch_all(connection))
+            .await
+            .map_err(enqueue_error)?;
         // Identities are drawn in the order of the rows, which RETURNING need not keep.
         ids.sort_unstable();
         Ok(ids.into_iter().map(OutboxId).collect())
@@ -274,8 +328,10 @@ impl Backend for PostgresBackend {
         _now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
+        let (max_bytes, first) = bytes.parameters();
         // The rows are updated as found by the locked versions' places (`ctid`, which no
         // other transaction can move while the lock holds), not by a join with `due`: a
         // join's plan for any parameters (the one kept after a few calls) is a hash join over
@@ -283,32 +339,45 @@ impl Backend for PostgresBackend {
         // other claims hold (their `due_at` is when they became due), which are at most what
         // the workers hold ahead.
         // Due and lease times are the database's (`now()`).
+        // Of the due rows locked, those whose bodies fit in `$3` bytes with the bodies before
+        // them, and those with fewer than `$4` bytes before them (the first, when `$4` is 1);
+        // the others are let go when the statement ends.
+        // `octet_length` reads a stored body's size, not its bytes.
         let claim = sqlx::query(concat!(
             "WITH due AS ( \
-                 SELECT ctid, id, leased FROM mail_breaker_outbox \
+                 SELECT ctid, id, leased, due_at, octet_length(raw) AS size \
+                 FROM mail_breaker_outbox \
                  WHERE dead_at IS NULL AND due_at <= ",
             now_ms!(),
             " AND (NOT leased OR lease_until IS NULL OR lease_until <= ",
             now_ms!(),
-            ") ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED) \
+            ") ORDER BY due_at, id LIMIT $1 FOR UPDATE SKIP LOCKED), \
+             fits AS (SELECT ctid, id, leased FROM (SELECT ctid, id, leased, size, \
+                 SUM(size) OVER (ORDER BY due_at, id ROWS UNBOUNDED PRECEDING) AS total \
+                 FROM due) AS sized WHERE total <= $3 OR total - size < $4) \
              UPDATE mail_breaker_outbox AS m \
              SET attempts = m.attempts + 1, leased = TRUE, lease_until = ",
             now_ms!(),
-            " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM due)) \
+            " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM fits)) \
              RETURNING m.id, m.attempts, m.enqueued_at, \
-                 m.id = ANY(ARRAY(SELECT id FROM due WHERE leased)), \
+                 m.id = ANY(ARRAY(SELECT id FROM fits WHERE leased)), \
                  m.sender, m.recipients, m.raw, m.panics"
         ))
         .bind(i64::from(limit))
-        .bind(millis(lease));
+        .bind(millis(lease))
+        .bind(max_bytes)
+        .bind(first);
         let rows = async {
             if durable {
-                return claim.fetch_all(&self.pool).await;
+                return on_pool!(self, |connection| claim.fetch_all(connection)).await;
             }
-            let mut lane = self.relaxed.get().await?;
-            let rows = claim.fetch_all(lane.connection()).await?;
-            lane.done();
-            Ok(rows)
+            within(self.bound, async {
+                let mut lane = self.relaxed.get().await?;
+                let rows = claim.fetch_all(lane.connection()).await?;
+                lane.done();
+                Ok(rows)
+            })
+            .await
         };
         let rows = rows
             .await
@@ -365,12 +434,15 @@ impl Backend for PostgresBackend {
         .bind(millis(lease));
         let rows = async {
             if durable {
-                return renew.fetch_all(&self.pool).await;
+                return on_pool!(self, |connection| renew.fetch_all(connection)).await;
             }
-            let mut lane = self.relaxed.get().await?;
-            let rows = renew.fetch_all(lane.connection()).await?;
-            lane.done();
-            Ok(rows)
+            within(self.bound, async {
+                let mut lane = self.relaxed.get().await?;
+                let rows = renew.fetch_all(lane.connection()).await?;
+                lane.done();
+                Ok(rows)
+            })
+            .await
         };
         let rows = rows
             .await
@@ -439,18 +511,19 @@ impl Backend for PostgresBackend {
                 let Some((failed, at, error, recipients)) = finish.failure() else {
                     continue;
                 };
-                let sql = match failed {
-                    Failed::Dead => FAILED_DEAD,
-                    Failed::Retry => FAILED_RETRY,
+                let (sql, time) = match failed {
+                    Failed::Dead => (FAILED_DEAD, at),
+                    Failed::Retry => (FAILED_RETRY, finish.wait()),
                 };
-                let query = with_error(keyed(sql), at, error, recipients);
+                let query = with_error(keyed(sql), time, error, recipients);
                 query.execute(&mut *tx).await?;
             }
             tx.commit().await?;
             lane.done();
             Ok(())
         };
-        written
+        // A lane whose write overran is dropped with it, and its connection closed.
+        within(self.bound, written)
             .await
             .map_err(|e| database_error("recording answers", e))
     }
@@ -461,7 +534,7 @@ impl Backend for PostgresBackend {
         // one is free sooner than it. The walk reads the held rows and one more, never the
         // backlog; a scan for the held rows alone would read the whole table (no index on
         // `leased`, which would make every claim's update write index entries again).
-        sqlx::query_scalar(
+        let statement = sqlx::query_scalar(
             "WITH RECURSIVE walk (due_at, id, leased, free_at) AS ( \
                  (SELECT due_at, id, leased, \
                       CASE WHEN leased THEN GREATEST(due_at, lease_until) ELSE due_at END \
@@ -478,16 +551,16 @@ impl Backend for PostgresBackend {
                      ORDER BY m.due_at, m.id LIMIT 1) AS next \
                  WHERE walk.leased) \
              SELECT MIN(free_at) FROM walk",
-        )
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| database_error("reading the next due time", e))
+        );
+        on_pool!(self, |connection| statement.fetch_one(connection))
+            .await
+            .map_err(|e| database_error("reading the next due time", e))
     }
 
     async fn stats(&self, _now: Millis) -> Result<OutboxStats, SendError> {
         // Due: free and due, or held past the lease's end. Held: a lease still running. At
         // the database's time, which is also what the oldest's wait is counted to.
-        let row = sqlx::query(concat!(
+        let statement = sqlx::query(concat!(
             "SELECT \
                COUNT(*) FILTER (WHERE dead_at IS NULL), \
                COUNT(*) FILTER (WHERE dead_at IS NULL AND due_at <= clock.now \
@@ -500,10 +573,10 @@ impl Backend for PostgresBackend {
              FROM mail_breaker_outbox, (SELECT ",
             now_ms!(),
             " AS now) AS clock"
-        ))
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| database_error("counting", e))?;
+        ));
+        let row = on_pool!(self, |connection| statement.fetch_one(connection))
+            .await
+            .map_err(|e| database_error("counting", e))?;
         let now: Option<Millis> = row.try_get(5).map_err(|e| database_error("counting", e))?;
         super::record::stats_from(
             now.unwrap_or(0),
@@ -519,16 +592,16 @@ impl Backend for PostgresBackend {
     }
 
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError> {
-        let rows = sqlx::query(
+        let statement = sqlx::query(
             "SELECT id, sender, recipients, attempts, dead_at, \
                error_category, error_code, error_message, error_transport \
              FROM mail_breaker_outbox WHERE dead_at IS NOT NULL \
              ORDER BY dead_at, id LIMIT $1",
         )
-        .bind(i64::from(limit))
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| database_error("reading the dead letters", e))?;
+        .bind(i64::from(limit));
+        let rows = on_pool!(self, |connection| statement.fetch_all(connection))
+            .await
+            .map_err(|e| database_error("reading the dead letters", e))?;
         rows.iter()
             .map(|row| {
                 Ok(DeadRow {
@@ -550,7 +623,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn requeue(&self, id: OutboxId, _now: Millis) -> Result<bool, SendError> {
-        let done = sqlx::query(concat!(
+        let statement = sqlx::query(concat!(
             "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = FALSE, attempts = 0, \
              panics = 0, due_at = ",
             now_ms!(),
@@ -558,17 +631,16 @@ impl Backend for PostgresBackend {
             now_ms!(),
             " WHERE id = $1 AND dead_at IS NOT NULL"
         ))
-        .bind(id.0)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| database_error("requeueing", e))?;
+        .bind(id.0);
+        let done = on_pool!(self, |connection| statement.execute(connection))
+            .await
+            .map_err(|e| database_error("requeueing", e))?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
-        let done = sqlx::query("DELETE FROM mail_breaker_outbox WHERE id = $1")
-            .bind(id.0)
-            .execute(&self.pool)
+        let statement = sqlx::query("DELETE FROM mail_breaker_outbox WHERE id = $1").bind(id.0);
+        let done = on_pool!(self, |connection| statement.execute(connection))
             .await
             .map_err(|e| database_error("purging", e))?;
         Ok(done.rows_affected() == 1)
@@ -577,6 +649,23 @@ impl Backend for PostgresBackend {
     async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError> {
         super::inspect::postgres_message(&self.pool, id).await
     }
+}
+
+/// The error of an enqueue: one whose statement went out and was not answered within the
+/// bound may have been committed all the same (`outbox.maybe_queued`).
+fn enqueue_error(error: sqlx::Error) -> SendError {
+    if is_overrun(&error) {
+        return SendError::new(
+            crate::Category::Timeout,
+            "outbox.maybe_queued",
+            format!(
+                "PostgreSQL did not answer the enqueue ({error}); it may have committed it, \
+                 and a worker will send it if so"
+            ),
+        )
+        .with_source(error);
+    }
+    database_error("enqueueing", error)
 }
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update

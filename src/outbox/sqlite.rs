@@ -12,7 +12,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection, Row, Sqlite};
 
-use super::backend::{Backend, Failed, Finish};
+use super::backend::{Backend, Bytes, Failed, Finish};
 use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{
@@ -83,8 +83,14 @@ const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, 
 const ROWS_PER_INSERT: usize = 500;
 
 /// The due messages a claim takes, soonest first; the same rows for the read and the update.
-const DUE: &str = "SELECT id FROM mail_breaker_outbox WHERE dead_at IS NULL AND due_at <= ?1 \
-     ORDER BY due_at, id LIMIT ?2";
+/// Of those, the ones whose bodies fit in `?4` bytes with the bodies before them, and those
+/// with fewer than `?5` bytes before them (the first, when `?5` is 1). `length` of a blob
+/// reads its size, not its bytes.
+const DUE: &str = "SELECT id FROM (SELECT id, size, \
+     SUM(size) OVER (ORDER BY due_at, id ROWS UNBOUNDED PRECEDING) AS total \
+     FROM (SELECT id, due_at, length(raw) AS size FROM mail_breaker_outbox \
+     WHERE dead_at IS NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)) \
+     WHERE total <= ?4 OR total - size < ?5";
 
 /// The outbox's SQLite database.
 #[derive(Debug, Clone)]
@@ -103,7 +109,10 @@ pub(crate) struct SqliteBackend {
 
 impl SqliteBackend {
     /// Opens (creating it if missing) the database file at `path` and its table.
-    pub(crate) async fn open(path: &Path) -> Result<SqliteBackend, SendError> {
+    pub(crate) async fn open(
+        path: &Path,
+        settings: &super::OutboxOptions,
+    ) -> Result<SqliteBackend, SendError> {
         let options = SqliteConnectOptions::new()
             .filename(path)
             .create_if_missing(true)
@@ -114,7 +123,7 @@ impl SqliteBackend {
             .busy_timeout(Duration::from_secs(10));
         let opening = |e| database_error_of(Category::Configuration, "opening the SQLite file", e);
         let pool = SqlitePoolOptions::new()
-            .max_connections(4)
+            .max_connections(settings.get_connections_or(4))
             .connect_with(options.clone())
             .await
             .map_err(opening)?;
@@ -213,9 +222,11 @@ impl Backend for SqliteBackend {
         now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         let lease_until = now.saturating_add(millis(lease));
+        let (max_bytes, first) = bytes.parameters();
         let claimed = async {
             // One statement, so one transaction by itself: SQLite takes the write lock as the
             // statement starts, before it reads which messages are due, so no other writer
@@ -227,7 +238,12 @@ impl Backend for SqliteBackend {
                  due_at = ?3 WHERE id IN ({DUE}) \
                  RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw, panics"
             );
-            let claim = sqlx::query(&sql).bind(now).bind(limit).bind(lease_until);
+            let claim = sqlx::query(&sql)
+                .bind(now)
+                .bind(limit)
+                .bind(lease_until)
+                .bind(max_bytes)
+                .bind(first);
             let mut rows = if durable {
                 claim.fetch_all(&self.pool).await?
             } else {
@@ -510,7 +526,7 @@ mod tests {
             std::env::temp_dir().join(format!("mail-breaker-sqlite-{name}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&dir);
         std::fs::create_dir_all(&dir).expect("a temporary directory");
-        SqliteBackend::open(&dir.join("outbox.db"))
+        SqliteBackend::open(&dir.join("outbox.db"), &crate::outbox::OutboxOptions::new())
             .await
             .expect("an SQLite outbox")
     }
@@ -562,7 +578,7 @@ mod tests {
     async fn a_delivered_message_is_deleted_only_under_the_claim_that_sent_it() {
         let (backend, ids) = three_queued("delete-token").await;
         let claimed = backend
-            .claim(1_000, Duration::from_secs(60), 10, false)
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(claimed.len(), 3);
@@ -591,7 +607,7 @@ mod tests {
     async fn a_claim_takes_the_due_messages_soonest_first_and_leases_them() {
         let (backend, ids) = three_queued("claim").await;
         let claimed = backend
-            .claim(1_000, Duration::from_secs(60), 2, false)
+            .claim(1_000, Duration::from_secs(60), 2, Bytes::ANY, false)
             .await
             .expect("claimed");
         let taken: Vec<OutboxId> = claimed.iter().map(|c| c.claim.id).collect();
@@ -604,12 +620,12 @@ mod tests {
         assert_eq!(claimed[1].recipients, "user2@example.org");
         assert_eq!(claimed[1].raw, row(2).raw);
         let rest = backend
-            .claim(1_000, Duration::from_secs(60), 10, true)
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, true)
             .await
             .expect("claimed");
         assert_eq!(rest.len(), 1, "the leased two are not due until 61 s");
         let expired = backend
-            .claim(61_000, Duration::from_secs(60), 10, false)
+            .claim(61_000, Duration::from_secs(60), 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(expired.len(), 3, "every lease ran out");
@@ -625,7 +641,7 @@ mod tests {
         let (backend, ids) = three_queued("renew").await;
         let minute = Duration::from_secs(60);
         let claimed = backend
-            .claim(1_000, minute, 10, false)
+            .claim(1_000, minute, 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         // The third's lease runs out at 61 s and another claim takes it.
@@ -637,7 +653,7 @@ mod tests {
         renewed.sort_by_key(|claim| claim.id);
         assert_eq!(renewed, [claimed[0].claim, claimed[1].claim]);
         let retaken = backend
-            .claim(61_000, minute, 10, false)
+            .claim(61_000, minute, 10, Bytes::ANY, false)
             .await
             .expect("claimed");
         assert_eq!(

@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use super::Outbox;
-use super::backend::Finish;
+use super::backend::{Bytes, Finish};
 use super::record::{self, Claim, Claimed, StoredError};
 use super::schedule::{self, Attempted, Millis, Next, Policy};
 use crate::time::later;
@@ -77,6 +77,7 @@ pub struct Worker<T> {
     lease: Duration,
     /// `None`: three quarters of the lease.
     send_timeout: Option<Duration>,
+    max_held_bytes: u64,
     poll: Duration,
     shutdown_timeout: Duration,
     policy: Policy,
@@ -89,6 +90,7 @@ impl<T> fmt::Debug for Worker<T> {
             .field("concurrency", &self.concurrency)
             .field("lease", &self.lease)
             .field("send_timeout", &self.send_timeout)
+            .field("max_held_bytes", &self.max_held_bytes)
             .field("poll", &self.poll)
             .field("policy", &self.policy)
             .finish_non_exhaustive()
@@ -123,6 +125,7 @@ impl<T: Transport + 'static> Worker<T> {
             concurrency: 8,
             lease: Duration::from_secs(300),
             send_timeout: None,
+            max_held_bytes: 64 * 1024 * 1024,
             poll: Duration::from_secs(1),
             shutdown_timeout: Duration::from_secs(30),
             policy: Policy {
@@ -164,6 +167,15 @@ impl<T: Transport + 'static> Worker<T> {
     pub fn get_send_timeout(&self) -> Duration {
         self.send_timeout
             .unwrap_or_else(|| self.lease.saturating_mul(3) / 4)
+    }
+
+    /// The most bytes of message bodies this worker holds at once, claimed and not yet
+    /// answered (default 64 MiB): it claims no more while they are held, and a claim stops
+    /// before the body that would pass it. A single message larger than this is still
+    /// sent, alone.
+    pub fn max_held_bytes(mut self, bytes: u64) -> Self {
+        self.max_held_bytes = bytes;
+        self
     }
 
     /// How long a message is tried before it is dead as `outbox.expired` (default 3 days).
@@ -293,6 +305,14 @@ impl<T: Transport + 'static> Worker<T> {
         // wake (an enqueue here, the next due time, the poll).
         let mut may_claim = true;
         let mut asked = 0;
+        // The bytes the claim under way may take; and whether the last claim may have found
+        // less than it asked for only because of them, so that an answer (which frees bytes)
+        // lets the worker claim again.
+        let mut asked_bytes = Bytes {
+            max: u64::MAX,
+            first_whatever_size: true,
+        };
+        let mut short_of_bytes = false;
         // Whether the last claim was made with nothing held: a drain ends when such a claim
         // finds less than it asked for.
         let mut last_claim_idle = false;
@@ -362,18 +382,22 @@ impl<T: Transport + 'static> Worker<T> {
                 && !flight.paused(now)
                 && database.may_try(now)
                 && let Some(wanted) = flight.wanted(self.concurrency, self.prefetch())
+                && let Some(bytes) = flight.bytes_free(self.max_held_bytes)
             {
                 let lease = self.lease;
                 let idle = !busy && at_rest(&flight, &writing, &claiming);
                 let durable = self.policy.at_most_once;
                 let wanted = wanted.get();
                 asked = wanted as usize;
+                asked_bytes = bytes;
                 claiming = Some(
                     async move {
                         // The lease's end by this clock counts from before the claim was
                         // sent: never later than the database's.
                         let sent = Instant::now();
-                        let claimed = backend.claim(record::now(), lease, wanted, durable).await;
+                        let claimed = backend
+                            .claim(record::now(), lease, wanted, bytes, durable)
+                            .await;
                         (idle, sent, claimed)
                     }
                     .boxed(),
@@ -399,6 +423,9 @@ impl<T: Transport + 'static> Worker<T> {
                     flight.collect_ready(&self.policy);
                     // A failure may be due again at once: a drain claims once more, idle.
                     last_claim_idle = false;
+                    if std::mem::take(&mut short_of_bytes) {
+                        may_claim = true;
+                    }
                 }
                 (batch, written) = async { writing.as_mut().expect("guarded").await }, if writing.is_some() => {
                     writing = None;
@@ -431,6 +458,10 @@ impl<T: Transport + 'static> Worker<T> {
                         Ok(messages) => {
                             database.reached();
                             may_claim = messages.len() >= asked;
+                            let taken: u64 = messages.iter().map(body_size).sum();
+                            short_of_bytes = !may_claim
+                                && (!asked_bytes.first_whatever_size
+                                    || taken.saturating_mul(2) > asked_bytes.max);
                             last_claim_idle = started_idle;
                             let lease_end = later(sent, self.lease);
                             for message in messages {
@@ -536,6 +567,7 @@ impl<T: Transport + 'static> Worker<T> {
             flight.answers.push((message.claim, dead));
             return;
         }
+        flight.held_bytes = flight.held_bytes.saturating_add(body_size(&message));
         flight.ready.push_back(Held { message, lease_end });
     }
 
@@ -558,6 +590,7 @@ impl<T: Transport + 'static> Worker<T> {
                 Err(corrupt) => Err(corrupt),
             };
             Answer {
+                size: body_size(&message),
                 claim: message.claim,
                 enqueued_at: message.enqueued_at,
                 panics: message.panics,
@@ -581,6 +614,11 @@ fn send_timed_out(send_timeout: Duration, transport: &str) -> SendError {
     )
     .with_transport(transport)
     .maybe_delivered()
+}
+
+/// The size of a claimed message's body, as `max_held_bytes` counts it.
+fn body_size(message: &Claimed) -> u64 {
+    u64::try_from(message.raw.len()).unwrap_or(u64::MAX)
 }
 
 /// A claimed message this worker holds, and when its lease ends by this process's clock.
@@ -619,6 +657,8 @@ type Renewing<'a> = BoxFuture<'a, (Vec<Held>, Instant, Result<Vec<Claim>, SendEr
 /// A send's answer, with what the worker needs to record it.
 struct Answer {
     claim: Claim,
+    /// Its body's size, held until this answer.
+    size: u64,
     enqueued_at: Millis,
     /// Its sends that panicked before this one.
     panics: u32,
@@ -632,6 +672,8 @@ struct Flight {
     ready: std::collections::VecDeque<Held>,
     /// How many held messages a renewal under way holds.
     renewing: usize,
+    /// The bodies' bytes of the messages claimed and not yet answered.
+    held_bytes: u64,
     sends: FuturesUnordered<futures::future::BoxFuture<'static, Answer>>,
     answers: Vec<(Claim, Finish)>,
     /// How many answers the writes under way hold.
@@ -676,11 +718,13 @@ impl Flight {
     /// database cannot take them, their leases run out instead.
     fn give_back(&mut self) {
         let now = record::now();
-        let handed = self
-            .ready
-            .drain(..)
-            .map(|held| (held.message.claim, Finish::GiveBack { now }));
+        let mut bytes = 0_u64;
+        let handed = self.ready.drain(..).map(|held| {
+            bytes = bytes.saturating_add(body_size(&held.message));
+            (held.message.claim, Finish::GiveBack { now })
+        });
         self.answers.extend(handed);
+        self.held_bytes = self.held_bytes.saturating_sub(bytes);
     }
 
     /// Nothing held: no send in flight, none claimed and waiting, no answer unwritten.
@@ -689,6 +733,17 @@ impl Flight {
             && self.ready.is_empty()
             && self.answers.is_empty()
             && self.renewing == 0
+    }
+
+    /// The bytes of bodies a claim may take under `max_held_bytes`: `None` while that many
+    /// are held. With nothing held, a claim takes at least one message however large.
+    fn bytes_free(&self, max_held_bytes: u64) -> Option<Bytes> {
+        let free = max_held_bytes.saturating_sub(self.held_bytes);
+        let idle = self.held_bytes == 0;
+        (idle || free > 0).then_some(Bytes {
+            max: free,
+            first_whatever_size: idle,
+        })
     }
 
     /// Whether the held messages' leases need renewing now: a send may start, and the next
@@ -717,6 +772,8 @@ impl Flight {
             if renewed.contains(&held.message.claim) {
                 held.lease_end = lease_end;
                 self.ready.push_front(held);
+            } else {
+                self.held_bytes = self.held_bytes.saturating_sub(body_size(&held.message));
             }
         }
     }
@@ -746,6 +803,7 @@ impl Flight {
     }
 
     fn answered(&mut self, answer: Answer, policy: &Policy) {
+        self.held_bytes = self.held_bytes.saturating_sub(answer.size);
         let now = record::now();
         let (error, recipients) = match answer.result {
             Ok(receipt) => {
@@ -788,6 +846,7 @@ impl Flight {
             Next::Retry { due_at, error } => Finish::Retry {
                 error: StoredError::of(&error),
                 due_at,
+                wait: due_at.saturating_sub(now),
                 recipients,
             },
         };

@@ -6,7 +6,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use lettre::Message;
 
 use super::*;
-use crate::outbox::backend::Backend;
+use crate::outbox::backend::{Backend, Bytes};
 use crate::outbox::record::{DeadRow, NewRow};
 use crate::outbox::{Kind, OutboxId, OutboxStats};
 
@@ -137,10 +137,11 @@ impl Backend for Counting {
         now: Millis,
         lease: Duration,
         limit: u32,
+        bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         self.claims.fetch_add(1, Ordering::SeqCst);
-        self.inner.claim(now, lease, limit, durable).await
+        self.inner.claim(now, lease, limit, bytes, durable).await
     }
     async fn renew(
         &self,
@@ -186,9 +187,12 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         std::env::temp_dir().join(format!("mail-breaker-worker-{name}-{}", std::process::id()));
     let _ = std::fs::remove_dir_all(&dir);
     std::fs::create_dir_all(&dir).expect("a temporary directory");
-    let sqlite = crate::outbox::sqlite::SqliteBackend::open(&dir.join("outbox.db"))
-        .await
-        .expect("an SQLite outbox");
+    let sqlite = crate::outbox::sqlite::SqliteBackend::open(
+        &dir.join("outbox.db"),
+        &crate::outbox::OutboxOptions::new(),
+    )
+    .await
+    .expect("an SQLite outbox");
     let counting = Arc::new(Counting {
         inner: Arc::new(sqlite),
         claims: AtomicUsize::new(0),
@@ -459,6 +463,7 @@ impl Backend for StuckWrites {
         _now: Millis,
         _lease: Duration,
         _limit: u32,
+        _bytes: Bytes,
         _durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
         if self.claimed.swap(true, Ordering::SeqCst) {

@@ -19,6 +19,7 @@ pub mod raw_smtp;
 pub mod ready;
 pub mod redis;
 pub mod redis_cluster;
+pub mod relay;
 pub mod scripted;
 pub mod servers;
 pub mod ses_faults;

@@ -849,6 +849,58 @@ pub async fn a_message_whose_send_panicked_three_times_is_dead_and_the_worker_go
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+/// Issue 45, point 8: a worker holds at most `max_held_bytes` of bodies claimed and not yet
+/// answered (and one message alone, whatever its size), and still sends them all.
+pub async fn a_worker_holds_no_more_message_bodies_than_max_held_bytes(outbox: Outbox) {
+    let big = |i: usize| {
+        mail_breaker::Message::builder()
+            .from("app@example.com".parse().unwrap())
+            .to("user@example.org".parse().unwrap())
+            .subject(format!("message {i}"))
+            .body("x".repeat(10_000))
+            .unwrap()
+    };
+    let messages: Vec<_> = (0..12).map(big).collect();
+    outbox.enqueue_many(&messages).await.unwrap();
+    let hung = Scripted::answering("hung", Reply::Hang);
+    let worker = quick(&outbox, hung.clone())
+        .concurrency(8)
+        .max_held_bytes(25_000);
+    let held = tokio::spawn(async move { worker.drain().await });
+    while hung.sends() < 2 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    tokio::time::sleep(Duration::from_millis(100)).await;
+    let leased = outbox.stats().await.unwrap().leased;
+    held.abort();
+    assert_eq!(
+        (hung.sends(), leased),
+        (2, 2),
+        "two bodies of 10 kB fit in 25 kB, a third does not"
+    );
+    tokio::time::sleep(Duration::from_millis(50)).await;
+
+    let other = outbox.enqueue(&big(99)).await.unwrap();
+    assert!(outbox.purge(other).await.unwrap());
+    let provider = Scripted::answering(
+        "provider",
+        Reply::after(Duration::from_millis(5), Reply::Ok),
+    );
+    quick(&outbox, provider.clone())
+        .concurrency(8)
+        .lease(Duration::from_secs(1))
+        .max_held_bytes(1)
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(
+        outbox.stats().await.unwrap().leased,
+        2,
+        "the hung worker's two"
+    );
+    assert_eq!(provider.sends(), 10, "each sent, alone past the bound");
+}
+
 /// One `#[tokio::test]` per rule above, each on a fresh outbox from `$open` (an async
 /// expression giving `Option<(Outbox, guard)>`, `None` when its server is missing).
 #[macro_export]
@@ -905,6 +957,7 @@ macro_rules! all_outbox_rules {
             a_send_timeout_not_below_the_lease_is_a_configuration_error,
             send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone,
             a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on,
+            a_worker_holds_no_more_message_bodies_than_max_held_bytes,
         );
     };
 }
