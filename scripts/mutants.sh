@@ -65,13 +65,13 @@ tests[ses]="--lib --test=ses"
 # hostile and real servers.
 files[smtp_wire]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs"
 tests[smtp_wire]="--lib"
-files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs"
+files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs src/adapters/smtp/pool.rs"
 tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
 
 # The outbox: what an answer does to a message (pure), the worker's loop, the rows, the
 # transport in front of it, and each database's statements, by the rules run on each.
-files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs src/outbox/lanes.rs"
-tests[outbox]="--lib --test=outbox_sqlite --test=metrics"
+files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs src/outbox/lanes.rs src/outbox/supervise.rs src/outbox/options.rs src/outbox/inspect.rs src/outbox/gauges.rs"
+tests[outbox]="--lib --test=outbox_sqlite --test=metrics --test=cli"
 files[outbox-postgres]="src/outbox/postgres.rs"
 tests[outbox-postgres]="--test=outbox_postgres"
 # The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
@@ -82,9 +82,21 @@ tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test
 # providers' URLs, the config types, and the build.
 files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
 tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_equivalence_redis --test=config_ses"
+# SMTP's login with OAuth 2.0: the token cache and the mechanisms, the token endpoints, and
+# the SMTP URL's one reader.
+files[oauth]="src/oauth/mod.rs src/oauth/endpoint.rs src/config/smtp_url.rs"
+tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --test=config --test=config_smtp_url"
+# The operator page: its guard (token, origin, host), its reads and actions, its chart, and
+# the breaker's history of changes it shows. The browser test is left out (slow); the router
+# tests speak for the page.
+files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
+tests[admin]="--lib --test=admin"
+# The command: what it prints, its exit codes, and what it hides.
+files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs"
+tests[cli]="--bins --test=cli"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate config)
+    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate config oauth admin cli)
 fi
 
 status=0
