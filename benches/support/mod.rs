@@ -9,6 +9,9 @@ use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
 
 pub mod cpu;
 
+#[path = "../../tests/support/ready.rs"]
+pub mod ready;
+
 #[path = "../../tests/support/servers.rs"]
 pub mod servers;
 
