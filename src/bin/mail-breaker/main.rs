@@ -3,7 +3,7 @@
 //!
 //! Built with the crate's `cli` feature: `cargo install mail-breaker --features cli`.
 //! Each command group is a module: `test_message` (`test`), `check`, `send`, `breakers`,
-//! `outbox`, `completions`. Everything printed goes through [`output::Out`], which shows
+//! `outbox`, `serve`, `completions`. Everything printed goes through [`output::Out`], which shows
 //! every password, key and token of the configuration as `***`.
 
 mod breakers;
@@ -14,6 +14,7 @@ mod outbox;
 mod output;
 mod redact;
 mod send;
+mod serve;
 mod stack;
 mod test_message;
 mod trace;
@@ -87,8 +88,10 @@ enum Command {
     Outbox(outbox::OutboxArgs),
     /// Print a shell completion script (bash, zsh or fish).
     Completions(completions::CompletionsArgs),
-    // `serve --listen ADDR` (the operator page, issue 48, feature `admin`) goes here: a
-    // variant `Serve(serve::ServeArgs)` and a module `serve.rs`, on the same `Stack`.
+    /// Serve the operator page (breakers, limiters, the outbox, dead letters, and their
+    /// actions) on 127.0.0.1 unless told otherwise, until Ctrl-C.
+    #[command(after_help = EXIT_CODES)]
+    Serve(serve::ServeArgs),
 }
 
 fn main() -> ExitCode {
@@ -146,6 +149,7 @@ fn run(cli: Cli) -> Exit {
             Command::Send(args) => send::run(&stack, &out, args).await,
             Command::Breakers(args) => breakers::run(&stack, &out, &recorder, args).await,
             Command::Outbox(args) => outbox::run(&stack, &out, args).await,
+            Command::Serve(args) => serve::run(stack, &out, args).await,
             Command::Completions(_) => Ok(Exit::Ok),
         }
     });
