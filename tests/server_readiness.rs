@@ -157,3 +157,40 @@ fn a_free_port_refuses_connections_when_handed_out_while_other_threads_spawn_pro
     }
     assert_eq!(accepted, 0, "free ports that accepted a connection");
 }
+
+#[test]
+fn a_restarted_counting_sink_keeps_every_message_both_runs_took() {
+    // smtp-sink names each dump with a pseudo-random suffix; a restart that drew the names of
+    // the first run would find them taken and stop at its first message.
+    use mail_breaker::{Message, SmtpTransport, Transport};
+    let Some(mut sink) = support::smtp_sink::SmtpSink::start_counting("sink_restart", &[]) else {
+        return;
+    };
+    let runtime = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .expect("a runtime");
+    let send = |port: u16, first: usize| {
+        runtime.block_on(async {
+            let smtp =
+                SmtpTransport::unencrypted("127.0.0.1", port).with_timeout(Duration::from_secs(5));
+            for n in first..first + 300 {
+                let message = Message::builder()
+                    .from("app@example.com".parse().expect("a sender"))
+                    .to("user@example.org".parse().expect("a recipient"))
+                    .subject(format!("restart {n}"))
+                    .body(format!("body {n}"))
+                    .expect("a message");
+                if let Err(error) = smtp.send(&message).await {
+                    return Err(format!("message {n}: {error}"));
+                }
+            }
+            Ok(())
+        })
+    };
+    send(sink.port(), 0).expect("the first run takes every message");
+    sink.restart();
+    let second = send(sink.port(), 300);
+    assert!(second.is_ok(), "{second:?}\n{}", sink.log());
+    assert_eq!(sink.received(), 600);
+}

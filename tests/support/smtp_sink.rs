@@ -41,6 +41,8 @@ pub struct SmtpSink {
     /// Holds the server's stderr log and, when counting, the dumped messages.
     dir: PathBuf,
     dump_dir: Option<PathBuf>,
+    /// How many times it was started: each start dumps under its own file-name prefix.
+    starts: usize,
     child: Option<ServerProcess>,
 }
 
@@ -77,6 +79,7 @@ impl SmtpSink {
             port: 0,
             dir,
             dump_dir,
+            starts: 0,
             child: None,
         };
         // Port 0: smtp-sink binds a port itself, and the launcher reads which from /proc.
@@ -196,9 +199,14 @@ impl SmtpSink {
             command.args(["-u", "nobody"]);
         }
         if let Some(dump_dir) = &self.dump_dir {
-            // smtp-sink appends a random hex suffix to the expanded template.
-            command.arg("-d").arg(dump_dir.join("message."));
+            // smtp-sink appends a pseudo-random hex suffix to the template, and a restarted
+            // sink can draw the names its first run used: it then finds each taken and stops
+            // ("mail_file_open: something is looping"). Each start has its own prefix.
+            command
+                .arg("-d")
+                .arg(dump_dir.join(format!("message.{}.", self.starts)));
         }
+        self.starts += 1;
         let log = File::create(self.dir.join("smtp-sink.log"))
             .map_err(|error| format!("creating the smtp-sink log: {error}"))?;
         let child = command
