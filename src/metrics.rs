@@ -49,15 +49,6 @@
 //! [`MemoryStore`](crate::MemoryStore) forgets (only when every key it keeps is open) is
 //! still counted: no change of state says it went.
 
-#[cfg(feature = "metrics")]
-use std::time::Duration;
-
-use tokio::time::Instant;
-
-#[cfg(feature = "metrics")]
-use crate::machine::State;
-use crate::machine::{Outcome, Transition};
-
 /// Counter of sends through a breaker; labels `transport` and `outcome`
 /// (`success`, `failure`, `ignored` or `refused`).
 ///
@@ -243,110 +234,7 @@ pub fn describe() {
     );
 }
 
-/// Whether a send needs its start time read even when slow calls do not count.
-pub(crate) const TIMES_SENDS: bool = cfg!(feature = "metrics");
-
-/// Whether [`send_finished`] counts each send's outcome.
-pub(crate) const COUNTS_SENDS: bool = cfg!(feature = "metrics");
-
-/// A breaker held a send back.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn send_refused(transport: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => "refused")
-        .increment(1);
-}
-
-/// A send a breaker let go has its answer: `counted` is how the breaker counted it (`None`:
-/// not at all), `started` when it went (read when [`TIMES_SENDS`]).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn send_finished(transport: &str, counted: Option<Outcome>, started: Option<Instant>) {
-    #[cfg(feature = "metrics")]
-    {
-        let outcome = match counted {
-            Some(Outcome::Success) => "success",
-            Some(Outcome::Failure) => "failure",
-            None => "ignored",
-        };
-        ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
-            .increment(1);
-        let took = started.map_or(Duration::ZERO, |started| started.elapsed());
-        ::metrics::histogram!(SEND_SECONDS, "transport" => transport.to_owned())
-            .record(took.as_secs_f64());
-    }
-}
-
-/// A breaker of `transport` changed state.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn transition(transport: &str, transition: Transition) {
-    #[cfg(feature = "metrics")]
-    {
-        let Transition { from, to } = transition;
-        ::metrics::counter!(
-            TRANSITIONS_TOTAL,
-            "transport" => transport.to_owned(),
-            "from" => from.as_str(),
-            "to" => to.as_str()
-        )
-        .increment(1);
-        let open = ::metrics::gauge!(OPEN, "transport" => transport.to_owned());
-        match (from, to) {
-            (_, State::Open) => open.increment(1.0),
-            (State::Open, _) => open.decrement(1.0),
-            _ => {}
-        }
-    }
-}
-
-/// `pool` moved on from its member `from`.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn failover(pool: &str, from: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(POOL_FAILOVERS_TOTAL, "pool" => pool.to_owned(), "from" => from.to_owned())
-        .increment(1);
-}
-
-/// A retry through `transport` was scheduled.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn retry(transport: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(RETRIES_TOTAL, "transport" => transport.to_owned()).increment(1);
-}
-
-/// The retry budget refused a retry through `transport`.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn retry_throttled(transport: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(RETRIES_THROTTLED_TOTAL, "transport" => transport.to_owned()).increment(1);
-}
-
-/// A send through the limiter `name` waited `waited` for its turn.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn rate_wait(name: &str, waited: std::time::Duration) {
-    #[cfg(feature = "metrics")]
-    ::metrics::histogram!(RATE_WAIT_SECONDS, "transport" => name.to_owned())
-        .record(waited.as_secs_f64());
-}
-
-/// The limiter `name` allows `per_second` now.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn rate_per_second(name: &str, per_second: f64) {
-    #[cfg(feature = "metrics")]
-    ::metrics::gauge!(RATE_PER_SECOND, "transport" => name.to_owned()).set(per_second);
-}
-
-/// The limiter `name` answered a send `rate.limited`.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn rate_refused(name: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(RATE_REFUSED_TOTAL, "transport" => name.to_owned()).increment(1);
-}
+/// Whether the `metrics` feature is compiled in: without it the rooms that record through
+/// the facade (the breaker, the pool, the retry, the rate limiter, the outbox) skip the work
+/// that only their metrics need, such as reading the clock or the outbox's counts.
+pub(crate) const ENABLED: bool = cfg!(feature = "metrics");

@@ -300,7 +300,7 @@ impl PoolTransport {
                         "pool.failover"
                     );
                     if tried + 1 < order.len() {
-                        crate::metrics::failover(&self.name, member.name());
+                        record_failover(&self.name, member.name());
                     }
                     errors.push(error);
                 }
@@ -475,7 +475,7 @@ impl<'a> Stages<'a> for Failover<'a> {
                 if stage + 1 >= self.count() {
                     Verdict::Answer(Err(self.pool.exhausted(std::mem::take(errors))))
                 } else {
-                    crate::metrics::failover(&self.pool.name, self.name(stage));
+                    record_failover(&self.pool.name, self.name(stage));
                     Verdict::Next {
                         error,
                         not_before: None,
@@ -589,4 +589,18 @@ fn names_and_priorities(members: &[Member]) -> Vec<(&str, u32)> {
         .iter()
         .map(|member| (member.transport.name(), member.priority))
         .collect()
+}
+
+/// `pool` moved on from its member `from`: counted under the `metrics` feature
+/// ([`POOL_FAILOVERS_TOTAL`](crate::metrics::POOL_FAILOVERS_TOTAL)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_failover(pool: &str, from: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        crate::metrics::POOL_FAILOVERS_TOTAL,
+        "pool" => pool.to_owned(),
+        "from" => from.to_owned()
+    )
+    .increment(1);
 }

@@ -741,8 +741,10 @@ pub(crate) fn mask_addresses(text: String) -> String {
 /// The text of an error's cause, addresses masked: kept as a [`SendError`]'s source where the
 /// cause itself cannot be shared between clones.
 #[derive(Debug)]
+#[cfg_attr(not(any(feature = "smtp", feature = "ses")), allow(dead_code))]
 pub(crate) struct SourceText(String);
 
+#[cfg_attr(not(any(feature = "smtp", feature = "ses")), allow(dead_code))]
 impl SourceText {
     pub(crate) fn masked(text: String) -> Self {
         SourceText(mask_addresses(text))

@@ -260,6 +260,7 @@ pub(crate) use lettre_async_transport;
 
 /// `send_many` for a transport whose sends may run side by side: up to `concurrency` at
 /// once through `send`, answered in message order.
+#[cfg_attr(not(feature = "ses"), allow(dead_code))]
 pub(crate) fn send_concurrently<'a, T: Transport + ?Sized>(
     transport: &'a T,
     messages: MessageStream<'a>,

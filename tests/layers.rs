@@ -333,6 +333,33 @@ fn no_module_of_src_imports_one_on_a_floor_above_it() {
 }
 
 #[test]
+fn the_metrics_module_holds_the_names_and_the_describe_call_only() {
+    // Each room records its own metrics through the facade; the ground floor only names
+    // them, so it needs nothing from the rooms that record.
+    let src = Path::new(env!("CARGO_MANIFEST_DIR")).join("src");
+    let metrics = std::fs::read_to_string(src.join("metrics.rs")).expect("reading src/metrics.rs");
+    let code = strip_comments(&metrics);
+    let crate_paths: Vec<&str> = code
+        .lines()
+        .filter(|line| line.contains("crate::"))
+        .collect();
+    assert!(
+        crate_paths.is_empty(),
+        "src/metrics.rs uses the crate: {crate_paths:?}"
+    );
+    let functions: Vec<&str> = code
+        .lines()
+        .filter(|line| line.contains("fn ") && !line.trim_start().starts_with("///"))
+        .collect();
+    assert_eq!(
+        functions.len(),
+        1,
+        "src/metrics.rs defines functions beside describe: {functions:?}"
+    );
+    assert!(functions[0].contains("pub fn describe()"), "{functions:?}");
+}
+
+#[test]
 fn the_crate_docs_draw_the_floors_from_the_ground_up() {
     let (lib, _) = crate_source();
     let floors = floors(&lib);

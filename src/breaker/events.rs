@@ -177,7 +177,7 @@ pub(crate) fn announce(
     history: Option<&History>,
 ) {
     for transition in transitions.iter() {
-        crate::metrics::transition(transport, transition);
+        super::recording::transition(transport, transition);
         if let Some(history) = history {
             history.changed(key, transition);
         }

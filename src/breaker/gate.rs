@@ -6,9 +6,9 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::{History, Listener, announce};
+use super::recording;
 use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
-use crate::metrics;
 use crate::store::{BreakerStore, MemoryStore, Reporter};
 use crate::{Category, Envelope, Receipt, SendError};
 use tokio::time::Instant;
@@ -256,7 +256,7 @@ impl Gate {
 
     /// The answer to a send the breaker held back.
     pub(crate) fn refusal(&self, transport: &str, held: HeldBack) -> SendError {
-        metrics::send_refused(transport);
+        recording::send_refused(transport);
         let error = match held.retry_after {
             Some(retry_after) => SendError::fixed(
                 Category::ServiceUnavailable,
@@ -308,12 +308,12 @@ impl Gate {
     /// only its permit (see [`LocalSend`](super::future::LocalSend)).
     #[inline]
     pub(crate) fn counts_plainly(&self) -> bool {
-        self.slow_call.is_none() && !metrics::TIMES_SENDS && !metrics::COUNTS_SENDS
+        self.slow_call.is_none() && !recording::TIMES_SENDS && !recording::COUNTS_SENDS
     }
 
     /// When a send let go now started, read only if slow calls or metrics need it.
     fn started(&self) -> Option<Instant> {
-        (self.slow_call.is_some() || metrics::TIMES_SENDS).then(Instant::now)
+        (self.slow_call.is_some() || recording::TIMES_SENDS).then(Instant::now)
     }
 
     fn is_slow(&self, started: Option<Instant>) -> bool {
@@ -338,7 +338,7 @@ impl Ticket<'_> {
         }
         let outcome = gate.outcome(result, self.started);
         let counted = self.unspent().any(|(_, permit)| permit.is_some());
-        metrics::send_finished(transport, counted.then_some(outcome), self.started);
+        recording::send_finished(transport, counted.then_some(outcome), self.started);
         for (key, permit) in self.unspent() {
             if let Some(granted) = *permit {
                 gate.report(transport, key, granted, outcome).await;
@@ -395,7 +395,7 @@ impl Unspent<'_> {
         let counted = self
             .permit
             .map(|permit| (permit, self.gate.outcome(result, self.started)));
-        metrics::send_finished(
+        recording::send_finished(
             self.transport,
             counted.map(|(_, outcome)| outcome),
             self.started,

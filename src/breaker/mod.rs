@@ -14,6 +14,7 @@ mod events;
 mod future;
 mod gate;
 mod operate;
+mod recording;
 mod scope;
 
 /// The pure core, kept under its first-round path: `breaker::machine::Machine` still names it.

@@ -858,7 +858,7 @@ impl Flight {
 /// at `now` for its gauges: at once, then once a second, or after `STATS_SHARE` times as long
 /// as the last read took; never without the metrics feature.
 fn stats_due(last: Option<(Instant, Duration)>, now: Instant) -> bool {
-    crate::metrics::COUNTS_SENDS
+    crate::metrics::ENABLED
         && last.is_none_or(|(read, took)| {
             now.duration_since(read) >= STATS_EVERY.max(took.saturating_mul(STATS_SHARE))
         })

@@ -13,7 +13,7 @@ use crate::outbox::{Kind, OutboxId, OutboxStats};
 #[test]
 fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
     let now = Instant::now();
-    let metrics = crate::metrics::COUNTS_SENDS;
+    let metrics = crate::metrics::ENABLED;
     let quick = Some((now, Duration::from_millis(2)));
     assert_eq!(stats_due(None, now), metrics);
     assert!(!stats_due(quick, now));
@@ -27,7 +27,7 @@ fn a_worker_reads_the_counts_for_its_gauges_at_once_then_once_a_second() {
 #[test]
 fn counts_that_took_long_to_read_are_read_again_only_after_twenty_times_as_long() {
     let now = Instant::now();
-    let metrics = crate::metrics::COUNTS_SENDS;
+    let metrics = crate::metrics::ENABLED;
     // A backlog whose count took 200 ms: read every 4 s, not every second.
     let slow = Some((now, Duration::from_millis(200)));
     assert!(!stats_due(slow, now + Duration::from_millis(3_999)));

@@ -194,7 +194,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             // Tokio's semaphore holds at most this many permits.
             .map(|places| Arc::new(Semaphore::new(places.min(Semaphore::MAX_PERMITS))));
         let name: Arc<str> = Arc::from(self.name.unwrap_or_else(|| self.inner.name().to_owned()));
-        crate::metrics::rate_per_second(&name, per_second);
+        super::record_per_second(&name, per_second);
         let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {

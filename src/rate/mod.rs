@@ -142,7 +142,7 @@ impl<T: Transport> RateLimitTransport<T> {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                crate::metrics::rate_wait(&self.name, queued.saturating_add(wait));
+                record_wait(&self.name, queued.saturating_add(wait));
                 Ok(permit)
             }
             Slot::Refused { retry_after } => Err(self.refusal(Some(retry_after))),
@@ -150,7 +150,7 @@ impl<T: Transport> RateLimitTransport<T> {
     }
 
     fn refusal(&self, retry_after: Option<Duration>) -> SendError {
-        crate::metrics::rate_refused(&self.name);
+        record_refused(&self.name);
         let error = match retry_after {
             Some(retry_after) => SendError::new(
                 Category::RateLimited,
@@ -184,7 +184,7 @@ impl<T: Transport> RateLimitTransport<T> {
             self.limiter.throttled().await;
             let now = self.limiter.per_second();
             tracing::info!(limiter = %self.name, per_second = now, "rate.throttled");
-            crate::metrics::rate_per_second(&self.name, now);
+            record_per_second(&self.name, now);
         }
     }
 }
@@ -250,3 +250,33 @@ impl<T: Transport> Transport for RateLimitTransport<T> {
 }
 
 crate::transport::lettre_async_transport!(RateLimitTransport<T>, T);
+
+/// A send through the limiter `name` waited `waited` for its turn: recorded under the
+/// `metrics` feature ([`RATE_WAIT_SECONDS`](crate::metrics::RATE_WAIT_SECONDS)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_wait(name: &str, waited: Duration) {
+    #[cfg(feature = "metrics")]
+    ::metrics::histogram!(crate::metrics::RATE_WAIT_SECONDS, "transport" => name.to_owned())
+        .record(waited.as_secs_f64());
+}
+
+/// The limiter `name` allows `per_second` now: set under the `metrics` feature
+/// ([`RATE_PER_SECOND`](crate::metrics::RATE_PER_SECOND)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_per_second(name: &str, per_second: f64) {
+    #[cfg(feature = "metrics")]
+    ::metrics::gauge!(crate::metrics::RATE_PER_SECOND, "transport" => name.to_owned())
+        .set(per_second);
+}
+
+/// The limiter `name` answered a send `rate.limited`: counted under the `metrics` feature
+/// ([`RATE_REFUSED_TOTAL`](crate::metrics::RATE_REFUSED_TOTAL)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_refused(name: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(crate::metrics::RATE_REFUSED_TOTAL, "transport" => name.to_owned())
+        .increment(1);
+}

@@ -185,7 +185,7 @@ impl<T: Transport> RetryTransport<T> {
             let Ok(envelope) = Envelope::new(from.cloned(), recipients) else {
                 break;
             };
-            crate::metrics::retry(transport);
+            record_retry(transport);
             tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
             attempt = attempt.saturating_add(1);
             match catch_panic(transport, self.inner.send_raw(&envelope, raw)).await {
@@ -286,7 +286,7 @@ impl Policy {
         }
         match self.wait_before_retry(transport, &error, attempt, first_try) {
             Some(wait) => {
-                crate::metrics::retry(transport);
+                record_retry(transport);
                 tracing::debug!(
                     transport = error.transport().unwrap_or_default(),
                     code = error.code(),
@@ -318,7 +318,7 @@ impl Policy {
             && budget.throttle_retry_attempt()
         {
             tracing::debug!(code = error.code(), "retry.throttled");
-            crate::metrics::retry_throttled(transport);
+            record_throttled(transport);
             return None;
         }
         let wait = self
@@ -433,4 +433,27 @@ impl<'a, T: Transport> Stages<'a> for Attempts<'a, T> {
         let retry = self.retry;
         (retry.policy).judge(retry.inner.name(), attempt, *first_try, result, repeated)
     }
+}
+
+/// A retry through `transport` was scheduled: counted under the `metrics` feature
+/// ([`RETRIES_TOTAL`](crate::metrics::RETRIES_TOTAL)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_retry(transport: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(crate::metrics::RETRIES_TOTAL, "transport" => transport.to_owned())
+        .increment(1);
+}
+
+/// The retry budget refused a retry through `transport`: counted under the `metrics` feature
+/// ([`RETRIES_THROTTLED_TOTAL`](crate::metrics::RETRIES_THROTTLED_TOTAL)).
+#[inline]
+#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+fn record_throttled(transport: &str) {
+    #[cfg(feature = "metrics")]
+    ::metrics::counter!(
+        crate::metrics::RETRIES_THROTTLED_TOTAL,
+        "transport" => transport.to_owned()
+    )
+    .increment(1);
 }
