@@ -28,7 +28,9 @@ impl Outbox {
         let read = |e| database_error("reading the dead letters' headers", e);
         let rows = match self.backend().database() {
             Some(Database::Sqlite(pool)) => sqlx::query(
-                "SELECT id, substr(raw, 1, ?1) FROM mail_breaker_outbox \
+                "SELECT id, (SELECT substr(raw, 1, ?1) FROM mail_breaker_outbox_body AS body \
+                   WHERE body.id = mail_breaker_outbox.id) \
+                 FROM mail_breaker_outbox \
                  WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT ?2",
             )
             .bind(HEAD_BYTES)

@@ -152,7 +152,10 @@ pub(crate) async fn sqlite_message(
 ) -> Result<Option<MessageRow>, SendError> {
     use sqlx::Row;
     let row = sqlx::query(
-        "SELECT id, sender, recipients, raw, attempts, enqueued_at, due_at, leased > 0, dead_at, \
+        "SELECT id, sender, recipients, \
+           (SELECT raw FROM mail_breaker_outbox_body AS body \
+            WHERE body.id = mail_breaker_outbox.id), \
+           attempts, enqueued_at, due_at, leased > 0, dead_at, \
            error_category, error_code, error_message, error_transport \
          FROM mail_breaker_outbox WHERE id = ?1",
     )

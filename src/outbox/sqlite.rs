@@ -1,6 +1,10 @@
 //! The outbox in an SQLite file: WAL, every enqueue synced to disk, and a claim made by one
 //! `UPDATE`, which takes SQLite's write lock before it reads which messages are due, so that
 //! workers in several processes on one file never claim alike.
+//!
+//! The bodies live in a table of their own, `mail_breaker_outbox_body`, so that the scans of
+//! the scheduling table (a claim's choice of due messages, `stats`, the dead letters) and a
+//! claim's rewrite of its rows never read a body: a claim reads only the bodies it took.
 
 use std::path::Path;
 use std::sync::Arc;
@@ -27,7 +31,6 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
     sender TEXT,
     recipients TEXT NOT NULL,
-    raw BLOB NOT NULL,
     enqueued_at INTEGER NOT NULL,
     due_at INTEGER NOT NULL,
     leased INTEGER NOT NULL DEFAULT 0,
@@ -37,8 +40,16 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     error_code TEXT,
     error_message TEXT,
     error_transport TEXT,
-    panics INTEGER NOT NULL DEFAULT 0
+    panics INTEGER NOT NULL DEFAULT 0,
+    size INTEGER NOT NULL DEFAULT 0
 );
+CREATE TABLE IF NOT EXISTS mail_breaker_outbox_body (
+    id INTEGER PRIMARY KEY,
+    raw BLOB NOT NULL
+);
+CREATE TRIGGER IF NOT EXISTS mail_breaker_outbox_body_gone
+    AFTER DELETE ON mail_breaker_outbox
+    BEGIN DELETE FROM mail_breaker_outbox_body WHERE id = OLD.id; END;
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
     ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL;
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
@@ -50,6 +61,17 @@ const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('
      WHERE name = 'panics')";
 const ADD_PANICS: &str =
     "ALTER TABLE mail_breaker_outbox ADD COLUMN panics INTEGER NOT NULL DEFAULT 0";
+
+/// A table made before the bodies had their own (issue 45) holds them in `raw`: whether it
+/// does, and the move of each body to the body table, its size kept beside the schedule.
+const HOLDS_BODIES: &str = "SELECT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
+     WHERE name = 'raw')";
+const MOVE_BODIES: [&str; 4] = [
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN size INTEGER NOT NULL DEFAULT 0",
+    "INSERT INTO mail_breaker_outbox_body (id, raw) SELECT id, raw FROM mail_breaker_outbox",
+    "UPDATE mail_breaker_outbox SET size = length(raw)",
+    "ALTER TABLE mail_breaker_outbox DROP COLUMN raw",
+];
 
 /// Counts a send that panicked (the error's code is parameter 5).
 macro_rules! count_panic {
@@ -76,21 +98,31 @@ const FAILED_RETRY: &str = concat!(
      recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
 );
 
-const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
+const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, size, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
+const INSERT_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) VALUES (?1, ?2)";
 
 /// Rows in one INSERT of a batch: 5 parameters each, well below SQLite's 32,766.
 const ROWS_PER_INSERT: usize = 500;
 
 /// The due messages a claim takes, soonest first; the same rows for the read and the update.
 /// Of those, the ones whose bodies fit in `?4` bytes with the bodies before them, and those
-/// with fewer than `?5` bytes before them (the first, when `?5` is 1). `length` of a blob
-/// reads its size, not its bytes.
+/// with fewer than `?5` bytes before them (the first, when `?5` is 1): their sizes are kept
+/// beside the schedule, so the choice reads no body.
 const DUE: &str = "SELECT id FROM (SELECT id, size, \
      SUM(size) OVER (ORDER BY due_at, id ROWS UNBOUNDED PRECEDING) AS total \
-     FROM (SELECT id, due_at, length(raw) AS size FROM mail_breaker_outbox \
+     FROM (SELECT id, due_at, size FROM mail_breaker_outbox \
      WHERE dead_at IS NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)) \
      WHERE total <= ?4 OR total - size < ?5";
+
+/// The counts of `stats`, from the scheduling table alone.
+const STATS: &str = "SELECT \
+       COALESCE(SUM(dead_at IS NULL), 0), \
+       COALESCE(SUM(dead_at IS NULL AND due_at <= ?1), 0), \
+       COALESCE(SUM(dead_at IS NULL AND leased > 0 AND due_at > ?1), 0), \
+       COALESCE(SUM(dead_at IS NOT NULL), 0), \
+       MIN(CASE WHEN dead_at IS NULL THEN enqueued_at END) \
+     FROM mail_breaker_outbox";
 
 /// The outbox's SQLite database.
 #[derive(Debug, Clone)]
@@ -144,6 +176,21 @@ impl SqliteBackend {
         upgraded
             .await
             .map_err(|e| database_error("upgrading the outbox's table", e))?;
+        let moved = async {
+            // As above: one process moves the bodies, in one transaction, so that a crash
+            // half way leaves the table as it was.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let holds: bool = sqlx::query_scalar(HOLDS_BODIES).fetch_one(&mut *tx).await?;
+            if holds {
+                for step in MOVE_BODIES {
+                    sqlx::query(step).execute(&mut *tx).await?;
+                }
+            }
+            tx.commit().await
+        };
+        moved
+            .await
+            .map_err(|e| database_error("moving the outbox's bodies to their own table", e))?;
         let relaxed = options.synchronous(SqliteSynchronous::Normal);
         // Opened now, so that a file that cannot be opened fails here rather than in the worker.
         let first = relaxed.connect().await.map_err(opening)?;
@@ -171,12 +218,22 @@ pub(crate) async fn insert(
     let id: i64 = sqlx::query(INSERT)
         .bind(row.sender.as_deref())
         .bind(row.recipients.as_str())
-        .bind(row.raw.as_slice())
+        .bind(size_of(row))
         .bind(now)
-        .fetch_one(connection)
+        .fetch_one(&mut *connection)
         .await?
         .try_get(0)?;
+    sqlx::query(INSERT_BODY)
+        .bind(id)
+        .bind(row.raw.as_slice())
+        .execute(connection)
+        .await?;
     Ok(OutboxId(id))
+}
+
+/// A body's size as the claim's choice counts it.
+fn size_of(row: &NewRow) -> i64 {
+    i64::try_from(row.raw.len()).unwrap_or(i64::MAX)
 }
 
 #[async_trait::async_trait]
@@ -194,14 +251,14 @@ impl Backend for SqliteBackend {
                 let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
                 let sql = format!(
                     "INSERT INTO mail_breaker_outbox \
-                     (sender, recipients, raw, enqueued_at, due_at) VALUES {values} RETURNING id"
+                     (sender, recipients, size, enqueued_at, due_at) VALUES {values} RETURNING id"
                 );
                 let mut insert = sqlx::query_scalar::<_, i64>(&sql);
                 for row in chunk {
                     insert = insert
                         .bind(row.sender.as_deref())
                         .bind(row.recipients.as_str())
-                        .bind(row.raw.as_slice())
+                        .bind(size_of(row))
                         .bind(now)
                         .bind(now);
                 }
@@ -209,6 +266,13 @@ impl Backend for SqliteBackend {
                 // One statement numbers its rows in the order of VALUES, which RETURNING
                 // need not keep.
                 chunk_ids.sort_unstable();
+                let values = vec!["(?, ?)"; chunk.len()].join(", ");
+                let sql = format!("INSERT INTO mail_breaker_outbox_body (id, raw) VALUES {values}");
+                let mut bodies = sqlx::query(&sql);
+                for (id, row) in chunk_ids.iter().zip(chunk) {
+                    bodies = bodies.bind(id).bind(row.raw.as_slice());
+                }
+                bodies.execute(&mut *tx).await?;
                 ids.extend(chunk_ids.into_iter().map(OutboxId));
             }
             tx.commit().await?;
@@ -236,7 +300,9 @@ impl Backend for SqliteBackend {
             let sql = format!(
                 "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
                  due_at = ?3 WHERE id IN ({DUE}) \
-                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, raw, panics"
+                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, \
+                 (SELECT raw FROM mail_breaker_outbox_body AS body \
+                  WHERE body.id = mail_breaker_outbox.id), panics"
             );
             let claim = sqlx::query(&sql)
                 .bind(now)
@@ -373,19 +439,11 @@ impl Backend for SqliteBackend {
     }
 
     async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError> {
-        let row = sqlx::query(
-            "SELECT \
-               COALESCE(SUM(dead_at IS NULL), 0), \
-               COALESCE(SUM(dead_at IS NULL AND due_at <= ?1), 0), \
-               COALESCE(SUM(dead_at IS NULL AND leased > 0 AND due_at > ?1), 0), \
-               COALESCE(SUM(dead_at IS NOT NULL), 0), \
-               MIN(CASE WHEN dead_at IS NULL THEN enqueued_at END) \
-             FROM mail_breaker_outbox",
-        )
-        .bind(now)
-        .fetch_one(&self.pool)
-        .await
-        .map_err(|e| database_error("counting", e))?;
+        let row = sqlx::query(STATS)
+            .bind(now)
+            .fetch_one(&self.pool)
+            .await
+            .map_err(|e| database_error("counting", e))?;
         super::record::stats_from(
             now,
             [
@@ -572,6 +630,148 @@ mod tests {
             ["SEARCH mail_breaker_outbox USING INTEGER PRIMARY KEY (rowid=?)"],
             "{steps:?}"
         );
+    }
+
+    /// The columns of `table` declared as blobs.
+    async fn blob_columns(backend: &SqliteBackend, table: &str) -> Vec<String> {
+        sqlx::query_scalar("SELECT name FROM pragma_table_info(?1) WHERE type = 'BLOB'")
+            .bind(table)
+            .fetch_all(&backend.pool)
+            .await
+            .expect("the table's columns")
+    }
+
+    /// The steps of `sql`'s plan that scan a table (rather than find rows by their key).
+    async fn scans(backend: &SqliteBackend, sql: &str, parameters: usize) -> Vec<String> {
+        let sql = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut plan = sqlx::query(&sql);
+        for _ in 0..parameters {
+            plan = plan.bind(1_i64);
+        }
+        plan.fetch_all(&backend.pool)
+            .await
+            .expect("a plan")
+            .iter()
+            .map(|step| step.get::<String, _>(3))
+            .filter(|step| step.starts_with("SCAN"))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn the_table_the_schedule_is_read_from_holds_no_body() {
+        let backend = backend("no-body-in-schedule").await;
+        assert_eq!(
+            blob_columns(&backend, "mail_breaker_outbox").await,
+            Vec::<String>::new()
+        );
+    }
+
+    #[tokio::test]
+    async fn no_scan_of_the_outbox_reads_a_body() {
+        let backend = backend("no-body-scan").await;
+        let claim = format!("SELECT * FROM mail_breaker_outbox WHERE id IN ({DUE})");
+        let reads = [
+            (STATS, 1),
+            (claim.as_str(), 5),
+            (
+                "SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL",
+                0,
+            ),
+        ];
+        for (sql, parameters) in reads {
+            for step in scans(&backend, sql, parameters).await {
+                // "SCAN <table> [USING ...]": the table it reads row by row.
+                let table = step.split_whitespace().nth(1).unwrap_or_default();
+                let blobs = blob_columns(&backend, table).await;
+                assert!(blobs.is_empty(), "{sql}\n{step} reads {blobs:?}");
+            }
+        }
+    }
+
+    #[tokio::test]
+    async fn a_message_delivered_or_purged_leaves_no_body_behind() {
+        let (backend, ids) = three_queued("bodies-go").await;
+        let claimed = backend
+            .claim(1_000, Duration::from_secs(60), 2, Bytes::ANY, false)
+            .await
+            .expect("claimed");
+        let sent: Vec<_> = claimed.iter().map(|c| (c.claim, Finish::Sent)).collect();
+        backend.finish(&sent).await.expect("written");
+        assert!(backend.purge(ids[2]).await.expect("purged"));
+        let bodies: i64 = sqlx::query_scalar("SELECT COUNT(*) FROM mail_breaker_outbox_body")
+            .fetch_one(&backend.pool)
+            .await
+            .expect("counted");
+        assert_eq!(bodies, 0);
+    }
+
+    #[tokio::test]
+    async fn an_outbox_file_an_earlier_version_made_keeps_every_message_and_its_body() {
+        let dir =
+            std::env::temp_dir().join(format!("mail-breaker-sqlite-{}-old", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let path = dir.join("outbox.db");
+        {
+            // The table as round 3 made it: the body in the row, no panics.
+            let options = SqliteConnectOptions::new()
+                .filename(&path)
+                .create_if_missing(true);
+            let mut old = options.connect().await.expect("an old file");
+            sqlx::raw_sql(
+                "CREATE TABLE mail_breaker_outbox (
+                    id INTEGER PRIMARY KEY AUTOINCREMENT, sender TEXT,
+                    recipients TEXT NOT NULL, raw BLOB NOT NULL,
+                    enqueued_at INTEGER NOT NULL, due_at INTEGER NOT NULL,
+                    leased INTEGER NOT NULL DEFAULT 0, attempts INTEGER NOT NULL DEFAULT 0,
+                    dead_at INTEGER, error_category TEXT, error_code TEXT,
+                    error_message TEXT, error_transport TEXT);
+                 INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at)
+                    VALUES ('a@example.com', 'one@example.org', X'6F6E65', 1000, 1000),
+                           ('a@example.com', 'two@example.org', X'74776F', 1000, 1000);
+                 INSERT INTO mail_breaker_outbox
+                    (sender, recipients, raw, enqueued_at, due_at, dead_at, error_code)
+                    VALUES (NULL, 'dead@example.org', X'64656164', 1000, 1000, 2000, 'smtp.rejected');",
+            )
+            .execute(&mut old)
+            .await
+            .expect("the old table");
+        }
+        let backend = SqliteBackend::open(&path, &crate::outbox::OutboxOptions::new())
+            .await
+            .expect("the old file opened");
+        let claimed = backend
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, false)
+            .await
+            .expect("claimed");
+        let bodies: Vec<&[u8]> = claimed.iter().map(|c| c.raw.as_slice()).collect();
+        assert_eq!(bodies, [b"one".as_slice(), b"two"]);
+        let dead = backend
+            .message(OutboxId(3))
+            .await
+            .expect("read")
+            .expect("kept");
+        assert_eq!(dead.raw, b"dead");
+        assert_eq!(
+            blob_columns(&backend, "mail_breaker_outbox").await,
+            Vec::<String>::new()
+        );
+        // Its sizes came along: a claim bounded to 3 bytes takes one message, not more.
+        backend.requeue(OutboxId(3), 3_000).await.expect("requeued");
+        let bounded = backend
+            .claim(
+                70_000,
+                Duration::from_secs(60),
+                10,
+                Bytes {
+                    max: 3,
+                    first_whatever_size: true,
+                },
+                false,
+            )
+            .await
+            .expect("claimed");
+        assert_eq!(bounded.len(), 1, "{bounded:?}");
     }
 
     #[tokio::test]
