@@ -84,3 +84,32 @@ pub(crate) fn non_zero_duration(
     }
     Ok(())
 }
+
+#[cfg(test)]
+mod tests {
+    use super::ConfigError;
+
+    #[test]
+    fn an_error_read_within_a_path_is_named_by_the_path_and_its_setting() {
+        let error = ConfigError::new("threshold", "must be at least 1, got 0");
+        assert_eq!(
+            error.within("member[1].breaker").setting(),
+            "member[1].breaker.threshold"
+        );
+    }
+
+    #[test]
+    fn an_error_whose_setting_ends_the_path_is_named_by_the_path_alone() {
+        let error = ConfigError::new("url", "not a URL");
+        assert_eq!(error.within("member[1].url").setting(), "member[1].url");
+    }
+
+    #[test]
+    fn an_error_without_a_setting_takes_the_path_and_an_empty_path_keeps_the_setting() {
+        assert_eq!(
+            ConfigError::new("", "bad").within("retry").setting(),
+            "retry"
+        );
+        assert_eq!(ConfigError::new("url", "bad").within("").setting(), "url");
+    }
+}

@@ -558,3 +558,70 @@ async fn a_rate_limiter_counts_its_refusals_and_shows_its_rate() {
         [0.0, 0.1]
     );
 }
+
+#[test]
+fn describe_gives_every_metric_its_description_and_the_durations_their_unit() {
+    use mail_breaker::metrics::*;
+    let recorder = DebuggingRecorder::new();
+    let snapshotter = recorder.snapshotter();
+    let counters = [
+        SENDS_TOTAL,
+        TRANSITIONS_TOTAL,
+        POOL_FAILOVERS_TOTAL,
+        RETRIES_TOTAL,
+        RETRIES_THROTTLED_TOTAL,
+        OUTBOX_SENT_TOTAL,
+        OUTBOX_WORKER_RESTARTS_TOTAL,
+        RATE_REFUSED_TOTAL,
+    ];
+    let gauges = [
+        OPEN,
+        OUTBOX_QUEUED,
+        OUTBOX_DUE,
+        OUTBOX_DEAD,
+        OUTBOX_OLDEST_SECONDS,
+        RATE_PER_SECOND,
+    ];
+    let histograms = [SEND_SECONDS, RATE_WAIT_SECONDS];
+    metrics::with_local_recorder(&recorder, || {
+        describe();
+        // A description shows with a series: one of each.
+        for name in counters {
+            metrics::counter!(name).increment(1);
+        }
+        for name in gauges {
+            metrics::gauge!(name).set(1.0);
+        }
+        for name in histograms {
+            metrics::histogram!(name).record(1.0);
+        }
+    });
+    let described: BTreeMap<String, (Option<metrics::Unit>, String)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .map(|(key, unit, description, _)| {
+            let name = key.key().name().to_owned();
+            (
+                name,
+                (unit, description.map(|d| d.to_string()).unwrap_or_default()),
+            )
+        })
+        .collect();
+    let every: Vec<&str> = counters
+        .iter()
+        .chain(&gauges)
+        .chain(&histograms)
+        .copied()
+        .collect();
+    for name in every {
+        let (unit, description) = described.get(name).cloned().unwrap_or_default();
+        assert!(!description.is_empty(), "{name} has no description");
+        let seconds = name.ends_with("_seconds");
+        assert_eq!(
+            unit == Some(metrics::Unit::Seconds),
+            seconds,
+            "{name}'s unit: {unit:?}"
+        );
+    }
+}
