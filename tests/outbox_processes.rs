@@ -44,6 +44,8 @@ const WORKER_SMTP_PORT: &str = "OUTBOX_WORKER_CHILD_SMTP_PORT";
 const WORKER_LEASE_MS: &str = "OUTBOX_WORKER_CHILD_LEASE_MS";
 /// Set (to anything) for a worker child with `at_most_once`.
 const WORKER_AT_MOST_ONCE: &str = "OUTBOX_WORKER_CHILD_AT_MOST_ONCE";
+/// How long each of the worker child's sends takes before it goes to the server (ms).
+const WORKER_SEND_DELAY_MS: &str = "OUTBOX_WORKER_CHILD_SEND_DELAY_MS";
 
 /// How many messages the enqueueing child tries to enqueue.
 const ENQUEUES: usize = 5_000;
@@ -186,6 +188,11 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
         .ok()
         .map(|ms| Duration::from_millis(ms.parse().expect("a lease in milliseconds")));
     let at_most_once = std::env::var_os(WORKER_AT_MOST_ONCE).is_some();
+    let delay = std::env::var(WORKER_SEND_DELAY_MS)
+        .ok()
+        .map_or(Duration::ZERO, |ms| {
+            Duration::from_millis(ms.parse().expect("a delay in milliseconds"))
+        });
     let deadline = Instant::now() + CHILD_DEADLINE;
     runtime().block_on(async {
         let outbox = open(&db).await.expect("opening the outbox");
@@ -196,7 +203,7 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
             .build()
             .expect("valid SMTP settings");
         let mut worker = outbox
-            .worker(CircuitBreakerTransport::new(smtp))
+            .worker(CircuitBreakerTransport::new(Slow { inner: smtp, delay }))
             .concurrency(CONCURRENCY)
             .poll(Duration::from_millis(100))
             .backoff(Backoff::exponential(
@@ -223,6 +230,26 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
             tokio::time::sleep(Duration::from_millis(50)).await;
         }
     });
+}
+
+/// A transport that waits `delay` before each send goes to `inner`: a slow provider.
+struct Slow<T> {
+    inner: T,
+    delay: Duration,
+}
+
+#[async_trait::async_trait]
+impl<T: Transport> Transport for Slow<T> {
+    fn name(&self) -> &str {
+        self.inner.name()
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        if !self.delay.is_zero() {
+            tokio::time::sleep(self.delay).await;
+        }
+        self.inner.send_raw(envelope, raw).await
+    }
 }
 
 // ---------------------------------------------------------------------------------------
@@ -391,6 +418,7 @@ struct Workers {
     smtp_port: u16,
     lease: Option<Duration>,
     at_most_once: bool,
+    send_delay: Option<Duration>,
     /// Each running child and when it started.
     running: Vec<(Child, Instant)>,
 }
@@ -402,6 +430,7 @@ impl Workers {
             smtp_port,
             lease: None,
             at_most_once: false,
+            send_delay: None,
             running: Vec::new(),
         }
     }
@@ -419,6 +448,9 @@ impl Workers {
         }
         if self.at_most_once {
             command.env(WORKER_AT_MOST_ONCE, "1");
+        }
+        if let Some(delay) = self.send_delay {
+            command.env(WORKER_SEND_DELAY_MS, delay.as_millis().to_string());
         }
         let child = command.spawn().expect("spawning a worker child");
         self.running.push((child, Instant::now()));
@@ -486,12 +518,19 @@ impl Drop for Workers {
 
 /// Enqueues `MESSAGES` numbered messages in batches of 1,000; their ids, by index.
 fn enqueue_all(runtime: &tokio::runtime::Runtime, outbox: &Outbox) -> Vec<OutboxId> {
+    enqueue_first(runtime, outbox, MESSAGES)
+}
+
+/// Enqueues the first `count` numbered messages in batches of 1,000; their ids, by index.
+fn enqueue_first(
+    runtime: &tokio::runtime::Runtime,
+    outbox: &Outbox,
+    count: usize,
+) -> Vec<OutboxId> {
     runtime.block_on(async {
-        let mut ids = Vec::with_capacity(MESSAGES);
-        for start in (0..MESSAGES).step_by(1_000) {
-            let batch: Vec<Message> = (start..(start + 1_000).min(MESSAGES))
-                .map(numbered)
-                .collect();
+        let mut ids = Vec::with_capacity(count);
+        for start in (0..count).step_by(1_000) {
+            let batch: Vec<Message> = (start..(start + 1_000).min(count)).map(numbered).collect();
             ids.extend(
                 outbox
                     .enqueue_many(&batch)
@@ -507,6 +546,8 @@ fn enqueue_all(runtime: &tokio::runtime::Runtime, outbox: &Outbox) -> Vec<Outbox
 /// that are not a complete message of ours.
 #[derive(Debug, Default)]
 struct Received {
+    /// How many messages were enqueued: indices 0 to `count - 1`.
+    count: usize,
     copies: BTreeMap<usize, usize>,
     incomplete: usize,
     foreign: usize,
@@ -514,7 +555,15 @@ struct Received {
 
 impl Received {
     fn read(sink: &SmtpSink) -> Received {
-        let mut received = Received::default();
+        Received::read_first(sink, MESSAGES)
+    }
+
+    /// What the sink holds of the first `count` messages.
+    fn read_first(sink: &SmtpSink, count: usize) -> Received {
+        let mut received = Received {
+            count,
+            ..Received::default()
+        };
         for dump in sink.received_dumps() {
             // smtp-sink ends a dump with an empty line once it has read the final `.`.
             if !dump.ends_with("\n\n") {
@@ -522,7 +571,7 @@ impl Received {
                 continue;
             }
             match message_index(&dump) {
-                Some(index) if index < MESSAGES => *received.copies.entry(index).or_default() += 1,
+                Some(index) if index < count => *received.copies.entry(index).or_default() += 1,
                 _ => received.foreign += 1,
             }
         }
@@ -530,7 +579,7 @@ impl Received {
     }
 
     fn missing(&self) -> Vec<usize> {
-        (0..MESSAGES)
+        (0..self.count)
             .filter(|index| !self.copies.contains_key(index))
             .collect()
     }
@@ -599,6 +648,56 @@ fn three_worker_processes_on_postgres_send_every_message_exactly_once() {
         "{test}: enqueued {MESSAGES} in {enqueued:?}, 3 workers sent them in {sent:?}, {:?} in all",
         started.elapsed()
     );
+}
+
+#[test]
+fn three_worker_processes_on_postgres_whose_sends_take_six_tenths_of_the_lease_send_each_message_once()
+ {
+    // A message claimed ahead of its send waits while the sends before it take most of the
+    // lease: its lease is renewed (or it is given back) before it runs out, so no other
+    // worker takes it meanwhile.
+    const COUNT: usize = 2_000;
+    let test = "three_worker_processes_on_postgres_whose_sends_take_six_tenths_of_the_lease";
+    let _heavy = heavy();
+    let Some(postgres) = PostgresServer::start(test) else {
+        return;
+    };
+    let Some(sink) = SmtpSink::start_counting(test, &[]) else {
+        return;
+    };
+    let runtime = runtime();
+    let outbox = runtime
+        .block_on(Outbox::postgres(&postgres.url()))
+        .expect("opening the outbox");
+    enqueue_first(&runtime, &outbox, COUNT);
+    // Sends of 600 ms against a send timeout of 750 ms: room for the SMTP exchange itself.
+    let lease = Duration::from_secs(1);
+    let mut workers = Workers::new(&postgres.url(), sink.port());
+    workers.lease = Some(lease);
+    workers.send_delay = Some(lease * 6 / 10);
+    for _ in 0..3 {
+        workers.spawn();
+    }
+    workers.wait_all(test);
+
+    let stats = runtime.block_on(outbox.stats()).expect("stats");
+    assert_eq!((stats.queued, stats.dead), (0, 0), "{test}: {stats:?}");
+    let received = Received::read_first(&sink, COUNT);
+    let missing = received.missing();
+    let duplicated = received.duplicated();
+    assert!(
+        missing.is_empty(),
+        "{test}: {} never received, e.g. {}",
+        missing.len(),
+        first(&missing, 20)
+    );
+    assert!(
+        duplicated.is_empty(),
+        "{test}: {} received more than once, e.g. {}",
+        duplicated.len(),
+        first(&duplicated, 20)
+    );
+    assert_eq!((received.incomplete, received.foreign), (0, 0), "{test}");
 }
 
 /// What became of the messages when worker children were SIGKILLed and replaced.
