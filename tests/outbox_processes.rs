@@ -44,6 +44,10 @@ const WORKER_SMTP_PORT: &str = "OUTBOX_WORKER_CHILD_SMTP_PORT";
 const WORKER_LEASE_MS: &str = "OUTBOX_WORKER_CHILD_LEASE_MS";
 /// Set (to anything) for a worker child with `at_most_once`.
 const WORKER_AT_MOST_ONCE: &str = "OUTBOX_WORKER_CHILD_AT_MOST_ONCE";
+/// The worker child's `max_age` (ms).
+const WORKER_MAX_AGE_MS: &str = "OUTBOX_WORKER_CHILD_MAX_AGE_MS";
+/// When set, the worker child drains once and exits, whatever is left queued.
+const WORKER_ONCE: &str = "OUTBOX_WORKER_CHILD_ONCE";
 /// How long each of the worker child's sends takes before it goes to the server (ms).
 const WORKER_SEND_DELAY_MS: &str = "OUTBOX_WORKER_CHILD_SEND_DELAY_MS";
 
@@ -193,6 +197,10 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
         .map_or(Duration::ZERO, |ms| {
             Duration::from_millis(ms.parse().expect("a delay in milliseconds"))
         });
+    let max_age = std::env::var(WORKER_MAX_AGE_MS)
+        .ok()
+        .map(|ms| Duration::from_millis(ms.parse().expect("a max age in milliseconds")));
+    let once = std::env::var_os(WORKER_ONCE).is_some();
     let deadline = Instant::now() + CHILD_DEADLINE;
     runtime().block_on(async {
         let outbox = open(&db).await.expect("opening the outbox");
@@ -215,6 +223,15 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
         }
         if at_most_once {
             worker = worker.at_most_once();
+        }
+        if let Some(max_age) = max_age {
+            worker = worker.max_age(max_age);
+        }
+        if once {
+            if let Err(error) = worker.drain().await {
+                eprintln!("worker child {}: drain: {error}", std::process::id());
+            }
+            return;
         }
         loop {
             assert!(Instant::now() < deadline, "the worker child ran too long");
@@ -419,6 +436,10 @@ struct Workers {
     lease: Option<Duration>,
     at_most_once: bool,
     send_delay: Option<Duration>,
+    max_age: Option<Duration>,
+    once: bool,
+    /// How far ahead of the machine's the children's clock runs (`faketime -f`'s offset).
+    clock_ahead: Option<&'static str>,
     /// Each running child and when it started.
     running: Vec<(Child, Instant)>,
 }
@@ -431,12 +452,26 @@ impl Workers {
             lease: None,
             at_most_once: false,
             send_delay: None,
+            max_age: None,
+            once: false,
+            clock_ahead: None,
             running: Vec::new(),
         }
     }
 
     fn spawn(&mut self) {
-        let mut command = child_command(WORKER_CHILD);
+        let mut command = match self.clock_ahead {
+            Some(offset) => {
+                let mut faked = Command::new("faketime");
+                faked
+                    .args(["-f", offset])
+                    .arg(std::env::current_exe().expect("the test binary's path"))
+                    .args(["--exact", WORKER_CHILD, "--nocapture", "--test-threads=1"])
+                    .stdin(Stdio::null());
+                faked
+            }
+            None => child_command(WORKER_CHILD),
+        };
         command
             .env(WORKER_DB, &self.db)
             .env(WORKER_SMTP_PORT, self.smtp_port.to_string())
@@ -451,6 +486,12 @@ impl Workers {
         }
         if let Some(delay) = self.send_delay {
             command.env(WORKER_SEND_DELAY_MS, delay.as_millis().to_string());
+        }
+        if let Some(max_age) = self.max_age {
+            command.env(WORKER_MAX_AGE_MS, max_age.as_millis().to_string());
+        }
+        if self.once {
+            command.env(WORKER_ONCE, "1");
         }
         let child = command.spawn().expect("spawning a worker child");
         self.running.push((child, Instant::now()));
@@ -698,6 +739,47 @@ fn three_worker_processes_on_postgres_whose_sends_take_six_tenths_of_the_lease_s
         first(&duplicated, 20)
     );
     assert_eq!((received.incomplete, received.foreign), (0, 0), "{test}");
+}
+
+#[test]
+fn a_worker_whose_clock_runs_an_hour_ahead_of_postgres_counts_max_age_from_when_mail_was_queued() {
+    // Leases, due times and ages are the database's: a worker on a machine whose clock is
+    // an hour fast must not take mail queued a moment ago for mail an hour old.
+    let test = "a_worker_whose_clock_runs_an_hour_ahead_of_postgres";
+    let _heavy = heavy();
+    if support::servers::require_program("faketime", test).is_none() {
+        return;
+    }
+    let Some(postgres) = PostgresServer::start(test) else {
+        return;
+    };
+    // Every recipient refused for now (451): the message fails and is kept to try again.
+    let Some(sink) = SmtpSink::start(test, &["-r", "RCPT"]) else {
+        return;
+    };
+    let runtime = runtime();
+    let outbox = runtime
+        .block_on(Outbox::postgres(&postgres.url()))
+        .expect("opening the outbox");
+    let ids = enqueue_first(&runtime, &outbox, 1);
+    let mut workers = Workers::new(&postgres.url(), sink.port());
+    workers.max_age = Some(Duration::from_secs(30 * 60));
+    workers.once = true;
+    workers.clock_ahead = Some("+1h");
+    workers.spawn();
+    workers.wait_all(test);
+
+    let stats = runtime.block_on(outbox.stats()).expect("stats");
+    assert_eq!(
+        (stats.queued, stats.dead),
+        (1, 0),
+        "{test}: tried once and kept, not dead as expired: {stats:?}"
+    );
+    let message = runtime
+        .block_on(outbox.message(ids[0]))
+        .expect("read")
+        .expect("kept");
+    assert_eq!(message.attempts, 1, "{test}: {message:?}");
 }
 
 /// What became of the messages when worker children were SIGKILLed and replaced.

@@ -139,8 +139,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// worker has taken since is left alone.
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError>;
 
-    /// The soonest due time of a queued message (a held one's is its lease's end).
-    async fn next_due(&self) -> Result<Option<Millis>, SendError>;
+    /// The soonest due time of a queued message (a held one's is its lease's end), on the
+    /// clock that read `now`: a database that keeps its own clock counts how long from its
+    /// now, and gives that wait from the caller's.
+    async fn next_due(&self, now: Millis) -> Result<Option<Millis>, SendError>;
 
     async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError>;
 

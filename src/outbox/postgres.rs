@@ -325,7 +325,7 @@ impl Backend for PostgresBackend {
 
     async fn claim(
         &self,
-        _now: Millis,
+        now: Millis,
         lease: Duration,
         limit: u32,
         bytes: Bytes,
@@ -338,7 +338,9 @@ impl Backend for PostgresBackend {
         // a scan of the whole table, at every claim. The index on `due_at` leads past the rows
         // other claims hold (their `due_at` is when they became due), which are at most what
         // the workers hold ahead.
-        // Due and lease times are the database's (`now()`).
+        // Due and lease times are the database's (`now()`). The time it was enqueued is given
+        // on the worker's clock (`$5`, its now), so that its age, which `max_age` bounds, is
+        // the same on both.
         // Of the due rows locked, those whose bodies fit in `$3` bytes with the bodies before
         // them, and those with fewer than `$4` bytes before them (the first, when `$4` is 1);
         // the others are let go when the statement ends.
@@ -359,14 +361,17 @@ impl Backend for PostgresBackend {
              SET attempts = m.attempts + 1, leased = TRUE, lease_until = ",
             now_ms!(),
             " + $2 WHERE m.ctid = ANY(ARRAY(SELECT ctid FROM fits)) \
-             RETURNING m.id, m.attempts, m.enqueued_at, \
+             RETURNING m.id, m.attempts, m.enqueued_at - ",
+            now_ms!(),
+            " + $5, \
                  m.id = ANY(ARRAY(SELECT id FROM fits WHERE leased)), \
                  m.sender, m.recipients, m.raw, m.panics"
         ))
         .bind(i64::from(limit))
         .bind(millis(lease))
         .bind(max_bytes)
-        .bind(first);
+        .bind(first)
+        .bind(now);
         let rows = async {
             if durable {
                 return on_pool!(self, |connection| claim.fetch_all(connection)).await;
@@ -528,13 +533,15 @@ impl Backend for PostgresBackend {
             .map_err(|e| database_error("recording answers", e))
     }
 
-    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+    /// Counted on the database's clock and given on the worker's (`now`): the wait is the
+    /// same whatever the two clocks read.
+    async fn next_due(&self, now: Millis) -> Result<Option<Millis>, SendError> {
         // A walk along the index on `due_at`, one row at a time, through the held rows to the
         // first free one: a held row is free no sooner than its `due_at`, so none after that
         // one is free sooner than it. The walk reads the held rows and one more, never the
         // backlog; a scan for the held rows alone would read the whole table (no index on
         // `leased`, which would make every claim's update write index entries again).
-        let statement = sqlx::query_scalar(
+        let statement = sqlx::query_scalar(concat!(
             "WITH RECURSIVE walk (due_at, id, leased, free_at) AS ( \
                  (SELECT due_at, id, leased, \
                       CASE WHEN leased THEN GREATEST(due_at, lease_until) ELSE due_at END \
@@ -550,8 +557,11 @@ impl Backend for PostgresBackend {
                      WHERE m.dead_at IS NULL AND (m.due_at, m.id) > (walk.due_at, walk.id) \
                      ORDER BY m.due_at, m.id LIMIT 1) AS next \
                  WHERE walk.leased) \
-             SELECT MIN(free_at) FROM walk",
-        );
+             SELECT MIN(free_at) - ",
+            now_ms!(),
+            " + $1 FROM walk",
+        ))
+        .bind(now);
         on_pool!(self, |connection| statement.fetch_one(connection))
             .await
             .map_err(|e| database_error("reading the next due time", e))

@@ -431,7 +431,8 @@ impl Backend for SqliteBackend {
             .map_err(|e| database_error("recording answers", e))
     }
 
-    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+    /// The file's times are its workers' (`now` is read from the same clock).
+    async fn next_due(&self, _now: Millis) -> Result<Option<Millis>, SendError> {
         sqlx::query_scalar("SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL")
             .fetch_one(&self.pool)
             .await

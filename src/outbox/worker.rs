@@ -513,9 +513,10 @@ impl<T: Transport + 'static> Worker<T> {
             return end;
         }
         let poll = later(now, self.poll);
-        match self.outbox.backend().next_due().await {
+        let now_ms = record::now();
+        match self.outbox.backend().next_due(now_ms).await {
             Ok(Some(due_at)) => {
-                let wait = u64::try_from(due_at.saturating_sub(record::now())).unwrap_or(0);
+                let wait = u64::try_from(due_at.saturating_sub(now_ms)).unwrap_or(0);
                 later(now, Duration::from_millis(wait)).min(poll)
             }
             Ok(None) | Err(_) => poll,

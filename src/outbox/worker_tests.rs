@@ -157,9 +157,9 @@ impl Backend for Counting {
         self.finishes.fetch_add(1, Ordering::SeqCst);
         self.inner.finish(outcomes).await
     }
-    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+    async fn next_due(&self, now: Millis) -> Result<Option<Millis>, SendError> {
         self.next_dues.fetch_add(1, Ordering::SeqCst);
-        self.inner.next_due().await
+        self.inner.next_due(now).await
     }
     async fn stats(&self, now: Millis) -> Result<OutboxStats, SendError> {
         self.inner.stats(now).await
@@ -496,7 +496,7 @@ impl Backend for StuckWrites {
         self.let_go.notified().await;
         Ok(())
     }
-    async fn next_due(&self) -> Result<Option<Millis>, SendError> {
+    async fn next_due(&self, _now: Millis) -> Result<Option<Millis>, SendError> {
         Ok(None)
     }
     async fn stats(&self, _now: Millis) -> Result<OutboxStats, SendError> {
