@@ -574,3 +574,37 @@ async fn a_token_given_must_be_long_and_plain_and_is_the_one_the_forms_carry() {
         "{page}"
     );
 }
+
+#[tokio::test]
+async fn the_outbox_chart_counts_what_this_process_s_workers_sent_in_each_reading() {
+    let dir = folder("api-outbox-sent");
+    let (mailer, _) = mailer(&dir).await;
+    let router = Admin::new(Arc::clone(&mailer))
+        .chart_every(std::time::Duration::from_millis(100))
+        .unwrap()
+        .router();
+    let before = json(&router, "/api/outbox").await;
+    assert_eq!(before["last_hour"][0]["sent"], 0, "{before}");
+    let outbox = mailer.outbox().unwrap();
+    outbox
+        .enqueue_many(&support::numbered_messages(3))
+        .await
+        .unwrap();
+    outbox
+        .worker(Scripted::new("provider"))
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(outbox.sent_here(), 3);
+    tokio::time::sleep(std::time::Duration::from_millis(120)).await;
+    let after = json(&router, "/api/outbox").await;
+    let sent: u64 = after["last_hour"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .map(|point| point["sent"].as_u64().unwrap())
+        .sum();
+    assert_eq!(sent, 3, "{after}");
+    let page = text(call(&router, get("/")).await).await;
+    assert!(page.contains("polyline class=\"sent\""), "{page}");
+}

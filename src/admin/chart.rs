@@ -28,15 +28,19 @@ pub(crate) struct Sample {
     pub wall: SystemTime,
     pub queued: u64,
     pub dead: u64,
+    /// The messages this process's workers had delivered by then, in all
+    /// ([`Outbox::sent_here`](crate::outbox::Outbox::sent_here)).
+    pub sent_here: u64,
 }
 
 impl Sample {
-    pub(crate) fn of(stats: &OutboxStats) -> Sample {
+    pub(crate) fn of(stats: &OutboxStats, sent_here: u64) -> Sample {
         Sample {
             taken: Instant::now(),
             wall: SystemTime::now(),
             queued: stats.queued,
             dead: stats.dead,
+            sent_here,
         }
     }
 }
@@ -75,12 +79,26 @@ pub(crate) fn start_sampling(shared: WeakShared, every: Duration) {
             {
                 // Half the period, so that a reading a request made just before does not
                 // push this one a whole period back.
-                alive.keep(Sample::of(&stats), every / 2);
+                alive.keep(Sample::of(&stats, outbox.sent_here()), every / 2);
             }
             drop(alive);
             tokio::time::sleep(every).await;
         }
     });
+}
+
+/// What each reading of `history` adds to the messages sent: the difference from the reading
+/// before (0 for the first, and for one after the count started again from 0).
+pub(crate) fn sent_per_reading(history: &[Sample]) -> Vec<u64> {
+    let mut before = None;
+    history
+        .iter()
+        .map(|sample| {
+            let sent = before.map_or(0, |before| sample.sent_here.saturating_sub(before));
+            before = Some(sample.sent_here);
+            sent
+        })
+        .collect()
 }
 
 /// Width and height of the chart's drawing, in its own units.
@@ -101,25 +119,28 @@ pub(crate) fn svg(history: &[Sample], every: Duration) -> Markup {
         now.saturating_duration_since(first.taken)
             .clamp(shortest, SPAN)
     });
+    let sent = sent_per_reading(history);
     let top = history
         .iter()
-        .map(|sample| sample.queued.max(sample.dead))
+        .zip(&sent)
+        .map(|(sample, sent)| sample.queued.max(sample.dead).max(*sent))
         .max()
         .unwrap_or(0)
         .max(1);
     let y = |count: u64| HEIGHT - HEIGHT * count as f64 / top as f64;
-    let line = |value: fn(&Sample) -> u64| {
+    let line = |values: &mut dyn Iterator<Item = u64>| {
         let mut points = String::new();
-        for sample in history {
+        for (sample, value) in history.iter().zip(values) {
             let age = now.saturating_duration_since(sample.taken).min(spanned);
             let x = WIDTH * (1.0 - age.as_secs_f64() / spanned.as_secs_f64());
-            let _ = write!(points, "{x:.1},{:.1} ", y(value(sample)));
+            let _ = write!(points, "{x:.1},{:.1} ", y(value));
         }
         points
     };
     let over = super::page::span(spanned);
     let label = format!(
-        "Queued (solid) and dead (dashed) over the last {over}; at most {top}, {} readings",
+        "Queued (solid), dead (dashed) and sent by this process per reading (dotted) over \
+         the last {over}; at most {top}, {} readings",
         history.len()
     );
     html! {
@@ -127,8 +148,10 @@ pub(crate) fn svg(history: &[Sample], every: Duration) -> Markup {
             role="img" aria-label=(label) {
             title { (label) }
             line class="axis" x1="0" y1=(HEIGHT) x2=(WIDTH) y2=(HEIGHT) {}
-            polyline class="dead" points=(line(|sample| sample.dead)) {}
-            polyline class="queued" points=(line(|sample| sample.queued)) {}
+            polyline class="sent" points=(line(&mut sent.iter().copied())) {}
+            polyline class="dead" points=(line(&mut history.iter().map(|sample| sample.dead))) {}
+            polyline class="queued"
+                points=(line(&mut history.iter().map(|sample| sample.queued))) {}
             @if let Some(last) = history.last() {
                 circle class="queued" cx=(WIDTH) cy=(format!("{:.1}", y(last.queued))) r="3" {}
             }
@@ -138,6 +161,8 @@ pub(crate) fn svg(history: &[Sample], every: Duration) -> Markup {
             span class="key-queued" { (PreEscaped("&mdash;")) " queued" }
             " "
             span class="key-dead" { "- - dead" }
+            " "
+            span class="key-sent" { (PreEscaped("&middot;&middot;&middot;")) " sent here" }
         }
     }
 }
@@ -152,7 +177,45 @@ mod tests {
             wall: SystemTime::now(),
             queued,
             dead: 0,
+            sent_here: 0,
         }
+    }
+
+    fn sent(taken: Instant, sent_here: u64) -> Sample {
+        Sample {
+            sent_here,
+            ..sample(taken, 0)
+        }
+    }
+
+    #[test]
+    fn each_reading_shows_the_messages_sent_here_since_the_reading_before() {
+        let start = Instant::now();
+        let history: Vec<Sample> = [0, 5, 5, 12]
+            .into_iter()
+            .enumerate()
+            .map(|(i, total)| sent(start + EVERY * i as u32, total))
+            .collect();
+        assert_eq!(sent_per_reading(&history), [0, 5, 0, 7]);
+    }
+
+    #[test]
+    fn a_count_that_started_again_from_zero_shows_no_messages_sent_rather_than_a_wrap() {
+        let start = Instant::now();
+        let history = [sent(start, 7), sent(start + EVERY, 2)];
+        assert_eq!(sent_per_reading(&history), [0, 0]);
+    }
+
+    #[test]
+    fn the_chart_draws_the_messages_sent_per_reading_on_the_same_scale() {
+        let start = Instant::now();
+        let history = [sent(start, 0), sent(start + SPAN, 4)];
+        let drawn = svg(&history, EVERY).into_string();
+        assert!(
+            drawn.contains("class=\"sent\" points=\"0.0,80.0 360.0,0.0 \""),
+            "{drawn}"
+        );
+        assert!(drawn.contains("at most 4"), "{drawn}");
     }
 
     #[test]

@@ -6,7 +6,9 @@
 //! [`recent_changes`](crate::CircuitBreakerTransport::recent_changes)), each limiter
 //! ([`Mailer::limiters`]), the outbox's [`stats`](crate::Outbox::stats) and
 //! [`dead_letters`](crate::Outbox::dead_letters). The chart of the last hour is drawn from
-//! `stats` read every 15 seconds by this process while the router lives.
+//! `stats` read every 15 seconds by this process while the router lives, and from
+//! [`sent_here`](crate::Outbox::sent_here): what this process's own workers delivered in
+//! each period (workers in other processes are not counted).
 //!
 //! # Routes
 //! | route | what |

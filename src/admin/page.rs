@@ -59,9 +59,9 @@ td.error { overflow-wrap: anywhere; min-width: 12rem; }
 .count b { display: block; font-size: 1.3rem; }
 svg.chart { display: block; width: 100%; max-width: 40rem; height: auto; background: var(--card); border: 1px solid var(--line); border-radius: 8px; }
 svg.chart .axis { stroke: var(--line); } svg.chart polyline { fill: none; stroke-width: 2; vector-effect: non-scaling-stroke; }
-svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(--half); } svg.chart .dead { stroke: var(--open); stroke-dasharray: 4 3; }
+svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(--half); } svg.chart .dead { stroke: var(--open); stroke-dasharray: 4 3; } svg.chart .sent { stroke: var(--closed); stroke-dasharray: 1 3; }
 .chart-scale { margin: .2rem 0; color: var(--muted); font-size: .8rem; }
-.key-queued { color: var(--half); } .key-dead { color: var(--open); }
+.key-queued { color: var(--half); } .key-dead { color: var(--open); } .key-sent { color: var(--closed); }
 .problem { color: var(--open); }
 @media (max-width: 600px) {
   table#dead thead { display: none; }

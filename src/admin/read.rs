@@ -11,7 +11,7 @@ use axum::response::{IntoResponse, Response};
 use serde::Serialize;
 
 use super::Shared;
-use super::chart::Sample;
+use super::chart::{self, Sample};
 use crate::State as BreakerState;
 use crate::outbox::OutboxId;
 
@@ -83,6 +83,8 @@ pub(crate) struct Point {
     pub at_ms: u64,
     pub queued: u64,
     pub dead: u64,
+    /// Messages this process's workers delivered since the reading before (0 for the first).
+    pub sent: u64,
 }
 
 /// One dead letter.
@@ -191,14 +193,17 @@ pub(crate) async fn outbox(shared: &Shared) -> Option<Result<Outbox, crate::Send
         Ok(stats) => stats,
         Err(error) => return Some(Err(error)),
     };
-    shared.keep(Sample::of(&stats), shared.chart_every);
-    let last_hour = shared
-        .history()
-        .into_iter()
-        .map(|sample| Point {
+    shared.keep(Sample::of(&stats, outbox.sent_here()), shared.chart_every);
+    let history = shared.history();
+    let sent = chart::sent_per_reading(&history);
+    let last_hour = history
+        .iter()
+        .zip(sent)
+        .map(|(sample, sent)| Point {
             at_ms: epoch_ms(sample.wall),
             queued: sample.queued,
             dead: sample.dead,
+            sent,
         })
         .collect();
     Some(Ok(Outbox {

@@ -90,6 +90,8 @@ pub struct Outbox {
     backend: Arc<dyn Backend>,
     /// Wakes this process's idle workers when something is enqueued here.
     enqueued: Arc<Notify>,
+    /// The messages this process's workers delivered from here, their answers written.
+    sent: Arc<std::sync::atomic::AtomicU64>,
     kind: Kind,
 }
 
@@ -215,8 +217,30 @@ impl Outbox {
         Outbox {
             backend,
             enqueued: Arc::new(Notify::new()),
+            sent: Arc::new(std::sync::atomic::AtomicU64::new(0)),
             kind,
         }
+    }
+
+    /// How many messages the workers of this process delivered from this outbox (and
+    /// removed from it) since it was opened: the workers that other processes run on the
+    /// same database are not counted. Clones of an outbox share the count.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), mail_breaker::SendError> {
+    /// let outbox = mail_breaker::outbox::Outbox::sqlite("outbox.db").await?;
+    /// assert_eq!(outbox.sent_here(), 0);
+    /// # Ok(())
+    /// # }
+    /// ```
+    pub fn sent_here(&self) -> u64 {
+        self.sent.load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Counts `count` more messages delivered by a worker of this process.
+    fn count_sent(&self, count: u64) {
+        self.sent
+            .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
     }
 
     /// Keeps `message` to be sent; `Ok` once it is committed to the database.

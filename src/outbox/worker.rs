@@ -432,7 +432,7 @@ impl<T: Transport + 'static> Worker<T> {
                     flight.writing -= batch.len();
                     match written {
                         Ok(()) => {
-                            record_written(&batch);
+                            record_written(&self.outbox, &batch);
                             database.reached();
                         }
                         Err(error) if until == Until::NothingDue => return Err(error),
@@ -866,11 +866,13 @@ fn stats_due(last: Option<(Instant, Duration)>, now: Instant) -> bool {
 }
 
 /// Counts answers once they are in the database, by outcome.
-fn record_written(batch: &[(Claim, Finish)]) {
+fn record_written(outbox: &Outbox, batch: &[(Claim, Finish)]) {
     let count = |outcome: fn(&Finish) -> bool| {
         batch.iter().filter(|(_, finish)| outcome(finish)).count() as u64
     };
-    super::gauges::answers("sent", count(|finish| matches!(finish, Finish::Sent)));
+    let sent = count(|finish| matches!(finish, Finish::Sent));
+    outbox.count_sent(sent);
+    super::gauges::answers("sent", sent);
     super::gauges::answers(
         "retry",
         count(|finish| matches!(finish, Finish::Retry { .. })),
