@@ -37,7 +37,7 @@ features[breaker]="--features=smtp,outbox,config"
 tests[breaker]="--lib --test=breaker --test=cancellation --test=scope --test=operate --test=batch_failures --test=pool --test=retry --test=extreme_settings"
 files[batch]="src/breaker/batch.rs"
 tests[batch]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate"
-files[gate]="src/breaker/gate.rs"
+files[gate]="src/breaker/gate.rs src/breaker/recording.rs"
 tests[gate]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate --test=scope --test=extreme_settings --test=metrics"
 files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
 tests[retry]="--lib --test=retry --test=batch_failures --test=extreme_settings --test=cancellation --test=metrics"
@@ -78,6 +78,10 @@ tests[outbox-postgres]="--test=outbox_postgres"
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
 tests[rate]="--lib --test=rate --test=rate_redis --test=rate_script_model --test=rate_local_and_script --test=breaker --test=metrics --test=logs"
+# The ground floor every builder and room stands on: ConfigError and its checks, the metrics'
+# names and their descriptions.
+files[ground]="src/error.rs src/metrics.rs"
+tests[ground]="--lib --test=metrics --test=config --test=extreme_settings"
 # The whole stack from one DSN or TOML: the DSN parser, the tree reader with its paths, the
 # providers' URLs, the config types, and the build.
 files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
@@ -96,7 +100,7 @@ files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/
 tests[cli]="--bins --test=cli"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate config oauth admin cli)
+    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate ground config oauth admin cli)
 fi
 
 status=0
