@@ -462,3 +462,64 @@ async fn a_breaker_scoped_by_recipient_domain_keeps_one_per_domain() {
         assert_eq!(keys, [key], "{scope}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailers_limiters_are_its_rated_members_by_name_with_their_rates() {
+    let first = EmbeddedSmtp::start();
+    let second = EmbeddedSmtp::start();
+    let third = EmbeddedSmtp::start();
+    let dsn = format!(
+        "failover({}?name=steady&rate=14/s {}?name=unlimited {}?name=adapting&rate=4/s&rate.adaptive=true)",
+        smtp(&first),
+        smtp(&second),
+        smtp(&third)
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let limiters: Vec<_> = mailer.limiters().collect();
+    let read: Vec<_> = limiters
+        .iter()
+        .map(|limiter| {
+            (
+                limiter.name(),
+                limiter.configured_per_second(),
+                limiter.per_second(),
+                limiter.limiter().per_second(),
+                limiter.is_adaptive(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        read,
+        [
+            ("steady", 14.0, 14.0, 14.0, false),
+            ("adapting", 4.0, 4.0, 4.0, true)
+        ]
+    );
+    let shown = format!("{:?}", limiters[1]);
+    assert!(
+        shown.contains("adapting") && shown.contains("adaptive: true"),
+        "{shown}"
+    );
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailer_shares_its_breakers_only_through_redis() {
+    let Some(redis) = support::redis::RedisServer::start("config_shares_breakers") else {
+        return;
+    };
+    let server = EmbeddedSmtp::start();
+    let alone = Mailer::from_dsn(&smtp(&server))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let dsn = format!(
+        "{}?redis={}&redis.namespace=shares",
+        smtp(&server),
+        redis.url()
+    );
+    let sharing = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    assert!(!alone.shares_breakers());
+    assert!(sharing.shares_breakers());
+}

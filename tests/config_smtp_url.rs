@@ -1,7 +1,8 @@
 //! An `smtp://` member's URL read into the transport it describes, against a real aiosmtpd
 //! that offers no STARTTLS and takes AUTH in clear text (`support::aiosmtpd`, `Mode::Clear`):
 //! credentials without a `tls` option mean STARTTLS required, so nothing of them is sent;
-//! `tls=none&auth_without_tls=true` says clear text in words and authenticates.
+//! `tls=none&auth_without_tls=true` says clear text in words and authenticates; a URL with
+//! neither credentials nor `tls` is clear text (against Postfix's smtp-sink).
 //!
 //! Without python3, aiosmtpd or openssl each test prints `SKIPPED` and passes; under
 //! `CI=true` it fails. `cargo test --test config_smtp_url`.
@@ -15,6 +16,7 @@ use mail_breaker::config::Mailer;
 use mail_breaker::{Category, Transport};
 use support::aiosmtpd::{Aiosmtpd, Mechanisms, Mode, PASSWORD, USER};
 use support::message;
+use support::smtp_sink::SmtpSink;
 
 /// `smtp://USER:PASSWORD@127.0.0.1:<port>` (the password percent-encoded: it has a space),
 /// with `query` after it, and a short timeout.
@@ -70,4 +72,22 @@ async fn tls_none_with_auth_without_tls_authenticates_in_clear_text_and_delivers
 
     assert_eq!(receipt.message_id(), Some("AIO1"));
     assert_eq!(server.auth_commands().len(), 1, "{}", server.log());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_url_without_credentials_or_a_tls_option_sends_in_clear_text() {
+    // Postfix's smtp-sink offers no STARTTLS: a member that required it would send nothing.
+    let test = "a_url_without_credentials_or_a_tls_option_sends_in_clear_text";
+    let Some(sink) = SmtpSink::start_counting(test, &[]) else {
+        return;
+    };
+    let dsn = format!("smtp://127.0.0.1:{}?timeout=5s", sink.port());
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+
+    mailer
+        .send(&message())
+        .await
+        .unwrap_or_else(|error| panic!("{error:?}"));
+
+    assert_eq!(sink.received(), 1);
 }

@@ -329,3 +329,78 @@ fn a_source_that_cannot_work_is_a_config_error_naming_its_setting() {
     .unwrap_err();
     assert_eq!(error.setting(), "refresh_token");
 }
+
+#[tokio::test]
+async fn an_expiry_the_endpoint_writes_as_text_is_read_as_seconds() {
+    let count = Arc::new(AtomicUsize::new(0));
+    let server = ApiServer::start(move |_| {
+        let n = count.fetch_add(1, Ordering::SeqCst) + 1;
+        Reply::json(
+            200,
+            &format!(r#"{{"access_token":"at-{n}","expires_in":"60"}}"#),
+        )
+    })
+    .await;
+    let source = client_credentials(&server);
+    assert_eq!(source.token().await.unwrap().secret(), "at-1");
+    // Sixty seconds is no more than a minute left: fetched afresh at once.
+    assert_eq!(source.token().await.unwrap().secret(), "at-2");
+}
+
+#[tokio::test]
+async fn an_error_code_not_written_as_rfc_6749_writes_one_is_not_taken_as_the_code() {
+    for error in ["Invalid Request", "invalid-request", &"a".repeat(41)] {
+        let body = format!(r#"{{"error":"{error}"}}"#);
+        let server = ApiServer::start(move |_| Reply::json(400, &body)).await;
+        let failed = client_credentials(&server).token().await.expect_err(error);
+        assert_eq!(
+            failed.category(),
+            Category::Configuration,
+            "{error}: {failed}"
+        );
+        assert_eq!(failed.code(), "oauth2.endpoint", "{error}: {failed}");
+    }
+}
+
+#[tokio::test]
+async fn the_endpoints_description_is_quoted_in_the_error_with_each_secret_starred() {
+    let echo = format!(
+        r#"{{"error":"invalid_client","error_description":"bad secret {SECRET} for {REFRESH}"}}"#
+    );
+    let server = ApiServer::start(move |_| Reply::json(401, &echo)).await;
+    let error = refresh_token(&server).token().await.expect_err("refused");
+    assert!(
+        error.to_string().contains("bad secret *** for ***"),
+        "{error}"
+    );
+}
+
+#[test]
+fn a_sources_debug_shows_its_endpoint_and_client_but_never_a_secret() {
+    let credentials = ClientCredentials {
+        token_url: "https://login.example.com/token".to_owned(),
+        client_id: "app-id".to_owned(),
+        client_secret: SECRET.to_owned(),
+        scope: "https://outlook.office365.com/.default".to_owned(),
+    };
+    let refresh = RefreshToken {
+        token_url: "https://login.example.com/token".to_owned(),
+        client_id: "app-id".to_owned(),
+        client_secret: SECRET.to_owned(),
+        refresh_token: REFRESH.to_owned(),
+    };
+    for shown in [
+        format!("{credentials:?}"),
+        format!("{:?}", credentials.clone().build().unwrap()),
+        format!("{refresh:?}"),
+        format!("{:?}", refresh.clone().build().unwrap()),
+    ] {
+        assert!(shown.contains("https://login.example.com/token"), "{shown}");
+        assert!(shown.contains("app-id"), "{shown}");
+        assert!(
+            !shown.contains(SECRET) && !shown.contains(REFRESH),
+            "{shown}"
+        );
+    }
+    assert!(format!("{credentials:?}").contains("outlook.office365.com/.default"));
+}

@@ -421,4 +421,86 @@ mod tests {
         let token = AccessToken::new("hunter2-token").expires_in(Duration::from_secs(5));
         assert!(!format!("{token:?}").contains("hunter2"));
     }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tokens_expiry_is_its_lifetime_from_now_and_unknown_without_one() {
+        let now = Instant::now();
+        let token = AccessToken::new("t").expires_in(Duration::from_secs(90));
+        assert_eq!(token.expires_at(), Some(now + Duration::from_secs(90)));
+        assert_eq!(AccessToken::new("t").expires_at(), None);
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_tokens_debug_shows_its_expiry_and_stars_for_the_secret() {
+        let token = AccessToken::new("hunter2-token").expires_in(Duration::from_secs(5));
+        let shown = format!("{token:?}");
+        assert!(shown.starts_with("AccessToken"), "{shown}");
+        assert!(shown.contains("***"), "{shown}");
+        assert!(shown.contains("expires_at: Some("), "{shown}");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_late_refusal_of_a_token_no_longer_kept_leaves_the_kept_one() {
+        let login = login(Duration::from_secs(3600));
+        let first = login.token().await.unwrap();
+        login.refused(&first).await;
+        assert_eq!(login.token().await.unwrap().secret(), "token-2");
+        // Another connection refused the first token too, after the second was fetched.
+        login.refused(&first).await;
+        assert_eq!(login.token().await.unwrap().secret(), "token-2");
+    }
+
+    #[tokio::test]
+    async fn a_source_shared_through_an_arc_hears_of_each_refusal() {
+        #[derive(Default)]
+        struct Listening {
+            refused: std::sync::Mutex<Vec<String>>,
+        }
+        #[async_trait::async_trait]
+        impl TokenSource for Listening {
+            async fn token(&self) -> Result<AccessToken, SendError> {
+                Ok(AccessToken::new("only"))
+            }
+            async fn refused(&self, token: &AccessToken) {
+                let mut refused = self.refused.lock().unwrap_or_else(|e| e.into_inner());
+                refused.push(token.secret().to_owned());
+            }
+        }
+        let source = Arc::new(Listening::default());
+        let login = OAuthLogin::new("u".to_owned(), Box::new(Arc::clone(&source)), None);
+        let token = login.token().await.unwrap();
+        login.refused(&token).await;
+        assert_eq!(*source.refused.lock().unwrap(), ["only"]);
+    }
+
+    #[test]
+    fn a_failed_exchange_is_ended_with_an_empty_line_for_xoauth2_and_x01_for_oauthbearer() {
+        // RFC 7628 §3.2.3: the client answers the server's error challenge with a single
+        // %x01; Google's XOAUTH2 protocol asks for an empty response.
+        let decode = |text: &str| BASE64.decode(text).unwrap();
+        assert_eq!(
+            decode(OAuthMechanism::XOAuth2.end_of_failed_exchange()),
+            b""
+        );
+        assert_eq!(
+            decode(OAuthMechanism::OAuthBearer.end_of_failed_exchange()),
+            b"\x01"
+        );
+    }
+
+    #[test]
+    fn a_logins_debug_names_its_mechanism_and_nothing_of_its_token() {
+        let login = OAuthLogin::new(
+            "me@example.com".to_owned(),
+            Box::new(Counting {
+                fetched: AtomicUsize::new(0),
+                lifetime: Duration::from_secs(60),
+            }),
+            Some(OAuthMechanism::OAuthBearer),
+        );
+        assert_eq!(
+            format!("{login:?}"),
+            "OAuthLogin { mechanism: Some(OAuthBearer), .. }"
+        );
+    }
 }
