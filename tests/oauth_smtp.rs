@@ -112,18 +112,20 @@ async fn an_oauthbearer_login_with_a_good_token_delivers() {
 #[tokio::test]
 async fn the_mechanism_chosen_by_the_builder_is_the_one_spoken() {
     let test = "the_mechanism_chosen_by_the_builder_is_the_one_spoken";
-    let Some(server) = OAuthSmtpd::start(test, Offered::Both) else {
-        return;
-    };
-    let source = Scripted::new(&[GOOD_TOKEN]);
-    let smtp = transport(&server, source, Some(OAuthMechanism::OAuthBearer));
-    smtp.send(&message())
-        .await
-        .unwrap_or_else(|error| panic!("{error:?}; server log: {}", server.log()));
-    assert_eq!(
-        server.tokens_seen(),
-        vec![format!("OAUTHBEARER {GOOD_TOKEN}")]
-    );
+    for (mechanism, name) in [
+        (OAuthMechanism::OAuthBearer, "OAUTHBEARER"),
+        (OAuthMechanism::XOAuth2, "XOAUTH2"),
+    ] {
+        let Some(server) = OAuthSmtpd::start(test, Offered::Both) else {
+            return;
+        };
+        let source = Scripted::new(&[GOOD_TOKEN]);
+        let smtp = transport(&server, source, Some(mechanism));
+        smtp.send(&message())
+            .await
+            .unwrap_or_else(|error| panic!("{name}: {error:?}; server log: {}", server.log()));
+        assert_eq!(server.tokens_seen(), vec![format!("{name} {GOOD_TOKEN}")]);
+    }
 }
 
 /// XOAUTH2 is refused with `535` at once, OAUTHBEARER with a `334` error challenge first.
