@@ -60,13 +60,20 @@ tests[http]="--lib --test=postmark --test=resend --test=sendgrid --test=mailgun 
 files[ses]="src/adapters/ses/classify.rs src/adapters/ses.rs"
 tests[ses]="--lib --test=ses"
 
-# The SMTP client: its pure parts (reply reader, command writer, capabilities) by their unit
-# tests and fuzz module; the transaction engine and connections by the tests against scripted,
-# hostile and real servers.
-files[smtp_wire]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs"
+# The SMTP client: its pure parts (reply reader, command writer, capabilities, and the reading
+# of a reply into an error: rate limit or not, too many recipients, the accepted transaction)
+# by their unit tests and fuzz module; the transaction engine, connections, pool, builder and
+# transport by the tests against scripted, hostile and real servers, the OAuth 2.0 login
+# (oauth_smtp) and the builder's checks (smtp_builder) included.
+files[smtp_wire]="src/adapters/smtp/reply.rs src/adapters/smtp/command.rs src/adapters/smtp/capabilities.rs src/adapters/smtp/classify.rs"
 tests[smtp_wire]="--lib"
-files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs src/adapters/smtp/pool.rs"
-tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred"
+files[smtp]="src/adapters/smtp/transaction.rs src/adapters/smtp/connection.rs src/adapters/smtp/pool.rs src/adapters/smtp/builder.rs src/adapters/smtp/mod.rs"
+tests[smtp]="--lib --test=smtp_hostile --test=smtp_engine --test=garbage_replies --test=smtp_connections --test=smtp_sink --test=smtp_sink_pipelining --test=smtp_postfix --test=smtp_auth --test=smtp_tls --test=retry_deferred --test=oauth_smtp --test=smtp_builder"
+# What a send answers: the receipt's recipients (deferred, maybe delivered) and transactions,
+# and the error's marks (not attempted), by the SMTP engine that fills them, the retry that
+# reads them, and the pool that marks errors not attempted.
+files[receipt]="src/receipt.rs"
+tests[receipt]="--lib --test=smtp_engine --test=retry_deferred --test=pool"
 
 # The outbox: what an answer does to a message (pure), the worker's loop, the rows, the
 # transport in front of it, and each database's statements, by the rules run on each.
@@ -100,7 +107,7 @@ files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/
 tests[cli]="--bins --test=cli"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp http ses outbox outbox-postgres rate ground config oauth admin cli)
+    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp receipt http ses outbox outbox-postgres rate ground config oauth admin cli)
 fi
 
 status=0

@@ -764,6 +764,31 @@ mod tests {
     use super::*;
 
     #[test]
+    fn receipts_are_equal_only_when_every_part_is_including_the_maybe_delivered_and_transactions() {
+        let bob: lettre::Address = "bob@example.org".parse().expect("an address");
+        let lost = SendError::new(Category::Timeout, "smtp.timeout", "no answer to the dot");
+        let transaction = AcceptedTransaction::new("250 2.0.0 Ok: queued as 4F2A1", vec![]);
+        let full = Receipt::new("smtp://relay:25")
+            .with_transaction(transaction.clone())
+            .with_maybe_delivered_recipient(bob.clone(), lost.clone());
+        assert_eq!(full, full.clone());
+        let other_transport = Receipt::new("smtp://other:25")
+            .with_transaction(transaction.clone())
+            .with_maybe_delivered_recipient(bob.clone(), lost.clone());
+        assert_ne!(full, other_transport);
+        let no_maybe_delivered = Receipt::new("smtp://relay:25").with_transaction(transaction);
+        assert_ne!(full, no_maybe_delivered);
+        let other_transaction = Receipt::new("smtp://relay:25")
+            .with_response("250 2.0.0 Ok: queued as 4F2A1")
+            .with_transaction(AcceptedTransaction::new(
+                "250 2.0.0 Ok: queued as 4F2B7",
+                vec![],
+            ))
+            .with_maybe_delivered_recipient(bob, lost);
+        assert_ne!(full, other_transaction);
+    }
+
+    #[test]
     fn addresses_in_messages_are_masked() {
         let masked =
             mask_addresses("550 5.1.1 <bob.smith+x@example.org>: unknown, cc a@b.c".into());

@@ -19,6 +19,7 @@ use mail_breaker::oauth::{AccessToken, OAuthMechanism, TokenSource};
 use mail_breaker::{Category, SendError, SmtpTransport, Transport};
 use support::aiosmtpd_oauth::{GOOD_TOKEN, OAuthSmtpd, Offered, USER};
 use support::message;
+use support::raw_smtp::{Answer, RawSmtp};
 
 /// TLS handshakes on loopback take milliseconds; this only stops a hang.
 const TIMEOUT: Duration = Duration::from_secs(5);
@@ -111,18 +112,20 @@ async fn an_oauthbearer_login_with_a_good_token_delivers() {
 #[tokio::test]
 async fn the_mechanism_chosen_by_the_builder_is_the_one_spoken() {
     let test = "the_mechanism_chosen_by_the_builder_is_the_one_spoken";
-    let Some(server) = OAuthSmtpd::start(test, Offered::Both) else {
-        return;
-    };
-    let source = Scripted::new(&[GOOD_TOKEN]);
-    let smtp = transport(&server, source, Some(OAuthMechanism::OAuthBearer));
-    smtp.send(&message())
-        .await
-        .unwrap_or_else(|error| panic!("{error:?}; server log: {}", server.log()));
-    assert_eq!(
-        server.tokens_seen(),
-        vec![format!("OAUTHBEARER {GOOD_TOKEN}")]
-    );
+    for (mechanism, name) in [
+        (OAuthMechanism::OAuthBearer, "OAUTHBEARER"),
+        (OAuthMechanism::XOAuth2, "XOAUTH2"),
+    ] {
+        let Some(server) = OAuthSmtpd::start(test, Offered::Both) else {
+            return;
+        };
+        let source = Scripted::new(&[GOOD_TOKEN]);
+        let smtp = transport(&server, source, Some(mechanism));
+        smtp.send(&message())
+            .await
+            .unwrap_or_else(|error| panic!("{name}: {error:?}; server log: {}", server.log()));
+        assert_eq!(server.tokens_seen(), vec![format!("{name} {GOOD_TOKEN}")]);
+    }
 }
 
 /// XOAUTH2 is refused with `535` at once, OAUTHBEARER with a `334` error challenge first.
@@ -220,4 +223,95 @@ async fn a_token_is_kept_for_the_next_connection() {
 
     assert_eq!(server.tokens_seen().len(), 3, "three connections logged in");
     assert_eq!(source.asked(), 1, "with one token");
+}
+
+/// A scripted server without TLS whose EHLO offers `auth` (e.g. `AUTH PLAIN LOGIN`).
+async fn offering(auth: &'static str) -> RawSmtp {
+    RawSmtp::start(
+        b"220 raw.test ESMTP\r\n".to_vec(),
+        move |command| match command {
+            "EHLO" => Answer::Say(format!("250-raw.test\r\n250 {auth}\r\n").into_bytes()),
+            "AUTH" => Answer::Say(b"235 2.7.0 ok\r\n".to_vec()),
+            other => Answer::healthy(other),
+        },
+    )
+    .await
+}
+
+fn in_clear(
+    server: &RawSmtp,
+    source: std::sync::Arc<Scripted>,
+    mechanism: Option<OAuthMechanism>,
+) -> mail_breaker::SmtpBuilder {
+    let builder = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .oauth2(USER, source);
+    match mechanism {
+        Some(mechanism) => builder.oauth2_mechanism(mechanism),
+        None => builder,
+    }
+}
+
+#[tokio::test]
+async fn an_oauth2_login_over_a_connection_without_tls_is_refused_before_a_token_is_fetched() {
+    let server = offering("AUTH XOAUTH2 OAUTHBEARER").await;
+    let source = Scripted::new(&[GOOD_TOKEN]);
+    let smtp = in_clear(&server, source.clone(), None)
+        .build()
+        .expect("valid settings");
+
+    let error = smtp.send(&message()).await.expect_err("no TLS");
+
+    assert_eq!(error.category(), Category::Configuration, "{error}");
+    assert_eq!(error.code(), "smtp.auth_in_clear");
+    assert_eq!(source.asked(), 0);
+    assert_eq!(server.count("AUTH"), 0, "{:?}", server.commands());
+}
+
+#[tokio::test]
+async fn a_mechanism_chosen_by_the_builder_that_the_server_does_not_offer_is_a_configuration_error()
+{
+    for (offered, chosen) in [
+        ("AUTH OAUTHBEARER", OAuthMechanism::XOAuth2),
+        ("AUTH XOAUTH2", OAuthMechanism::OAuthBearer),
+    ] {
+        let server = offering(offered).await;
+        let source = Scripted::new(&[GOOD_TOKEN]);
+        let smtp = in_clear(&server, source.clone(), Some(chosen))
+            .auth_without_tls()
+            .build()
+            .expect("valid settings");
+
+        let error = smtp.send(&message()).await.expect_err(offered);
+
+        assert_eq!(
+            error.category(),
+            Category::Configuration,
+            "{offered}: {error}"
+        );
+        assert_eq!(error.code(), "smtp.auth_unsupported", "{offered}");
+        assert_eq!(
+            server.count("AUTH"),
+            0,
+            "{offered}: {:?}",
+            server.commands()
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_server_that_offers_no_oauth2_mechanism_is_a_configuration_error() {
+    let server = offering("AUTH PLAIN LOGIN").await;
+    let source = Scripted::new(&[GOOD_TOKEN]);
+    let smtp = in_clear(&server, source.clone(), None)
+        .auth_without_tls()
+        .build()
+        .expect("valid settings");
+
+    let error = smtp.send(&message()).await.expect_err("no OAuth mechanism");
+
+    assert_eq!(error.category(), Category::Configuration, "{error}");
+    assert_eq!(error.code(), "smtp.auth_unsupported");
+    assert_eq!(server.count("AUTH"), 0, "{:?}", server.commands());
 }

@@ -104,3 +104,46 @@ fn building_needs_no_tokio_runtime_and_opens_no_connection() {
         .build();
     assert!(smtp.is_ok());
 }
+
+/// Gives one token; never asked here, since nothing is sent.
+struct Fixed;
+
+#[async_trait::async_trait]
+impl mail_breaker::oauth::TokenSource for Fixed {
+    async fn token(&self) -> Result<mail_breaker::oauth::AccessToken, mail_breaker::SendError> {
+        Ok(mail_breaker::oauth::AccessToken::new("ya29.secret-token"))
+    }
+}
+
+#[test]
+fn debug_shows_the_server_and_how_it_logs_in_and_never_a_password() {
+    let with_password = SmtpTransport::starttls_relay("relay.example.com")
+        .expect("a TLS name")
+        .credentials(lettre::transport::smtp::authentication::Credentials::new(
+            "app".to_owned(),
+            "hunter2".to_owned(),
+        ));
+    let builder = format!("{with_password:?}");
+    assert!(
+        builder.contains(r#"host: "relay.example.com""#),
+        "{builder}"
+    );
+    assert!(builder.contains("authenticates: true"), "{builder}");
+    assert!(!builder.contains("hunter2"), "{builder}");
+    let transport = format!("{:?}", with_password.build().expect("valid settings"));
+    assert!(
+        transport.contains(r#"host: "relay.example.com""#),
+        "{transport}"
+    );
+    assert!(transport.contains("authenticates: true"), "{transport}");
+    assert!(!transport.contains("hunter2"), "{transport}");
+
+    let with_oauth2 = SmtpTransport::starttls_relay("relay.example.com")
+        .expect("a TLS name")
+        .oauth2("app@example.com", Fixed);
+    let builder = format!("{with_oauth2:?}");
+    assert!(builder.contains("oauth2: true"), "{builder}");
+    let transport = format!("{:?}", with_oauth2.build().expect("valid settings"));
+    assert!(transport.contains("oauth2: Some(OAuthLogin"), "{transport}");
+    assert!(!transport.contains("secret-token"), "{transport}");
+}

@@ -537,3 +537,79 @@ async fn with_no_live_connection_a_rate_limit_refusal_answers_and_no_connection_
     );
     assert_eq!(attempts.load(Ordering::SeqCst), 1);
 }
+
+/// A gate in front of `server` that refuses the first `refused` connections with `greeting`
+/// and lets every later one through; and how many connections it was asked for.
+async fn refusing_first(
+    server: &RawSmtp,
+    refused: usize,
+    greeting: &'static [u8],
+) -> (u16, Arc<AtomicUsize>) {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
+        .await
+        .expect("a port");
+    let port = listener.local_addr().expect("an address").port();
+    let backend = server.port();
+    let attempts = Arc::new(AtomicUsize::new(0));
+    let counted = Arc::clone(&attempts);
+    tokio::spawn(async move {
+        while let Ok((mut client, _)) = listener.accept().await {
+            if counted.fetch_add(1, Ordering::SeqCst) < refused {
+                let _ = client.write_all(greeting).await;
+                continue;
+            }
+            tokio::spawn(async move {
+                if let Ok(mut upstream) =
+                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
+                {
+                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
+                }
+            });
+        }
+    });
+    (port, attempts)
+}
+
+const RATE_LIMITED: &[u8] = b"421 4.7.0 raw.test Error: too many connections from 127.0.0.1\r\n";
+
+#[tokio::test]
+async fn once_the_pause_after_a_rate_limit_refusal_is_over_a_send_opens_a_connection_again() {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let (port, attempts) = refusing_first(&server, 1, RATE_LIMITED).await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(port)
+        .timeout(Duration::from_secs(5))
+        .build()
+        .expect("valid settings");
+    let first = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(first.category(), Category::RateLimited, "{first}");
+
+    // Past the pause (5 s, the 421 said no time of its own), without waiting for it.
+    tokio::time::pause();
+    tokio::time::advance(Duration::from_secs(6)).await;
+    tokio::time::resume();
+
+    smtp.send(&message())
+        .await
+        .expect("delivered on a connection opened after the pause");
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}
+
+#[tokio::test]
+async fn a_connection_refused_for_another_reason_than_a_rate_limit_does_not_pause_opening() {
+    let server = RawSmtp::start(greeting(), Answer::healthy).await;
+    let (port, attempts) = refusing_first(&server, 1, b"554 5.7.1 raw.test go away\r\n").await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(port)
+        .timeout(TIMEOUT)
+        .build()
+        .expect("valid settings");
+    let first = smtp.send(&message()).await.expect_err("refused");
+    assert_eq!(first.category(), Category::ServiceUnavailable, "{first}");
+
+    smtp.send(&message())
+        .await
+        .expect("the next send opens a connection at once");
+    assert_eq!(attempts.load(Ordering::SeqCst), 2);
+}

@@ -510,6 +510,32 @@ mod tests {
     }
 
     #[test]
+    fn each_word_that_names_a_limit_makes_a_4_7_reply_a_rate_limit_on_its_own() {
+        for text in [
+            "451 4.7.1 connection rate exceeded",
+            "451 4.7.1 hourly limit reached",
+            "451 4.7.1 you are limited",
+            "451 4.7.1 throttled",
+            "451 4.7.1 please slow down",
+            "451 4.7.1 too many connections from your host",
+            "451 4.7.1 too many messages in this session",
+        ] {
+            assert_eq!(reply_category(451, text), Category::RateLimited, "{text}");
+        }
+    }
+
+    #[test]
+    fn connections_or_messages_without_too_many_before_them_are_no_rate_limit() {
+        for text in [
+            "451 4.7.1 messages from your network are refused by policy",
+            "451 4.7.1 many connections were seen from your host",
+            "451 4.7.1 too few messages",
+        ] {
+            assert_eq!(reply_category(451, text), Category::ServerError, "{text}");
+        }
+    }
+
+    #[test]
     fn a_message_too_big_is_an_invalid_message() {
         assert_eq!(reply_category(552, "552 too big"), Category::InvalidMessage);
         assert_eq!(

@@ -364,6 +364,27 @@ mod tests {
     }
 
     #[test]
+    fn a_header_line_of_exactly_998_octets_is_not_folded() {
+        let subject = format!("Subject: {}", "x".repeat(MAX_LINE - "Subject: ".len()));
+        let message = format!("{subject}\r\n\r\nhi\r\n");
+        assert_eq!(
+            data(message.as_bytes()),
+            format!("{message}.\r\n").as_bytes()
+        );
+    }
+
+    #[test]
+    fn a_long_header_line_is_never_folded_into_a_line_of_only_white_space() {
+        // A continuation line whose only spaces lead it: a cut there would leave a line of
+        // white space alone, which RFC 5322 (§3.2.2) forbids, so it stays long.
+        let message = format!("Subject: hi\r\n  {}\r\n\r\nbody\r\n", "x".repeat(1000));
+        assert_eq!(
+            data(message.as_bytes()),
+            format!("{message}.\r\n").as_bytes()
+        );
+    }
+
+    #[test]
     fn only_non_ascii_before_the_first_empty_line_is_a_utf8_header() {
         assert!(shape("Subject: Grüße\r\n\r\nhi".as_bytes()).utf8_header);
         assert!(!shape("Subject: x\r\n\r\nGrüße".as_bytes()).utf8_header);
@@ -411,6 +432,37 @@ mod tests {
             commands.take(),
             b"RSET\r\nMAIL FROM:<>\r\nRCPT TO:<bob@example.org>\r\nDATA\r\n"
         );
+    }
+
+    #[test]
+    fn an_address_with_a_line_break_or_another_control_character_is_refused() {
+        let plain = |text: &str| -> Address { text.parse().expect("a valid address") };
+        let refused = |from: Option<Address>, to: Address| {
+            let envelope = Envelope::new(from, vec![to]).expect("an envelope");
+            check_envelope(&envelope).map_err(|error| (error.category(), error.code().to_owned()))
+        };
+        let invalid = Err((Category::InvalidMessage, "smtp.invalid_address".to_owned()));
+        let from = Some(plain("app@example.com"));
+        assert_eq!(
+            refused(
+                from.clone(),
+                Address::new_dangerous("bob>\r\nRCPT TO:<eve", "example.org")
+            ),
+            invalid
+        );
+        assert_eq!(
+            refused(from.clone(), Address::new_dangerous("bob", "example.org\0")),
+            invalid
+        );
+        assert_eq!(
+            refused(
+                Some(Address::new_dangerous("app\n", "example.com")),
+                plain("bob@example.org")
+            ),
+            invalid
+        );
+        assert_eq!(refused(from, plain("bob@example.org")), Ok(()));
+        assert_eq!(refused(None, plain("bob@example.org")), Ok(()));
     }
 
     #[test]
