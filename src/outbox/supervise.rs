@@ -105,6 +105,49 @@ mod tests {
         );
     }
 
+    #[cfg(feature = "metrics")]
+    #[tokio::test(start_paused = true)]
+    async fn each_start_after_a_panic_or_a_failure_is_counted() {
+        let recorder = metrics_util::debugging::DebuggingRecorder::new();
+        let snapshotter = recorder.snapshotter();
+        // The test's runtime runs its tasks on this thread, where the recorder is set.
+        let _guard = ::metrics::set_default_local_recorder(&recorder);
+        let (stop, receiver) = tokio::sync::oneshot::channel::<()>();
+        let runs = Arc::new(AtomicUsize::new(0));
+        let counted = Arc::clone(&runs);
+        let supervised = tokio::spawn(supervise(stopped_by(receiver), move |stopped| {
+            let run = counted.fetch_add(1, Ordering::SeqCst);
+            async move {
+                match run {
+                    0 => panic!("a bug in the worker"),
+                    1 => Err(SendError::new(
+                        Category::ServiceUnavailable,
+                        "test.down",
+                        "down",
+                    )),
+                    _ => {
+                        stopped.await;
+                        Ok(())
+                    }
+                }
+            }
+        }));
+        tokio::time::sleep(RESTART_WAIT * 3).await;
+        stop.send(()).expect("still supervised");
+        supervised.await.expect("the supervisor ends when stopped");
+        let restarts: u64 = snapshotter
+            .snapshot()
+            .into_vec()
+            .into_iter()
+            .filter(|(key, ..)| key.key().name() == crate::metrics::OUTBOX_WORKER_RESTARTS_TOTAL)
+            .map(|(.., value)| match value {
+                metrics_util::debugging::DebugValue::Counter(count) => count,
+                _ => 0,
+            })
+            .sum();
+        assert_eq!(restarts, 2);
+    }
+
     #[tokio::test(start_paused = true)]
     async fn a_worker_refused_for_its_settings_is_not_started_again() {
         let (_stop, receiver) = tokio::sync::oneshot::channel::<()>();
