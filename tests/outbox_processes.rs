@@ -625,6 +625,26 @@ impl Received {
             .collect()
     }
 
+    /// Fails `test` unless every message arrived whole exactly once, and nothing else did.
+    fn assert_each_once(&self, test: &str) {
+        let missing = self.missing();
+        let duplicated = self.duplicated();
+        assert!(
+            missing.is_empty(),
+            "{test}: {} never received, e.g. {}",
+            missing.len(),
+            first(&missing, 20)
+        );
+        assert!(
+            duplicated.is_empty(),
+            "{test}: {} received more than once, e.g. {}",
+            duplicated.len(),
+            first(&duplicated, 20)
+        );
+        assert_eq!(self.copies.len(), self.count, "{test}");
+        assert_eq!((self.incomplete, self.foreign), (0, 0), "{test}");
+    }
+
     /// Copies beyond the first of each message.
     fn duplicates(&self) -> usize {
         self.copies.values().map(|copies| copies - 1).sum()
@@ -668,23 +688,7 @@ fn three_worker_processes_on_postgres_send_every_message_exactly_once() {
 
     let stats = runtime.block_on(outbox.stats()).expect("stats");
     assert_eq!((stats.queued, stats.dead), (0, 0), "{test}: {stats:?}");
-    let received = Received::read(&sink);
-    let missing = received.missing();
-    let duplicated = received.duplicated();
-    assert!(
-        missing.is_empty(),
-        "{test}: {} never received, e.g. {}",
-        missing.len(),
-        first(&missing, 20)
-    );
-    assert!(
-        duplicated.is_empty(),
-        "{test}: {} received more than once, e.g. {}",
-        duplicated.len(),
-        first(&duplicated, 20)
-    );
-    assert_eq!(received.copies.len(), MESSAGES);
-    assert_eq!((received.incomplete, received.foreign), (0, 0), "{test}");
+    Received::read(&sink).assert_each_once(test);
     eprintln!(
         "{test}: enqueued {MESSAGES} in {enqueued:?}, 3 workers sent them in {sent:?}, {:?} in all",
         started.elapsed()
@@ -723,22 +727,7 @@ fn three_worker_processes_on_postgres_whose_sends_take_six_tenths_of_the_lease_s
 
     let stats = runtime.block_on(outbox.stats()).expect("stats");
     assert_eq!((stats.queued, stats.dead), (0, 0), "{test}: {stats:?}");
-    let received = Received::read_first(&sink, COUNT);
-    let missing = received.missing();
-    let duplicated = received.duplicated();
-    assert!(
-        missing.is_empty(),
-        "{test}: {} never received, e.g. {}",
-        missing.len(),
-        first(&missing, 20)
-    );
-    assert!(
-        duplicated.is_empty(),
-        "{test}: {} received more than once, e.g. {}",
-        duplicated.len(),
-        first(&duplicated, 20)
-    );
-    assert_eq!((received.incomplete, received.foreign), (0, 0), "{test}");
+    Received::read_first(&sink, COUNT).assert_each_once(test);
 }
 
 #[test]

@@ -68,8 +68,9 @@ mod tests {
 
     use super::*;
 
-    #[tokio::test(start_paused = true)]
-    async fn a_worker_that_panicked_or_failed_is_started_again_until_it_is_stopped() {
+    /// Supervises a worker that panics, then fails, then runs until stopped; stops it after
+    /// three restart waits. How many times it was run before the stop, and in all.
+    async fn panic_then_fail_then_run_until_stopped() -> (usize, usize) {
         let (stop, receiver) = tokio::sync::oneshot::channel::<()>();
         let runs = Arc::new(AtomicUsize::new(0));
         let counted = Arc::clone(&runs);
@@ -91,18 +92,17 @@ mod tests {
             }
         }));
         tokio::time::sleep(RESTART_WAIT * 3).await;
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            3,
-            "run after a panic and after an error"
-        );
+        let before_stop = runs.load(Ordering::SeqCst);
         stop.send(()).expect("still supervised");
         supervised.await.expect("the supervisor ends when stopped");
-        assert_eq!(
-            runs.load(Ordering::SeqCst),
-            3,
-            "not started again once stopped"
-        );
+        (before_stop, runs.load(Ordering::SeqCst))
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_worker_that_panicked_or_failed_is_started_again_until_it_is_stopped() {
+        let (before_stop, in_all) = panic_then_fail_then_run_until_stopped().await;
+        assert_eq!(before_stop, 3, "run after a panic and after an error");
+        assert_eq!(in_all, 3, "not started again once stopped");
     }
 
     #[cfg(feature = "metrics")]
@@ -112,29 +112,7 @@ mod tests {
         let snapshotter = recorder.snapshotter();
         // The test's runtime runs its tasks on this thread, where the recorder is set.
         let _guard = ::metrics::set_default_local_recorder(&recorder);
-        let (stop, receiver) = tokio::sync::oneshot::channel::<()>();
-        let runs = Arc::new(AtomicUsize::new(0));
-        let counted = Arc::clone(&runs);
-        let supervised = tokio::spawn(supervise(stopped_by(receiver), move |stopped| {
-            let run = counted.fetch_add(1, Ordering::SeqCst);
-            async move {
-                match run {
-                    0 => panic!("a bug in the worker"),
-                    1 => Err(SendError::new(
-                        Category::ServiceUnavailable,
-                        "test.down",
-                        "down",
-                    )),
-                    _ => {
-                        stopped.await;
-                        Ok(())
-                    }
-                }
-            }
-        }));
-        tokio::time::sleep(RESTART_WAIT * 3).await;
-        stop.send(()).expect("still supervised");
-        supervised.await.expect("the supervisor ends when stopped");
+        panic_then_fail_then_run_until_stopped().await;
         let restarts: u64 = snapshotter
             .snapshot()
             .into_vec()
