@@ -464,6 +464,17 @@ async fn a_connection_on_which_a_reply_arrived_while_it_was_idle_is_closed_not_r
 /// later one at the greeting, as a server limiting how fast clients connect does; and how
 /// many connections it was asked for.
 async fn connection_limit(server: &RawSmtp, allowed: usize) -> (u16, Arc<AtomicUsize>) {
+    gate(server, move |attempt| attempt >= allowed, RATE_LIMITED).await
+}
+
+/// A gate in front of `server` that answers `greeting` and hangs up on each connection
+/// `refuses` picks by its number (from 0), and lets the others through; and how many
+/// connections it was asked for.
+async fn gate(
+    server: &RawSmtp,
+    refuses: impl Fn(usize) -> bool + Send + 'static,
+    greeting: &'static [u8],
+) -> (u16, Arc<AtomicUsize>) {
     use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
         .await
@@ -474,10 +485,8 @@ async fn connection_limit(server: &RawSmtp, allowed: usize) -> (u16, Arc<AtomicU
     let counted = Arc::clone(&attempts);
     tokio::spawn(async move {
         while let Ok((mut client, _)) = listener.accept().await {
-            if counted.fetch_add(1, Ordering::SeqCst) >= allowed {
-                let _ = client
-                    .write_all(b"421 4.7.0 raw.test Error: too many connections from 127.0.0.1\r\n")
-                    .await;
+            if refuses(counted.fetch_add(1, Ordering::SeqCst)) {
+                let _ = client.write_all(greeting).await;
                 continue;
             }
             tokio::spawn(async move {
@@ -545,30 +554,7 @@ async fn refusing_first(
     refused: usize,
     greeting: &'static [u8],
 ) -> (u16, Arc<AtomicUsize>) {
-    use tokio::io::AsyncWriteExt;
-    let listener = tokio::net::TcpListener::bind("127.0.0.1:0")
-        .await
-        .expect("a port");
-    let port = listener.local_addr().expect("an address").port();
-    let backend = server.port();
-    let attempts = Arc::new(AtomicUsize::new(0));
-    let counted = Arc::clone(&attempts);
-    tokio::spawn(async move {
-        while let Ok((mut client, _)) = listener.accept().await {
-            if counted.fetch_add(1, Ordering::SeqCst) < refused {
-                let _ = client.write_all(greeting).await;
-                continue;
-            }
-            tokio::spawn(async move {
-                if let Ok(mut upstream) =
-                    tokio::net::TcpStream::connect(("127.0.0.1", backend)).await
-                {
-                    let _ = tokio::io::copy_bidirectional(&mut client, &mut upstream).await;
-                }
-            });
-        }
-    });
-    (port, attempts)
+    gate(server, move |attempt| attempt < refused, greeting).await
 }
 
 const RATE_LIMITED: &[u8] = b"421 4.7.0 raw.test Error: too many connections from 127.0.0.1\r\n";
