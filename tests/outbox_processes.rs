@@ -17,14 +17,15 @@ use std::io::{BufRead, BufReader, Write};
 use std::os::unix::process::ExitStatusExt;
 use std::path::PathBuf;
 use std::process::{Child, Command, Stdio};
+use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::mpsc::{self, RecvTimeoutError};
 use std::sync::{Arc, Mutex, MutexGuard, PoisonError};
 use std::time::{Duration, Instant};
 
 use mail_breaker::outbox::{Outbox, OutboxId};
 use mail_breaker::{
-    Backoff, CircuitBreakerTransport, Envelope, Message, Receipt, SendError, SmtpTransport,
-    Transport,
+    Backoff, Category, CircuitBreakerTransport, Envelope, Message, Receipt, SendError,
+    SmtpTransport, Transport,
 };
 use support::postgres::PostgresServer;
 use support::smtp_sink::SmtpSink;
@@ -50,6 +51,11 @@ const WORKER_MAX_AGE_MS: &str = "OUTBOX_WORKER_CHILD_MAX_AGE_MS";
 const WORKER_ONCE: &str = "OUTBOX_WORKER_CHILD_ONCE";
 /// How long each of the worker child's sends takes before it goes to the server (ms).
 const WORKER_SEND_DELAY_MS: &str = "OUTBOX_WORKER_CHILD_SEND_DELAY_MS";
+/// When set, the worker child runs (`Worker::run`) with this poll (ms) until nothing is
+/// queued, rather than draining: it rests between claims as a long-lived worker does.
+const WORKER_RUN_POLL_MS: &str = "OUTBOX_WORKER_CHILD_RUN_POLL_MS";
+/// When set, the worker child's first send is refused for now, as a provider's 451 is.
+const WORKER_FAIL_FIRST: &str = "OUTBOX_WORKER_CHILD_FAIL_FIRST";
 
 /// How many messages the enqueueing child tries to enqueue.
 const ENQUEUES: usize = 5_000;
@@ -201,6 +207,10 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
         .ok()
         .map(|ms| Duration::from_millis(ms.parse().expect("a max age in milliseconds")));
     let once = std::env::var_os(WORKER_ONCE).is_some();
+    let run_poll = std::env::var(WORKER_RUN_POLL_MS)
+        .ok()
+        .map(|ms| Duration::from_millis(ms.parse().expect("a poll in milliseconds")));
+    let fail_first = AtomicBool::new(std::env::var_os(WORKER_FAIL_FIRST).is_some());
     let deadline = Instant::now() + CHILD_DEADLINE;
     runtime().block_on(async {
         let outbox = open(&db).await.expect("opening the outbox");
@@ -211,7 +221,11 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
             .build()
             .expect("valid SMTP settings");
         let mut worker = outbox
-            .worker(CircuitBreakerTransport::new(Slow { inner: smtp, delay }))
+            .worker(CircuitBreakerTransport::new(Slow {
+                inner: smtp,
+                delay,
+                fail_first,
+            }))
             .concurrency(CONCURRENCY)
             .poll(Duration::from_millis(100))
             .backoff(Backoff::exponential(
@@ -226,6 +240,22 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
         }
         if let Some(max_age) = max_age {
             worker = worker.max_age(max_age);
+        }
+        if let Some(poll) = run_poll {
+            let watched = outbox.clone();
+            let emptied = async move {
+                loop {
+                    assert!(Instant::now() < deadline, "the worker child ran too long");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    if matches!(watched.stats().await, Ok(stats) if stats.queued == 0) {
+                        return;
+                    }
+                }
+            };
+            if let Err(error) = worker.poll(poll).run(emptied).await {
+                eprintln!("worker child {}: run: {error}", std::process::id());
+            }
+            return;
         }
         if once {
             if let Err(error) = worker.drain().await {
@@ -249,10 +279,12 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
     });
 }
 
-/// A transport that waits `delay` before each send goes to `inner`: a slow provider.
+/// A transport that waits `delay` before each send goes to `inner`: a slow provider; with
+/// `fail_first`, its first send is refused for now.
 struct Slow<T> {
     inner: T,
     delay: Duration,
+    fail_first: AtomicBool,
 }
 
 #[async_trait::async_trait]
@@ -264,6 +296,13 @@ impl<T: Transport> Transport for Slow<T> {
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         if !self.delay.is_zero() {
             tokio::time::sleep(self.delay).await;
+        }
+        if self.fail_first.swap(false, Ordering::SeqCst) {
+            return Err(SendError::new(
+                Category::ServerError,
+                "test.later",
+                "451 try again later",
+            ));
         }
         self.inner.send_raw(envelope, raw).await
     }
@@ -438,6 +477,10 @@ struct Workers {
     send_delay: Option<Duration>,
     max_age: Option<Duration>,
     once: bool,
+    /// The poll of children that run (`Worker::run`) rather than drain.
+    run_poll: Option<Duration>,
+    /// Whether each child's first send is refused for now.
+    fail_first: bool,
     /// How far ahead of the machine's the children's clock runs (`faketime -f`'s offset).
     clock_ahead: Option<&'static str>,
     /// Each running child and when it started.
@@ -454,6 +497,8 @@ impl Workers {
             send_delay: None,
             max_age: None,
             once: false,
+            run_poll: None,
+            fail_first: false,
             clock_ahead: None,
             running: Vec::new(),
         }
@@ -492,6 +537,12 @@ impl Workers {
         }
         if self.once {
             command.env(WORKER_ONCE, "1");
+        }
+        if let Some(poll) = self.run_poll {
+            command.env(WORKER_RUN_POLL_MS, poll.as_millis().to_string());
+        }
+        if self.fail_first {
+            command.env(WORKER_FAIL_FIRST, "1");
         }
         let child = command.spawn().expect("spawning a worker child");
         self.running.push((child, Instant::now()));
@@ -769,6 +820,46 @@ fn a_worker_whose_clock_runs_an_hour_ahead_of_postgres_counts_max_age_from_when_
         .expect("read")
         .expect("kept");
     assert_eq!(message.attempts, 1, "{test}: {message:?}");
+}
+
+#[test]
+fn a_worker_whose_clock_runs_an_hour_behind_postgres_wakes_for_a_retry_when_it_is_due() {
+    // Due times are the database's, and a resting worker's wait for the next one is counted
+    // on the database's clock: a worker an hour slow must not take a retry due in a moment
+    // for one due in an hour, and sleep its whole poll.
+    let test = "a_worker_whose_clock_runs_an_hour_behind_postgres_wakes_for_a_retry";
+    let _heavy = heavy();
+    if support::servers::require_program("faketime", test).is_none() {
+        return;
+    }
+    let Some(postgres) = PostgresServer::start(test) else {
+        return;
+    };
+    let Some(sink) = SmtpSink::start_counting(test, &[]) else {
+        return;
+    };
+    let runtime = runtime();
+    let outbox = runtime
+        .block_on(Outbox::postgres(&postgres.url()))
+        .expect("opening the outbox");
+    enqueue_first(&runtime, &outbox, 1);
+    // The first send is refused for now; the retry is due a backoff (at most 1 s) later,
+    // the poll a minute later.
+    let poll = Duration::from_secs(60);
+    let mut workers = Workers::new(&postgres.url(), sink.port());
+    workers.run_poll = Some(poll);
+    workers.fail_first = true;
+    workers.clock_ahead = Some("-1h");
+    let started = Instant::now();
+    workers.spawn();
+    workers.wait_all(test);
+
+    let took = started.elapsed();
+    assert!(
+        took < poll / 2,
+        "{test}: the retry went out after {took:?}, as if the worker slept its poll ({poll:?})"
+    );
+    Received::read_first(&sink, 1).assert_each_once(test);
 }
 
 /// What became of the messages when worker children were SIGKILLed and replaced.
