@@ -55,42 +55,22 @@ fn not_found(what: String) -> Response {
     (StatusCode::NOT_FOUND, format!("{what}\n")).into_response()
 }
 
-pub(crate) async fn isolate(
-    state: State<Arc<Shared>>,
-    path: Path<String>,
-    uris: (OriginalUri, Uri),
-    headers: HeaderMap,
-    form: Form<Fields>,
-) -> Response {
-    on_breaker(state, path, uris, headers, form, true).await
-}
-
-pub(crate) async fn reset(
-    state: State<Arc<Shared>>,
-    path: Path<String>,
-    uris: (OriginalUri, Uri),
-    headers: HeaderMap,
-    form: Form<Fields>,
-) -> Response {
-    on_breaker(state, path, uris, headers, form, false).await
-}
-
-async fn on_breaker(
+/// Isolates (`ISOLATE`) or resets a member's breaker.
+pub(crate) async fn on_breaker<const ISOLATE: bool>(
     State(shared): State<Arc<Shared>>,
     Path(name): Path<String>,
     (OriginalUri(original), routed): (OriginalUri, Uri),
     headers: HeaderMap,
     Form(fields): Form<Fields>,
-    isolate: bool,
 ) -> Response {
-    let action = if isolate { "isolate" } else { "reset" };
+    let action = if ISOLATE { "isolate" } else { "reset" };
     if let Some(refusal) = refused(&shared, &headers, &fields, action) {
         return refusal;
     }
     let Some(breaker) = shared.mailer.breaker(&name) else {
         return not_found(format!("no member is named {name:?}"));
     };
-    if isolate {
+    if ISOLATE {
         breaker.isolate().await;
         tracing::info!(member = %name, "admin.breaker_isolated");
     } else {
@@ -100,35 +80,15 @@ async fn on_breaker(
     back(&original, &routed)
 }
 
-pub(crate) async fn requeue(
-    state: State<Arc<Shared>>,
-    path: Path<i64>,
-    uris: (OriginalUri, Uri),
-    headers: HeaderMap,
-    form: Form<Fields>,
-) -> Response {
-    on_dead_letter(state, path, uris, headers, form, true).await
-}
-
-pub(crate) async fn purge(
-    state: State<Arc<Shared>>,
-    path: Path<i64>,
-    uris: (OriginalUri, Uri),
-    headers: HeaderMap,
-    form: Form<Fields>,
-) -> Response {
-    on_dead_letter(state, path, uris, headers, form, false).await
-}
-
-async fn on_dead_letter(
+/// Requeues (`REQUEUE`) or purges a dead letter.
+pub(crate) async fn on_dead_letter<const REQUEUE: bool>(
     State(shared): State<Arc<Shared>>,
     Path(id): Path<i64>,
     (OriginalUri(original), routed): (OriginalUri, Uri),
     headers: HeaderMap,
     Form(fields): Form<Fields>,
-    requeue: bool,
 ) -> Response {
-    let action = if requeue { "requeue" } else { "purge" };
+    let action = if REQUEUE { "requeue" } else { "purge" };
     if let Some(refusal) = refused(&shared, &headers, &fields, action) {
         return refusal;
     }
@@ -141,7 +101,7 @@ async fn on_dead_letter(
         Ok(letters) => letters.iter().any(|letter| letter.id == id),
         Err(error) => return failed(action, &error),
     };
-    let done = match (dead, requeue) {
+    let done = match (dead, REQUEUE) {
         (false, _) => Ok(false),
         (true, true) => outbox.requeue(id).await,
         (true, false) => outbox.purge(id).await,

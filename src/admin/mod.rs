@@ -239,11 +239,12 @@ impl Admin {
                 routes.route(path, post(actions::read_only))
             })
         } else {
+            // Each handler's flag: isolate (else reset), requeue (else purge).
             routes
-                .route(actions[0], post(actions::isolate))
-                .route(actions[1], post(actions::reset))
-                .route(actions[2], post(actions::requeue))
-                .route(actions[3], post(actions::purge))
+                .route(actions[0], post(actions::on_breaker::<true>))
+                .route(actions[1], post(actions::on_breaker::<false>))
+                .route(actions[2], post(actions::on_dead_letter::<true>))
+                .route(actions[3], post(actions::on_dead_letter::<false>))
         };
         let routes = match &self.shared.hosts {
             Some(hosts) => {

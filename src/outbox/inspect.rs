@@ -150,7 +150,6 @@ pub(crate) async fn sqlite_message(
     pool: &sqlx::SqlitePool,
     id: OutboxId,
 ) -> Result<Option<MessageRow>, SendError> {
-    use sqlx::Row;
     let row = sqlx::query(
         "SELECT id, sender, recipients, \
            (SELECT raw FROM mail_breaker_outbox_body AS body \
@@ -161,10 +160,39 @@ pub(crate) async fn sqlite_message(
     )
     .bind(id.0)
     .fetch_optional(pool)
-    .await
-    .map_err(|e| record::database_error("reading a message", e))?;
-    let Some(row) = row else { return Ok(None) };
-    let read = || -> Result<MessageRow, sqlx::Error> {
+    .await;
+    read_row(row)
+}
+
+/// The `SELECT` of one message on PostgreSQL (a lease's end is `lease_until` there).
+#[cfg(feature = "postgres")]
+pub(crate) async fn postgres_message(
+    pool: &sqlx::PgPool,
+    id: OutboxId,
+) -> Result<Option<MessageRow>, SendError> {
+    let row = sqlx::query(
+        "SELECT id, sender, recipients, raw, attempts::bigint, enqueued_at, \
+           CASE WHEN leased THEN COALESCE(lease_until, due_at) ELSE due_at END, leased, dead_at, \
+           error_category, error_code, error_message, error_transport \
+         FROM mail_breaker_outbox WHERE id = $1",
+    )
+    .bind(id.0)
+    .fetch_optional(pool)
+    .await;
+    read_row(row)
+}
+
+/// One message's columns, in the order both backends' `SELECT`s give them.
+fn read_row<R>(row: Result<Option<R>, sqlx::Error>) -> Result<Option<MessageRow>, SendError>
+where
+    R: sqlx::Row,
+    usize: sqlx::ColumnIndex<R>,
+    i64: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    bool: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    String: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+    Vec<u8>: for<'r> sqlx::Decode<'r, R::Database> + sqlx::Type<R::Database>,
+{
+    let read = |row: &R| -> Result<MessageRow, sqlx::Error> {
         Ok(MessageRow {
             id: row.try_get(0)?,
             sender: row.try_get(1)?,
@@ -183,49 +211,10 @@ pub(crate) async fn sqlite_message(
             },
         })
     };
-    read()
-        .map(Some)
-        .map_err(|e| record::database_error("reading a message", e))
-}
-
-/// The `SELECT` of one message on PostgreSQL (a lease's end is `lease_until` there).
-#[cfg(feature = "postgres")]
-pub(crate) async fn postgres_message(
-    pool: &sqlx::PgPool,
-    id: OutboxId,
-) -> Result<Option<MessageRow>, SendError> {
-    use sqlx::Row;
-    let row = sqlx::query(
-        "SELECT id, sender, recipients, raw, attempts, enqueued_at, \
-           CASE WHEN leased THEN COALESCE(lease_until, due_at) ELSE due_at END, leased, dead_at, \
-           error_category, error_code, error_message, error_transport \
-         FROM mail_breaker_outbox WHERE id = $1",
-    )
-    .bind(id.0)
-    .fetch_optional(pool)
-    .await
-    .map_err(|e| record::database_error("reading a message", e))?;
-    let Some(row) = row else { return Ok(None) };
-    let read = || -> Result<MessageRow, sqlx::Error> {
-        Ok(MessageRow {
-            id: row.try_get(0)?,
-            sender: row.try_get(1)?,
-            recipients: row.try_get(2)?,
-            raw: row.try_get(3)?,
-            attempts: i64::from(row.try_get::<i32, _>(4)?),
-            enqueued_at: row.try_get(5)?,
-            due_at: row.try_get(6)?,
-            leased: row.try_get(7)?,
-            dead_at: row.try_get(8)?,
-            error: StoredError {
-                category: row.try_get(9)?,
-                code: row.try_get(10)?,
-                message: row.try_get(11)?,
-                transport: row.try_get(12)?,
-            },
-        })
-    };
-    read()
-        .map(Some)
-        .map_err(|e| record::database_error("reading a message", e))
+    match row {
+        Ok(None) => Ok(None),
+        Ok(Some(row)) => read(&row).map(Some),
+        Err(error) => Err(error),
+    }
+    .map_err(|e| record::database_error("reading a message", e))
 }
