@@ -439,6 +439,52 @@ async fn an_outbox_at_most_once_answers_a_maybe_delivered_failure_instead_of_que
     let _ = std::fs::remove_dir_all(&folder);
 }
 
+/// The worker a mailer gives (`Mailer::worker`) keeps the stack's `at_most_once` as well as
+/// the outbox's own: a message that may have reached the provider becomes a dead letter
+/// rather than being sent again.
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailers_worker_is_at_most_once_when_the_stack_or_its_outbox_says_so() {
+    let folder = std::env::temp_dir().join(format!(
+        "mail-breaker-config-worker-at-most-once-{}",
+        std::process::id()
+    ));
+    std::fs::create_dir_all(&folder).unwrap();
+    for (index, (setting, dead)) in [
+        ("", 0),
+        ("&at_most_once=true", 1),
+        ("&outbox.at_most_once=true", 1),
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        let server = hangs_up_after_the_dot().await;
+        let dsn = format!(
+            "smtp://127.0.0.1:{}?outbox=sqlite://{}{setting}",
+            server.port(),
+            folder.join(format!("{index}.db")).display()
+        );
+        let mailer = Mailer::from_dsn(&dsn)
+            .unwrap()
+            .build_without_worker()
+            .await
+            .unwrap();
+        let outbox = mailer.outbox().expect("an outbox");
+        outbox.enqueue(&message()).await.unwrap();
+        let worker = mailer
+            .worker()
+            .expect("a mailer with an outbox gives a worker");
+        worker.drain().await.unwrap();
+        let stats = outbox.stats().await.unwrap();
+        assert_eq!(
+            (server.count("DATA"), stats.queued, stats.dead),
+            (1, 1 - dead, dead),
+            "{setting:?}: {stats:?}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
 /// `scope = "recipient_domain"` keeps a breaker per recipient domain; `transport`, one for
 /// the member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

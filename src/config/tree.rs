@@ -317,7 +317,9 @@ fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
         .transpose()
         .map_err(|why| ConfigError::new(format!("{}.url", node.path()), why))?;
     match url {
-        Some((mut from_url, _)) if from_url.len() > 1 => {
+        // A URL whose query holds no member setting goes this way too (nothing to put
+        // beside it): one path for every member.
+        Some((mut from_url, _)) => {
             let mut merged = written.clone();
             if let Some(url) = from_url.remove("url") {
                 merged.insert("url".to_owned(), url);
@@ -325,7 +327,7 @@ fn member(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
             put_beside(&mut merged, from_url, node.path())?;
             member_settings(&Node::at(node.path(), &Value::Table(merged)))
         }
-        _ => member_settings(node),
+        None => member_settings(node),
     }
 }
 
