@@ -11,6 +11,7 @@ mod embedded;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
+use std::time::Duration;
 
 use axum::Router;
 use axum::body::Body;
@@ -512,6 +513,32 @@ async fn served_on_loopback_the_page_answers_only_to_its_loopback_names() {
 }
 
 #[tokio::test]
+async fn served_on_loopback_with_hosts_allowed_the_page_answers_to_those_hosts_alone() {
+    let dir = folder("loopback-allowed");
+    let (mailer, _) = mailer(&dir).await;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let allowed = format!("mail-ops.internal:{port}");
+    let admin = Admin::new(mailer).allow_hosts([allowed.clone()]);
+    let server = tokio::spawn(async move { admin.serve(listener).await });
+    assert_eq!(status_for_host(port, &allowed).await, "200");
+    assert_eq!(
+        status_for_host(port, &format!("127.0.0.1:{port}")).await,
+        "403"
+    );
+    server.abort();
+}
+
+#[tokio::test]
+async fn a_page_is_read_only_once_made_so_and_not_before() {
+    let dir = folder("is-read-only");
+    let (mailer, _) = mailer(&dir).await;
+    let admin = Admin::new(mailer);
+    assert!(!admin.is_read_only());
+    assert!(admin.read_only().is_read_only());
+}
+
+#[tokio::test]
 async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
     let dir = folder("page");
     let (mailer, members) = mailer(&dir).await;
@@ -576,6 +603,49 @@ async fn a_token_given_must_be_long_and_plain_and_is_the_one_the_forms_carry() {
         page.contains(r#"value="a-token-kept-in-a-vault""#),
         "{page}"
     );
+}
+
+#[tokio::test]
+async fn a_token_of_exactly_sixteen_characters_is_taken_and_one_of_fifteen_refused() {
+    let dir = folder("token-length");
+    let (mailer, _) = mailer(&dir).await;
+    let sixteen = "abcdefghij-_0123";
+    assert_eq!(sixteen.len(), 16);
+    let admin = Admin::new(Arc::clone(&mailer))
+        .with_token(sixteen)
+        .expect("sixteen characters are enough");
+    assert_eq!(admin.token(), sixteen);
+    let error = Admin::new(mailer).with_token(&sixteen[1..]).unwrap_err();
+    assert_eq!(error.setting(), "token");
+}
+
+#[tokio::test]
+async fn the_chart_is_read_every_100_ms_or_less_often_and_never_more_often() {
+    let dir = folder("chart-every");
+    let (mailer, _) = mailer(&dir).await;
+    for every in [Duration::from_millis(100), Duration::from_secs(60)] {
+        assert!(
+            Admin::new(Arc::clone(&mailer)).chart_every(every).is_ok(),
+            "{every:?}"
+        );
+    }
+    let error = Admin::new(mailer)
+        .chart_every(Duration::from_millis(99))
+        .unwrap_err();
+    assert_eq!(error.setting(), "chart_every");
+}
+
+#[tokio::test]
+async fn an_admins_debug_shows_its_mailer_and_whether_it_is_read_only_never_its_token() {
+    let dir = folder("debug");
+    let (mailer, _) = mailer(&dir).await;
+    let token = "a-secret-token-never-printed";
+    let admin = Admin::new(mailer).with_token(token).unwrap().read_only();
+    let shown = format!("{admin:?}");
+    assert!(shown.starts_with("Admin {"), "{shown}");
+    assert!(shown.contains("read_only: true"), "{shown}");
+    assert!(shown.contains("mailer: "), "{shown}");
+    assert!(!shown.contains(token), "{shown}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
