@@ -52,6 +52,10 @@ fn from_url_reads_lettres_forms_and_their_default_ports() {
     );
     assert_eq!(name("smtps://mx.example.com"), "smtps://mx.example.com:465");
     assert_eq!(
+        name("smtp://mx.example.com?tls=none"),
+        "smtp://mx.example.com:25"
+    );
+    assert_eq!(
         name("smtp://user:p%40ss@mx.example.com:2525/client.example.com"),
         "smtp://mx.example.com:2525"
     );
@@ -68,6 +72,26 @@ fn from_url_refuses_what_it_cannot_read_naming_url() {
         let error = SmtpTransport::from_url(url).expect_err(url);
         assert_eq!(error.setting(), "url", "{url}: {error}");
     }
+}
+
+#[test]
+fn from_url_refuses_an_option_it_does_not_read_rather_than_ignore_it() {
+    // Each of these, ignored, would build a clear-text transport from a URL that asks for TLS.
+    for url in [
+        "smtp://mx.example.com?TLS=required",
+        "smtp://mx.example.com?require_tls=true",
+        "smtp://mx.example.com?tls=required&starttls=always",
+        "smtp://mx.example.com?tls=none&tls=required",
+        "smtps://mx.example.com?verify=false",
+    ] {
+        let error = SmtpTransport::from_url(url).expect_err(url);
+        assert_eq!(error.setting(), "url", "{url}: {error}");
+    }
+    // An option that is not a plain word may be a password typed in the wrong place.
+    let error = SmtpTransport::from_url("smtp://mx.example.com?user%3Ahunter2=1").unwrap_err();
+    assert!(!error.to_string().contains("hunter2"), "{error}");
+    let error = SmtpTransport::from_url("smtp://mx.example.com?require_tls=true").unwrap_err();
+    assert!(error.to_string().contains("`require_tls`"), "{error}");
 }
 
 #[test]

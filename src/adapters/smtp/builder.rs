@@ -523,11 +523,15 @@ impl SmtpTransport {
     /// | `smtp://host` | none | 25 |
     /// | `smtp://host?tls=required` | STARTTLS, required | 587 |
     /// | `smtp://host?tls=opportunistic` | STARTTLS if offered | 587 |
+    /// | `smtp://host?tls=none` | none | 25 |
     /// | `smtps://host` | implicit | 465 |
     ///
     /// `user:password@` (percent-encoded) gives credentials, `:port` the port, and a path
-    /// (`smtp://host/client.example.com`) the EHLO name. Anything else is a [`ConfigError`]
-    /// naming `url`.
+    /// (`smtp://host/client.example.com`) the EHLO name. Anything else, any other option
+    /// included, is a [`ConfigError`] naming `url`. Credentials on a clear-text URL are kept,
+    /// and every send then fails with `smtp.auth_in_clear` rather than log in in clear text
+    /// ([`SmtpBuilder::auth_without_tls`] allows it); `Mailer::from_dsn` reads more options
+    /// (`auth_without_tls`, OAuth 2.0) and takes credentials without `tls` for STARTTLS.
     ///
     /// ```
     /// # use mail_breaker::{SmtpTransport, Transport};
@@ -546,12 +550,19 @@ impl SmtpTransport {
             .ok_or_else(|| bad("names no host".to_owned()))?;
         // An IPv6 host comes bracketed; the socket wants it bare.
         let host = host.trim_start_matches('[').trim_end_matches(']');
-        let tls_asked = url
-            .query_pairs()
-            .find(|(key, _)| key == "tls")
-            .map(|(_, value)| value.into_owned());
+        // `tls` once, and nothing else: an option ignored could be one that asked for TLS.
+        let mut tls_asked = None;
+        for (key, value) in url.query_pairs() {
+            if key != "tls" || tls_asked.is_some() {
+                return Err(bad(format!(
+                    "{}: the URL's only option is tls, once (the others are Mailer::from_dsn's)",
+                    option_named(&key)
+                )));
+            }
+            tls_asked = Some(value.into_owned());
+        }
         let mut builder = match (url.scheme(), tls_asked.as_deref()) {
-            ("smtp", None) => SmtpTransport::builder_dangerous(host),
+            ("smtp", None | Some("none")) => SmtpTransport::builder_dangerous(host),
             ("smtp", Some("required")) => SmtpTransport::starttls_relay(host)?,
             ("smtp", Some("opportunistic")) => SmtpBuilder::new(
                 host,
@@ -572,8 +583,8 @@ impl SmtpTransport {
                     Some(_) => " with that tls option".to_owned(),
                 };
                 return Err(bad(format!(
-                    "scheme `{scheme}`{tls}: expected smtp, smtp with tls=required or \
-                     tls=opportunistic, or smtps"
+                    "scheme `{scheme}`{tls}: expected smtp, smtp with tls=required, \
+                     tls=opportunistic or tls=none, or smtps"
                 )));
             }
         };
@@ -612,6 +623,17 @@ impl SmtpTransport {
 }
 
 /// A name EHLO can carry: printable ASCII without spaces, so no command can be smuggled in it.
+/// An option of a URL's query as an error names it: the key when it is a plain word, else
+/// only "an option" (text mistyped into a URL may carry a password).
+fn option_named(key: &str) -> String {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'.' | b'-');
+    if !key.is_empty() && key.len() <= 40 && key.bytes().all(plain) {
+        format!("option `{key}`")
+    } else {
+        "an option".to_owned()
+    }
+}
+
 fn check_hello_name(name: &ClientId) -> Result<(), ConfigError> {
     let text = name.to_string();
     if text.is_empty() || !text.bytes().all(|octet| octet.is_ascii_graphic()) {
