@@ -393,6 +393,48 @@ async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
 
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_action_the_outbox_cannot_answer_is_503_with_why() {
+    let test = "admin_action_outbox_down";
+    let Some(mut postgres) = support::postgres::PostgresServer::start(test) else {
+        return;
+    };
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox={}&outbox.poll=1h",
+        free_port(),
+        postgres.url()
+    );
+    let mailer = Arc::new(
+        Mailer::from_dsn(&dsn)
+            .unwrap()
+            .build_without_worker()
+            .await
+            .unwrap(),
+    );
+    let admin = Admin::new(mailer);
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    postgres.stop();
+    for action in ["requeue", "purge"] {
+        let response = call(
+            &router,
+            post(&format!("/outbox/dead/1/{action}"), &form, &[]),
+        )
+        .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{action}"
+        );
+        let body = text(response).await;
+        assert!(
+            body.starts_with("the outbox did not answer: "),
+            "{action}: {body}"
+        );
+    }
+}
+
 #[tokio::test]
 async fn a_read_only_page_answers_every_post_405_and_shows_no_form() {
     let dir = folder("read-only");

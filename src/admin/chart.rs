@@ -232,6 +232,19 @@ mod tests {
     }
 
     #[test]
+    fn at_most_720_readings_are_kept_the_oldest_forgotten_first() {
+        let start = Instant::now();
+        let every = Duration::from_secs(1);
+        let mut history = VecDeque::new();
+        for index in 0..(KEPT as u64 + 5) {
+            let taken = start + every * u32::try_from(index).unwrap();
+            keep(&mut history, sample(taken, index), every, taken);
+        }
+        assert_eq!(history.len(), KEPT);
+        assert_eq!(history.front().map(|sample| sample.queued), Some(5));
+    }
+
+    #[test]
     fn readings_older_than_an_hour_are_forgotten() {
         let start = Instant::now();
         let mut history = VecDeque::new();

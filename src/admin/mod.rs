@@ -314,3 +314,25 @@ pub(crate) fn mount_path<'a>(original: &'a str, routed: &str) -> &'a str {
 
 /// What the sampler holds: the page's state while anything else does.
 pub(crate) type WeakShared = Weak<Shared>;
+
+#[cfg(test)]
+mod tests {
+    use super::mount_path;
+
+    #[test]
+    fn the_mount_is_what_the_request_path_holds_before_the_routed_one() {
+        assert_eq!(mount_path("/ops/mail/api/dead", "/api/dead"), "/ops/mail");
+        assert_eq!(mount_path("/api/dead", "/api/dead"), "");
+    }
+
+    #[test]
+    fn a_router_nested_at_a_path_sees_that_path_itself_as_its_root() {
+        assert_eq!(mount_path("/ops/mail", "/"), "/ops/mail");
+        assert_eq!(mount_path("/ops/mail/", "/"), "/ops/mail");
+    }
+
+    #[test]
+    fn a_routed_path_that_does_not_end_the_request_path_mounts_the_page_at_the_root() {
+        assert_eq!(mount_path("/ops/mail/api/dead", "/api/breakers"), "");
+    }
+}
