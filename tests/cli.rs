@@ -635,7 +635,9 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     assert_eq!(listed[0]["recipients"][0], "user1@example.org");
     let table = stdout(&run(&["outbox", "dead", "--dsn", &dsn]));
     assert!(
-        table.contains("dead letter 2") && table.contains("smtp.550"),
+        table.contains("dead letter 2")
+            && table.contains("smtp.550")
+            && table.contains("user2@example.org"),
         "{table}"
     );
 
@@ -645,6 +647,11 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     assert_eq!(shown["attempts"], 1);
     assert_eq!(shown["subject"], "dead letter 1");
     assert_eq!(shown["error"]["category"], "rejected");
+    let page = stdout(&run(&["outbox", "show", &id, "--dsn", &dsn]));
+    assert!(
+        page.contains("user1@example.org") && page.contains("dead letter 1"),
+        "{page}"
+    );
     let raw = run(&["outbox", "show", &id, "--raw", "--dsn", &dsn]);
     let stored = read_outbox(&dir, async |outbox| {
         outbox
@@ -842,6 +849,87 @@ fn outbox_drain_stops_at_ctrl_c_and_leaves_what_it_did_not_send_queued() {
     );
     let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
     assert_eq!(stats.queued, 3, "nothing was lost: {stats:?}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Two messages queued in the SQLite outbox in `dir`, for a drain to send.
+fn outbox_with_two_queued(dir: &Path) {
+    read_outbox(dir, async |outbox| {
+        for n in 1..=2 {
+            let message = lettre::Message::builder()
+                .from("app@example.com".parse().expect("an address"))
+                .to(format!("user{n}@example.org").parse().expect("an address"))
+                .subject(format!("queued {n}"))
+                .body(format!("body {n}"))
+                .expect("a message");
+            outbox.enqueue(&message).await.expect("queued");
+        }
+    });
+}
+
+/// What the drain says when it leaves mail queued.
+const STILL_QUEUED_NOTE: &str = "what is still queued failed for now and is due later";
+
+#[test]
+fn outbox_drain_with_the_provider_down_leaves_the_mail_queued_says_why_and_exits_4() {
+    let dir = scratch("cli_drain_down");
+    outbox_with_two_queued(&dir);
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let drained = run(&["outbox", "drain", "--dsn", &dsn]);
+    assert_eq!(code(&drained), 4, "{}", stderr(&drained));
+    assert!(
+        stderr(&drained).contains(STILL_QUEUED_NOTE),
+        "{}",
+        stderr(&drained)
+    );
+    assert!(
+        stdout(&drained).contains("0 sent, 0 dead; 2 still queued"),
+        "{}",
+        stdout(&drained)
+    );
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!((stats.queued, stats.dead), (2, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_drain_that_sends_everything_exits_0_without_a_note() {
+    let test = "cli_drain_all";
+    let Some(sink) = SmtpSink::start(test, &[]) else {
+        return;
+    };
+    let dir = scratch(test);
+    outbox_with_two_queued(&dir);
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        sink.port(),
+        dir.join("outbox.db").display()
+    );
+    let drained = run(&["outbox", "drain", "--json", "--dsn", &dsn]);
+    assert_eq!(code(&drained), 0, "{}", stderr(&drained));
+    assert!(
+        !stderr(&drained).contains(STILL_QUEUED_NOTE),
+        "{}",
+        stderr(&drained)
+    );
+    let summary = json(&drained);
+    assert_eq!(
+        (
+            &summary["sent"],
+            &summary["dead"],
+            &summary["after"]["queued"]
+        ),
+        (
+            &serde_json::json!(2),
+            &serde_json::json!(0),
+            &serde_json::json!(0)
+        ),
+        "{summary}"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -94,3 +94,42 @@ fn answer(result: &Result<(), SendError>) -> String {
         Err(error) => format!("{}: {}", error.code(), error.message()),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mail_breaker::{Category, SendError};
+
+    use super::{answer, state};
+
+    #[test]
+    fn each_failed_check_is_one_word_for_its_kind_of_failure() {
+        let cases = [
+            (Category::Timeout, "timeout"),
+            (Category::Network, "down"),
+            (Category::ServerError, "down"),
+            (Category::ServiceUnavailable, "down"),
+            (Category::Authentication, "auth-refused"),
+            (Category::Configuration, "misconfigured"),
+            (Category::RateLimited, "rate-limited"),
+            (Category::Rejected, "refused"),
+            (Category::InvalidMessage, "refused"),
+            (Category::Unsupported, "failed"),
+        ];
+        for (category, word) in cases {
+            let failed = Err(SendError::new(category, "test", "test"));
+            assert_eq!(state(&failed), word, "{category:?}");
+        }
+        assert_eq!(state(&Ok(())), "ok");
+    }
+
+    #[test]
+    fn a_checks_answer_is_reachable_or_the_errors_code_and_message() {
+        assert_eq!(answer(&Ok(())), "reachable");
+        let refused = Err(SendError::new(
+            Category::Authentication,
+            "smtp.535",
+            "5.7.8 credentials refused",
+        ));
+        assert_eq!(answer(&refused), "smtp.535: 5.7.8 credentials refused");
+    }
+}

@@ -103,3 +103,51 @@ impl From<ConfigError> for Failure {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use mail_breaker::{Category, SendError};
+
+    use super::Exit;
+
+    fn error(category: Category) -> SendError {
+        SendError::new(category, "test", "test")
+    }
+
+    #[test]
+    fn a_pool_whose_members_all_failed_alike_exits_with_their_code() {
+        let exhausted = error(Category::ServiceUnavailable).with_causes(vec![
+            error(Category::Authentication),
+            error(Category::Configuration),
+        ]);
+        assert_eq!(Exit::of(&exhausted), Exit::Setup);
+    }
+
+    #[test]
+    fn a_pool_whose_members_failed_differently_exits_with_its_own_code() {
+        let exhausted = error(Category::ServiceUnavailable).with_causes(vec![
+            error(Category::Authentication),
+            error(Category::Rejected),
+        ]);
+        assert_eq!(Exit::of(&exhausted), Exit::Down);
+    }
+
+    #[test]
+    fn each_category_exits_with_the_code_its_kind_of_failure_has() {
+        let cases = [
+            (Category::Rejected, Exit::Refused),
+            (Category::InvalidMessage, Exit::Refused),
+            (Category::Network, Exit::Down),
+            (Category::Timeout, Exit::Down),
+            (Category::ServerError, Exit::Down),
+            (Category::ServiceUnavailable, Exit::Down),
+            (Category::Authentication, Exit::Setup),
+            (Category::Configuration, Exit::Setup),
+            (Category::RateLimited, Exit::RateLimited),
+            (Category::Unsupported, Exit::Other),
+        ];
+        for (category, exit) in cases {
+            assert_eq!(Exit::of(&error(category)), exit, "{category:?}");
+        }
+    }
+}
