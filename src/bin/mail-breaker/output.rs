@@ -22,7 +22,10 @@ impl Out {
     pub fn new(json: bool, secrets: Arc<Secrets>) -> Out {
         Out {
             json,
-            colour: colour_on(std::io::stdout().is_terminal()),
+            colour: colour_on(
+                std::io::stdout().is_terminal(),
+                std::env::var_os("NO_COLOR").as_deref(),
+            ),
             secrets,
         }
     }
@@ -71,6 +74,13 @@ impl Out {
     /// An aligned table with a header row. Cells whose text is a state word are coloured
     /// on a terminal.
     pub fn table(&self, header: &[&str], rows: Vec<Vec<String>>) {
+        for line in self.render(header, rows) {
+            self.line(&line);
+        }
+    }
+
+    /// The lines of [`table`](Out::table), secrets already starred.
+    fn render(&self, header: &[&str], rows: Vec<Vec<String>>) -> Vec<String> {
         let mut table = Table::new();
         table.load_style(presets::NOTHING);
         if !self.colour {
@@ -89,15 +99,18 @@ impl Out {
                 }
             }));
         }
-        for line in table.to_string().lines() {
-            self.line(line.trim_end());
-        }
+        table
+            .to_string()
+            .lines()
+            .map(|line| line.trim_end().to_owned())
+            .collect()
     }
 }
 
-/// Colour only on a terminal, and never with `NO_COLOR` set to anything.
-fn colour_on(terminal: bool) -> bool {
-    terminal && std::env::var_os("NO_COLOR").is_none_or(|value| value.is_empty())
+/// Colour only on a terminal, and never with `NO_COLOR` set to anything (`no_color`: its
+/// value, if set).
+fn colour_on(terminal: bool, no_color: Option<&std::ffi::OsStr>) -> bool {
+    terminal && no_color.is_none_or(|value| value.is_empty())
 }
 
 fn state_colour(text: &str) -> Option<Color> {
@@ -168,7 +181,78 @@ mod tests {
     }
 
     #[test]
-    fn no_colour_off_a_terminal_or_with_no_color() {
-        assert!(!colour_on(false));
+    fn colour_only_on_a_terminal_without_no_color() {
+        let set = std::ffi::OsStr::new("1");
+        let empty = std::ffi::OsStr::new("");
+        assert!(colour_on(true, None));
+        assert!(colour_on(true, Some(empty)), "NO_COLOR set to nothing");
+        assert!(!colour_on(true, Some(set)));
+        assert!(!colour_on(false, None));
+    }
+
+    fn out(colour: bool) -> Out {
+        Out {
+            json: false,
+            colour,
+            secrets: Arc::new(Secrets::from_texts(["smtp://u:hunter2@relay"])),
+        }
+    }
+
+    #[test]
+    fn a_table_colours_its_state_words_on_a_terminal_and_nothing_elsewhere() {
+        let rows = || vec![vec!["smtp://relay".to_owned(), "down".to_owned()]];
+        let coloured = out(true).render(&["member", "state"], rows()).join("\n");
+        assert!(coloured.contains('\u{1b}'), "{coloured:?}");
+        let plain = out(false).render(&["member", "state"], rows()).join("\n");
+        assert!(!plain.contains('\u{1b}'), "{plain:?}");
+        assert_eq!(plain, " MEMBER        STATE\n smtp://relay  down");
+    }
+
+    #[test]
+    fn a_tables_cells_have_their_secrets_starred() {
+        let rows = vec![vec!["smtp://u:hunter2@relay".to_owned()]];
+        let lines = out(false).render(&["member"], rows);
+        assert!(!lines.join("\n").contains("hunter2"), "{lines:?}");
+    }
+
+    #[test]
+    fn each_state_word_has_the_colour_of_how_it_went() {
+        for word in ["ok", "closed", "delivered", "sent"] {
+            assert_eq!(state_colour(word), Some(Color::Green), "{word}");
+        }
+        for word in ["half-open", "queued", "rate-limited"] {
+            assert_eq!(state_colour(word), Some(Color::Yellow), "{word}");
+        }
+        for word in [
+            "open",
+            "isolated",
+            "down",
+            "timeout",
+            "refused",
+            "auth-refused",
+            "misconfigured",
+            "dead",
+            "failed",
+        ] {
+            assert_eq!(state_colour(word), Some(Color::Red), "{word}");
+        }
+        assert_eq!(state_colour("smtp://relay"), None);
+    }
+
+    #[test]
+    fn a_duration_is_written_in_the_unit_a_person_reads_it_in() {
+        let cases = [
+            (Duration::from_millis(999), "999 ms"),
+            (Duration::from_secs(1), "1.0 s"),
+            (Duration::from_millis(119_900), "119.9 s"),
+            (Duration::from_secs(120), "2 min"),
+            (Duration::from_secs(7_199), "120 min"),
+            (Duration::from_secs(7_200), "2.0 h"),
+            (Duration::from_secs(172_799), "48.0 h"),
+            (Duration::from_secs(172_800), "2.0 d"),
+        ];
+        for (duration, written) in cases {
+            assert_eq!(human_duration(duration), written, "{duration:?}");
+        }
     }
 }
