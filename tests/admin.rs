@@ -571,6 +571,21 @@ async fn served_on_loopback_with_hosts_allowed_the_page_answers_to_those_hosts_a
     server.abort();
 }
 
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_chart_reads_the_outbox_on_its_own_between_requests() {
+    let dir = folder("sampling");
+    let (mailer, _) = mailer(&dir).await;
+    let admin = Admin::new(mailer)
+        .chart_every(Duration::from_millis(100))
+        .unwrap();
+    let router = admin.router();
+    tokio::time::sleep(Duration::from_millis(400)).await;
+    // This request keeps one reading; the others were the router's own.
+    let outbox = json(&router, "/api/outbox").await;
+    let readings = outbox["last_hour"].as_array().expect("last_hour").len();
+    assert!(readings >= 2, "{outbox}");
+}
+
 #[tokio::test]
 async fn a_page_is_read_only_once_made_so_and_not_before() {
     let dir = folder("is-read-only");

@@ -77,14 +77,18 @@ pub(crate) fn start_sampling(shared: WeakShared, every: Duration) {
             if let Some(outbox) = alive.mailer.outbox()
                 && let Ok(stats) = outbox.stats().await
             {
-                // Half the period, so that a reading a request made just before does not
-                // push this one a whole period back.
-                alive.keep(Sample::of(&stats, outbox.sent_here()), every / 2);
+                alive.keep(Sample::of(&stats, outbox.sent_here()), sampler_gap(every));
             }
             drop(alive);
             tokio::time::sleep(every).await;
         }
     });
+}
+
+/// How long after the last reading the sampler keeps its own: half the period, so that a
+/// reading a request made just before does not push the sampler's a whole period back.
+fn sampler_gap(every: Duration) -> Duration {
+    every / 2
 }
 
 /// What each reading of `history` adds to the messages sent: the difference from the reading
@@ -242,6 +246,30 @@ mod tests {
         }
         assert_eq!(history.len(), KEPT);
         assert_eq!(history.front().map(|sample| sample.queued), Some(5));
+    }
+
+    #[test]
+    fn a_reading_exactly_an_hour_old_is_still_kept() {
+        let start = Instant::now();
+        let mut history = VecDeque::new();
+        keep(&mut history, sample(start, 1), EVERY, start);
+        let later = start + SPAN;
+        keep(&mut history, sample(later, 2), EVERY, later);
+        let kept: Vec<u64> = history.iter().map(|sample| sample.queued).collect();
+        assert_eq!(kept, [1, 2]);
+    }
+
+    #[test]
+    fn the_sampler_keeps_its_reading_half_a_period_after_a_requests() {
+        let start = Instant::now();
+        let mut history = VecDeque::new();
+        keep(&mut history, sample(start, 1), EVERY, start);
+        let half = start + EVERY / 2;
+        keep(&mut history, sample(half, 2), sampler_gap(EVERY), half);
+        assert_eq!(history.len(), 2, "kept half a period after the request's");
+        let soon = half + EVERY / 4;
+        keep(&mut history, sample(soon, 3), sampler_gap(EVERY), soon);
+        assert_eq!(history.len(), 2, "not a quarter of a period after");
     }
 
     #[test]
