@@ -270,6 +270,10 @@ async fn a_post_without_the_token_is_forbidden_and_isolates_nothing() {
     for form in ["", "token=", "token=not-the-token"] {
         let response = call(&router, post(&path, form, &[])).await;
         assert_eq!(response.status(), StatusCode::FORBIDDEN, "{form:?}");
+        assert_eq!(
+            text(response).await,
+            "forbidden: the form's token is missing or wrong\n"
+        );
     }
     let breaker = mailer.breaker(&members.first).unwrap();
     assert!(!breaker.snapshot().await.is_isolated());
@@ -291,6 +295,10 @@ async fn a_post_from_another_sites_origin_is_forbidden_and_isolates_nothing_even
     ] {
         let response = call(&router, post(&path, &form, &headers)).await;
         assert_eq!(response.status(), StatusCode::FORBIDDEN, "{headers:?}");
+        assert_eq!(
+            text(response).await,
+            "forbidden: the request came from another site\n"
+        );
     }
     assert!(
         !mailer

@@ -181,6 +181,31 @@ mod tests {
     }
 
     #[test]
+    fn leap_days_and_century_years_are_written_as_the_calendar_has_them() {
+        let cases = [
+            (946_684_799, "1999-12-31T23:59:59Z"),
+            (951_782_400, "2000-02-29T00:00:00Z"),
+            (951_868_800, "2000-03-01T00:00:00Z"),
+            (1_709_210_096, "2024-02-29T12:34:56Z"),
+            (4_107_456_000, "2100-02-28T00:00:00Z"),
+            (4_107_542_400, "2100-03-01T00:00:00Z"),
+            (13_574_563_200, "2400-02-29T00:00:00Z"),
+        ];
+        for (seconds, written) in cases {
+            assert_eq!(rfc3339(UNIX_EPOCH + Duration::from_secs(seconds)), written);
+        }
+    }
+
+    #[test]
+    fn an_age_is_how_long_ago_and_zero_for_a_time_to_come() {
+        let hour = Duration::from_secs(3_600);
+        let age_of_an_hour_ago = age(SystemTime::now() - hour);
+        assert!(age_of_an_hour_ago >= hour, "{age_of_an_hour_ago:?}");
+        assert!(age_of_an_hour_ago < hour * 2, "{age_of_an_hour_ago:?}");
+        assert_eq!(age(SystemTime::now() + hour), Duration::ZERO);
+    }
+
+    #[test]
     fn colour_only_on_a_terminal_without_no_color() {
         let set = std::ffi::OsStr::new("1");
         let empty = std::ffi::OsStr::new("");

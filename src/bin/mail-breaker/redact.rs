@@ -231,4 +231,41 @@ mod tests {
         ]);
         assert_eq!(secrets.redact("abcdef tok-999 xoauth2"), "*** *** xoauth2");
     }
+
+    #[test]
+    fn the_secrets_of_a_source_are_those_of_its_text() {
+        let source = Source::Dsn("smtp://u:hunter2@relay?outbox=sqlite:///x.db".to_owned());
+        assert_eq!(Secrets::from_source(&source).redact("hunter2"), "***");
+    }
+
+    #[test]
+    fn a_secret_shorter_than_three_characters_is_not_hidden() {
+        let secrets = Secrets::from_texts(["smtp://u:ab@relay"]);
+        assert_eq!(secrets.redact("ab cab"), "ab cab");
+    }
+
+    #[test]
+    fn a_secret_querys_value_ends_at_white_space_or_the_next_option() {
+        let secrets = Secrets::from_texts(["smtp://h?token=tok-1 smtp://g?x=1&api_key=key-2&y=3"]);
+        assert_eq!(
+            secrets.redact("tok-1 key-2 smtp://g x=1 y=3"),
+            "*** *** smtp://g x=1 y=3"
+        );
+    }
+
+    #[test]
+    fn a_value_the_text_reads_from_the_environment_is_hidden() {
+        // PATH is set wherever the tests run, and longer than three characters.
+        let path = std::env::var("PATH").expect("PATH is set");
+        let secrets = Secrets::from_texts(["smtp://u:${PATH}@relay x${PATH}y"]);
+        assert_eq!(secrets.redact(&format!("[{path}]")), "[***]");
+    }
+
+    #[test]
+    fn percent_escapes_decode_anywhere_and_a_cut_one_at_the_end_is_kept() {
+        assert_eq!(percent_decode("%41b%20c"), "Ab c");
+        assert_eq!(percent_decode("ab%4"), "ab%4");
+        assert_eq!(percent_decode("ab%"), "ab%");
+        assert_eq!(percent_decode("%zz"), "%zz");
+    }
 }
