@@ -620,6 +620,8 @@ async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
         "{page}"
     );
     assert!(page.contains("isolated by hand"), "{page}");
+    // When: a moment ago, as people read it.
+    assert!(page.contains(" s ago</span>"), "{page}");
     let isolate = format!(r#"action="/breakers/{}/isolate""#, encoded(&members.first));
     assert!(page.contains(&isolate), "{page}");
     assert!(

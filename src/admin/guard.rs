@@ -155,6 +155,15 @@ mod tests {
     }
 
     #[test]
+    fn tokens_that_differ_in_two_places_alike_are_not_equal() {
+        // 'a' ^ 'c' == 'c' ^ 'a': differences that would cancel out if only counted by parity.
+        assert!(!equal(b"abcd", b"cbad"));
+        assert!(!equal(b"abcd", b"abce"));
+        assert!(!equal(b"abcd", b"abc"));
+        assert!(equal(b"abcd", b"abcd"));
+    }
+
+    #[test]
     fn an_origin_of_this_host_with_the_token_may_act() {
         let same = headers(&[
             ("host", "127.0.0.1:8025"),

@@ -350,8 +350,16 @@ fn clock(at: SystemTime) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::span;
+    use super::{rate, span};
     use std::time::Duration;
+
+    #[test]
+    fn a_rate_of_ten_or_more_a_second_is_whole_and_a_slower_one_has_two_decimals() {
+        assert_eq!(rate(14.0), "14/s");
+        assert_eq!(rate(10.0), "10/s");
+        assert_eq!(rate(2.5), "2.50/s");
+        assert_eq!(rate(0.25), "0.25/s");
+    }
 
     #[test]
     fn a_span_reads_in_the_largest_units_that_fit() {
