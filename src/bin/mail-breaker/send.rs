@@ -281,3 +281,111 @@ fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envel
     }
     Envelope::new(from, to).map_err(|error| bad(error.to_string()))
 }
+
+#[cfg(test)]
+mod tests {
+    use mail_breaker::{Category, Receipt, SendError};
+
+    use super::{Answer, Outcome, address, envelope, is_stdin, line};
+    use crate::exit::Exit;
+
+    const RAW: &[u8] = b"From: App <app@example.com>\r\nTo: a@example.org\r\n\
+        Cc: b@example.org\r\nBcc: c@example.org\r\nSubject: hi\r\n\r\nbody\r\n";
+
+    fn addresses(envelope: &mail_breaker::Envelope) -> Vec<String> {
+        envelope.to().iter().map(ToString::to_string).collect()
+    }
+
+    #[test]
+    fn each_outcome_is_written_as_its_word() {
+        let words = [
+            Outcome::Sent,
+            Outcome::Queued,
+            Outcome::Refused,
+            Outcome::Failed,
+        ]
+        .map(Outcome::word);
+        assert_eq!(words, ["sent", "queued", "refused", "failed"]);
+    }
+
+    #[test]
+    fn the_envelope_is_the_messages_from_and_its_to_cc_and_bcc() {
+        let envelope = envelope(RAW, None, Vec::new()).unwrap();
+        assert_eq!(
+            envelope.from().map(ToString::to_string).as_deref(),
+            Some("app@example.com")
+        );
+        assert_eq!(
+            addresses(&envelope),
+            ["a@example.org", "b@example.org", "c@example.org"]
+        );
+    }
+
+    #[test]
+    fn without_a_from_the_sender_is_the_envelopes_sender() {
+        let raw = b"Sender: ops@example.com\r\nTo: a@example.org\r\n\r\nbody\r\n";
+        let envelope = envelope(raw, None, Vec::new()).unwrap();
+        assert_eq!(
+            envelope.from().map(ToString::to_string).as_deref(),
+            Some("ops@example.com")
+        );
+    }
+
+    #[test]
+    fn from_and_to_given_on_the_command_line_replace_the_headers() {
+        let from = address("--from", "bounce@example.com").unwrap();
+        let to = vec![address("--to", "only@example.net").unwrap()];
+        let envelope = envelope(RAW, Some(from), to).unwrap();
+        assert_eq!(
+            envelope.from().map(ToString::to_string).as_deref(),
+            Some("bounce@example.com")
+        );
+        assert_eq!(addresses(&envelope), ["only@example.net"]);
+    }
+
+    #[test]
+    fn a_message_without_a_recipient_is_an_invalid_message() {
+        let raw = b"From: app@example.com\r\nSubject: hi\r\n\r\nbody\r\n";
+        let error = envelope(raw, None, Vec::new()).unwrap_err();
+        assert_eq!(error.category(), Category::InvalidMessage);
+        assert_eq!(error.code(), "cli.bad_message");
+    }
+
+    #[test]
+    fn an_address_flag_that_is_not_an_address_is_a_usage_error_naming_the_flag() {
+        let failure = address("--to", "not an address").unwrap_err();
+        assert_eq!(failure.code, Exit::Usage);
+        assert!(failure.message.starts_with("--to "), "{}", failure.message);
+    }
+
+    #[test]
+    fn only_a_lone_dash_is_stdin() {
+        assert!(is_stdin(std::path::Path::new("-")));
+        assert!(!is_stdin(std::path::Path::new("-.eml")));
+    }
+
+    #[test]
+    fn each_messages_json_line_says_how_it_ended_and_through_what() {
+        let sent = line(&Answer {
+            file: "a.eml".to_owned(),
+            outcome: Outcome::Sent,
+            result: Ok(Receipt::new("smtp://relay:587")),
+        });
+        assert_eq!(sent["type"], "message");
+        assert_eq!(sent["file"], "a.eml");
+        assert_eq!(sent["outcome"], "sent");
+        assert_eq!(sent["transport"], "smtp://relay:587");
+        let refused = line(&Answer {
+            file: "b.eml".to_owned(),
+            outcome: Outcome::Refused,
+            result: Err(SendError::new(
+                Category::Rejected,
+                "smtp.550",
+                "5.1.1 no such user",
+            )),
+        });
+        assert_eq!(refused["outcome"], "refused");
+        assert_eq!(refused["code"], "smtp.550");
+        assert_eq!(refused["category"], "rejected");
+    }
+}
