@@ -350,8 +350,17 @@ fn clock(at: SystemTime) -> String {
 
 #[cfg(test)]
 mod tests {
-    use super::{rate, span};
-    use std::time::Duration;
+    use super::{clock, rate, span};
+    use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn the_time_of_day_is_written_in_utc_to_the_second() {
+        assert_eq!(
+            clock(UNIX_EPOCH + Duration::from_secs(1_796_457_662)),
+            "08:01:02"
+        );
+        assert_eq!(clock(UNIX_EPOCH), "00:00:00");
+    }
 
     #[test]
     fn a_rate_of_ten_or_more_a_second_is_whole_and_a_slower_one_has_two_decimals() {

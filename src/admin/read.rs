@@ -293,3 +293,22 @@ pub(crate) async fn dead_json(State(shared): State<Arc<Shared>>) -> Response {
         Some(Err(error)) => unavailable(&error),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::{Duration, UNIX_EPOCH};
+
+    use super::{epoch_ms, millis};
+
+    #[test]
+    fn a_time_is_its_milliseconds_since_the_epoch_and_one_before_it_zero() {
+        assert_eq!(epoch_ms(UNIX_EPOCH + Duration::from_millis(1_500)), 1_500);
+        assert_eq!(epoch_ms(UNIX_EPOCH - Duration::from_secs(1)), 0);
+    }
+
+    #[test]
+    fn a_duration_is_its_milliseconds_capped_at_the_largest_u64() {
+        assert_eq!(millis(Duration::from_millis(2_500)), 2_500);
+        assert_eq!(millis(Duration::MAX), u64::MAX);
+    }
+}
