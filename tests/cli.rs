@@ -934,6 +934,32 @@ fn outbox_drain_that_sends_everything_exits_0_without_a_note() {
 }
 
 #[test]
+fn verbose_writes_the_crates_logs_to_stderr_by_level_with_secrets_starred() {
+    // A password that the debug log happens to hold (the error code of a refused connect):
+    // the line is written with it starred.
+    let dsn = format!(
+        "smtp://u:smtp.network@127.0.0.1:{}?tls=none&auth_without_tls=true",
+        closed_port()
+    );
+    let logs = |verbose: &[&str]| {
+        let mut args = vec!["test", "--to", "x@example.org", "--dsn", &dsn];
+        args.extend_from_slice(verbose);
+        let output = run(&args);
+        assert_eq!(code(&output), 4, "{}", stderr(&output));
+        stderr(&output)
+    };
+    assert!(!logs(&[]).contains("mail_breaker::"));
+    assert!(!logs(&["-v"]).contains("DEBUG"));
+    let debug = logs(&["-vv"]);
+    assert!(
+        debug.contains("DEBUG mail_breaker::adapters::smtp::connection: smtp.address_failed"),
+        "{debug}"
+    );
+    assert!(debug.contains(r#"code="***""#), "{debug}");
+    assert!(!debug.contains("smtp.network"), "{debug}");
+}
+
+#[test]
 fn outbox_commands_without_an_outbox_exit_2_and_say_how_to_add_one() {
     let dsn = format!("smtp://127.0.0.1:{}", closed_port());
     let output = run(&["outbox", "stats", "--dsn", &dsn]);

@@ -148,3 +148,77 @@ impl Drop for Redacting {
             .write_all(self.secrets.redact(&text).as_bytes());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::io::Write;
+    use std::sync::Arc;
+
+    use tracing_subscriber::prelude::*;
+
+    use super::{Recorder, Redacting};
+    use crate::redact::Secrets;
+
+    /// Runs `log` with `recorder` as the thread's subscriber.
+    fn logged(recorder: &Recorder, log: impl FnOnce()) {
+        let subscriber = tracing_subscriber::registry().with(recorder.clone());
+        tracing::subscriber::with_default(subscriber, log);
+    }
+
+    #[test]
+    fn the_crates_events_are_recorded_with_their_name_and_fields() {
+        let recorder = Recorder::default();
+        recorder.start();
+        logged(&recorder, || {
+            tracing::info!(target: "mail_breaker::pool", member = "smtp://a", tried = 2, "pool.failover");
+        });
+        let events = recorder.take();
+        assert_eq!(events.len(), 1, "{events:?}");
+        assert_eq!(events[0].name, "pool.failover");
+        assert_eq!(events[0].field("member"), Some("smtp://a"));
+        assert_eq!(events[0].field("tried"), Some("2"));
+        assert_eq!(events[0].field("absent"), None);
+    }
+
+    #[test]
+    fn other_crates_events_are_not_recorded() {
+        let recorder = Recorder::default();
+        recorder.start();
+        logged(&recorder, || {
+            tracing::info!(target: "hyper::client", "connected");
+        });
+        assert!(recorder.take().is_empty());
+    }
+
+    #[test]
+    fn nothing_is_recorded_before_start_or_after_take() {
+        let recorder = Recorder::default();
+        logged(&recorder, || {
+            tracing::info!(target: "mail_breaker::pool", "before");
+        });
+        recorder.start();
+        logged(&recorder, || {
+            tracing::info!(target: "mail_breaker::pool", "during");
+        });
+        let events = recorder.take();
+        logged(&recorder, || {
+            tracing::info!(target: "mail_breaker::pool", "after");
+        });
+        let names: Vec<&str> = events.iter().map(|event| event.name.as_str()).collect();
+        assert_eq!(names, ["during"]);
+        assert!(recorder.take().is_empty());
+    }
+
+    #[test]
+    fn a_log_line_is_taken_whole_before_it_is_written() {
+        let mut line = Redacting {
+            secrets: Arc::new(Secrets::default()),
+            buffer: Vec::new(),
+        };
+        assert_eq!(line.write(b"half ").unwrap(), 5);
+        assert_eq!(line.write(b"a line\n").unwrap(), 7);
+        line.flush().unwrap();
+        assert_eq!(line.buffer, b"half a line\n");
+        std::mem::take(&mut line.buffer);
+    }
+}
