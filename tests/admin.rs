@@ -186,6 +186,86 @@ async fn the_breakers_api_agrees_with_the_mailers_breakers() {
     assert!(read[1]["opened_at_ms"].as_u64().is_some(), "{}", read[1]);
 }
 
+/// A mailer of one member whose breaker opens on one failure and probes after a second,
+/// on a server that says 421 to the first `MAIL` and nothing to the others.
+async fn opened_then_probing() -> (Arc<Mailer>, RawSmtp) {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    let mails = AtomicUsize::new(0);
+    let server = RawSmtp::start(
+        b"220 raw.test ready\r\n".to_vec(),
+        move |command| match command {
+            "MAIL" if mails.fetch_add(1, Ordering::SeqCst) == 0 => {
+                Answer::SayAndHangUp(b"421 4.3.2 busy\r\n".to_vec())
+            }
+            "MAIL" => Answer::Silence,
+            other => Answer::healthy(other),
+        },
+    )
+    .await;
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?breaker.threshold=1&breaker.reset=1s&timeout=10s",
+        server.port()
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    (Arc::new(mailer), server)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_open_breaker_shows_when_it_probes_next_and_an_isolated_one_does_not() {
+    let (mailer, _server) = opened_then_probing().await;
+    let message = Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject("s")
+        .body(String::from("hello"))
+        .unwrap();
+    mailer.send(&message).await.unwrap_err();
+    let router = admin::router(Arc::clone(&mailer));
+    let read = json(&router, "/api/breakers").await;
+    assert_eq!(read[0]["state"], "open", "{read}");
+    let next = read[0]["next_probe_ms"]
+        .as_u64()
+        .expect("an open breaker probes");
+    assert!((1..=1_000).contains(&next), "{read}");
+    mailer.breakers().next().unwrap().1.isolate().await;
+    let read = json(&router, "/api/breakers").await;
+    assert_eq!(read[0]["state"], "isolated", "{read}");
+    assert!(read[0]["next_probe_ms"].is_null(), "{read}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_probing_breaker_shows_when_it_opened_not_when_it_began_to_probe() {
+    let (mailer, server) = opened_then_probing().await;
+    let message = Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject("s")
+        .body(String::from("hello"))
+        .unwrap();
+    mailer.send(&message).await.unwrap_err();
+    let opened_by = std::time::SystemTime::now();
+    tokio::time::sleep(Duration::from_millis(1_200)).await;
+    let probing = Arc::clone(&mailer);
+    let probe = tokio::spawn(async move { probing.send(&message).await });
+    while server.count("MAIL") < 2 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let read = json(&admin::router(Arc::clone(&mailer)), "/api/breakers").await;
+    let (_, breaker) = mailer.breakers().next().unwrap();
+    assert_eq!(read[0]["state"], breaker.snapshot().await.state().as_str());
+    assert_ne!(read[0]["state"], "open", "{read}");
+    let opened_by_ms = opened_by
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_millis() as u64;
+    let opened_at = read[0]["opened_at_ms"].as_u64().expect("opened");
+    assert!(
+        opened_at <= opened_by_ms,
+        "{opened_at} > {opened_by_ms}: {read}"
+    );
+    probe.abort();
+}
+
 #[tokio::test]
 async fn the_limiters_api_gives_each_limiters_name_configured_rate_and_rate_now() {
     let dir = folder("api-limiters");
