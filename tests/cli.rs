@@ -574,6 +574,27 @@ fn send_refused_by_the_provider_counts_each_as_refused_with_a_row_per_failure_an
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn send_to_a_provider_that_is_down_counts_each_as_failed_and_exits_4() {
+    let dir = scratch("cli_send_down");
+    let files = eml_files(&dir, 2);
+    let dsn = format!("smtp://127.0.0.1:{}", closed_port());
+    let mut args = vec!["send", "--dsn", &dsn];
+    args.extend(
+        files
+            .iter()
+            .map(|file| file.to_str().expect("a UTF-8 path")),
+    );
+    let output = run(&args);
+    assert_eq!(code(&output), 4, "{}{}", stdout(&output), stderr(&output));
+    let text = stdout(&output);
+    assert!(
+        text.contains("2 messages: 0 sent, 0 queued, 0 refused, 2 failed"),
+        "{text}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox holding three dead letters (refused by a provider), with their ids.
 fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
     runtime().block_on(async {

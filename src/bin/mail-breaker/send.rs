@@ -75,7 +75,7 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
         return Err(Failure::usage("`-` (stdin) can be given once"));
     }
     let total = args.files.len();
-    let bar = if total > 1 {
+    let bar = if shows_a_bar(total) {
         let bar = ProgressBar::new(total as u64);
         if let Ok(style) =
             ProgressStyle::with_template("{bar:40} {pos}/{len} sent or queued {msg} ({eta})")
@@ -212,6 +212,11 @@ fn line(answer: &Answer) -> serde_json::Value {
     }
 }
 
+/// A progress bar for more than one message (drawn only on a terminal).
+fn shows_a_bar(messages: usize) -> bool {
+    messages > 1
+}
+
 fn is_stdin(file: &std::path::Path) -> bool {
     file.as_os_str() == "-"
 }
@@ -286,7 +291,7 @@ fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envel
 mod tests {
     use mail_breaker::{Category, Receipt, SendError};
 
-    use super::{Answer, Outcome, address, envelope, is_stdin, line};
+    use super::{Answer, Outcome, address, envelope, is_stdin, line, shows_a_bar};
     use crate::exit::Exit;
 
     const RAW: &[u8] = b"From: App <app@example.com>\r\nTo: a@example.org\r\n\
@@ -356,6 +361,13 @@ mod tests {
         let failure = address("--to", "not an address").unwrap_err();
         assert_eq!(failure.code, Exit::Usage);
         assert!(failure.message.starts_with("--to "), "{}", failure.message);
+    }
+
+    #[test]
+    fn a_progress_bar_is_shown_for_more_than_one_message() {
+        assert!(!shows_a_bar(0));
+        assert!(!shows_a_bar(1));
+        assert!(shows_a_bar(2));
     }
 
     #[test]
