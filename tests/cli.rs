@@ -537,6 +537,8 @@ fn send_of_one_message_on_stdin_prints_where_it_went() {
         .expect("runs");
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     assert!(stdout(&output).contains("1 sent"), "{}", stdout(&output));
+    let by = format!("sent by smtp://127.0.0.1:{} as ", sink.port());
+    assert!(stdout(&output).contains(&by), "{}", stdout(&output));
     assert_eq!(sink.received_subjects(), ["from stdin"]);
 }
 

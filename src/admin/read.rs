@@ -163,6 +163,15 @@ pub(crate) async fn breakers(shared: &Shared) -> Vec<Breaker> {
     read
 }
 
+/// How far a limiter sending `now` a second backed off from its `configured` rate, in
+/// percent: 0 when it sends at that rate (or none is configured).
+fn backed_off(configured: f64, now: f64) -> f64 {
+    if now >= configured {
+        return 0.0;
+    }
+    (1.0 - now / configured) * 100.0
+}
+
 /// Every member's rate limit.
 pub(crate) fn limiters(shared: &Shared) -> Vec<Limiter> {
     shared
@@ -170,17 +179,12 @@ pub(crate) fn limiters(shared: &Shared) -> Vec<Limiter> {
         .limiters()
         .map(|limiter| {
             let (configured, now) = (limiter.configured_per_second(), limiter.per_second());
-            let backed_off = if configured > 0.0 && now < configured {
-                (1.0 - now / configured) * 100.0
-            } else {
-                0.0
-            };
             Limiter {
                 name: limiter.name().to_owned(),
                 configured_per_second: configured,
                 per_second: now,
                 adaptive: limiter.is_adaptive(),
-                backed_off_percent: backed_off,
+                backed_off_percent: backed_off(configured, now),
             }
         })
         .collect()
@@ -298,7 +302,19 @@ pub(crate) async fn dead_json(State(shared): State<Arc<Shared>>) -> Response {
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{epoch_ms, millis};
+    use super::{backed_off, epoch_ms, millis};
+
+    #[test]
+    fn a_limiter_backed_off_by_the_share_of_its_rate_it_gave_up() {
+        assert_eq!(backed_off(20.0, 20.0), 0.0);
+        assert_eq!(backed_off(20.0, 5.0), 75.0);
+        assert_eq!(backed_off(20.0, 0.0), 100.0);
+    }
+
+    #[test]
+    fn a_limiter_without_a_rate_has_not_backed_off() {
+        assert_eq!(backed_off(0.0, 0.0), 0.0);
+    }
 
     #[test]
     fn a_time_is_its_milliseconds_since_the_epoch_and_one_before_it_zero() {
