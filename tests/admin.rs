@@ -483,7 +483,7 @@ async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
 
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn an_action_the_outbox_cannot_answer_is_503_with_why() {
+async fn an_action_or_a_read_the_outbox_cannot_answer_is_503_with_why() {
     let test = "admin_action_outbox_down";
     let Some(mut postgres) = support::postgres::PostgresServer::start(test) else {
         return;
@@ -520,6 +520,12 @@ async fn an_action_the_outbox_cannot_answer_is_503_with_why() {
             body.starts_with("the outbox did not answer: "),
             "{action}: {body}"
         );
+    }
+    for path in ["/api/outbox", "/api/dead"] {
+        let response = call(&router, get(path)).await;
+        assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE, "{path}");
+        let body: Value = serde_json::from_str(&text(response).await).unwrap();
+        assert!(body["error"]["code"].is_string(), "{path}: {body}");
     }
 }
 
