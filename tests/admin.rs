@@ -64,15 +64,20 @@ async fn mailer(dir: &Path) -> (Arc<Mailer>, Members) {
 /// Puts a message with `subject` among the dead letters of the outbox in `dir`, as a
 /// provider that refused it leaves it, before the mailer opens the file.
 async fn dead_letter(dir: &Path, subject: &str) {
-    let outbox = Outbox::sqlite(dir.join("outbox.db")).await.unwrap();
-    let dead_before = outbox.stats().await.unwrap().dead;
     let message = Message::builder()
         .from("app@example.com".parse().unwrap())
         .to("user@example.org".parse().unwrap())
         .subject(subject)
         .body(String::from("hello"))
         .unwrap();
-    outbox.enqueue(&message).await.unwrap();
+    dead_message(dir, &message).await;
+}
+
+/// Puts `message` among the dead letters of the outbox in `dir`, as [`dead_letter`] does.
+async fn dead_message(dir: &Path, message: &Message) {
+    let outbox = Outbox::sqlite(dir.join("outbox.db")).await.unwrap();
+    let dead_before = outbox.stats().await.unwrap().dead;
+    outbox.enqueue(message).await.unwrap();
     let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
     outbox.worker(refusing).drain().await.unwrap();
     assert_eq!(outbox.stats().await.unwrap().dead, dead_before + 1);
@@ -574,6 +579,36 @@ async fn a_dead_letters_subject_holding_a_script_is_shown_escaped() {
     assert!(
         page.contains("&lt;script&gt;alert(1)&lt;/script&gt;"),
         "{page}"
+    );
+}
+
+#[tokio::test]
+async fn a_dead_letters_subject_after_long_headers_is_still_shown() {
+    let dir = folder("long-headers");
+    let long = format!("<{}@example.org>", "x".repeat(4_000));
+    let message = Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .in_reply_to(long.clone())
+        .references(long)
+        .subject("after eight kilobytes of headers")
+        .body(String::from("hello"))
+        .unwrap();
+    let raw = message.formatted();
+    let subject_at = raw
+        .windows(8)
+        .position(|window| window == b"Subject:")
+        .unwrap();
+    assert!(
+        subject_at > 8_000,
+        "the subject comes after the long headers"
+    );
+    dead_message(&dir, &message).await;
+    let (mailer, _) = mailer(&dir).await;
+    let dead = json(&admin::router(mailer), "/api/dead").await;
+    assert_eq!(
+        dead[0]["subject"], "after eight kilobytes of headers",
+        "{dead}"
     );
 }
 
