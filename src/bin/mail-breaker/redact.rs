@@ -262,6 +262,14 @@ mod tests {
     }
 
     #[test]
+    fn a_secret_is_hidden_as_json_writes_it_too() {
+        // The password `pa"ss\word`, percent-encoded in the URL.
+        let secrets = Secrets::from_texts(["smtp://u:pa%22ss%5Cword@relay"]);
+        let json = serde_json::json!({ "error": "login pa\"ss\\word refused" }).to_string();
+        assert_eq!(secrets.redact(&json), r#"{"error":"login *** refused"}"#);
+    }
+
+    #[test]
     fn percent_escapes_decode_anywhere_and_a_cut_one_at_the_end_is_kept() {
         assert_eq!(percent_decode("%41b%20c"), "Ab c");
         assert_eq!(percent_decode("ab%4"), "ab%4");
