@@ -628,3 +628,31 @@ async fn a_probe_granted_to_a_caller_who_stopped_waiting_for_redis_is_given_back
         "the abandoned probe was given back, so this send probes: {decision:?}"
     );
 }
+
+#[tokio::test]
+async fn a_change_a_send_made_on_redis_after_its_caller_stopped_waiting_is_heard_and_kept() {
+    // A send dropped after its first poll: its acquire already runs on Redis, which moves the
+    // breaker to half-open. The change comes back after nobody waits for it; the breaker's
+    // listener still hears it and its recent changes still show it.
+    let Some(server) = RedisServer::start("redis_breaker_late_change") else {
+        return;
+    };
+    let store = store_with_timeout(&server, PATIENT).await;
+    let (breaker, heard) = breaker(&failing(), &store, 1);
+    assert!(!is_refused(&breaker.send(&message()).await));
+    assert_eq!(*heard.lock().unwrap(), [(State::Closed, State::Open)]);
+    tokio::time::sleep(RESET + Duration::from_millis(50)).await;
+    {
+        let message = message();
+        let mut abandoned = std::pin::pin!(breaker.send(&message));
+        assert!(futures::poll!(&mut abandoned).is_pending());
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+
+    assert_eq!(
+        *heard.lock().unwrap(),
+        [(State::Closed, State::Open), (State::Open, State::HalfOpen)]
+    );
+    let changes = breaker.recent_changes();
+    assert_eq!(changes[0].to, State::HalfOpen, "{changes:?}");
+}
