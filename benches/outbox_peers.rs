@@ -147,7 +147,11 @@ async fn send_mail(
     worker: WorkerContext,
 ) -> Result<(), BoxDynError> {
     let from = mail.from.map(|from| from.parse()).transpose()?;
-    let to = mail.to.iter().map(|to| to.parse()).collect::<Result<_, _>>()?;
+    let to = mail
+        .to
+        .iter()
+        .map(|to| to.parse())
+        .collect::<Result<_, _>>()?;
     let envelope = Envelope::new(from, to)?;
     sink.send_raw(&envelope, mail.raw.as_bytes()).await?;
     if progress.sent.fetch_add(1, Ordering::SeqCst) + 1 == progress.expected {
@@ -359,7 +363,9 @@ struct Row {
 impl Row {
     fn print(&self) {
         let rate = |figures: Option<Figures>| {
-            figures.map_or("stalled".to_owned(), |figures| format!("{:.0}/s", figures.rate))
+            figures.map_or("stalled".to_owned(), |figures| {
+                format!("{:.0}/s", figures.rate)
+            })
         };
         let cpu = |figures: Option<Figures>, server: bool| match figures {
             Some(figures) if server => format!("{:.1} µs", figures.server_cpu),
@@ -484,7 +490,9 @@ fn main() {
                 }
                 Some(url) => {
                     let pool = PgPool::connect(url).await.expect("apalis's PostgreSQL");
-                    PostgresStorage::setup(&pool).await.expect("apalis's tables");
+                    PostgresStorage::setup(&pool)
+                        .await
+                        .expect("apalis's tables");
                     let url = url.clone();
                     Queue::ApalisPostgres { pool, url }
                 }

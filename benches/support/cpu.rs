@@ -99,7 +99,10 @@ fn parse_stat(stat: &str) -> Option<(&str, u32, u64)> {
 /// field of its `/proc/<pid>/task/<tid>/schedstat`; `None` where the kernel keeps no such count.
 fn scheduled_nanos(pid: u32) -> Option<u64> {
     let mut sum = 0;
-    for task in std::fs::read_dir(format!("/proc/{pid}/task")).ok()?.flatten() {
+    for task in std::fs::read_dir(format!("/proc/{pid}/task"))
+        .ok()?
+        .flatten()
+    {
         // A thread may end between the listing and the read: it counts nothing.
         let Ok(schedstat) = std::fs::read_to_string(task.path().join("schedstat")) else {
             continue;

@@ -16,10 +16,8 @@ impl Databases {
     /// Makes the folder and starts PostgreSQL; `bench` names them in the folder's name and in
     /// a message when PostgreSQL is skipped.
     pub fn start(bench: &str) -> Databases {
-        let folder = std::env::temp_dir().join(format!(
-            "mail-breaker-{bench}-{}",
-            std::process::id()
-        ));
+        let folder =
+            std::env::temp_dir().join(format!("mail-breaker-{bench}-{}", std::process::id()));
         let _ = std::fs::remove_dir_all(&folder);
         std::fs::create_dir_all(&folder).expect("a temporary folder");
         let postgres = super::installed("pg_ctlcluster", &format!("{bench} on PostgreSQL"))
