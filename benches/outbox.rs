@@ -17,8 +17,8 @@ use criterion::{
     BenchmarkId, Criterion, SamplingMode, Throughput, criterion_group, criterion_main,
 };
 use futures::{StreamExt, stream};
-use mail_breaker::outbox::Outbox;
 use mail_breaker::{CircuitBreakerTransport, Message, SmtpTransport, Transport};
+use support::outbox::{Databases, Measured, empty};
 use support::smtp_sink::SmtpSink;
 
 const ONE_AT_A_TIME: usize = 100;
@@ -41,90 +41,9 @@ fn messages(count: usize) -> Vec<Message> {
         .collect()
 }
 
-/// The outboxes to measure: SQLite in a temporary folder, and PostgreSQL when installed.
-struct Databases {
-    folder: std::path::PathBuf,
-    postgres: Option<support::postgres::PostgresServer>,
-}
-
-impl Databases {
-    fn start() -> Databases {
-        let folder =
-            std::env::temp_dir().join(format!("mail-breaker-outbox-bench-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&folder);
-        std::fs::create_dir_all(&folder).expect("a temporary folder");
-        let postgres = support::installed("pg_ctlcluster", "outbox bench on PostgreSQL")
-            .then(|| support::postgres::PostgresServer::start("outbox bench"))
-            .flatten();
-        Databases { folder, postgres }
-    }
-
-    /// Each outbox by name.
-    async fn open(&self) -> Vec<Measured> {
-        let mut outboxes = vec![Measured {
-            name: "sqlite",
-            outbox: Outbox::sqlite(self.folder.join("outbox.db"))
-                .await
-                .expect("an SQLite outbox"),
-            postgres: None,
-        }];
-        if let Some(server) = &self.postgres {
-            outboxes.push(Measured {
-                name: "postgres",
-                outbox: Outbox::postgres(&server.url())
-                    .await
-                    .expect("a Postgres outbox"),
-                postgres: Some(server.url()),
-            });
-        }
-        outboxes
-    }
-}
-
-impl Drop for Databases {
-    fn drop(&mut self) {
-        let _ = std::fs::remove_dir_all(&self.folder);
-    }
-}
-
-/// An outbox to measure, by name; for PostgreSQL, its server's URL.
-struct Measured {
-    name: &'static str,
-    outbox: Outbox,
-    postgres: Option<String>,
-}
-
-/// Deletes whatever an earlier measurement left. On PostgreSQL it also vacuums the table, as
-/// autovacuum does between real drains: else each drain would scan the dead rows of every
-/// drain before it, and the figure would depend on how many iterations criterion ran.
-async fn empty(measured: &Measured) {
-    use sqlx::Connection as _;
-    let outbox = &measured.outbox;
-    let stats = outbox.stats().await.expect("stats");
-    if stats.queued + stats.dead > 0 {
-        let provider = mail_breaker::LettreTransport::new(
-            lettre::transport::stub::AsyncStubTransport::new_ok(),
-            |_| unreachable!(),
-        );
-        outbox
-            .worker(provider)
-            .concurrency(64)
-            .drain()
-            .await
-            .expect("emptied");
-    }
-    if let Some(url) = &measured.postgres {
-        let mut connection = sqlx::PgConnection::connect(url).await.expect("connected");
-        sqlx::raw_sql("VACUUM mail_breaker_outbox")
-            .execute(&mut connection)
-            .await
-            .expect("vacuumed");
-    }
-}
-
 fn enqueue(c: &mut Criterion) {
     let rt = runtime();
-    let databases = Databases::start();
+    let databases = Databases::start("outbox-bench");
     let outboxes = rt.block_on(databases.open());
     let batch = messages(BATCH);
     let mut group = c.benchmark_group("outbox_enqueue");
@@ -180,7 +99,7 @@ fn drain(c: &mut Criterion) {
         return;
     };
     let rt = runtime();
-    let databases = Databases::start();
+    let databases = Databases::start("outbox-bench");
     let outboxes = rt.block_on(databases.open());
     let batch = messages(DRAINED);
     let stack = || {

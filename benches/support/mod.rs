@@ -1,6 +1,7 @@
 //! Shared by the benches: the test suite's launchers for smtp-sink, Postfix and redis-server,
 //! its latency-adding relay, a transport that answers at once, a check that skips a bench
-//! whose server is missing, and the CPU time the machine's processes spent (`cpu`).
+//! whose server is missing, the CPU time the machine's processes spent (`cpu`), and the
+//! outboxes' databases (`outbox`).
 #![allow(dead_code)]
 
 use std::path::PathBuf;
@@ -8,6 +9,9 @@ use std::path::PathBuf;
 use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
 
 pub mod cpu;
+
+#[cfg(feature = "postgres")]
+pub mod outbox;
 
 #[path = "../../tests/support/ready.rs"]
 pub mod ready;

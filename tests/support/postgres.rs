@@ -81,6 +81,12 @@ impl PostgresServer {
         self.port
     }
 
+    /// The postmaster's process id while it runs: its backends are its children, so a bench
+    /// can count this server's CPU apart from any other PostgreSQL on the machine.
+    pub fn pid(&self) -> Option<u32> {
+        self.child.as_ref().map(ServerProcess::id)
+    }
+
     /// Kills the postmaster at once (SIGKILL), as a crash would: nothing is checkpointed, and
     /// the data folder (with its stale postmaster.pid) stays for `restart`, which recovers
     /// from the WAL. Its backends exit when they notice the postmaster gone.

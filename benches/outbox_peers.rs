@@ -1,0 +1,527 @@
+//! The outbox against apalis 1.x, the job queue a Rust team names first, side by side in one
+//! run: the same messages (10,000 of about 2 KB) and the same in-process sink (a no-op send,
+//! and one that takes 1 ms), drained by our outbox's worker and by an apalis worker whose job
+//! sends the message through the same sink, on SQLite and on PostgreSQL, at 1, 16 and 64 in
+//! flight; and each queue's enqueue, one message at a time and batched. Every figure is the
+//! median of several runs, ours and apalis's taken in turn so that a machine whose speed
+//! drifts moves both alike; with the CPU a message cost the bench's process and, on Linux,
+//! the PostgreSQL server (its postmaster and backends, from `/proc`).
+//!
+//! apalis runs at its documented settings: `SqliteStorage::new` and `PostgresStorage::new`
+//! with their default `Config` (batches of 10), `setup` as documented, and a worker limited
+//! to the in-flight count with `.concurrency(k)`, as its README's workers are built.
+//!
+//! `cargo bench --bench outbox_peers --features postgres`. `OUTBOX_PEERS_MESSAGES` (default
+//! 10,000) and `OUTBOX_PEERS_RUNS` (default 3) make a quicker run. PostgreSQL runs from a
+//! temporary folder (as `nobody` under root); without it only SQLite is measured.
+
+mod support;
+
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::time::{Duration, Instant};
+
+use apalis::prelude::{
+    BoxDynError, Data, TaskSink, WorkerBuilder, WorkerBuilderExt as _, WorkerContext,
+};
+use apalis_postgres::{PgPool, PostgresStorage};
+use apalis_sqlite::{SqlitePool, SqliteStorage};
+use futures::FutureExt as _;
+use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
+use serde::{Deserialize, Serialize};
+use sqlx::Connection as _;
+use support::cpu::CpuTimes;
+use support::outbox::{Databases, Measured, empty};
+
+const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+
+/// Messages drained per run, and batched per enqueue run.
+fn messages_per_run() -> usize {
+    setting("OUTBOX_PEERS_MESSAGES", 10_000)
+}
+
+/// Runs per figure, whose median is printed.
+fn runs() -> usize {
+    setting("OUTBOX_PEERS_RUNS", 3)
+}
+
+/// Messages enqueued one at a time per run: each is a commit of its own, so fewer.
+fn one_at_a_time() -> usize {
+    messages_per_run().min(1_000)
+}
+
+fn setting(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .ok()
+            .filter(|count| *count > 0)
+            .unwrap_or_else(|| panic!("{name}={value}: a count of at least 1")),
+        Err(_) => default,
+    }
+}
+
+/// `count` messages of about 2 KB each, to one recipient.
+fn messages(count: usize) -> Vec<Message> {
+    let paragraph = "Thank you for your order. It ships within two working days; the \
+                     tracking link follows in a separate message once it leaves us.\r\n";
+    let body = paragraph.repeat(2_000 / paragraph.len() + 1);
+    (0..count)
+        .map(|i| {
+            Message::builder()
+                .from("app@example.com".parse().expect("a sender"))
+                .to("user@example.org".parse().expect("a recipient"))
+                .subject(format!("receipt {i}"))
+                .body(format!("Receipt number {i}\r\n{body}"))
+                .expect("a message")
+        })
+        .collect()
+}
+
+/// The sink both queues send through: it answers every message, at once or after `takes`.
+#[derive(Debug, Clone, Copy)]
+struct Sink {
+    takes: Duration,
+}
+
+impl Sink {
+    fn name(self) -> &'static str {
+        if self.takes.is_zero() {
+            "no-op"
+        } else {
+            "1 ms"
+        }
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for Sink {
+    fn name(&self) -> &str {
+        "sink"
+    }
+
+    async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
+        if !self.takes.is_zero() {
+            tokio::time::sleep(self.takes).await;
+        }
+        Ok(Receipt::new("sink"))
+    }
+
+    async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
+        self.send_raw(message.envelope(), &[]).await
+    }
+}
+
+/// An apalis job's arguments: the message as the outbox keeps it, its envelope and its
+/// formatted bytes (JSON-encoded by apalis's codec).
+#[derive(Debug, Serialize, Deserialize)]
+struct Mail {
+    from: Option<String>,
+    to: Vec<String>,
+    raw: String,
+}
+
+impl From<&Message> for Mail {
+    fn from(message: &Message) -> Mail {
+        let envelope = message.envelope();
+        Mail {
+            from: envelope.from().map(ToString::to_string),
+            to: envelope.to().iter().map(ToString::to_string).collect(),
+            raw: String::from_utf8(message.formatted()).expect("an ASCII message"),
+        }
+    }
+}
+
+/// How many of a drain's messages the apalis jobs have sent: the job that sends the last one
+/// stops the worker, which then writes the answers it holds and returns.
+struct Progress {
+    sent: AtomicUsize,
+    expected: usize,
+}
+
+/// The apalis job: sends the message through the sink, as our worker does.
+async fn send_mail(
+    mail: Mail,
+    sink: Data<Sink>,
+    progress: Data<Arc<Progress>>,
+    worker: WorkerContext,
+) -> Result<(), BoxDynError> {
+    let from = mail.from.map(|from| from.parse()).transpose()?;
+    let to = mail
+        .to
+        .iter()
+        .map(|to| to.parse())
+        .collect::<Result<_, _>>()?;
+    let envelope = Envelope::new(from, to)?;
+    sink.send_raw(&envelope, mail.raw.as_bytes()).await?;
+    if progress.sent.fetch_add(1, Ordering::SeqCst) + 1 == progress.expected {
+        // An error only says the worker is already stopping.
+        let _ = worker.stop();
+    }
+    Ok(())
+}
+
+/// A queue measured: ours on one database, or apalis on the same kind of database.
+enum Queue<'a> {
+    Ours(&'a Measured),
+    ApalisSqlite { pool: SqlitePool, url: String },
+    ApalisPostgres { pool: PgPool, url: String },
+}
+
+impl Queue<'_> {
+    /// Empties the queue, so that each run starts from an empty table.
+    async fn reset(&self) {
+        match self {
+            Queue::Ours(measured) => empty(measured).await,
+            Queue::ApalisSqlite { url, .. } => {
+                let mut connection = sqlx::SqliteConnection::connect(url).await.expect("open");
+                sqlx::raw_sql("DELETE FROM Jobs; DELETE FROM Workers;")
+                    .execute(&mut connection)
+                    .await
+                    .expect("emptied");
+            }
+            Queue::ApalisPostgres { url, .. } => {
+                let mut connection = sqlx::PgConnection::connect(url).await.expect("connected");
+                sqlx::raw_sql("TRUNCATE apalis.jobs; DELETE FROM apalis.workers;")
+                    .execute(&mut connection)
+                    .await
+                    .expect("emptied");
+            }
+        }
+    }
+
+    async fn enqueue_one_at_a_time(&self, batch: &[Message]) {
+        match self {
+            Queue::Ours(measured) => {
+                for message in batch {
+                    measured.outbox.enqueue(message).await.expect("enqueued");
+                }
+            }
+            Queue::ApalisSqlite { pool, .. } => {
+                let mut storage = SqliteStorage::<Mail>::new(pool);
+                for message in batch {
+                    storage.push(Mail::from(message)).await.expect("pushed");
+                }
+            }
+            Queue::ApalisPostgres { pool, .. } => {
+                let mut storage = PostgresStorage::<Mail>::new(pool);
+                for message in batch {
+                    storage.push(Mail::from(message)).await.expect("pushed");
+                }
+            }
+        }
+    }
+
+    async fn enqueue_batched(&self, batch: &[Message]) {
+        let mails = || batch.iter().map(Mail::from).collect::<Vec<_>>();
+        match self {
+            Queue::Ours(measured) => {
+                measured.outbox.enqueue_many(batch).await.expect("enqueued");
+            }
+            Queue::ApalisSqlite { pool, .. } => {
+                let mut storage = SqliteStorage::<Mail>::new(pool);
+                storage.push_bulk(mails()).await.expect("pushed");
+            }
+            Queue::ApalisPostgres { pool, .. } => {
+                let mut storage = PostgresStorage::<Mail>::new(pool);
+                storage.push_bulk(mails()).await.expect("pushed");
+            }
+        }
+    }
+
+    /// Drains the `expected` queued messages through `sink`, `in_flight` at a time; `false`
+    /// if apalis's worker stalled (it is then dropped, and the run not counted).
+    async fn drain(&self, sink: Sink, in_flight: usize, expected: usize, run: usize) -> bool {
+        let progress = Arc::new(Progress {
+            sent: AtomicUsize::new(0),
+            expected,
+        });
+        let name = format!("outbox-peers-{in_flight}-{run}");
+        let worker = match self {
+            Queue::Ours(measured) => {
+                let worker = measured.outbox.worker(sink).concurrency(in_flight);
+                worker.drain().await.expect("drained");
+                return true;
+            }
+            Queue::ApalisSqlite { pool, .. } => WorkerBuilder::new(name)
+                .backend(SqliteStorage::<Mail>::new(pool))
+                .data(sink)
+                .data(progress.clone())
+                .concurrency(in_flight)
+                .build(send_mail)
+                .run()
+                .boxed(),
+            Queue::ApalisPostgres { pool, .. } => WorkerBuilder::new(name)
+                .backend(PostgresStorage::<Mail>::new(pool))
+                .data(sink)
+                .data(progress.clone())
+                .concurrency(in_flight)
+                .build(send_mail)
+                .run()
+                .boxed(),
+        };
+        // A generous bound: a worker that parks with messages left would hang the bench.
+        let bound = Duration::from_secs(60) + Duration::from_millis(20) * expected as u32;
+        match tokio::time::timeout(bound, worker).await {
+            Ok(ran) => {
+                ran.expect("apalis's worker ran");
+                true
+            }
+            Err(_) => {
+                let sent = progress.sent.load(Ordering::SeqCst);
+                println!("apalis's worker stalled: {sent} of {expected} sent in {bound:?}");
+                false
+            }
+        }
+    }
+
+    /// How many messages are still queued (ours) or not done (apalis's).
+    async fn left(&self) -> u64 {
+        match self {
+            Queue::Ours(measured) => measured.outbox.stats().await.expect("stats").queued,
+            Queue::ApalisSqlite { url, .. } => {
+                let sql = "SELECT COUNT(*) FROM Jobs WHERE status <> 'Done'";
+                let mut connection = sqlx::SqliteConnection::connect(url).await.expect("open");
+                let (left,): (i64,) = sqlx::query_as(sql)
+                    .fetch_one(&mut connection)
+                    .await
+                    .expect("counted");
+                left.unsigned_abs()
+            }
+            Queue::ApalisPostgres { url, .. } => {
+                let sql = "SELECT COUNT(*) FROM apalis.jobs WHERE status <> 'Done'";
+                let mut connection = sqlx::PgConnection::connect(url).await.expect("connected");
+                let (left,): (i64,) = sqlx::query_as(sql)
+                    .fetch_one(&mut connection)
+                    .await
+                    .expect("counted");
+                left.unsigned_abs()
+            }
+        }
+    }
+}
+
+/// One run's figures: messages per second, and CPU per message in microseconds of the bench's
+/// process and of the PostgreSQL server.
+#[derive(Debug, Clone, Copy)]
+struct Figures {
+    rate: f64,
+    bench_cpu: f64,
+    server_cpu: f64,
+}
+
+/// Runs `run`, which handles `messages`, and measures it.
+async fn measure(run: impl Future<Output = bool>, messages: usize) -> Option<Figures> {
+    let before = CpuTimes::now();
+    let started = Instant::now();
+    let finished = run.await;
+    let took = started.elapsed();
+    let spent = before
+        .zip(CpuTimes::now())
+        .map(|(before, after)| after.since(&before))
+        .unwrap_or_default();
+    let per_message = |process| {
+        let cpu = spent.get(process).copied().unwrap_or_default();
+        cpu.as_secs_f64() * 1e6 / messages as f64
+    };
+    finished.then(|| Figures {
+        rate: messages as f64 / took.as_secs_f64(),
+        bench_cpu: per_message("bench"),
+        server_cpu: per_message("postgres"),
+    })
+}
+
+/// The median of each figure over the runs that finished; `None` if none did.
+fn median(runs: &[Figures]) -> Option<Figures> {
+    let of = |figure: fn(&Figures) -> f64| {
+        let mut values: Vec<f64> = runs.iter().map(figure).collect();
+        values.sort_by(f64::total_cmp);
+        values[values.len() / 2]
+    };
+    (!runs.is_empty()).then(|| Figures {
+        rate: of(|figures| figures.rate),
+        bench_cpu: of(|figures| figures.bench_cpu),
+        server_cpu: of(|figures| figures.server_cpu),
+    })
+}
+
+/// A pair of queues on one database: ours and apalis's.
+struct Pair<'a> {
+    database: &'static str,
+    ours: Queue<'a>,
+    apalis: Queue<'a>,
+}
+
+/// One row of a table: what was measured, and both medians.
+struct Row {
+    what: String,
+    database: &'static str,
+    ours: Option<Figures>,
+    apalis: Option<Figures>,
+}
+
+impl Row {
+    fn print(&self) {
+        let rate = |figures: Option<Figures>| {
+            figures.map_or("stalled".to_owned(), |figures| {
+                format!("{:.0}/s", figures.rate)
+            })
+        };
+        let cpu = |figures: Option<Figures>, server: bool| match figures {
+            Some(figures) if server => format!("{:.1} µs", figures.server_cpu),
+            Some(figures) => format!("{:.1} µs", figures.bench_cpu),
+            None => "-".to_owned(),
+        };
+        let ratio = match (self.ours, self.apalis) {
+            (Some(ours), Some(apalis)) => format!("{:.1}x", ours.rate / apalis.rate),
+            _ => "-".to_owned(),
+        };
+        let server = self.database == "postgres";
+        let server_cpu = |figures| {
+            if server {
+                cpu(figures, true)
+            } else {
+                "n/a".to_owned()
+            }
+        };
+        println!(
+            "| {} | {} | {} | {} | {ratio} | {} | {} | {} | {} |",
+            self.what,
+            self.database,
+            rate(self.ours),
+            rate(self.apalis),
+            cpu(self.ours, false),
+            cpu(self.apalis, false),
+            server_cpu(self.ours),
+            server_cpu(self.apalis),
+        );
+    }
+}
+
+fn header(what: &str) {
+    println!(
+        "| {what} | database | ours | apalis | ours over apalis | bench CPU/msg, ours | \
+         bench CPU/msg, apalis | PostgreSQL CPU/msg, ours | PostgreSQL CPU/msg, apalis |"
+    );
+    println!("|---|---|---|---|---|---|---|---|---|");
+}
+
+/// Each queue's enqueue, one message at a time and batched, ours and apalis's in turn.
+async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
+    let one_at_a_time = &batch[..one_at_a_time()];
+    let mut rows = Vec::new();
+    for (how, messages) in [("one at a time", one_at_a_time), ("batched", batch)] {
+        for pair in pairs {
+            let (mut ours, mut apalis) = (Vec::new(), Vec::new());
+            for _ in 0..runs() {
+                for (queue, figures) in [(&pair.ours, &mut ours), (&pair.apalis, &mut apalis)] {
+                    queue.reset().await;
+                    let run = async {
+                        if how == "batched" {
+                            queue.enqueue_batched(messages).await;
+                        } else {
+                            queue.enqueue_one_at_a_time(messages).await;
+                        }
+                        true
+                    };
+                    figures.extend(measure(run, messages.len()).await);
+                }
+            }
+            rows.push(Row {
+                what: how.to_owned(),
+                database: pair.database,
+                ours: median(&ours),
+                apalis: median(&apalis),
+            });
+        }
+    }
+    rows
+}
+
+/// Each queue's drain of `batch` through `sink` at each in-flight count, ours and apalis's in
+/// turn; each run's messages enqueued (batched, not timed) before it.
+async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
+    let mut rows = Vec::new();
+    for in_flight in IN_FLIGHT {
+        for pair in pairs {
+            let (mut ours, mut apalis) = (Vec::new(), Vec::new());
+            for run in 0..runs() {
+                for (queue, figures) in [(&pair.ours, &mut ours), (&pair.apalis, &mut apalis)] {
+                    queue.reset().await;
+                    queue.enqueue_batched(batch).await;
+                    let drained = queue.drain(sink, in_flight, batch.len(), run);
+                    let measured = measure(drained, batch.len()).await;
+                    if measured.is_some() {
+                        let left = queue.left().await;
+                        assert_eq!(left, 0, "messages left queued after a drain");
+                    }
+                    figures.extend(measured);
+                }
+            }
+            rows.push(Row {
+                what: format!("drain, {} sink, {in_flight} in flight", sink.name()),
+                database: pair.database,
+                ours: median(&ours),
+                apalis: median(&apalis),
+            });
+        }
+    }
+    rows
+}
+
+fn main() {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("a Tokio runtime");
+    let databases = Databases::start("outbox-peers");
+    rt.block_on(async {
+        let outboxes = databases.open().await;
+        let mut pairs = Vec::new();
+        for measured in &outboxes {
+            let apalis = match &measured.postgres {
+                None => {
+                    let path = databases.folder.join("apalis.db");
+                    let url = format!("sqlite://{}?mode=rwc", path.display());
+                    let pool = SqlitePool::connect(&url).await.expect("apalis's SQLite");
+                    SqliteStorage::setup(&pool).await.expect("apalis's tables");
+                    Queue::ApalisSqlite { pool, url }
+                }
+                Some(url) => {
+                    let pool = PgPool::connect(url).await.expect("apalis's PostgreSQL");
+                    PostgresStorage::setup(&pool)
+                        .await
+                        .expect("apalis's tables");
+                    let url = url.clone();
+                    Queue::ApalisPostgres { pool, url }
+                }
+            };
+            pairs.push(Pair {
+                database: measured.name,
+                ours: Queue::Ours(measured),
+                apalis,
+            });
+        }
+        let batch = messages(messages_per_run());
+        println!(
+            "{} messages of {} bytes, median of {} runs, {} one at a time",
+            batch.len(),
+            batch[0].formatted().len(),
+            runs(),
+            one_at_a_time(),
+        );
+        println!();
+        header("enqueue");
+        for row in enqueue(&pairs, &batch).await {
+            row.print();
+        }
+        println!();
+        header("drain");
+        for takes in [Duration::ZERO, Duration::from_millis(1)] {
+            for row in drain(&pairs, &batch, Sink { takes }).await {
+                row.print();
+            }
+        }
+    });
+}
