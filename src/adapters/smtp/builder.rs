@@ -622,7 +622,6 @@ impl SmtpTransport {
     }
 }
 
-/// A name EHLO can carry: printable ASCII without spaces, so no command can be smuggled in it.
 /// An option of a URL's query as an error names it: the key when it is a plain word, else
 /// only "an option" (text mistyped into a URL may carry a password).
 fn option_named(key: &str) -> String {
@@ -634,6 +633,7 @@ fn option_named(key: &str) -> String {
     }
 }
 
+/// A name EHLO can carry: printable ASCII without spaces, so no command can be smuggled in it.
 fn check_hello_name(name: &ClientId) -> Result<(), ConfigError> {
     let text = name.to_string();
     if text.is_empty() || !text.bytes().all(|octet| octet.is_ascii_graphic()) {
