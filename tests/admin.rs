@@ -64,13 +64,17 @@ async fn mailer(dir: &Path) -> (Arc<Mailer>, Members) {
 /// Puts a message with `subject` among the dead letters of the outbox in `dir`, as a
 /// provider that refused it leaves it, before the mailer opens the file.
 async fn dead_letter(dir: &Path, subject: &str) {
-    let message = Message::builder()
+    dead_message(dir, &message(subject)).await;
+}
+
+/// A message from app@example.com to user@example.org with `subject`.
+fn message(subject: &str) -> Message {
+    Message::builder()
         .from("app@example.com".parse().unwrap())
         .to("user@example.org".parse().unwrap())
         .subject(subject)
         .body(String::from("hello"))
-        .unwrap();
-    dead_message(dir, &message).await;
+        .unwrap()
 }
 
 /// Puts `message` among the dead letters of the outbox in `dir`, as [`dead_letter`] does.
@@ -218,12 +222,7 @@ async fn opened_then_probing() -> (Arc<Mailer>, RawSmtp) {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_open_breaker_shows_when_it_probes_next_and_an_isolated_one_does_not() {
     let (mailer, _server) = opened_then_probing().await;
-    let message = Message::builder()
-        .from("app@example.com".parse().unwrap())
-        .to("user@example.org".parse().unwrap())
-        .subject("s")
-        .body(String::from("hello"))
-        .unwrap();
+    let message = message("s");
     mailer.send(&message).await.unwrap_err();
     let router = admin::router(Arc::clone(&mailer));
     let read = json(&router, "/api/breakers").await;
@@ -241,12 +240,7 @@ async fn an_open_breaker_shows_when_it_probes_next_and_an_isolated_one_does_not(
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_probing_breaker_shows_when_it_opened_not_when_it_began_to_probe() {
     let (mailer, server) = opened_then_probing().await;
-    let message = Message::builder()
-        .from("app@example.com".parse().unwrap())
-        .to("user@example.org".parse().unwrap())
-        .subject("s")
-        .body(String::from("hello"))
-        .unwrap();
+    let message = message("s");
     mailer.send(&message).await.unwrap_err();
     let opened_by = std::time::SystemTime::now();
     tokio::time::sleep(Duration::from_millis(1_200)).await;
