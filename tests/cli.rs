@@ -553,13 +553,7 @@ fn send_refused_by_the_provider_counts_each_as_refused_with_a_row_per_failure_an
     let dir = scratch("cli_send_refused");
     let files = eml_files(&dir, 2);
     let dsn = format!("smtp://127.0.0.1:{}", sink.port());
-    let mut args = vec!["send", "--dsn", &dsn];
-    args.extend(
-        files
-            .iter()
-            .map(|file| file.to_str().expect("a UTF-8 path")),
-    );
-    let output = run(&args);
+    let output = send_files(&dsn, &files);
     assert_eq!(code(&output), 3, "{}{}", stdout(&output), stderr(&output));
     let text = stdout(&output);
     assert!(
@@ -576,18 +570,23 @@ fn send_refused_by_the_provider_counts_each_as_refused_with_a_row_per_failure_an
     let _ = std::fs::remove_dir_all(&dir);
 }
 
-#[test]
-fn send_to_a_provider_that_is_down_counts_each_as_failed_and_exits_4() {
-    let dir = scratch("cli_send_down");
-    let files = eml_files(&dir, 2);
-    let dsn = format!("smtp://127.0.0.1:{}", closed_port());
-    let mut args = vec!["send", "--dsn", &dsn];
+/// `mail-breaker send --dsn DSN FILE...`.
+fn send_files(dsn: &str, files: &[PathBuf]) -> Output {
+    let mut args = vec!["send", "--dsn", dsn];
     args.extend(
         files
             .iter()
             .map(|file| file.to_str().expect("a UTF-8 path")),
     );
-    let output = run(&args);
+    run(&args)
+}
+
+#[test]
+fn send_to_a_provider_that_is_down_counts_each_as_failed_and_exits_4() {
+    let dir = scratch("cli_send_down");
+    let files = eml_files(&dir, 2);
+    let dsn = format!("smtp://127.0.0.1:{}", closed_port());
+    let output = send_files(&dsn, &files);
     assert_eq!(code(&output), 4, "{}{}", stdout(&output), stderr(&output));
     let text = stdout(&output);
     assert!(
