@@ -31,7 +31,8 @@ use mail_breaker::{Envelope, Message, Receipt, SendError, Transport};
 use serde::{Deserialize, Serialize};
 use sqlx::Connection as _;
 use support::cpu::CpuTimes;
-use support::outbox::{Databases, Measured, empty};
+use support::outbox::{Databases, Measured, empty, receipts as messages};
+use support::setting;
 
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
 
@@ -48,34 +49,6 @@ fn runs() -> usize {
 /// Messages enqueued one at a time per run: each is a commit of its own, so fewer.
 fn one_at_a_time() -> usize {
     messages_per_run().min(1_000)
-}
-
-fn setting(name: &str, default: usize) -> usize {
-    match std::env::var(name) {
-        Ok(value) => value
-            .parse()
-            .ok()
-            .filter(|count| *count > 0)
-            .unwrap_or_else(|| panic!("{name}={value}: a count of at least 1")),
-        Err(_) => default,
-    }
-}
-
-/// `count` messages of about 2 KB each, to one recipient.
-fn messages(count: usize) -> Vec<Message> {
-    let paragraph = "Thank you for your order. It ships within two working days; the \
-                     tracking link follows in a separate message once it leaves us.\r\n";
-    let body = paragraph.repeat(2_000 / paragraph.len() + 1);
-    (0..count)
-        .map(|i| {
-            Message::builder()
-                .from("app@example.com".parse().expect("a sender"))
-                .to("user@example.org".parse().expect("a recipient"))
-                .subject(format!("receipt {i}"))
-                .body(format!("Receipt number {i}\r\n{body}"))
-                .expect("a message")
-        })
-        .collect()
 }
 
 /// The sink both queues send through: it answers every message, at once or after `takes`.

@@ -79,3 +79,17 @@ pub fn message_to(to: &str) -> Message {
         .body(String::from("hello from the bench"))
         .expect("a valid message")
 }
+
+/// A count a bench reads from the environment variable `name`, else `default`: a bench run
+/// made quicker, or larger, without a rebuild. Anything but a whole number of at least 1
+/// stops the bench with the variable's name.
+pub fn setting(name: &str, default: usize) -> usize {
+    match std::env::var(name) {
+        Ok(value) => value
+            .parse()
+            .ok()
+            .filter(|count| *count > 0)
+            .unwrap_or_else(|| panic!("{name}={value}: a count of at least 1")),
+        Err(_) => default,
+    }
+}

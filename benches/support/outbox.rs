@@ -1,6 +1,7 @@
 //! The outboxes the benches measure: SQLite in a temporary folder and PostgreSQL from a
 //! cluster of the bench's own, each opened by name, and how to empty one between runs.
 
+use mail_breaker::Message;
 use mail_breaker::outbox::Outbox;
 
 use super::postgres::PostgresServer;
@@ -90,4 +91,22 @@ pub async fn empty(measured: &Measured) {
             .await
             .expect("vacuumed");
     }
+}
+
+/// `count` receipts of about 2 KB each, to one recipient: the messages every outbox bench
+/// queues.
+pub fn receipts(count: usize) -> Vec<Message> {
+    let paragraph = "Thank you for your order. It ships within two working days; the \
+                     tracking link follows in a separate message once it leaves us.\r\n";
+    let body = paragraph.repeat(2_000 / paragraph.len() + 1);
+    (0..count)
+        .map(|i| {
+            Message::builder()
+                .from("app@example.com".parse().expect("a sender"))
+                .to("user@example.org".parse().expect("a recipient"))
+                .subject(format!("receipt {i}"))
+                .body(format!("Receipt number {i}\r\n{body}"))
+                .expect("a message")
+        })
+        .collect()
 }
