@@ -106,6 +106,22 @@ pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     assert_eq!((stats.queued, stats.dead), (0, 1));
 }
 
+pub async fn sent_here_counts_the_deliveries_of_this_outbox_s_workers_and_its_clones_share_it(
+    outbox: Outbox,
+) {
+    let clone = outbox.clone();
+    outbox.enqueue_many(&numbered_messages(4)).await.unwrap();
+    let provider = Scripted::new("provider");
+    provider.then([Reply::fail(Category::Rejected)]);
+    quick(&clone, provider.clone()).drain().await.unwrap();
+    assert_eq!(provider.sends(), 4);
+    assert_eq!(
+        (outbox.sent_here(), clone.sent_here()),
+        (3, 3),
+        "the rejected one was not delivered"
+    );
+}
+
 /// Issue 45, point 6: a requeued dead letter starts afresh, its attempts counted anew.
 pub async fn requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
@@ -921,6 +937,7 @@ macro_rules! all_outbox_rules {
         $crate::outbox_rules!($open;
             drain_sends_every_queued_message_once_and_empties_the_outbox,
             a_rejected_message_is_dead_at_once_with_its_error,
+            sent_here_counts_the_deliveries_of_this_outbox_s_workers_and_its_clones_share_it,
             a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
             requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count,
             a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue,
