@@ -11,6 +11,12 @@ use crate::SendError;
 /// How much of a message is read for its headers: a subject lies well within it.
 const HEAD_BYTES: i64 = 16 * 1024;
 
+/// The heads of the oldest `?2` dead letters on SQLite, `?1` bytes of each.
+pub(crate) const SQLITE_HEADS: &str = "SELECT id, (SELECT substr(raw, 1, ?1) FROM mail_breaker_outbox_body AS body \
+       WHERE body.id = mail_breaker_outbox.id) \
+     FROM mail_breaker_outbox \
+     WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT ?2";
+
 /// The database behind an outbox, for the reads in this file.
 pub(crate) enum Database<'a> {
     Sqlite(&'a sqlx::SqlitePool),
@@ -27,20 +33,15 @@ impl Outbox {
     ) -> Result<Vec<(OutboxId, Vec<u8>)>, SendError> {
         let read = |e| database_error("reading the dead letters' headers", e);
         let rows = match self.backend().database() {
-            Some(Database::Sqlite(pool)) => sqlx::query(
-                "SELECT id, (SELECT substr(raw, 1, ?1) FROM mail_breaker_outbox_body AS body \
-                   WHERE body.id = mail_breaker_outbox.id) \
-                 FROM mail_breaker_outbox \
-                 WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT ?2",
-            )
-            .bind(HEAD_BYTES)
-            .bind(limit)
-            .fetch_all(pool)
-            .await
-            .map_err(read)?
-            .iter()
-            .map(|row| Ok((OutboxId(row.try_get(0)?), row.try_get(1)?)))
-            .collect::<Result<Vec<_>, sqlx::Error>>(),
+            Some(Database::Sqlite(pool)) => sqlx::query(SQLITE_HEADS)
+                .bind(HEAD_BYTES)
+                .bind(limit)
+                .fetch_all(pool)
+                .await
+                .map_err(read)?
+                .iter()
+                .map(|row| Ok((OutboxId(row.try_get(0)?), row.try_get(1)?)))
+                .collect::<Result<Vec<_>, sqlx::Error>>(),
             #[cfg(feature = "postgres")]
             Some(Database::Postgres(pool)) => sqlx::query(
                 "SELECT id, substring(raw FROM 1 FOR $1) FROM mail_breaker_outbox \

@@ -146,21 +146,22 @@ impl Outbox {
 }
 
 /// The `SELECT` of one message on SQLite (`leased` counts claims there).
+pub(crate) const SQLITE_MESSAGE: &str = "SELECT id, sender, recipients, \
+       (SELECT raw FROM mail_breaker_outbox_body AS body \
+        WHERE body.id = mail_breaker_outbox.id), \
+       attempts, enqueued_at, due_at, leased > 0, dead_at, \
+       error_category, error_code, error_message, error_transport \
+     FROM mail_breaker_outbox WHERE id = ?1";
+
+/// One message on SQLite, by [`SQLITE_MESSAGE`].
 pub(crate) async fn sqlite_message(
     pool: &sqlx::SqlitePool,
     id: OutboxId,
 ) -> Result<Option<MessageRow>, SendError> {
-    let row = sqlx::query(
-        "SELECT id, sender, recipients, \
-           (SELECT raw FROM mail_breaker_outbox_body AS body \
-            WHERE body.id = mail_breaker_outbox.id), \
-           attempts, enqueued_at, due_at, leased > 0, dead_at, \
-           error_category, error_code, error_message, error_transport \
-         FROM mail_breaker_outbox WHERE id = ?1",
-    )
-    .bind(id.0)
-    .fetch_optional(pool)
-    .await;
+    let row = sqlx::query(SQLITE_MESSAGE)
+        .bind(id.0)
+        .fetch_optional(pool)
+        .await;
     read_row(row)
 }
 

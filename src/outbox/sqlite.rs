@@ -26,6 +26,14 @@ use super::schedule::{Millis, millis};
 use super::{OutboxId, OutboxStats};
 use crate::{Category, SendError};
 
+/// The tables and indexes, made where missing; the one index an earlier version made that
+/// this one replaced is dropped.
+///
+/// The schedule's index (issue 50) holds `leased`, and `dead_at` (NULL in every entry), so that
+/// `stats` counts the messages not yet due from the index alone: SQLite does not take a
+/// partial index's condition for the value of its column. It replaces the index on
+/// `(due_at, id)` alone, which a claim updated as much (a claim changes `due_at`). The index on
+/// `enqueued_at` gives the oldest message's wait without a scan; no claim changes it.
 const SCHEMA: &str = "
 CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     id INTEGER PRIMARY KEY AUTOINCREMENT,
@@ -50,11 +58,44 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox_body (
 CREATE TRIGGER IF NOT EXISTS mail_breaker_outbox_body_gone
     AFTER DELETE ON mail_breaker_outbox
     BEGIN DELETE FROM mail_breaker_outbox_body WHERE id = OLD.id; END;
-CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
-    ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS mail_breaker_outbox_schedule
+    ON mail_breaker_outbox (due_at, id, leased, dead_at) WHERE dead_at IS NULL;
+DROP INDEX IF EXISTS mail_breaker_outbox_due;
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
+CREATE INDEX IF NOT EXISTS mail_breaker_outbox_waiting
+    ON mail_breaker_outbox (enqueued_at) WHERE dead_at IS NULL;
 ";
+
+/// Whether the table lacks its kept counts (issue 50): made, with the triggers that keep them,
+/// in one transaction under the write lock, from a count of the rows as they are then.
+const LACKS_COUNTS: &str = "SELECT NOT EXISTS (SELECT 1 FROM sqlite_master \
+     WHERE type = 'table' AND name = 'mail_breaker_outbox_counts')";
+
+/// The queued and dead messages, counted as each row comes, goes or dies (or is requeued), so
+/// that `stats` never counts the whole queue. One row, updated by every write: SQLite's
+/// writers take turns anyway.
+const KEEP_COUNTS: [&str; 5] = [
+    "CREATE TABLE mail_breaker_outbox_counts (
+        one INTEGER PRIMARY KEY CHECK (one = 1),
+        queued INTEGER NOT NULL,
+        dead INTEGER NOT NULL
+    )",
+    "INSERT INTO mail_breaker_outbox_counts (one, queued, dead) \
+     SELECT 1, COALESCE(SUM(dead_at IS NULL), 0), COALESCE(SUM(dead_at IS NOT NULL), 0) \
+     FROM mail_breaker_outbox",
+    "CREATE TRIGGER mail_breaker_outbox_counted_in AFTER INSERT ON mail_breaker_outbox BEGIN \
+     UPDATE mail_breaker_outbox_counts SET queued = queued + (NEW.dead_at IS NULL), \
+     dead = dead + (NEW.dead_at IS NOT NULL); END",
+    "CREATE TRIGGER mail_breaker_outbox_counted_out AFTER DELETE ON mail_breaker_outbox BEGIN \
+     UPDATE mail_breaker_outbox_counts SET queued = queued - (OLD.dead_at IS NULL), \
+     dead = dead - (OLD.dead_at IS NOT NULL); END",
+    "CREATE TRIGGER mail_breaker_outbox_counted_dead AFTER UPDATE OF dead_at \
+     ON mail_breaker_outbox WHEN (OLD.dead_at IS NULL) <> (NEW.dead_at IS NULL) BEGIN \
+     UPDATE mail_breaker_outbox_counts SET \
+     queued = queued + (NEW.dead_at IS NULL) - (OLD.dead_at IS NULL), \
+     dead = dead + (NEW.dead_at IS NOT NULL) - (OLD.dead_at IS NOT NULL); END",
+];
 
 /// A table made before `panics` (issue 45) gets it: whether it lacks it, and the change.
 const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
@@ -115,14 +156,43 @@ const DUE: &str = "SELECT id FROM (SELECT id, size, \
      WHERE dead_at IS NULL AND due_at <= ?1 ORDER BY due_at, id LIMIT ?2)) \
      WHERE total <= ?4 OR total - size < ?5";
 
-/// The counts of `stats`, from the scheduling table alone.
-const STATS: &str = "SELECT \
-       COALESCE(SUM(dead_at IS NULL), 0), \
-       COALESCE(SUM(dead_at IS NULL AND due_at <= ?1), 0), \
-       COALESCE(SUM(dead_at IS NULL AND leased > 0 AND due_at > ?1), 0), \
-       COALESCE(SUM(dead_at IS NOT NULL), 0), \
-       MIN(CASE WHEN dead_at IS NULL THEN enqueued_at END) \
-     FROM mail_breaker_outbox";
+/// A claim: the due messages it takes (`DUE`) leased until `?3`, each with its body.
+fn claim_sql() -> String {
+    format!(
+        "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
+         due_at = ?3 WHERE id IN ({DUE}) \
+         RETURNING id, attempts, enqueued_at, leased, sender, recipients, \
+         (SELECT raw FROM mail_breaker_outbox_body AS body \
+          WHERE body.id = mail_breaker_outbox.id), panics"
+    )
+}
+
+/// The soonest due time of a queued message, held or not.
+const NEXT_DUE: &str = "SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL";
+
+/// The oldest `?1` dead letters, without their bodies.
+const DEAD_LETTERS: &str = "SELECT id, sender, recipients, attempts, dead_at, \
+       error_category, error_code, error_message, error_transport \
+     FROM mail_breaker_outbox WHERE dead_at IS NOT NULL \
+     ORDER BY dead_at, id LIMIT ?1";
+
+/// A dead letter queued again at `?2`, as if enqueued then.
+const REQUEUE: &str = "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2, \
+     enqueued_at = ?2, attempts = 0, panics = 0 WHERE id = ?1 AND dead_at IS NOT NULL";
+
+/// A message deleted, queued or dead (its body goes with it, by trigger).
+const PURGE: &str = "DELETE FROM mail_breaker_outbox WHERE id = ?1";
+
+/// The counts of `stats`: the queued and the dead as kept, and the messages not yet due (a
+/// retry's wait, or a lease running) from the schedule's index, the due being the rest. It
+/// reads as many index entries as there are messages not yet due, none of the due backlog,
+/// and no row.
+const STATS: &str = "SELECT counts.queued, counts.queued - later.waiting, later.held, counts.dead, \
+       (SELECT MIN(enqueued_at) FROM mail_breaker_outbox WHERE dead_at IS NULL) \
+     FROM mail_breaker_outbox_counts AS counts, \
+       (SELECT COUNT(*) AS waiting, COALESCE(SUM(leased > 0), 0) AS held \
+        FROM mail_breaker_outbox WHERE dead_at IS NULL AND due_at > ?1) AS later \
+     WHERE counts.one = 1";
 
 /// The outbox's SQLite database.
 #[derive(Debug, Clone)]
@@ -191,6 +261,21 @@ impl SqliteBackend {
         moved
             .await
             .map_err(|e| database_error("moving the outbox's bodies to their own table", e))?;
+        let counted = async {
+            // As above: one process makes the counts, so that no write falls between the
+            // count and the triggers.
+            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+            let lacks: bool = sqlx::query_scalar(LACKS_COUNTS).fetch_one(&mut *tx).await?;
+            if lacks {
+                for step in KEEP_COUNTS {
+                    sqlx::query(step).execute(&mut *tx).await?;
+                }
+            }
+            tx.commit().await
+        };
+        counted
+            .await
+            .map_err(|e| database_error("counting the outbox's messages", e))?;
         let relaxed = options.synchronous(SqliteSynchronous::Normal);
         // Opened now, so that a file that cannot be opened fails here rather than in the worker.
         let first = relaxed.connect().await.map_err(opening)?;
@@ -297,13 +382,7 @@ impl Backend for SqliteBackend {
             // can claim the same ones in between.
             // `leased` counts the claims since the message was last free: 2 or more says a
             // worker held it before and its lease ran out.
-            let sql = format!(
-                "UPDATE mail_breaker_outbox SET attempts = attempts + 1, leased = leased + 1, \
-                 due_at = ?3 WHERE id IN ({DUE}) \
-                 RETURNING id, attempts, enqueued_at, leased, sender, recipients, \
-                 (SELECT raw FROM mail_breaker_outbox_body AS body \
-                  WHERE body.id = mail_breaker_outbox.id), panics"
-            );
+            let sql = claim_sql();
             let claim = sqlx::query(&sql)
                 .bind(now)
                 .bind(limit)
@@ -433,7 +512,7 @@ impl Backend for SqliteBackend {
 
     /// The file's times are its workers' (`now` is read from the same clock).
     async fn next_due(&self, _now: Millis) -> Result<Option<Millis>, SendError> {
-        sqlx::query_scalar("SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL")
+        sqlx::query_scalar(NEXT_DUE)
             .fetch_one(&self.pool)
             .await
             .map_err(|e| database_error("reading the next due time", e))
@@ -459,16 +538,11 @@ impl Backend for SqliteBackend {
     }
 
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError> {
-        let rows = sqlx::query(
-            "SELECT id, sender, recipients, attempts, dead_at, \
-               error_category, error_code, error_message, error_transport \
-             FROM mail_breaker_outbox WHERE dead_at IS NOT NULL \
-             ORDER BY dead_at, id LIMIT ?1",
-        )
-        .bind(limit)
-        .fetch_all(&self.pool)
-        .await
-        .map_err(|e| database_error("reading the dead letters", e))?;
+        let rows = sqlx::query(DEAD_LETTERS)
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| database_error("reading the dead letters", e))?;
         rows.iter()
             .map(|row| {
                 Ok(DeadRow {
@@ -490,20 +564,17 @@ impl Backend for SqliteBackend {
     }
 
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
-        let done = sqlx::query(
-            "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2, \
-             enqueued_at = ?2, attempts = 0, panics = 0 WHERE id = ?1 AND dead_at IS NOT NULL",
-        )
-        .bind(id.0)
-        .bind(now)
-        .execute(&self.pool)
-        .await
-        .map_err(|e| database_error("requeueing", e))?;
+        let done = sqlx::query(REQUEUE)
+            .bind(id.0)
+            .bind(now)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| database_error("requeueing", e))?;
         Ok(done.rows_affected() == 1)
     }
 
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
-        let done = sqlx::query("DELETE FROM mail_breaker_outbox WHERE id = ?1")
+        let done = sqlx::query(PURGE)
             .bind(id.0)
             .execute(&self.pool)
             .await
@@ -667,25 +738,191 @@ mod tests {
         );
     }
 
-    #[tokio::test]
-    async fn no_scan_of_the_outbox_reads_a_body() {
-        let backend = backend("no-body-scan").await;
-        let claim = format!("SELECT * FROM mail_breaker_outbox WHERE id IN ({DUE})");
-        let reads = [
-            (STATS, 1),
-            (claim.as_str(), 5),
-            (
-                "SELECT MIN(due_at) FROM mail_breaker_outbox WHERE dead_at IS NULL",
-                0,
-            ),
+    /// A backend holding `count` messages in the states a long outage leaves: most due, a
+    /// thousand held by a worker (half of those then due again later), some dead.
+    async fn backlog(name: &str, count: usize) -> SqliteBackend {
+        let backend = backend(name).await;
+        let rows: Vec<NewRow> = (0..1_000).map(row).collect();
+        for _ in 0..count / rows.len() {
+            backend.enqueue(&rows, 1_000).await.expect("enqueued");
+        }
+        let minute = Duration::from_secs(60);
+        let held = backend
+            .claim(2_000, minute, 1_000, Bytes::ANY, false)
+            .await
+            .expect("claimed");
+        let answers: Vec<(Claim, Finish)> = held
+            .iter()
+            .step_by(2)
+            .enumerate()
+            .map(|(i, claimed)| {
+                let error = StoredError::default();
+                let finish = if i % 2 == 0 {
+                    Finish::Dead {
+                        error,
+                        at: 3_000,
+                        recipients: None,
+                    }
+                } else {
+                    Finish::Retry {
+                        error,
+                        due_at: 90_000,
+                        wait: 87_000,
+                        recipients: None,
+                    }
+                };
+                (claimed.claim, finish)
+            })
+            .collect();
+        backend.finish(&answers).await.expect("written");
+        backend
+    }
+
+    /// Every statement the outbox runs on SQLite, with its number of parameters: the upgrade's
+    /// steps, run once by the first process to open an older file, left out.
+    fn statements() -> Vec<(String, usize)> {
+        let mut statements: Vec<(String, usize)> = vec![
+            (INSERT.into(), 4),
+            (INSERT_BODY.into(), 2),
+            (claim_sql(), 5),
+            (renew_sql(3), 10),
+            (delete_sent_sql(3), 9),
+            (GIVE_BACK.into(), 3),
+            (FAILED_DEAD.into(), 8),
+            (FAILED_RETRY.into(), 8),
+            (NEXT_DUE.into(), 0),
+            (STATS.into(), 1),
+            (DEAD_LETTERS.into(), 1),
+            (REQUEUE.into(), 2),
+            (PURGE.into(), 1),
+            (super::super::inspect::SQLITE_MESSAGE.into(), 1),
         ];
-        for (sql, parameters) in reads {
-            for step in scans(&backend, sql, parameters).await {
-                // "SCAN <table> [USING ...]": the table it reads row by row.
-                let table = step.split_whitespace().nth(1).unwrap_or_default();
-                let blobs = blob_columns(&backend, table).await;
-                assert!(blobs.is_empty(), "{sql}\n{step} reads {blobs:?}");
+        #[cfg(feature = "admin")]
+        statements.push((super::super::admin_reads::SQLITE_HEADS.into(), 2));
+        statements
+    }
+
+    #[tokio::test]
+    async fn no_statement_reads_the_queue_row_by_row_with_100_000_messages_queued() {
+        let backend = backlog("plans", 100_000).await;
+        for (sql, parameters) in statements() {
+            let queue_scans: Vec<String> = scans(&backend, &sql, parameters)
+                .await
+                .into_iter()
+                // "SCAN <table> [USING ...]": a pass over a table of the queue, or an index of
+                // it; a scan of a subquery's rows (bounded by its LIMIT) or of the one row of
+                // counts is not one.
+                .filter(|step| {
+                    let table = step.split_whitespace().nth(1).unwrap_or_default();
+                    ["mail_breaker_outbox", "mail_breaker_outbox_body"].contains(&table)
+                })
+                .collect();
+            assert!(queue_scans.is_empty(), "{sql}\n{queue_scans:?}");
+        }
+    }
+
+    /// The stats as `OutboxStats` defines them, counted from the rows: queued, not dead; due,
+    /// queued and due now with no worker's lease running (a held row's `due_at` is its
+    /// lease's end here); leased, held with the lease running; dead; the oldest queued.
+    async fn stats_by_the_rules(backend: &SqliteBackend, now: Millis) -> OutboxStats {
+        let rows: Vec<(Option<i64>, i64, i64, i64)> =
+            sqlx::query_as("SELECT dead_at, due_at, leased, enqueued_at FROM mail_breaker_outbox")
+                .fetch_all(&backend.pool)
+                .await
+                .expect("the rows");
+        let queued = rows.iter().filter(|(dead, ..)| dead.is_none());
+        let count = |rows: &mut dyn Iterator<Item = _>| rows.count() as u64;
+        OutboxStats {
+            queued: count(&mut queued.clone()),
+            due: count(&mut queued.clone().filter(|(_, due, ..)| *due <= now)),
+            leased: count(
+                &mut queued
+                    .clone()
+                    .filter(|(_, due, held, _)| *held > 0 && *due > now),
+            ),
+            dead: count(&mut rows.iter().filter(|(dead, ..)| dead.is_some())),
+            oldest: queued
+                .map(|(.., enqueued)| *enqueued)
+                .min()
+                .map(|at| Duration::from_millis(u64::try_from(now - at).unwrap_or(0))),
+        }
+    }
+
+    #[tokio::test]
+    async fn stats_agree_with_the_rows_after_every_kind_of_write() {
+        let backend = backend("kept-counts").await;
+        let mut random = fastrand::Rng::with_seed(50);
+        let mut now: Millis = 1_000;
+        let mut held: Vec<Claim> = Vec::new();
+        for step in 0..400 {
+            now += random.i64(0..2_000);
+            let ids: Vec<i64> = sqlx::query_scalar("SELECT id FROM mail_breaker_outbox")
+                .fetch_all(&backend.pool)
+                .await
+                .expect("the ids");
+            let any_id = OutboxId(
+                ids.get(random.usize(..ids.len().max(1)))
+                    .copied()
+                    .unwrap_or(0),
+            );
+            match random.u8(0..7) {
+                0 | 1 => {
+                    let rows: Vec<NewRow> = (0..random.usize(1..4)).map(row).collect();
+                    backend.enqueue(&rows, now).await.expect("enqueued");
+                }
+                2 => {
+                    let lease = Duration::from_millis(random.u64(1..5_000));
+                    let claimed = backend
+                        .claim(now, lease, random.u32(1..4), Bytes::ANY, false)
+                        .await
+                        .expect("claimed");
+                    held.extend(claimed.iter().map(|claimed| claimed.claim));
+                }
+                3 if !held.is_empty() => {
+                    let claim = held.swap_remove(random.usize(..held.len()));
+                    let error = StoredError::default();
+                    let finish = match random.u8(0..4) {
+                        0 => Finish::Sent,
+                        1 => Finish::GiveBack { now },
+                        2 => Finish::Dead {
+                            error,
+                            at: now,
+                            recipients: None,
+                        },
+                        _ => Finish::Retry {
+                            error,
+                            due_at: now + 3_000,
+                            wait: 3_000,
+                            recipients: None,
+                        },
+                    };
+                    backend.finish(&[(claim, finish)]).await.expect("written");
+                }
+                4 => {
+                    backend.requeue(any_id, now).await.expect("requeued");
+                }
+                5 => {
+                    backend.purge(any_id).await.expect("purged");
+                }
+                _ => {
+                    let sent: Vec<(Claim, Finish)> =
+                        held.drain(..).map(|claim| (claim, Finish::Sent)).collect();
+                    backend.finish(&sent).await.expect("written");
+                }
             }
+            let kept = backend.stats(now).await.expect("stats");
+            let expected = stats_by_the_rules(&backend, now).await;
+            assert_eq!(
+                (kept.queued, kept.due, kept.leased, kept.dead, kept.oldest),
+                (
+                    expected.queued,
+                    expected.due,
+                    expected.leased,
+                    expected.dead,
+                    expected.oldest
+                ),
+                "after step {step}"
+            );
         }
     }
 
@@ -741,6 +978,12 @@ mod tests {
         let backend = SqliteBackend::open(&path, &crate::outbox::OutboxOptions::new())
             .await
             .expect("the old file opened");
+        let stats = backend.stats(1_000).await.expect("stats");
+        assert_eq!(
+            (stats.queued, stats.dead),
+            (2, 1),
+            "counted as the file held them"
+        );
         let claimed = backend
             .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, false)
             .await

@@ -482,13 +482,28 @@ pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after
         .backoff(mail_breaker::Backoff::constant(Duration::from_millis(1)))
         .poll(Duration::from_millis(20));
     let running = Running::start(worker);
-    // 1 s of a provider down: the first sends fail (4 at once), the breaker opens after 2
-    // failures, then lets a probe through every 300 ms.
+    // The first sends fail (4 at once) and the breaker opens after 2 failures; the worker
+    // then hands back what it claimed. On a loaded machine that may take a while: wait for
+    // it (issue 51: a fixed second here failed about once in 15 runs of the binary beside
+    // two mutation-testing runs, the first claim of 20 not yet answered).
+    let mut waited = Duration::ZERO;
+    while provider.sends() < 2 || outbox.stats().await.unwrap().leased > 1 {
+        assert!(
+            waited < Duration::from_secs(10),
+            "the breaker never opened, or the worker kept what it held: {:?}",
+            outbox.stats().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+        waited += Duration::from_millis(10);
+    }
+    let opened = provider.sends();
+    // 1 s of a provider down, the breaker letting a probe through every 300 ms at most.
     tokio::time::sleep(Duration::from_millis(1_000)).await;
     let while_down = provider.sends();
     assert!(
-        (2..=8).contains(&while_down),
-        "the first 4 in flight, then one probe per open period: {while_down} tries"
+        while_down - opened <= 4,
+        "one probe per open period of 300 ms: {} tries in 1 s",
+        while_down - opened
     );
     let stats = outbox.stats().await.unwrap();
     assert_eq!(stats.queued, 30);
