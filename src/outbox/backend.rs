@@ -165,3 +165,21 @@ pub(crate) trait Backend: Send + Sync + Debug {
         None
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_a_retry_waits_and_it_waits_as_long_as_it_said() {
+        let retry = Finish::Retry {
+            error: StoredError::default(),
+            due_at: 9_000,
+            wait: 4_000,
+            recipients: None,
+        };
+        assert_eq!(retry.wait(), 4_000);
+        assert_eq!(Finish::Sent.wait(), 0);
+        assert_eq!(Finish::GiveBack { now: 5 }.wait(), 0);
+    }
+}

@@ -219,3 +219,84 @@ where
     }
     .map_err(|e| record::database_error("reading a message", e))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn stored(raw: &[u8], dead_at: Option<SystemTime>) -> StoredMessage {
+        StoredMessage {
+            id: OutboxId(1),
+            envelope: record::envelope(None, "user@example.org").expect("an envelope"),
+            raw: raw.to_vec(),
+            attempts: 0,
+            enqueued_at: SystemTime::UNIX_EPOCH,
+            due_at: SystemTime::UNIX_EPOCH,
+            leased: false,
+            dead_at,
+            error: None,
+        }
+    }
+
+    #[test]
+    fn headers_are_the_fields_before_the_first_empty_line_with_folded_lines_joined() {
+        let raw = b"From: a@example.com\r\nSubject: a long\r\n\tsubject\r\nno colon here\r\n\r\nTo: not@header";
+        assert_eq!(
+            StoredMessage::parse_headers(raw),
+            [
+                ("From".to_owned(), "a@example.com".to_owned()),
+                ("Subject".to_owned(), "a long subject".to_owned()),
+            ]
+        );
+        assert_eq!(stored(raw, None).headers().len(), 2);
+    }
+
+    #[test]
+    fn the_subject_is_found_whatever_its_case_and_is_none_without_one() {
+        assert_eq!(
+            stored(b"To: b@example.org\r\nSUBJECT: Receipt\r\n\r\n", None)
+                .subject()
+                .as_deref(),
+            Some("Receipt")
+        );
+        assert_eq!(stored(b"To: b@example.org\r\n\r\n", None).subject(), None);
+    }
+
+    #[test]
+    fn a_message_is_dead_when_it_has_a_time_of_death() {
+        assert!(stored(b"", Some(SystemTime::UNIX_EPOCH)).is_dead());
+        assert!(!stored(b"", None).is_dead());
+    }
+
+    fn row(error: StoredError) -> MessageRow {
+        MessageRow {
+            id: 1,
+            sender: None,
+            recipients: "user@example.org".to_owned(),
+            raw: Vec::new(),
+            attempts: 1,
+            enqueued_at: 0,
+            due_at: 0,
+            leased: false,
+            dead_at: None,
+            error,
+        }
+    }
+
+    #[test]
+    fn a_row_with_an_errors_code_or_its_category_alone_has_failed() {
+        let code = StoredError {
+            code: Some("smtp.rejected".to_owned()),
+            ..StoredError::default()
+        };
+        let category = StoredError {
+            category: Some("Rejected".to_owned()),
+            ..StoredError::default()
+        };
+        for error in [code, category] {
+            assert!(row(error).read().expect("read").error.is_some());
+        }
+        let none = row(StoredError::default()).read().expect("read");
+        assert!(none.error.is_none());
+    }
+}

@@ -91,6 +91,7 @@ impl OutboxOptions {
         Ok(())
     }
 
+    /// The connections set, or `default` (the backend's) when none was.
     pub(crate) fn get_connections_or(&self, default: u32) -> u32 {
         self.connections.unwrap_or(default)
     }
@@ -108,5 +109,49 @@ impl OutboxOptions {
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn get_statement_timeout(&self) -> Duration {
         self.statement_timeout
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn each_setting_is_kept_as_given() {
+        let options = OutboxOptions::new()
+            .connections(16)
+            .worker_connections(4)
+            .statement_timeout(Duration::from_secs(2));
+        assert_eq!(options.get_connections(), 16);
+        assert_eq!(options.get_connections_or(4), 16);
+        assert_eq!(options.get_worker_connections(), 4);
+        assert_eq!(options.get_statement_timeout(), Duration::from_secs(2));
+    }
+
+    #[test]
+    fn the_defaults_are_the_backends_connections_two_for_workers_and_five_seconds() {
+        let options = OutboxOptions::default();
+        assert_eq!(options.get_connections(), 8, "PostgreSQL's");
+        assert_eq!(options.get_connections_or(4), 4, "SQLite's");
+        assert_eq!(options.get_worker_connections(), 2);
+        assert_eq!(options.get_statement_timeout(), Duration::from_secs(5));
+    }
+
+    #[test]
+    fn each_setting_out_of_range_is_a_config_error_naming_it() {
+        let refused = |options: OutboxOptions| options.validate().unwrap_err().setting().to_owned();
+        assert_eq!(refused(OutboxOptions::new().connections(0)), "connections");
+        assert_eq!(
+            refused(OutboxOptions::new().worker_connections(0)),
+            "worker_connections"
+        );
+        let timeout = |timeout| OutboxOptions::new().statement_timeout(timeout);
+        assert_eq!(refused(timeout(Duration::ZERO)), "statement_timeout");
+        assert_eq!(
+            refused(timeout(Duration::from_micros(999))),
+            "statement_timeout"
+        );
+        assert!(timeout(Duration::from_millis(1)).validate().is_ok());
+        assert!(OutboxOptions::new().connections(1).validate().is_ok());
     }
 }

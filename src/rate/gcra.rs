@@ -43,14 +43,9 @@ impl Rate {
     /// The time between two sends at this rate, in whole µs: `ceil(1e6 / rate)`, at least 1,
     /// at most [`CAP`].
     pub(crate) fn interval_micros(&self) -> u64 {
-        let micros = (1e6 / self.per_second).ceil();
-        if micros.is_nan() || micros < 1.0 {
-            1
-        } else if micros >= CAP as f64 {
-            CAP
-        } else {
-            micros as u64 // a whole number below 2⁵⁰: exact
-        }
+        // `as` saturates: a rate of NaN or infinity gives 0, one too low to space gives
+        // `u64::MAX`; below 2⁵⁰ the whole number is exact.
+        ((1e6 / self.per_second).ceil() as u64).clamp(1, CAP)
     }
 
     /// How far ahead of its own slot a send may go: the burst beyond the first send, at most
@@ -150,6 +145,19 @@ mod tests {
     fn a_rate_above_one_a_microsecond_still_spaces_sends_by_one_microsecond() {
         assert_eq!(rate(2e6, 1).interval_micros(), 1);
         assert_eq!(rate(f64::MAX, 1).interval_micros(), 1);
+    }
+
+    #[test]
+    fn a_rate_no_number_can_space_still_spaces_sends_by_one_microsecond() {
+        assert_eq!(rate(f64::INFINITY, 1).interval_micros(), 1);
+        assert_eq!(rate(f64::NAN, 1).interval_micros(), 1);
+    }
+
+    #[test]
+    fn what_a_limiter_owes_rescaled_to_a_longer_interval_is_kept_up_to_three_caps() {
+        // CAP µs owed at 1 µs a send is CAP sends: 2 CAP µs at 2 µs a send.
+        assert_eq!(owed_at(0, CAP, 1, 2), 2 * CAP);
+        assert_eq!(owed_at(0, CAP, 1, 4), 3 * CAP);
     }
 
     #[test]

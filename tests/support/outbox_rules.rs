@@ -122,6 +122,30 @@ pub async fn sent_here_counts_the_deliveries_of_this_outbox_s_workers_and_its_cl
     );
 }
 
+pub async fn message_reads_a_queued_message_and_a_dead_letter_as_the_outbox_holds_them(
+    outbox: Outbox,
+) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let queued = outbox.message(id).await.unwrap().expect("queued");
+    assert_eq!(queued.id, id);
+    assert_eq!(queued.envelope.to()[0].to_string(), "user@example.org");
+    assert_eq!(queued.subject().as_deref(), Some("test"));
+    assert_eq!((queued.attempts, queued.leased), (0, false));
+    assert!(!queued.is_dead() && queued.error.is_none());
+    let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
+    quick(&outbox, provider).drain().await.unwrap();
+    let dead = outbox.message(id).await.unwrap().expect("dead, kept");
+    assert!(dead.is_dead());
+    assert_eq!(dead.attempts, 1);
+    assert_eq!(
+        dead.error.map(|error| error.code().to_owned()).as_deref(),
+        Some("test.rejected")
+    );
+    assert_eq!(dead.raw, queued.raw);
+    assert!(outbox.purge(id).await.unwrap());
+    assert!(outbox.message(id).await.unwrap().is_none(), "purged");
+}
+
 /// Issue 45, point 6: a requeued dead letter starts afresh, its attempts counted anew.
 pub async fn requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
@@ -953,6 +977,7 @@ macro_rules! all_outbox_rules {
             drain_sends_every_queued_message_once_and_empties_the_outbox,
             a_rejected_message_is_dead_at_once_with_its_error,
             sent_here_counts_the_deliveries_of_this_outbox_s_workers_and_its_clones_share_it,
+            message_reads_a_queued_message_and_a_dead_letter_as_the_outbox_holds_them,
             a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
             requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count,
             a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue,
