@@ -60,3 +60,46 @@ impl Outbox {
         rows.map_err(read)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::time::Duration;
+
+    use super::super::backend::{Bytes, Finish};
+    use super::super::record::StoredError;
+    use super::*;
+
+    #[tokio::test]
+    async fn a_dead_letters_head_is_read_from_the_sqlite_file_it_died_in() {
+        let dir = std::env::temp_dir().join(format!("mail-breaker-heads-{}", std::process::id()));
+        let _ = std::fs::remove_dir_all(&dir);
+        std::fs::create_dir_all(&dir).expect("a temporary directory");
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let envelope = crate::Envelope::new(None, vec!["user@example.org".parse().unwrap()])
+            .expect("an envelope");
+        let id = outbox
+            .enqueue_raw(&envelope, b"Subject: gone\r\n\r\nbody")
+            .await
+            .expect("enqueued");
+        let claimed = outbox
+            .backend()
+            .claim(i64::MAX / 2, Duration::from_secs(60), 1, Bytes::ANY, true)
+            .await
+            .expect("claimed");
+        let dead = Finish::Dead {
+            error: StoredError::default(),
+            at: 1,
+            recipients: None,
+        };
+        outbox
+            .backend()
+            .finish(&[(claimed[0].claim, dead)])
+            .await
+            .expect("written");
+        let heads = outbox.dead_letter_heads(10).await.expect("read");
+        assert_eq!(heads, [(id, b"Subject: gone\r\n\r\nbody".to_vec())]);
+        let _ = std::fs::remove_dir_all(&dir);
+    }
+}
