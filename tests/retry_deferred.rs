@@ -224,6 +224,28 @@ async fn a_deferred_recipient_whose_next_try_fails_for_now_is_tried_again() {
 }
 
 #[tokio::test(start_paused = true)]
+async fn without_at_most_once_a_deferred_recipient_whose_next_try_may_have_arrived_is_tried_again()
+{
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        Answer::Fail(
+            SendError::new(Category::Timeout, "smtp.timeout", "no answer").maybe_delivered(),
+        ),
+        deliver_all(),
+    ]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    assert_eq!(provider.sends().len(), 3, "at least once: bob again");
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+    assert!(
+        receipt.maybe_delivered_recipients().is_empty(),
+        "{receipt:?}"
+    );
+}
+
+#[tokio::test(start_paused = true)]
 async fn at_most_once_does_not_send_deferred_recipients_again_after_a_maybe_delivered_error() {
     let provider = Provider::new([
         deliver_deferring(&["bob@example.net"]),
