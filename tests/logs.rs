@@ -204,3 +204,36 @@ async fn a_shared_rate_limiter_warns_once_per_redis_outage_and_says_when_redis_i
     send_spaced(2).await;
     assert_eq!(count("rate.redis_unreachable"), 2, "{}", captured.text());
 }
+
+/// DESIGN §13: a limiter that knows neither `.members(n)` nor who shares it says so when Redis
+/// is silent, and takes the full rate and burst.
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn a_shared_rate_limiter_whose_redis_never_answered_warns_that_its_members_are_unknown() {
+    use mail_breaker::{RateLimitTransport, RedisStore};
+    let Some(mut server) = support::redis::RedisServer::start("logs_rate_unknown") else {
+        return;
+    };
+    let (captured, _guard) = capture();
+    let store = RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100))
+        .with_retry_interval(Duration::from_millis(20));
+    server.stop();
+    let limited = RateLimitTransport::builder(Scripted::new("ses"))
+        .per_second(1_000.0)
+        .shared(Arc::new(store))
+        .build()
+        .unwrap();
+    limited.send(&message()).await.unwrap();
+    let log = captured.text();
+    let warning = log
+        .lines()
+        .find(|line| line.contains("rate.redis_unreachable"))
+        .unwrap_or_else(|| panic!("no warning: {log}"));
+    assert!(
+        warning.contains("unknown: the full rate and burst"),
+        "{warning}"
+    );
+}
