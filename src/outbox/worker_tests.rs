@@ -125,6 +125,10 @@ struct Counting {
     claims: AtomicUsize,
     next_dues: AtomicUsize,
     finishes: AtomicUsize,
+    /// When the last claim was asked for.
+    last_claim: std::sync::Mutex<Option<std::time::Instant>>,
+    /// How long every claim after the first takes, in ms (0 unless a test slows them).
+    later_claims_take_ms: std::sync::atomic::AtomicU64,
 }
 
 #[async_trait::async_trait]
@@ -140,7 +144,12 @@ impl Backend for Counting {
         bytes: Bytes,
         durable: bool,
     ) -> Result<Vec<Claimed>, SendError> {
-        self.claims.fetch_add(1, Ordering::SeqCst);
+        let earlier = self.claims.fetch_add(1, Ordering::SeqCst);
+        *self.last_claim.lock().expect("unpoisoned") = Some(std::time::Instant::now());
+        if earlier > 0 {
+            let takes = self.later_claims_take_ms.load(Ordering::SeqCst);
+            tokio::time::sleep(Duration::from_millis(takes)).await;
+        }
         self.inner.claim(now, lease, limit, bytes, durable).await
     }
     async fn renew(
@@ -198,6 +207,8 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         claims: AtomicUsize::new(0),
         next_dues: AtomicUsize::new(0),
         finishes: AtomicUsize::new(0),
+        last_claim: std::sync::Mutex::default(),
+        later_claims_take_ms: std::sync::atomic::AtomicU64::new(0),
     });
     let backend: Arc<dyn Backend> = counting.clone();
     (Outbox::with(backend, Kind::Sqlite), counting)
@@ -221,6 +232,8 @@ struct Answering {
     answer: Result<Receipt, SendError>,
     delay: Duration,
     sends: AtomicUsize,
+    /// When the last answer was given.
+    last_answer: std::sync::Mutex<Option<std::time::Instant>>,
 }
 
 impl Answering {
@@ -229,6 +242,7 @@ impl Answering {
             answer,
             delay,
             sends: AtomicUsize::new(0),
+            last_answer: std::sync::Mutex::default(),
         })
     }
 }
@@ -245,6 +259,7 @@ impl Transport for Answering {
     ) -> Result<Receipt, SendError> {
         self.sends.fetch_add(1, Ordering::SeqCst);
         tokio::time::sleep(self.delay).await;
+        *self.last_answer.lock().expect("unpoisoned") = Some(std::time::Instant::now());
         self.answer.clone()
     }
 }
@@ -253,6 +268,38 @@ impl Transport for Answering {
 async fn run_for<T: Transport + 'static>(worker: Worker<T>, period: Duration) {
     let running = tokio::spawn(async move { worker.run(tokio::time::sleep(period)).await });
     running.await.expect("the worker ran").expect("no error");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_drain_ends_only_after_a_claim_made_with_nothing_held_finds_nothing_due() {
+    let (outbox, counts) = counted_outbox("drain-ends-idle").await;
+    outbox.enqueue_many(&messages(5)).await.expect("enqueued");
+    // One in flight and four ahead: the first claim takes all five. The next, made with
+    // sends in flight, answers only after they are all answered: it may have missed what
+    // their answers made due (a failure due again at once), so the drain claims once more.
+    counts.later_claims_take_ms.store(200, Ordering::SeqCst);
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::ZERO);
+    outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(1)
+        .drain()
+        .await
+        .expect("drained");
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 5);
+    let last_claim = counts
+        .last_claim
+        .lock()
+        .expect("unpoisoned")
+        .expect("claims");
+    let last_answer = provider
+        .last_answer
+        .lock()
+        .expect("unpoisoned")
+        .expect("answers");
+    assert!(
+        last_claim > last_answer,
+        "the drain's last claim was made while sends were in flight"
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
