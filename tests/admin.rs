@@ -870,3 +870,30 @@ async fn the_outbox_chart_counts_what_this_process_s_workers_sent_in_each_readin
     let page = text(call(&router, get("/")).await).await;
     assert!(page.contains("polyline class=\"sent\""), "{page}");
 }
+
+#[cfg(feature = "postgres")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_dead_letters_subject_is_read_from_postgresql_too() {
+    let Some(postgres) = support::postgres::PostgresServer::start("admin_dead_subject_pg") else {
+        return;
+    };
+    let outbox = Outbox::postgres(&postgres.url()).await.unwrap();
+    outbox.enqueue(&message("a refused welcome")).await.unwrap();
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    outbox.worker(refusing).drain().await.unwrap();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox={}&outbox.poll=1h",
+        free_port(),
+        postgres.url()
+    );
+    let mailer = Arc::new(
+        Mailer::from_dsn(&dsn)
+            .unwrap()
+            .build_without_worker()
+            .await
+            .unwrap(),
+    );
+    let router = admin::router(Arc::clone(&mailer));
+    let dead = json(&router, "/api/dead").await;
+    assert_eq!(dead[0]["subject"], "a refused welcome", "{dead}");
+}

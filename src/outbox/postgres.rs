@@ -694,3 +694,18 @@ fn with_error<'q>(
         .bind(error.transport.as_deref())
         .bind(recipients)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_an_enqueue_left_unanswered_past_its_bound_may_have_been_queued() {
+        let overrun = enqueue_error(overran(Duration::from_secs(6)));
+        assert_eq!(overrun.code(), "outbox.maybe_queued", "{overrun}");
+        let refused = enqueue_error(sqlx::Error::PoolTimedOut);
+        assert_ne!(refused.code(), "outbox.maybe_queued", "{refused}");
+        let reset = sqlx::Error::Io(std::io::Error::from(std::io::ErrorKind::ConnectionReset));
+        assert_ne!(enqueue_error(reset).code(), "outbox.maybe_queued");
+    }
+}
