@@ -39,8 +39,9 @@ files[batch]="src/breaker/batch.rs"
 tests[batch]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate"
 files[gate]="src/breaker/gate.rs src/breaker/recording.rs"
 tests[gate]="--lib --test=breaker --test=batch_failures --test=cancellation --test=operate --test=scope --test=extreme_settings --test=metrics"
+# The retry sends again the recipients a receipt deferred (retry_deferred).
 files[retry]="src/retry/mod.rs src/retry/backoff.rs src/retry/budget.rs"
-tests[retry]="--lib --test=retry --test=batch_failures --test=extreme_settings --test=cancellation --test=metrics"
+tests[retry]="--lib --test=retry --test=retry_deferred --test=batch_failures --test=extreme_settings --test=cancellation --test=metrics"
 files[pool]="src/pool.rs src/cascade/state.rs src/cascade/stream.rs src/panicked.rs"
 tests[pool]="--lib --test=pool --test=retry --test=batch_failures --test=cancellation --test=metrics"
 # Where the breakers' state lives: the memory store's lock-free words and the bounded map of
@@ -79,8 +80,10 @@ tests[receipt]="--lib --test=smtp_engine --test=retry_deferred --test=pool"
 # transport in front of it, and each database's statements, by the rules run on each.
 files[outbox]="src/outbox/schedule.rs src/outbox/worker.rs src/outbox/record.rs src/outbox/transport.rs src/outbox/mod.rs src/outbox/sqlite.rs src/outbox/lanes.rs src/outbox/supervise.rs src/outbox/options.rs src/outbox/inspect.rs src/outbox/gauges.rs"
 tests[outbox]="--lib --test=outbox_sqlite --test=metrics --test=cli"
+# Its unit tests (an enqueue maybe queued), its rules, and the operator page reading dead
+# letters through its pool.
 files[outbox-postgres]="src/outbox/postgres.rs"
-tests[outbox-postgres]="--test=outbox_postgres"
+tests[outbox-postgres]="--lib --test=outbox_postgres --test=admin"
 # The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
