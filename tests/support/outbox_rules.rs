@@ -906,15 +906,39 @@ pub async fn a_message_whose_send_panicked_three_times_is_dead_and_the_worker_go
 
 /// Issue 45, point 8: a worker holds at most `max_held_bytes` of bodies claimed and not yet
 /// answered (and one message alone, whatever its size), and still sends them all.
+/// A message of 10 kB, numbered `i` in its subject.
+fn big(i: usize) -> mail_breaker::Message {
+    mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("user@example.org".parse().unwrap())
+        .subject(format!("message {i}"))
+        .body("x".repeat(10_000))
+        .unwrap()
+}
+
+pub async fn a_worker_under_its_byte_bound_claims_again_as_soon_as_an_answer_makes_room(
+    outbox: Outbox,
+) {
+    let messages: Vec<_> = (0..3).map(big).collect();
+    outbox.enqueue_many(&messages).await.unwrap();
+    // Two of 10 kB fit in 25 kB: one answers at once, the other after a second.
+    let provider = Scripted::new("provider");
+    provider.then([Reply::Ok, Reply::after(Duration::from_secs(1), Reply::Ok)]);
+    let worker = quick(&outbox, provider.clone())
+        .concurrency(8)
+        .max_held_bytes(25_000);
+    let drained = tokio::spawn(async move { worker.drain().await });
+    tokio::time::sleep(Duration::from_millis(500)).await;
+    assert_eq!(
+        provider.sends(),
+        3,
+        "the third went out while the slow one was still held"
+    );
+    drained.await.unwrap().unwrap();
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
 pub async fn a_worker_holds_no_more_message_bodies_than_max_held_bytes(outbox: Outbox) {
-    let big = |i: usize| {
-        mail_breaker::Message::builder()
-            .from("app@example.com".parse().unwrap())
-            .to("user@example.org".parse().unwrap())
-            .subject(format!("message {i}"))
-            .body("x".repeat(10_000))
-            .unwrap()
-    };
     let messages: Vec<_> = (0..12).map(big).collect();
     outbox.enqueue_many(&messages).await.unwrap();
     let hung = Scripted::answering("hung", Reply::Hang);
@@ -1017,6 +1041,7 @@ macro_rules! all_outbox_rules {
             send_or_queue_queues_the_message_for_the_recipients_its_delivery_deferred_alone,
             a_message_whose_send_panicked_three_times_is_dead_and_the_worker_goes_on,
             a_worker_holds_no_more_message_bodies_than_max_held_bytes,
+            a_worker_under_its_byte_bound_claims_again_as_soon_as_an_answer_makes_room,
         );
     };
 }
