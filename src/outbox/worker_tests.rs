@@ -129,6 +129,8 @@ struct Counting {
     last_claim: std::sync::Mutex<Option<std::time::Instant>>,
     /// How long every claim after the first takes, in ms (0 unless a test slows them).
     later_claims_take_ms: std::sync::atomic::AtomicU64,
+    /// How many renewals from now on the database refuses (0 unless a test says).
+    renewals_to_refuse: AtomicUsize,
 }
 
 #[async_trait::async_trait]
@@ -159,6 +161,18 @@ impl Backend for Counting {
         lease: Duration,
         durable: bool,
     ) -> Result<Vec<Claim>, SendError> {
+        let refused = self
+            .renewals_to_refuse
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
+                left.checked_sub(1)
+            })
+            .is_ok();
+        if refused {
+            return Err(crate::outbox::record::database_error(
+                "renewing leases",
+                sqlx::Error::PoolTimedOut,
+            ));
+        }
         self.inner.renew(claims, now, lease, durable).await
     }
 
@@ -209,6 +223,7 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         finishes: AtomicUsize::new(0),
         last_claim: std::sync::Mutex::default(),
         later_claims_take_ms: std::sync::atomic::AtomicU64::new(0),
+        renewals_to_refuse: AtomicUsize::new(0),
     });
     let backend: Arc<dyn Backend> = counting.clone();
     (Outbox::with(backend, Kind::Sqlite), counting)
@@ -300,6 +315,45 @@ async fn a_drain_ends_only_after_a_claim_made_with_nothing_held_finds_nothing_du
         last_claim > last_answer,
         "the drain's last claim was made while sends were in flight"
     );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_renewal_the_database_refused_keeps_the_held_messages_and_the_worker_stops_when_asked() {
+    let (outbox, counts) = counted_outbox("renewal-refused").await;
+    outbox.enqueue_many(&messages(4)).await.expect("enqueued");
+    counts.renewals_to_refuse.store(1, Ordering::SeqCst);
+    // One send at a time, each 600 ms of a 1 s lease: the messages held ahead need their
+    // leases renewed before they start, and the first renewal is refused.
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::from_millis(600));
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(1)
+        .lease(Duration::from_secs(1))
+        .shutdown_timeout(Duration::from_secs(30));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let running =
+        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while outbox.stats().await.expect("stats").queued > 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the held messages were never sent"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    stop.notify_one();
+    tokio::time::timeout(Duration::from_secs(5), running)
+        .await
+        .expect("the worker stops when asked, holding nothing")
+        .expect("the worker ran")
+        .expect("no error");
+    assert_eq!(
+        counts.renewals_to_refuse.load(Ordering::SeqCst),
+        0,
+        "one was refused"
+    );
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 4, "each sent once");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
