@@ -480,6 +480,23 @@ async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
 
+/// A mailer (no worker) whose outbox is on `postgres`, for the page's PostgreSQL tests.
+#[cfg(feature = "postgres")]
+async fn postgres_mailer(postgres: &support::postgres::PostgresServer) -> Arc<Mailer> {
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox={}&outbox.poll=1h",
+        free_port(),
+        postgres.url()
+    );
+    Arc::new(
+        Mailer::from_dsn(&dsn)
+            .unwrap()
+            .build_without_worker()
+            .await
+            .unwrap(),
+    )
+}
+
 #[cfg(feature = "postgres")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_action_or_a_read_the_outbox_cannot_answer_is_503_with_why() {
@@ -487,18 +504,7 @@ async fn an_action_or_a_read_the_outbox_cannot_answer_is_503_with_why() {
     let Some(mut postgres) = support::postgres::PostgresServer::start(test) else {
         return;
     };
-    let dsn = format!(
-        "smtp://127.0.0.1:{}?outbox={}&outbox.poll=1h",
-        free_port(),
-        postgres.url()
-    );
-    let mailer = Arc::new(
-        Mailer::from_dsn(&dsn)
-            .unwrap()
-            .build_without_worker()
-            .await
-            .unwrap(),
-    );
+    let mailer = postgres_mailer(&postgres).await;
     let admin = Admin::new(mailer);
     let router = admin.router();
     let form = format!("token={}", admin.token());
@@ -881,18 +887,7 @@ async fn a_dead_letters_subject_is_read_from_postgresql_too() {
     outbox.enqueue(&message("a refused welcome")).await.unwrap();
     let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
     outbox.worker(refusing).drain().await.unwrap();
-    let dsn = format!(
-        "smtp://127.0.0.1:{}?outbox={}&outbox.poll=1h",
-        free_port(),
-        postgres.url()
-    );
-    let mailer = Arc::new(
-        Mailer::from_dsn(&dsn)
-            .unwrap()
-            .build_without_worker()
-            .await
-            .unwrap(),
-    );
+    let mailer = postgres_mailer(&postgres).await;
     let router = admin::router(Arc::clone(&mailer));
     let dead = json(&router, "/api/dead").await;
     assert_eq!(dead[0]["subject"], "a refused welcome", "{dead}");

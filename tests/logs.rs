@@ -165,19 +165,25 @@ async fn an_ses_account_in_the_sandbox_passes_verify_with_one_warning() {
     assert!(warnings[0].contains("WARN"), "{log}");
 }
 
+/// A store on `server` that gives up on a call after 100 ms and asks again after 20 ms.
+#[cfg(feature = "redis")]
+async fn quick_store(server: &support::redis::RedisServer) -> mail_breaker::RedisStore {
+    mail_breaker::RedisStore::connect(&server.url())
+        .await
+        .unwrap()
+        .with_timeout(Duration::from_millis(100))
+        .with_retry_interval(Duration::from_millis(20))
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_shared_rate_limiter_warns_once_per_redis_outage_and_says_when_redis_is_back() {
-    use mail_breaker::{RateLimitTransport, RedisStore};
+    use mail_breaker::RateLimitTransport;
     let Some(mut server) = support::redis::RedisServer::start("logs_rate_outage") else {
         return;
     };
     let (captured, _guard) = capture();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_millis(100))
-        .with_retry_interval(Duration::from_millis(20));
+    let store = quick_store(&server).await;
     let limited = RateLimitTransport::builder(Scripted::new("ses"))
         .per_second(1_000.0)
         .shared(Arc::new(store))
@@ -210,16 +216,12 @@ async fn a_shared_rate_limiter_warns_once_per_redis_outage_and_says_when_redis_i
 #[cfg(feature = "redis")]
 #[tokio::test]
 async fn a_shared_rate_limiter_whose_redis_never_answered_warns_that_its_members_are_unknown() {
-    use mail_breaker::{RateLimitTransport, RedisStore};
+    use mail_breaker::RateLimitTransport;
     let Some(mut server) = support::redis::RedisServer::start("logs_rate_unknown") else {
         return;
     };
     let (captured, _guard) = capture();
-    let store = RedisStore::connect(&server.url())
-        .await
-        .unwrap()
-        .with_timeout(Duration::from_millis(100))
-        .with_retry_interval(Duration::from_millis(20));
+    let store = quick_store(&server).await;
     server.stop();
     let limited = RateLimitTransport::builder(Scripted::new("ses"))
         .per_second(1_000.0)
