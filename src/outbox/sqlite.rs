@@ -233,49 +233,24 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
-        let upgraded = async {
-            // Under the write lock, so that two processes opening one old file at once do
-            // not both add the column.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
-            if lacks {
-                sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
-            }
-            tx.commit().await
-        };
-        upgraded
-            .await
-            .map_err(|e| database_error("upgrading the outbox's table", e))?;
-        let moved = async {
-            // As above: one process moves the bodies, in one transaction, so that a crash
-            // half way leaves the table as it was.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            let holds: bool = sqlx::query_scalar(HOLDS_BODIES).fetch_one(&mut *tx).await?;
-            if holds {
-                for step in MOVE_BODIES {
-                    sqlx::query(step).execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await
-        };
-        moved
-            .await
-            .map_err(|e| database_error("moving the outbox's bodies to their own table", e))?;
-        let counted = async {
-            // As above: one process makes the counts, so that no write falls between the
-            // count and the triggers.
-            let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
-            let lacks: bool = sqlx::query_scalar(LACKS_COUNTS).fetch_one(&mut *tx).await?;
-            if lacks {
-                for step in KEEP_COUNTS {
-                    sqlx::query(step).execute(&mut *tx).await?;
-                }
-            }
-            tx.commit().await
-        };
-        counted
-            .await
-            .map_err(|e| database_error("counting the outbox's messages", e))?;
+        // Each upgrade of an older file is made by one process, under the write lock and in
+        // one transaction: two processes opening the file at once do not both make it, and
+        // a crash half way leaves the file as it was (no write falls between the counts'
+        // count and their triggers).
+        let upgrades: [(&str, &[&str], &'static str); 3] = [
+            (LACKS_PANICS, &[ADD_PANICS], "upgrading the outbox's table"),
+            (
+                HOLDS_BODIES,
+                &MOVE_BODIES,
+                "moving the outbox's bodies to their own table",
+            ),
+            (LACKS_COUNTS, &KEEP_COUNTS, "counting the outbox's messages"),
+        ];
+        for (needed, steps, doing) in upgrades {
+            upgrade_once(&pool, needed, steps)
+                .await
+                .map_err(|e| database_error(doing, e))?;
+        }
         let relaxed = options.synchronous(SqliteSynchronous::Normal);
         // Opened now, so that a file that cannot be opened fails here rather than in the worker.
         let first = relaxed.connect().await.map_err(opening)?;
@@ -292,6 +267,19 @@ impl SqliteBackend {
             relaxed: Arc::new(relaxed),
         })
     }
+}
+
+/// Runs `steps` in one `BEGIN IMMEDIATE` transaction if `needed` (a query of one boolean,
+/// asked in it) says so.
+async fn upgrade_once(pool: &SqlitePool, needed: &str, steps: &[&str]) -> Result<(), sqlx::Error> {
+    let mut tx = pool.begin_with("BEGIN IMMEDIATE").await?;
+    let needed: bool = sqlx::query_scalar(needed).fetch_one(&mut *tx).await?;
+    if needed {
+        for step in steps {
+            sqlx::query(step).execute(&mut *tx).await?;
+        }
+    }
+    tx.commit().await
 }
 
 /// Stores one row in the caller's connection (and so in its transaction, if it is in one).
