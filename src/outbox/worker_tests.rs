@@ -125,6 +125,7 @@ struct Counting {
     claims: AtomicUsize,
     next_dues: AtomicUsize,
     finishes: AtomicUsize,
+    renewals: AtomicUsize,
     /// When the last claim was asked for.
     last_claim: std::sync::Mutex<Option<std::time::Instant>>,
     /// How long every claim after the first takes, in ms (0 unless a test slows them).
@@ -161,6 +162,7 @@ impl Backend for Counting {
         lease: Duration,
         durable: bool,
     ) -> Result<Vec<Claim>, SendError> {
+        self.renewals.fetch_add(1, Ordering::SeqCst);
         let refused = self
             .renewals_to_refuse
             .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |left| {
@@ -221,6 +223,7 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         claims: AtomicUsize::new(0),
         next_dues: AtomicUsize::new(0),
         finishes: AtomicUsize::new(0),
+        renewals: AtomicUsize::new(0),
         last_claim: std::sync::Mutex::default(),
         later_claims_take_ms: std::sync::atomic::AtomicU64::new(0),
         renewals_to_refuse: AtomicUsize::new(0),
@@ -334,14 +337,7 @@ async fn a_renewal_the_database_refused_keeps_the_held_messages_and_the_worker_s
     let stopped = Arc::clone(&stop);
     let running =
         tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    while outbox.stats().await.expect("stats").queued > 0 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the held messages were never sent"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    until_sent(&outbox, "the held messages were never sent").await;
     stop.notify_one();
     tokio::time::timeout(Duration::from_secs(5), running)
         .await
@@ -354,6 +350,114 @@ async fn a_renewal_the_database_refused_keeps_the_held_messages_and_the_worker_s
         "one was refused"
     );
     assert_eq!(provider.sends.load(Ordering::SeqCst), 4, "each sent once");
+}
+
+/// Waits until `outbox` holds nothing queued, failing with `why` after 20 s.
+async fn until_sent(outbox: &Outbox, why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while outbox.stats().await.expect("stats").queued > 0 {
+        assert!(std::time::Instant::now() < deadline, "{why}");
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn messages_a_late_claim_brought_with_their_leases_short_are_renewed_then_sent() {
+    let (outbox, counts) = counted_outbox("late-claim").await;
+    // Every claim after the worker's first (which finds nothing) answers 400 ms after it
+    // was sent: its messages come with 600 ms of a 1 s lease left, under the 750 ms a send
+    // needs, while every send slot is free.
+    counts.later_claims_take_ms.store(400, Ordering::SeqCst);
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::ZERO);
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(1)
+        .lease(Duration::from_secs(1));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let running =
+        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    while counts.claims.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    outbox.enqueue_many(&messages(2)).await.expect("enqueued");
+    until_sent(&outbox, "messages held with short leases were never sent").await;
+    stop.notify_one();
+    running.await.expect("the worker ran").expect("no error");
+    assert!(counts.renewals.load(Ordering::SeqCst) >= 1, "renewed first");
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 2, "each sent once");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_worker_whose_every_send_slot_is_busy_renews_no_lease_until_one_is_free() {
+    let (outbox, counts) = counted_outbox("busy-renews-later").await;
+    outbox.enqueue_many(&messages(2)).await.expect("enqueued");
+    // One send at a time, each 600 ms, and a send needs 900 ms of a 1 s lease: the second
+    // message's lease is short 100 ms after the claim, but it cannot start before the first
+    // is answered. It is renewed then, once, not each time the worker wakes while it waits.
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::from_millis(600));
+    let worker = outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(1)
+        .lease(Duration::from_secs(1))
+        .send_timeout(Duration::from_millis(900));
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let running =
+        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    while provider.sends.load(Ordering::SeqCst) == 0 {
+        tokio::time::sleep(Duration::from_millis(5)).await;
+    }
+    // Wakes, as an enqueue elsewhere would, while the first send is under way.
+    for _ in 0..2 {
+        tokio::time::sleep(Duration::from_millis(150)).await;
+        outbox.enqueued().notify_waiters();
+    }
+    until_sent(&outbox, "the two messages were never sent").await;
+    stop.notify_one();
+    running.await.expect("the worker ran").expect("no error");
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 2, "each sent once");
+    assert_eq!(counts.renewals.load(Ordering::SeqCst), 1, "one renewal");
+}
+
+#[test]
+fn a_renewal_that_lost_leases_logs_how_many_and_one_that_lost_none_logs_nothing() {
+    #[derive(Clone, Default)]
+    struct Log(Arc<std::sync::Mutex<Vec<u8>>>);
+    impl std::io::Write for Log {
+        fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+            self.0.lock().expect("unpoisoned").extend_from_slice(bytes);
+            Ok(bytes.len())
+        }
+        fn flush(&mut self) -> std::io::Result<()> {
+            Ok(())
+        }
+    }
+    let renew = |renewed: usize| {
+        let log = Log::default();
+        let writer = log.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_max_level(tracing::Level::DEBUG)
+            .with_ansi(false)
+            .with_writer(move || writer.clone())
+            .finish();
+        let mut held = flight(0, 3);
+        let messages: Vec<Held> = held.ready.drain(..).collect();
+        let claims: Vec<Claim> = messages.iter().map(|held| held.message.claim).collect();
+        tracing::subscriber::with_default(subscriber, || {
+            held.renewed(messages, &claims[..renewed], Instant::now());
+        });
+        assert_eq!(held.ready.len(), renewed, "the renewed are held again");
+        let text = log.0.lock().expect("unpoisoned").clone();
+        String::from_utf8(text).expect("text")
+    };
+    let lost_one = renew(2);
+    assert!(
+        lost_one.contains("outbox.leases_lost") && lost_one.contains("lost=1"),
+        "{lost_one}"
+    );
+    let lost_none = renew(3);
+    assert!(!lost_none.contains("outbox.leases_lost"), "{lost_none}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
