@@ -79,6 +79,8 @@ macro_rules! now_ms {
     };
 }
 
+mod counts;
+
 /// A claim handed back unstarted: free, due at once, not counted as an attempt.
 const GIVE_BACK: &str = concat!(
     "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, due_at = ",
@@ -221,6 +223,14 @@ impl PostgresBackend {
             let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
             if lacks {
                 sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
+            }
+            let uncounted: bool = sqlx::query_scalar(counts::LACKS_COUNTS)
+                .fetch_one(&mut *tx)
+                .await?;
+            if uncounted {
+                for statement in counts::KEEP_COUNTS {
+                    sqlx::query(statement).execute(&mut *tx).await?;
+                }
             }
             tx.commit().await
         };
@@ -568,22 +578,7 @@ impl Backend for PostgresBackend {
     }
 
     async fn stats(&self, _now: Millis) -> Result<OutboxStats, SendError> {
-        // Due: free and due, or held past the lease's end. Held: a lease still running. At
-        // the database's time, which is also what the oldest's wait is counted to.
-        let statement = sqlx::query(concat!(
-            "SELECT \
-               COUNT(*) FILTER (WHERE dead_at IS NULL), \
-               COUNT(*) FILTER (WHERE dead_at IS NULL AND due_at <= clock.now \
-                   AND (NOT leased OR lease_until IS NULL OR lease_until <= clock.now)), \
-               COUNT(*) FILTER (WHERE dead_at IS NULL AND leased \
-                   AND GREATEST(due_at, lease_until) > clock.now), \
-               COUNT(*) FILTER (WHERE dead_at IS NOT NULL), \
-               MIN(enqueued_at) FILTER (WHERE dead_at IS NULL), \
-               MIN(clock.now) \
-             FROM mail_breaker_outbox, (SELECT ",
-            now_ms!(),
-            " AS now) AS clock"
-        ));
+        let statement = sqlx::query(counts::STATS);
         let row = on_pool!(self, |connection| statement.fetch_one(connection))
             .await
             .map_err(|e| database_error("counting", e))?;
