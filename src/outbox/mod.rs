@@ -314,7 +314,26 @@ impl Outbox {
         Worker::new(self.clone(), transport)
     }
 
-    /// Counts what the outbox holds.
+    /// Counts what the outbox holds. The queued and dead (and on PostgreSQL the held) are
+    /// counts the database keeps as the queue changes, and the oldest is an index's first
+    /// entry: a call reads none of a due backlog, only the messages waiting for a retry, and
+    /// takes well under a millisecond with a million queued.
+    ///
+    /// # Example
+    /// ```
+    /// use mail_breaker::outbox::Outbox;
+    ///
+    /// # tokio::runtime::Builder::new_multi_thread().enable_all().build().unwrap().block_on(async {
+    /// let dir = std::env::temp_dir().join(format!("outbox-stats-doc-{}", std::process::id()));
+    /// std::fs::create_dir_all(&dir).unwrap();
+    /// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+    /// let stats = outbox.stats().await?;
+    /// assert_eq!((stats.queued, stats.due, stats.leased, stats.dead), (0, 0, 0, 0));
+    /// assert_eq!(stats.oldest, None);
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), mail_breaker::SendError>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn stats(&self) -> Result<OutboxStats, SendError> {
         self.backend.stats(record::now()).await
     }

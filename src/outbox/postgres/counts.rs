@@ -11,10 +11,13 @@
 //! come: exactly the messages a running lease holds.
 //!
 //! Writers only add rows: no two wait on one counter row (an enqueue in a caller's long
-//! transaction holds no lock another needs), and each trigger is one statement. The
-//! thousandth row folds them: one row of the queued and dead, and one per end still to come.
-//! A first version that kept one row per end by upserts, in several statements a trigger,
-//! cost the server 12 µs to 19 µs more per drained message (`benches/README.md`).
+//! transaction holds no lock another needs), and a process of an older version is counted
+//! too. The thousandth row folds them: one row of the queued and dead, and one per end still
+//! to come. Each trigger is one `INSERT`; a call costs the server 20 µs to 60 µs whatever it
+//! does, about 10 µs per message in a drain whose answer writes carry two or three messages
+//! each (the server's CPU per drained message: 40 µs, against 31 µs without the counts).
+//! Versions that kept one row per end by upserts cost as much or more, 40 µs to 47 µs
+//! (`benches/README.md`).
 //!
 //! The leases themselves stay out of every index of the queue, so that a claim's update is
 //! still HOT (see `postgres.rs`); what `stats` reads of the queue is an index's first entry
