@@ -97,27 +97,36 @@ async fn median_of<F: Future<Output = ()>>(mut call: impl FnMut() -> F) -> Durat
     times[times.len() / 2]
 }
 
+/// Runs a worker at `IN_FLIGHT` until its sink has sent `stop_at` messages: how long it took
+/// to its first send, how long it ran, and how many it sent (those it had started when it
+/// stopped included).
+async fn run_until(outbox: &Outbox, stop_at: usize) -> (Duration, Duration, usize) {
+    let done = Arc::new(Notify::new());
+    let sink = Counting {
+        sent: AtomicUsize::new(0),
+        stop_at,
+        first: OnceLock::new(),
+        done: done.clone(),
+    };
+    let worker = outbox.worker(sink).concurrency(IN_FLIGHT);
+    let started = Instant::now();
+    worker
+        .run(async move { done.notified().await })
+        .await
+        .expect("the worker ran");
+    let took = started.elapsed();
+    let sink = worker.get_ref();
+    let first = sink.first.get().copied().expect("a first send");
+    (first - started, took, sink.sent.load(Ordering::SeqCst))
+}
+
 /// How long a worker takes from its start to its first send (its first claim must find the
 /// due messages in the schedule's index): the median of `runs()` workers, each stopped at its
 /// first send (handing back what it claimed and had not started).
 async fn first_send(outbox: &Outbox) -> Duration {
     let mut times = Vec::new();
     for _ in 0..runs() {
-        let done = Arc::new(Notify::new());
-        let sink = Counting {
-            sent: AtomicUsize::new(0),
-            stop_at: 1,
-            first: OnceLock::new(),
-            done: done.clone(),
-        };
-        let worker = outbox.worker(sink).concurrency(IN_FLIGHT);
-        let started = Instant::now();
-        worker
-            .run(async move { done.notified().await })
-            .await
-            .expect("the worker ran");
-        let first = worker.get_ref().first.get().copied().expect("a first send");
-        times.push(first - started);
+        times.push(run_until(outbox, 1).await.0);
     }
     times.sort();
     times[times.len() / 2]
@@ -156,24 +165,10 @@ async fn measure<D: Future<Output = u64>>(
     let first_send = first_send(outbox).await;
     // The workers above each sent what they started before they stopped.
     let left = outbox.stats().await.expect("stats").queued;
-    let done = Arc::new(Notify::new());
-    let sink = Counting {
-        sent: AtomicUsize::new(0),
-        stop_at: DRAINED.min(usize::try_from(left).unwrap_or(usize::MAX)),
-        first: OnceLock::new(),
-        done: done.clone(),
-    };
-    let worker = outbox.worker(sink).concurrency(IN_FLIGHT);
-    let started = Instant::now();
-    worker
-        .run(async move { done.notified().await })
-        .await
-        .expect("the worker ran");
-    let took = started.elapsed();
-    let sink = worker.get_ref();
-    let first = sink.first.get().copied().expect("a first send");
+    let stop_at = DRAINED.min(usize::try_from(left).unwrap_or(usize::MAX));
+    let (to_first, took, sent) = run_until(outbox, stop_at).await;
     // From the first send on: the worker's start is the figure before it.
-    let sending = took.saturating_sub(first - started);
+    let sending = took.saturating_sub(to_first);
     Figures {
         database,
         queued: count,
@@ -181,7 +176,7 @@ async fn measure<D: Future<Output = u64>>(
         stats,
         enqueue,
         first_send,
-        drain_rate: sink.sent.load(Ordering::SeqCst) as f64 / sending.as_secs_f64(),
+        drain_rate: sent as f64 / sending.as_secs_f64(),
         bytes_per_message,
     }
 }

@@ -282,6 +282,20 @@ impl Transport for Answering {
     }
 }
 
+/// Runs `worker` in a task of its own until the `Notify` it gives back is notified.
+fn spawn_until_stopped<T: Transport + 'static>(
+    worker: Worker<T>,
+) -> (
+    Arc<tokio::sync::Notify>,
+    tokio::task::JoinHandle<Result<(), SendError>>,
+) {
+    let stop = Arc::new(tokio::sync::Notify::new());
+    let stopped = Arc::clone(&stop);
+    let running =
+        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    (stop, running)
+}
+
 /// Runs `worker` for `period`, then stops it.
 async fn run_for<T: Transport + 'static>(worker: Worker<T>, period: Duration) {
     let running = tokio::spawn(async move { worker.run(tokio::time::sleep(period)).await });
@@ -333,10 +347,7 @@ async fn a_renewal_the_database_refused_keeps_the_held_messages_and_the_worker_s
         .concurrency(1)
         .lease(Duration::from_secs(1))
         .shutdown_timeout(Duration::from_secs(30));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = Arc::clone(&stop);
-    let running =
-        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    let (stop, running) = spawn_until_stopped(worker);
     until_sent(&outbox, "the held messages were never sent").await;
     stop.notify_one();
     tokio::time::timeout(Duration::from_secs(5), running)
@@ -373,10 +384,7 @@ async fn messages_a_late_claim_brought_with_their_leases_short_are_renewed_then_
         .worker(Arc::clone(&provider))
         .concurrency(1)
         .lease(Duration::from_secs(1));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = Arc::clone(&stop);
-    let running =
-        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    let (stop, running) = spawn_until_stopped(worker);
     while counts.claims.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -401,10 +409,7 @@ async fn a_worker_whose_every_send_slot_is_busy_renews_no_lease_until_one_is_fre
         .concurrency(1)
         .lease(Duration::from_secs(1))
         .send_timeout(Duration::from_millis(900));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = Arc::clone(&stop);
-    let running =
-        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    let (stop, running) = spawn_until_stopped(worker);
     while provider.sends.load(Ordering::SeqCst) == 0 {
         tokio::time::sleep(Duration::from_millis(5)).await;
     }
@@ -482,10 +487,7 @@ async fn a_worker_with_sends_in_flight_never_reads_when_the_next_is_due() {
         .worker(Arc::clone(&provider))
         .concurrency(4)
         .poll(Duration::from_secs(60));
-    let stop = Arc::new(tokio::sync::Notify::new());
-    let stopped = Arc::clone(&stop);
-    let running =
-        tokio::spawn(async move { worker.run(async move { stopped.notified().await }).await });
+    let (stop, running) = spawn_until_stopped(worker);
     while outbox.stats().await.expect("stats").queued > 0 {
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
