@@ -9,7 +9,7 @@ mod support;
 #[path = "../examples/support/mod.rs"]
 mod embedded;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -32,13 +32,12 @@ struct Members {
     second: &'static str,
 }
 
-/// A folder of its own for a test's outbox.
-fn folder(test: &str) -> PathBuf {
-    let dir =
-        std::env::temp_dir().join(format!("mail-breaker-admin-{}-{test}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).unwrap();
-    dir
+/// A folder of its own for a test's outbox, removed when the test ends.
+fn folder(test: &str) -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix(&format!("mail-breaker-admin-{test}-"))
+        .tempdir()
+        .unwrap()
 }
 
 /// A mailer of two members on ports where nothing listens (the router tests send nothing),
@@ -129,7 +128,7 @@ fn encoded(name: &str) -> String {
 #[tokio::test]
 async fn each_route_answers_ok_with_html_for_the_page_and_json_under_api() {
     let dir = folder("routes");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let router = admin::router(mailer);
     let page = call(&router, get("/")).await;
     assert_eq!(page.status(), StatusCode::OK);
@@ -144,7 +143,7 @@ async fn each_route_answers_ok_with_html_for_the_page_and_json_under_api() {
 #[tokio::test]
 async fn the_page_refreshes_itself_and_loads_nothing_from_another_host() {
     let dir = folder("refresh");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let page = text(call(&admin::router(mailer), get("/")).await).await;
     assert!(
         page.contains(r#"<meta http-equiv="refresh" content="5">"#),
@@ -163,7 +162,7 @@ async fn the_page_lets_a_browser_send_its_origin_with_each_form() {
     // Under `Referrer-Policy: no-referrer` a browser POSTs a form with `Origin: null`, which
     // the page must refuse: every action would be forbidden.
     let dir = folder("referrer");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let page = call(&admin::router(mailer), get("/")).await;
     assert_eq!(page.headers()[header::REFERRER_POLICY], "same-origin");
 }
@@ -171,7 +170,7 @@ async fn the_page_lets_a_browser_send_its_origin_with_each_form() {
 #[tokio::test]
 async fn the_breakers_api_agrees_with_the_mailers_breakers() {
     let dir = folder("api-breakers");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     mailer.breaker(members.second).unwrap().isolate().await;
     let read = json(&admin::router(Arc::clone(&mailer)), "/api/breakers").await;
     let read = read.as_array().unwrap();
@@ -268,7 +267,7 @@ async fn a_probing_breaker_shows_when_it_opened_not_when_it_began_to_probe() {
 #[tokio::test]
 async fn the_limiters_api_gives_each_limiters_name_configured_rate_and_rate_now() {
     let dir = folder("api-limiters");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let read = json(&admin::router(Arc::clone(&mailer)), "/api/limiters").await;
     let limiters: Vec<_> = mailer.limiters().collect();
     assert_eq!(limiters.len(), 1, "only the first member has a rate");
@@ -314,8 +313,8 @@ async fn an_adaptive_limiter_a_provider_throttled_shows_how_far_it_backed_off() 
 #[tokio::test]
 async fn the_outbox_and_dead_letter_apis_agree_with_the_outbox() {
     let dir = folder("api-outbox");
-    dead_letter(&dir, "a refused welcome").await;
-    let (mailer, _) = mailer(&dir).await;
+    dead_letter(dir.path(), "a refused welcome").await;
+    let (mailer, _) = mailer(dir.path()).await;
     let router = admin::router(Arc::clone(&mailer));
     let outbox = mailer.outbox().unwrap();
     let stats = outbox.stats().await.unwrap();
@@ -343,7 +342,7 @@ async fn the_outbox_and_dead_letter_apis_agree_with_the_outbox() {
 #[tokio::test]
 async fn a_post_without_the_token_is_forbidden_and_isolates_nothing() {
     let dir = folder("no-token");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let router = admin::router(Arc::clone(&mailer));
     let path = format!("/breakers/{}/isolate", encoded(&members.first));
     for form in ["", "token=", "token=not-the-token"] {
@@ -362,7 +361,7 @@ async fn a_post_without_the_token_is_forbidden_and_isolates_nothing() {
 #[tokio::test]
 async fn a_post_from_another_sites_origin_is_forbidden_and_isolates_nothing_even_with_the_token() {
     let dir = folder("other-origin");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer));
     let router = admin.router();
     let path = format!("/breakers/{}/isolate", encoded(&members.first));
@@ -392,7 +391,7 @@ async fn a_post_from_another_sites_origin_is_forbidden_and_isolates_nothing_even
 #[tokio::test]
 async fn a_post_with_the_token_isolates_the_member_its_percent_encoded_path_names() {
     let dir = folder("isolate");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer));
     let router = admin.router();
     let path = format!("/breakers/{}/isolate", encoded(&members.first));
@@ -426,7 +425,7 @@ async fn a_post_with_the_token_isolates_the_member_its_percent_encoded_path_name
 #[tokio::test]
 async fn an_action_on_a_member_that_does_not_exist_is_not_found() {
     let dir = folder("no-member");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let admin = Admin::new(mailer);
     let form = format!("token={}", admin.token());
     let response = call(
@@ -440,9 +439,9 @@ async fn an_action_on_a_member_that_does_not_exist_is_not_found() {
 #[tokio::test]
 async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
     let dir = folder("requeue-purge");
-    dead_letter(&dir, "first").await;
-    dead_letter(&dir, "second").await;
-    let (mailer, _) = mailer(&dir).await;
+    dead_letter(dir.path(), "first").await;
+    dead_letter(dir.path(), "second").await;
+    let (mailer, _) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer));
     let router = admin.router();
     let outbox = mailer.outbox().unwrap();
@@ -537,8 +536,8 @@ async fn an_action_or_a_read_the_outbox_cannot_answer_is_503_with_why() {
 #[tokio::test]
 async fn a_read_only_page_answers_every_post_405_and_shows_no_form() {
     let dir = folder("read-only");
-    dead_letter(&dir, "kept").await;
-    let (mailer, members) = mailer(&dir).await;
+    dead_letter(dir.path(), "kept").await;
+    let (mailer, members) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer)).read_only();
     let router = admin.router();
     let form = format!("token={}", admin.token());
@@ -572,8 +571,8 @@ async fn a_read_only_page_answers_every_post_405_and_shows_no_form() {
 #[tokio::test]
 async fn a_dead_letters_subject_holding_a_script_is_shown_escaped() {
     let dir = folder("escaped");
-    dead_letter(&dir, "<script>alert(1)</script>").await;
-    let (mailer, _) = mailer(&dir).await;
+    dead_letter(dir.path(), "<script>alert(1)</script>").await;
+    let (mailer, _) = mailer(dir.path()).await;
     let page = text(call(&admin::router(mailer), get("/")).await).await;
     assert!(!page.contains("<script>"), "{page}");
     assert!(
@@ -603,8 +602,8 @@ async fn a_dead_letters_subject_after_long_headers_is_still_shown() {
         subject_at > 8_000,
         "the subject comes after the long headers"
     );
-    dead_message(&dir, &message).await;
-    let (mailer, _) = mailer(&dir).await;
+    dead_message(dir.path(), &message).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let dead = json(&admin::router(mailer), "/api/dead").await;
     assert_eq!(
         dead[0]["subject"], "after eight kilobytes of headers",
@@ -615,7 +614,7 @@ async fn a_dead_letters_subject_after_long_headers_is_still_shown() {
 #[tokio::test]
 async fn a_page_allowed_some_hosts_refuses_a_request_to_any_other_and_isolates_nothing() {
     let dir = folder("hosts");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer)).allow_hosts(["ops.example:443"]);
     let router = admin.router();
     let to = |host: &str, path: &str| {
@@ -663,7 +662,7 @@ async fn status_for_host(port: u16, host: &str) -> String {
 #[tokio::test]
 async fn served_on_loopback_the_page_answers_only_to_its_loopback_names() {
     let dir = folder("loopback");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let admin = Admin::new(mailer);
@@ -686,7 +685,7 @@ async fn served_on_loopback_the_page_answers_only_to_its_loopback_names() {
 #[tokio::test]
 async fn served_on_loopback_with_hosts_allowed_the_page_answers_to_those_hosts_alone() {
     let dir = folder("loopback-allowed");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
     let allowed = format!("mail-ops.internal:{port}");
@@ -703,7 +702,7 @@ async fn served_on_loopback_with_hosts_allowed_the_page_answers_to_those_hosts_a
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_chart_reads_the_outbox_on_its_own_between_requests() {
     let dir = folder("sampling");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let admin = Admin::new(mailer)
         .chart_every(Duration::from_millis(100))
         .unwrap();
@@ -718,7 +717,7 @@ async fn the_chart_reads_the_outbox_on_its_own_between_requests() {
 #[tokio::test]
 async fn a_page_is_read_only_once_made_so_and_not_before() {
     let dir = folder("is-read-only");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let admin = Admin::new(mailer);
     assert!(!admin.is_read_only());
     assert!(admin.read_only().is_read_only());
@@ -727,7 +726,7 @@ async fn a_page_is_read_only_once_made_so_and_not_before() {
 #[tokio::test]
 async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
     let dir = folder("page");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     mailer.breaker(members.second).unwrap().isolate().await;
     let admin = Admin::new(Arc::clone(&mailer));
     let page = text(call(&admin.router(), get("/")).await).await;
@@ -754,7 +753,7 @@ async fn the_page_shows_each_member_its_state_and_forms_with_the_token() {
 #[tokio::test]
 async fn a_router_nested_under_a_path_posts_its_forms_and_sends_back_under_that_path() {
     let dir = folder("nested");
-    let (mailer, members) = mailer(&dir).await;
+    let (mailer, members) = mailer(dir.path()).await;
     let admin = Admin::new(Arc::clone(&mailer));
     let app = Router::new().nest("/ops/mail", admin.router());
     let page = text(call(&app, get("/ops/mail")).await).await;
@@ -777,7 +776,7 @@ async fn a_router_nested_under_a_path_posts_its_forms_and_sends_back_under_that_
 #[tokio::test]
 async fn a_token_given_must_be_long_and_plain_and_is_the_one_the_forms_carry() {
     let dir = folder("given-token");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     for bad in ["short", "sixteen-chars-but-\"quoted\"", ""] {
         let error = Admin::new(Arc::clone(&mailer)).with_token(bad).unwrap_err();
         assert_eq!(error.setting(), "token", "{bad:?}");
@@ -796,7 +795,7 @@ async fn a_token_given_must_be_long_and_plain_and_is_the_one_the_forms_carry() {
 #[tokio::test]
 async fn a_token_of_exactly_sixteen_characters_is_taken_and_one_of_fifteen_refused() {
     let dir = folder("token-length");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let sixteen = "abcdefghij-_0123";
     assert_eq!(sixteen.len(), 16);
     let admin = Admin::new(Arc::clone(&mailer))
@@ -810,7 +809,7 @@ async fn a_token_of_exactly_sixteen_characters_is_taken_and_one_of_fifteen_refus
 #[tokio::test]
 async fn the_chart_is_read_every_100_ms_or_less_often_and_never_more_often() {
     let dir = folder("chart-every");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     for every in [Duration::from_millis(100), Duration::from_secs(60)] {
         assert!(
             Admin::new(Arc::clone(&mailer)).chart_every(every).is_ok(),
@@ -826,7 +825,7 @@ async fn the_chart_is_read_every_100_ms_or_less_often_and_never_more_often() {
 #[tokio::test]
 async fn an_admins_debug_shows_its_mailer_and_whether_it_is_read_only_never_its_token() {
     let dir = folder("debug");
-    let (mailer, _) = mailer(&dir).await;
+    let (mailer, _) = mailer(dir.path()).await;
     let token = "a-secret-token-never-printed";
     let admin = Admin::new(mailer).with_token(token).unwrap().read_only();
     let shown = format!("{admin:?}");
@@ -843,7 +842,7 @@ async fn the_outbox_chart_counts_what_this_process_s_workers_sent_in_each_readin
     let dsn = format!(
         "smtp://127.0.0.1:{}?timeout=2s&outbox=sqlite://{}&outbox.poll=50ms",
         server.port(),
-        dir.join("outbox.db").display()
+        dir.path().join("outbox.db").display()
     );
     let mailer = Arc::new(Mailer::from_dsn(&dsn).unwrap().build().await.unwrap());
     let router = Admin::new(Arc::clone(&mailer))

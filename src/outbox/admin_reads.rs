@@ -71,10 +71,11 @@ mod tests {
 
     #[tokio::test]
     async fn a_dead_letters_head_is_read_from_the_sqlite_file_it_died_in() {
-        let dir = std::env::temp_dir().join(format!("mail-breaker-heads-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+        let folder = tempfile::Builder::new()
+            .prefix("mail-breaker-heads-")
+            .tempdir()
+            .expect("a temporary directory");
+        let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
             .await
             .expect("an outbox");
         let envelope = crate::Envelope::new(None, vec!["user@example.org".parse().unwrap()])
@@ -100,6 +101,5 @@ mod tests {
             .expect("written");
         let heads = outbox.dead_letter_heads(10).await.expect("read");
         assert_eq!(heads, [(id, b"Subject: gone\r\n\r\nbody".to_vec())]);
-        let _ = std::fs::remove_dir_all(&dir);
     }
 }

@@ -638,15 +638,36 @@ fn with_error<'q>(
 mod tests {
     use super::*;
 
-    /// A backend in a fresh file, in a folder named by the test and the process.
-    async fn backend(name: &str) -> SqliteBackend {
-        let dir =
-            std::env::temp_dir().join(format!("mail-breaker-sqlite-{name}-{}", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        SqliteBackend::open(&dir.join("outbox.db"), &crate::outbox::OutboxOptions::new())
-            .await
-            .expect("an SQLite outbox")
+    /// A backend in a fresh file, and the folder that holds it, removed when dropped.
+    struct Fresh {
+        backend: SqliteBackend,
+        _folder: tempfile::TempDir,
+    }
+
+    impl std::ops::Deref for Fresh {
+        type Target = SqliteBackend;
+
+        fn deref(&self) -> &SqliteBackend {
+            &self.backend
+        }
+    }
+
+    /// A backend in a fresh file, in a folder named by the test.
+    async fn backend(name: &str) -> Fresh {
+        let folder = tempfile::Builder::new()
+            .prefix(&format!("mail-breaker-sqlite-{name}-"))
+            .tempdir()
+            .expect("a temporary directory");
+        let backend = SqliteBackend::open(
+            &folder.path().join("outbox.db"),
+            &crate::outbox::OutboxOptions::new(),
+        )
+        .await
+        .expect("an SQLite outbox");
+        Fresh {
+            backend,
+            _folder: folder,
+        }
     }
 
     fn row(i: usize) -> NewRow {
@@ -658,7 +679,7 @@ mod tests {
     }
 
     /// A backend holding three messages enqueued at 1 s, and their ids.
-    async fn three_queued(name: &str) -> (SqliteBackend, Vec<OutboxId>) {
+    async fn three_queued(name: &str) -> (Fresh, Vec<OutboxId>) {
         let backend = backend(name).await;
         let ids = backend
             .enqueue(&[row(1), row(2), row(3)], 1_000)
@@ -728,7 +749,7 @@ mod tests {
 
     /// A backend holding `count` messages in the states a long outage leaves: most due, a
     /// thousand held by a worker (half of those then due again later), some dead.
-    async fn backlog(name: &str, count: usize) -> SqliteBackend {
+    async fn backlog(name: &str, count: usize) -> Fresh {
         let backend = backend(name).await;
         let rows: Vec<NewRow> = (0..1_000).map(row).collect();
         for _ in 0..count / rows.len() {
@@ -933,11 +954,11 @@ mod tests {
 
     #[tokio::test]
     async fn an_outbox_file_an_earlier_version_made_keeps_every_message_and_its_body() {
-        let dir =
-            std::env::temp_dir().join(format!("mail-breaker-sqlite-{}-old", std::process::id()));
-        let _ = std::fs::remove_dir_all(&dir);
-        std::fs::create_dir_all(&dir).expect("a temporary directory");
-        let path = dir.join("outbox.db");
+        let folder = tempfile::Builder::new()
+            .prefix("mail-breaker-sqlite-old-")
+            .tempdir()
+            .expect("a temporary directory");
+        let path = folder.path().join("outbox.db");
         {
             // The table as round 3 made it: the body in the row, no panics.
             let options = SqliteConnectOptions::new()

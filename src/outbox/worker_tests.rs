@@ -132,6 +132,9 @@ struct Counting {
     later_claims_take_ms: std::sync::atomic::AtomicU64,
     /// How many renewals from now on the database refuses (0 unless a test says).
     renewals_to_refuse: AtomicUsize,
+    /// The folder of the database file, removed when the last handle is dropped (after
+    /// `inner`, declared before it).
+    _folder: tempfile::TempDir,
 }
 
 #[async_trait::async_trait]
@@ -208,12 +211,12 @@ impl Backend for Counting {
 
 /// An outbox in a fresh SQLite file, and the counts of what its workers ask of it.
 async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
-    let dir =
-        std::env::temp_dir().join(format!("mail-breaker-worker-{name}-{}", std::process::id()));
-    let _ = std::fs::remove_dir_all(&dir);
-    std::fs::create_dir_all(&dir).expect("a temporary directory");
+    let folder = tempfile::Builder::new()
+        .prefix(&format!("mail-breaker-worker-{name}-"))
+        .tempdir()
+        .expect("a temporary directory");
     let sqlite = crate::outbox::sqlite::SqliteBackend::open(
-        &dir.join("outbox.db"),
+        &folder.path().join("outbox.db"),
         &crate::outbox::OutboxOptions::new(),
     )
     .await
@@ -227,6 +230,7 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         last_claim: std::sync::Mutex::default(),
         later_claims_take_ms: std::sync::atomic::AtomicU64::new(0),
         renewals_to_refuse: AtomicUsize::new(0),
+        _folder: folder,
     });
     let backend: Arc<dyn Backend> = counting.clone();
     (Outbox::with(backend, Kind::Sqlite), counting)
