@@ -10,10 +10,18 @@
 //! apalis runs at its documented settings: `SqliteStorage::new` and `PostgresStorage::new`
 //! with their default `Config` (batches of 10), `setup` as documented, and a worker limited
 //! to the in-flight count with `.concurrency(k)`, as its README's workers are built.
+//! `OUTBOX_PEERS_APALIS_BATCH` tunes it: the jobs one fetch takes (its `Config::batch_size`).
+//!
+//! The 1 ms sink waits on a thread of Tokio's blocking pool, which wakes within tens of
+//! microseconds; Tokio's own `sleep` wakes on a timer of whole milliseconds, so a "1 ms"
+//! `sleep` takes up to 2 ms, and would cap the drain below the 16,000/s that 16 sends of 1 ms
+//! allow whatever the queue did.
 //!
 //! `cargo bench --bench outbox_peers --features postgres`. `OUTBOX_PEERS_MESSAGES` (default
-//! 10,000) and `OUTBOX_PEERS_RUNS` (default 3) make a quicker run. PostgreSQL runs from a
-//! temporary folder (as `nobody` under root); without it only SQLite is measured.
+//! 10,000) and `OUTBOX_PEERS_RUNS` (default 3) make a quicker run, `OUTBOX_PEERS_IN_FLIGHT`
+//! (say 16) drains at one in-flight count only, and `OUTBOX_PEERS_SENDS_TAKE_MS` (0 or 1)
+//! with one sink only. PostgreSQL runs from a temporary folder (as `nobody` under root);
+//! without it only SQLite is measured.
 
 mod support;
 
@@ -35,6 +43,33 @@ use support::outbox::{Databases, Measured, empty, receipts as messages};
 use support::setting;
 
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+
+/// The in-flight counts drained at: all three, or the one `OUTBOX_PEERS_IN_FLIGHT` names.
+fn in_flight_counts() -> Vec<usize> {
+    match std::env::var("OUTBOX_PEERS_IN_FLIGHT") {
+        Ok(_) => vec![setting("OUTBOX_PEERS_IN_FLIGHT", 16)],
+        Err(_) => IN_FLIGHT.to_vec(),
+    }
+}
+
+/// The sinks drained through: the no-op and the 1 ms, or the one `OUTBOX_PEERS_SENDS_TAKE_MS`
+/// names (0 or 1).
+fn sinks() -> Vec<Sink> {
+    let sink = |ms| Sink {
+        takes: Duration::from_millis(ms),
+    };
+    match std::env::var("OUTBOX_PEERS_SENDS_TAKE_MS").as_deref() {
+        Ok("0") => vec![sink(0)],
+        Ok("1") => vec![sink(1)],
+        Ok(other) => panic!("OUTBOX_PEERS_SENDS_TAKE_MS={other}: 0 or 1"),
+        Err(_) => vec![sink(0), sink(1)],
+    }
+}
+
+/// The jobs an apalis worker fetches at once: its documented 10, or `OUTBOX_PEERS_APALIS_BATCH`.
+fn apalis_batch() -> usize {
+    setting("OUTBOX_PEERS_APALIS_BATCH", 10)
+}
 
 /// Messages drained per run, and batched per enqueue run.
 fn messages_per_run() -> usize {
@@ -75,7 +110,10 @@ impl Transport for Sink {
 
     async fn send_raw(&self, _envelope: &Envelope, _raw: &[u8]) -> Result<Receipt, SendError> {
         if !self.takes.is_zero() {
-            tokio::time::sleep(self.takes).await;
+            let takes = self.takes;
+            tokio::task::spawn_blocking(move || std::thread::sleep(takes))
+                .await
+                .expect("the sink's wait");
         }
         Ok(Receipt::new("sink"))
     }
@@ -134,6 +172,22 @@ async fn send_mail(
     Ok(())
 }
 
+/// apalis's queue on SQLite: `new`, as documented, with `apalis_batch()` jobs to a fetch.
+fn apalis_sqlite(pool: &SqlitePool) -> SqliteStorage<Mail> {
+    let config = apalis_sqlite::Config::default()
+        .queue(std::any::type_name::<Mail>())
+        .batch_size(apalis_batch());
+    SqliteStorage::new(pool).with_config(config)
+}
+
+/// apalis's queue on PostgreSQL: `new`, as documented, with `apalis_batch()` jobs to a fetch.
+fn apalis_postgres(pool: &PgPool) -> PostgresStorage<Mail> {
+    let config = apalis_postgres::Config::default()
+        .queue(std::any::type_name::<Mail>())
+        .batch_size(apalis_batch());
+    PostgresStorage::new(pool).with_config(config)
+}
+
 /// A queue measured: ours on one database, or apalis on the same kind of database.
 enum Queue<'a> {
     Ours(&'a Measured),
@@ -171,13 +225,13 @@ impl Queue<'_> {
                 }
             }
             Queue::ApalisSqlite { pool, .. } => {
-                let mut storage = SqliteStorage::<Mail>::new(pool);
+                let mut storage = apalis_sqlite(pool);
                 for message in batch {
                     storage.push(Mail::from(message)).await.expect("pushed");
                 }
             }
             Queue::ApalisPostgres { pool, .. } => {
-                let mut storage = PostgresStorage::<Mail>::new(pool);
+                let mut storage = apalis_postgres(pool);
                 for message in batch {
                     storage.push(Mail::from(message)).await.expect("pushed");
                 }
@@ -192,11 +246,11 @@ impl Queue<'_> {
                 measured.outbox.enqueue_many(batch).await.expect("enqueued");
             }
             Queue::ApalisSqlite { pool, .. } => {
-                let mut storage = SqliteStorage::<Mail>::new(pool);
+                let mut storage = apalis_sqlite(pool);
                 storage.push_bulk(mails()).await.expect("pushed");
             }
             Queue::ApalisPostgres { pool, .. } => {
-                let mut storage = PostgresStorage::<Mail>::new(pool);
+                let mut storage = apalis_postgres(pool);
                 storage.push_bulk(mails()).await.expect("pushed");
             }
         }
@@ -217,7 +271,7 @@ impl Queue<'_> {
                 return true;
             }
             Queue::ApalisSqlite { pool, .. } => WorkerBuilder::new(name)
-                .backend(SqliteStorage::<Mail>::new(pool))
+                .backend(apalis_sqlite(pool))
                 .data(sink)
                 .data(progress.clone())
                 .concurrency(in_flight)
@@ -225,7 +279,7 @@ impl Queue<'_> {
                 .run()
                 .boxed(),
             Queue::ApalisPostgres { pool, .. } => WorkerBuilder::new(name)
-                .backend(PostgresStorage::<Mail>::new(pool))
+                .backend(apalis_postgres(pool))
                 .data(sink)
                 .data(progress.clone())
                 .concurrency(in_flight)
@@ -415,7 +469,7 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
 /// turn; each run's messages enqueued (batched, not timed) before it.
 async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
     let mut rows = Vec::new();
-    for in_flight in IN_FLIGHT {
+    for in_flight in in_flight_counts() {
         for pair in pairs {
             let (mut ours, mut apalis) = (Vec::new(), Vec::new());
             for run in 0..runs() {
@@ -478,11 +532,12 @@ fn main() {
         }
         let batch = messages(messages_per_run());
         println!(
-            "{} messages of {} bytes, median of {} runs, {} one at a time",
+            "{} messages of {} bytes, median of {} runs, {} one at a time, apalis's batch_size {}",
             batch.len(),
             batch[0].formatted().len(),
             runs(),
             one_at_a_time(),
+            apalis_batch(),
         );
         println!();
         header("enqueue");
@@ -491,8 +546,8 @@ fn main() {
         }
         println!();
         header("drain");
-        for takes in [Duration::ZERO, Duration::from_millis(1)] {
-            for row in drain(&pairs, &batch, Sink { takes }).await {
+        for sink in sinks() {
+            for row in drain(&pairs, &batch, sink).await {
                 row.print();
             }
         }
