@@ -213,29 +213,36 @@ pub async fn a_failure_that_may_pass_is_not_due_before_its_retry_after(outbox: O
 /// machine: what they see before the backoff has passed is checked only while it has not.
 const RETRY_BACKOFF: Duration = Duration::from_millis(200);
 
-/// Whether `RETRY_BACKOFF` has not yet run out for a failure answered after `start`, so the
-/// message cannot be due again yet (with 5 ms to spare for due times kept in whole
-/// milliseconds).
-fn backoff_not_over(start: std::time::Instant) -> bool {
-    start.elapsed() + Duration::from_millis(5) < RETRY_BACKOFF
+/// Drains through `transport` with a backoff of `RETRY_BACKOFF`, then checks `before_retry`
+/// with the stats read after it, if the backoff cannot have run out by then (5 ms to spare
+/// for due times kept in whole milliseconds); then waits the backoff out and drains again.
+async fn drain_across_the_backoff<T: Transport + 'static>(
+    outbox: &Outbox,
+    transport: T,
+    before_retry: impl FnOnce(mail_breaker::outbox::OutboxStats),
+) {
+    let worker = outbox
+        .worker(transport)
+        .backoff(mail_breaker::Backoff::constant(RETRY_BACKOFF));
+    let started = std::time::Instant::now();
+    worker.drain().await.unwrap();
+    let answered = std::time::Instant::now();
+    let stats = outbox.stats().await.unwrap();
+    if started.elapsed() + Duration::from_millis(5) < RETRY_BACKOFF {
+        before_retry(stats);
+    }
+    tokio::time::sleep_until((answered + RETRY_BACKOFF).into()).await;
+    worker.drain().await.unwrap();
 }
 
 pub async fn a_failure_that_may_pass_is_sent_again_after_the_backoff(outbox: Outbox) {
     outbox.enqueue(&super::message()).await.unwrap();
     let provider = Scripted::new("provider");
     provider.then([Reply::fail(Category::Timeout)]);
-    let worker = outbox
-        .worker(provider.clone())
-        .backoff(mail_breaker::Backoff::constant(RETRY_BACKOFF));
-    let started = std::time::Instant::now();
-    worker.drain().await.unwrap();
-    let answered = std::time::Instant::now();
-    let queued = outbox.stats().await.unwrap().queued;
-    if backoff_not_over(started) {
-        assert_eq!((provider.sends(), queued), (1, 1), "kept for a retry");
-    }
-    tokio::time::sleep_until((answered + RETRY_BACKOFF).into()).await;
-    worker.drain().await.unwrap();
+    drain_across_the_backoff(&outbox, provider.clone(), |stats| {
+        assert_eq!((provider.sends(), stats.queued), (1, 1), "kept for a retry");
+    })
+    .await;
     assert_eq!(provider.sends(), 2);
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
@@ -282,22 +289,14 @@ pub async fn a_delivery_deferred_for_some_recipients_stays_queued_for_them_only(
         .unwrap();
     outbox.enqueue(&message).await.unwrap();
     let provider = Greylisting::default();
-    let worker = outbox
-        .worker(provider.clone())
-        .backoff(mail_breaker::Backoff::constant(RETRY_BACKOFF));
-    let started = std::time::Instant::now();
-    worker.drain().await.unwrap();
-    let answered = std::time::Instant::now();
-    let stats = outbox.stats().await.unwrap();
-    if backoff_not_over(started) {
+    drain_across_the_backoff(&outbox, provider.clone(), |stats| {
         assert_eq!(
             (stats.queued, stats.due),
             (1, 0),
             "kept for the deferred recipient, not due before the backoff"
         );
-    }
-    tokio::time::sleep_until((answered + RETRY_BACKOFF).into()).await;
-    worker.drain().await.unwrap();
+    })
+    .await;
     let envelopes = provider.envelopes.lock().unwrap().clone();
     assert_eq!(
         envelopes,
