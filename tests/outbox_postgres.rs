@@ -821,18 +821,14 @@ async fn no_statement_reads_the_queue_from_end_to_end_with_100_000_messages_queu
         .worker(provider.clone())
         .poll(Duration::from_millis(100));
     // Until it has walked once (on a loaded machine its first turns may take a while).
-    let stop = std::sync::Arc::new(tokio::sync::Notify::new());
-    let stopped = stop.clone();
-    let running =
-        tokio::spawn(async move { resting.run(async move { stopped.notified().await }).await });
+    let running = support::outbox_rules::Running::start(resting);
     let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while !server.log()[logged_before..].contains("WITH RECURSIVE walk")
         && std::time::Instant::now() < deadline
     {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    stop.notify_one();
-    running.await.unwrap().unwrap();
+    running.stop().await;
     drop(outbox);
     let log = server.log()[logged_before..].to_owned();
     for statement in [
