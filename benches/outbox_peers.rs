@@ -20,7 +20,8 @@
 //! `cargo bench --bench outbox_peers --features postgres`. `OUTBOX_PEERS_MESSAGES` (default
 //! 10,000) and `OUTBOX_PEERS_RUNS` (default 3) make a quicker run, `OUTBOX_PEERS_IN_FLIGHT`
 //! (say 16) drains at one in-flight count only, and `OUTBOX_PEERS_SENDS_TAKE_MS` (0 or 1)
-//! with one sink only. PostgreSQL runs from a temporary folder (as `nobody` under root);
+//! with one sink only; `OUTBOX_PEERS_ONLY_OURS=1` leaves apalis out, for a quick A/B of two
+//! builds of ours. PostgreSQL runs from a temporary folder (as `nobody` under root);
 //! without it only SQLite is measured.
 
 mod support;
@@ -43,6 +44,12 @@ use support::outbox::{Databases, Measured, empty, receipts as messages};
 use support::setting;
 
 const IN_FLIGHT: [usize; 3] = [1, 16, 64];
+
+/// Whether `OUTBOX_PEERS_ONLY_OURS=1` leaves apalis out: for a quick A/B of two builds of ours
+/// (apalis on SQLite takes a minute a run).
+fn only_ours() -> bool {
+    std::env::var("OUTBOX_PEERS_ONLY_OURS").is_ok_and(|value| value == "1")
+}
 
 /// The in-flight counts drained at: all three, or the one `OUTBOX_PEERS_IN_FLIGHT` names.
 fn in_flight_counts() -> Vec<usize> {
@@ -390,7 +397,8 @@ struct Row {
 impl Row {
     fn print(&self) {
         let rate = |figures: Option<Figures>| {
-            figures.map_or("stalled".to_owned(), |figures| {
+            let missing = if only_ours() { "not run" } else { "stalled" };
+            figures.map_or(missing.to_owned(), |figures| {
                 format!("{:.0}/s", figures.rate)
             })
         };
@@ -442,6 +450,9 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
             let (mut ours, mut apalis) = (Vec::new(), Vec::new());
             for _ in 0..runs() {
                 for (queue, figures) in [(&pair.ours, &mut ours), (&pair.apalis, &mut apalis)] {
+                    if only_ours() && !matches!(queue, Queue::Ours(_)) {
+                        continue;
+                    }
                     queue.reset().await;
                     let run = async {
                         if how == "batched" {
@@ -474,6 +485,9 @@ async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
             let (mut ours, mut apalis) = (Vec::new(), Vec::new());
             for run in 0..runs() {
                 for (queue, figures) in [(&pair.ours, &mut ours), (&pair.apalis, &mut apalis)] {
+                    if only_ours() && !matches!(queue, Queue::Ours(_)) {
+                        continue;
+                    }
                     queue.reset().await;
                     queue.enqueue_batched(batch).await;
                     let drained = queue.drain(sink, in_flight, batch.len(), run);
