@@ -309,6 +309,37 @@ impl Queue<'_> {
         }
     }
 
+    /// The PostgreSQL server's write-ahead log, in bytes from its start, as far as it is
+    /// written into (commits that do not wait for the flush included); `None` on SQLite.
+    async fn wal_position(&self) -> Option<u64> {
+        let url = match self {
+            Queue::Ours(measured) => measured.postgres.as_deref()?,
+            Queue::ApalisPostgres { url, .. } => url.as_str(),
+            Queue::ApalisSqlite { .. } => return None,
+        };
+        let mut connection = sqlx::PgConnection::connect(url).await.expect("connected");
+        let (bytes,): (i64,) =
+            sqlx::query_as("SELECT (pg_current_wal_insert_lsn() - '0/0'::pg_lsn)::bigint")
+                .fetch_one(&mut connection)
+                .await
+                .expect("the WAL's position");
+        Some(bytes.unsigned_abs())
+    }
+
+    /// Measures `run`, which handles `messages`, with the bytes of WAL it wrote on PostgreSQL.
+    async fn measure(&self, run: impl Future<Output = bool>, messages: usize) -> Option<Figures> {
+        let before = self.wal_position().await;
+        let figures = measure(run, messages).await?;
+        let wal = match (before, self.wal_position().await) {
+            (Some(before), Some(after)) => after.saturating_sub(before) as f64 / messages as f64,
+            _ => 0.0,
+        };
+        Some(Figures {
+            wal_bytes: wal,
+            ..figures
+        })
+    }
+
     /// How many messages are still queued (ours) or not done (apalis's).
     async fn left(&self) -> u64 {
         match self {
@@ -335,13 +366,14 @@ impl Queue<'_> {
     }
 }
 
-/// One run's figures: messages per second, and CPU per message in microseconds of the bench's
-/// process and of the PostgreSQL server.
+/// One run's figures: messages per second, CPU per message in microseconds of the bench's
+/// process and of the PostgreSQL server, and the bytes of PostgreSQL's WAL per message.
 #[derive(Debug, Clone, Copy)]
 struct Figures {
     rate: f64,
     bench_cpu: f64,
     server_cpu: f64,
+    wal_bytes: f64,
 }
 
 /// Runs `run`, which handles `messages`, and measures it.
@@ -362,6 +394,7 @@ async fn measure(run: impl Future<Output = bool>, messages: usize) -> Option<Fig
         rate: messages as f64 / took.as_secs_f64(),
         bench_cpu: per_message("bench"),
         server_cpu: per_message("postgres"),
+        wal_bytes: 0.0,
     })
 }
 
@@ -376,6 +409,7 @@ fn median(runs: &[Figures]) -> Option<Figures> {
         rate: of(|figures| figures.rate),
         bench_cpu: of(|figures| figures.bench_cpu),
         server_cpu: of(|figures| figures.server_cpu),
+        wal_bytes: of(|figures| figures.wal_bytes),
     })
 }
 
@@ -419,8 +453,13 @@ impl Row {
                 "n/a".to_owned()
             }
         };
+        let wal = |figures: Option<Figures>| match figures {
+            Some(figures) if server => format!("{:.0} B", figures.wal_bytes),
+            Some(_) => "n/a".to_owned(),
+            None => "-".to_owned(),
+        };
         println!(
-            "| {} | {} | {} | {} | {ratio} | {} | {} | {} | {} |",
+            "| {} | {} | {} | {} | {ratio} | {} | {} | {} | {} | {} | {} |",
             self.what,
             self.database,
             rate(self.ours),
@@ -429,6 +468,8 @@ impl Row {
             cpu(self.apalis, false),
             server_cpu(self.ours),
             server_cpu(self.apalis),
+            wal(self.ours),
+            wal(self.apalis),
         );
     }
 }
@@ -436,9 +477,10 @@ impl Row {
 fn header(what: &str) {
     println!(
         "| {what} | database | ours | apalis | ours over apalis | bench CPU/msg, ours | \
-         bench CPU/msg, apalis | PostgreSQL CPU/msg, ours | PostgreSQL CPU/msg, apalis |"
+         bench CPU/msg, apalis | PostgreSQL CPU/msg, ours | PostgreSQL CPU/msg, apalis | \
+         WAL/msg, ours | WAL/msg, apalis |"
     );
-    println!("|---|---|---|---|---|---|---|---|---|");
+    println!("|---|---|---|---|---|---|---|---|---|---|---|");
 }
 
 /// Each queue's enqueue, one message at a time and batched, ours and apalis's in turn.
@@ -462,7 +504,7 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
                         }
                         true
                     };
-                    figures.extend(measure(run, messages.len()).await);
+                    figures.extend(queue.measure(run, messages.len()).await);
                 }
             }
             rows.push(Row {
@@ -491,7 +533,7 @@ async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
                     queue.reset().await;
                     queue.enqueue_batched(batch).await;
                     let drained = queue.drain(sink, in_flight, batch.len(), run);
-                    let measured = measure(drained, batch.len()).await;
+                    let measured = queue.measure(drained, batch.len()).await;
                     if measured.is_some() {
                         let left = queue.left().await;
                         assert_eq!(left, 0, "messages left queued after a drain");
