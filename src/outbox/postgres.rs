@@ -66,6 +66,22 @@ const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
 const ADD_PANICS: &str =
     "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS panics INTEGER NOT NULL DEFAULT 0";
 
+/// Bodies compressed with lz4 rather than PostgreSQL's default, pglz, where the server has it
+/// (PostgreSQL 14 and later, built with it): a body of 2 KB then costs the server about 10 µs
+/// less to store, a batched enqueue about 30% more a second on 2 cores (`benches/README.md`).
+/// Whether the table's bodies take the server's default and the server offers lz4 (a
+/// compression someone chose for the column is left alone). `attcompression` is read
+/// through `to_jsonb`, so that a server older than 14 (which has neither it nor lz4) answers
+/// false rather than an error.
+const DEFAULT_COMPRESSION: &str = "SELECT EXISTS (SELECT 1 FROM pg_settings \
+     WHERE name = 'default_toast_compression' AND 'lz4' = ANY(enumvals)) \
+     AND EXISTS (SELECT 1 FROM pg_attribute AS a \
+     WHERE a.attrelid = 'mail_breaker_outbox'::regclass AND a.attname = 'raw' \
+     AND COALESCE(to_jsonb(a) ->> 'attcompression', '') = '')";
+/// The change: only bodies stored after it are compressed so; it rewrites no row.
+const COMPRESS_WITH_LZ4: &str =
+    "ALTER TABLE mail_breaker_outbox ALTER COLUMN raw SET COMPRESSION lz4";
+
 /// A key for the advisory lock that keeps processes starting together from creating the
 /// table at once (PostgreSQL's `IF NOT EXISTS` does not guard against that race).
 const SCHEMA_LOCK: i64 = 0x6d61_696c_6f75_7462; // "mailoutb"
@@ -223,6 +239,12 @@ impl PostgresBackend {
             let lacks: bool = sqlx::query_scalar(LACKS_PANICS).fetch_one(&mut *tx).await?;
             if lacks {
                 sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
+            }
+            let default_compression: bool = sqlx::query_scalar(DEFAULT_COMPRESSION)
+                .fetch_one(&mut *tx)
+                .await?;
+            if default_compression {
+                sqlx::query(COMPRESS_WITH_LZ4).execute(&mut *tx).await?;
             }
             let uncounted: bool = sqlx::query_scalar(counts::LACKS_COUNTS)
                 .fetch_one(&mut *tx)
