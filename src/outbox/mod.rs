@@ -199,6 +199,10 @@ impl Outbox {
     /// A table an earlier version of this crate made is upgraded here (a `lease_until`
     /// column, and half of each page kept free so that claims update rows in place). Stop
     /// that version's workers first: they do not read the leases this version writes.
+    ///
+    /// Bodies are compressed with lz4 where the server has it (PostgreSQL 14 and later, built
+    /// with it), unless a compression was chosen for the column already: opening sets it once,
+    /// so the role that opens the outbox owns its table, as it must to create it.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<Outbox, SendError> {
         Outbox::postgres_with(url, &OutboxOptions::new()).await
