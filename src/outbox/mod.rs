@@ -201,8 +201,9 @@ impl Outbox {
     /// that version's workers first: they do not read the leases this version writes.
     ///
     /// Bodies are compressed with lz4 where the server has it (PostgreSQL 14 and later, built
-    /// with it), unless a compression was chosen for the column already: opening sets it once,
-    /// so the role that opens the outbox owns its table, as it must to create it.
+    /// with it), unless a compression was chosen for the column already. Opening sets it once,
+    /// as the table's owner: the role that opens the outbox owns its table already, since it
+    /// creates the table and its indexes when they are missing.
     #[cfg(feature = "postgres")]
     pub async fn postgres(url: &str) -> Result<Outbox, SendError> {
         Outbox::postgres_with(url, &OutboxOptions::new()).await

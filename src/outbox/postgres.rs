@@ -67,8 +67,9 @@ const ADD_PANICS: &str =
     "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS panics INTEGER NOT NULL DEFAULT 0";
 
 /// Bodies compressed with lz4 rather than PostgreSQL's default, pglz, where the server has it
-/// (PostgreSQL 14 and later, built with it): a body of 2 KB then costs the server about 10 µs
-/// less to store, a batched enqueue about 30% more a second on 2 cores (`benches/README.md`).
+/// (PostgreSQL 14 and later, built with it): a body of 2 KB then costs the server about 16 µs
+/// less to store, and a batched enqueue makes 48% more a second on 2 cores
+/// (`benches/README.md`).
 /// Whether the table's bodies take the server's default and the server offers lz4 (a
 /// compression someone chose for the column is left alone). `attcompression` is read
 /// through `to_jsonb`, so that a server older than 14 (which has neither it nor lz4) answers
