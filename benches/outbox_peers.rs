@@ -326,17 +326,34 @@ impl Queue<'_> {
         Some(bytes.unsigned_abs())
     }
 
-    /// Measures `run`, which handles `messages`, with the bytes of WAL it wrote on PostgreSQL.
+    /// Runs `run`, which handles `messages`, and measures it: its rate, the CPU each process
+    /// spent, and the bytes of WAL it wrote on PostgreSQL (read outside the timed part).
     async fn measure(&self, run: impl Future<Output = bool>, messages: usize) -> Option<Figures> {
-        let before = self.wal_position().await;
-        let figures = measure(run, messages).await?;
-        let wal = match (before, self.wal_position().await) {
+        let wal_before = self.wal_position().await;
+        let before = CpuTimes::now();
+        let started = Instant::now();
+        let finished = run.await;
+        let took = started.elapsed();
+        let spent = before
+            .zip(CpuTimes::now())
+            .map(|(before, after)| after.since(&before))
+            .unwrap_or_default();
+        if !finished {
+            return None;
+        }
+        let per_message = |process| {
+            let cpu = spent.get(process).copied().unwrap_or_default();
+            cpu.as_secs_f64() * 1e6 / messages as f64
+        };
+        let wal_bytes = match (wal_before, self.wal_position().await) {
             (Some(before), Some(after)) => after.saturating_sub(before) as f64 / messages as f64,
             _ => 0.0,
         };
         Some(Figures {
-            wal_bytes: wal,
-            ..figures
+            rate: messages as f64 / took.as_secs_f64(),
+            bench_cpu: per_message("bench"),
+            server_cpu: per_message("postgres"),
+            wal_bytes,
         })
     }
 
@@ -374,28 +391,6 @@ struct Figures {
     bench_cpu: f64,
     server_cpu: f64,
     wal_bytes: f64,
-}
-
-/// Runs `run`, which handles `messages`, and measures it.
-async fn measure(run: impl Future<Output = bool>, messages: usize) -> Option<Figures> {
-    let before = CpuTimes::now();
-    let started = Instant::now();
-    let finished = run.await;
-    let took = started.elapsed();
-    let spent = before
-        .zip(CpuTimes::now())
-        .map(|(before, after)| after.since(&before))
-        .unwrap_or_default();
-    let per_message = |process| {
-        let cpu = spent.get(process).copied().unwrap_or_default();
-        cpu.as_secs_f64() * 1e6 / messages as f64
-    };
-    finished.then(|| Figures {
-        rate: messages as f64 / took.as_secs_f64(),
-        bench_cpu: per_message("bench"),
-        server_cpu: per_message("postgres"),
-        wal_bytes: 0.0,
-    })
 }
 
 /// The median of each figure over the runs that finished; `None` if none did.
