@@ -392,8 +392,11 @@ async fn redis_frozen_between_acquire_and_record_holds_the_send_one_timeout_at_m
     };
     server.thaw();
     assert!(!store.is_shared(), "the record met a frozen Redis");
+    // One timeout and the send's own work, never a second timeout: the bound sits between
+    // the two, so that a loaded machine's slowness (a run under `stress` took 304 ms) does not
+    // fail it and a record that waited twice (500 ms and more) does.
     assert!(
-        took <= timeout + timeout / 5,
-        "the send waited {took:?}: one timeout ({timeout:?}) plus at most 20 %"
+        took < timeout * 2,
+        "the send waited {took:?}: one timeout ({timeout:?}), not two"
     );
 }
