@@ -421,12 +421,18 @@ async fn one_reply_too_many(extra: &'static [u8], later: Option<Duration>) -> Ra
     .await
 }
 
+/// Sends three messages, the second after the stale reply reached the idle connection: once
+/// the server has written its `late_replies` (0 when the stale reply came with the first
+/// answer) and 100 ms more for the loopback to deliver them. A fixed wait alone failed under
+/// `stress`: the server's late write came after it, while the second send was under way.
 async fn each_send_gets_its_own_answer_on_a_fresh_connection(
     server: &RawSmtp,
     smtp: &SmtpTransport,
+    late_replies: usize,
 ) {
     let first = smtp.send(&message()).await.expect("the first is delivered");
     assert_eq!(first.message_id(), Some("Q1"));
+    server.wait_for_late_replies(late_replies).await;
     tokio::time::sleep(Duration::from_millis(100)).await;
     let second = smtp
         .send(&message())
@@ -446,7 +452,7 @@ async fn each_send_gets_its_own_answer_on_a_fresh_connection(
 async fn a_connection_with_a_reply_read_ahead_is_closed_not_reused() {
     let server = one_reply_too_many(b"250 2.0.0 Ok: queued as STALE\r\n", None).await;
     let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port()).with_timeout(TIMEOUT);
-    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp).await;
+    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp, 0).await;
 }
 
 #[tokio::test]
@@ -457,7 +463,7 @@ async fn a_connection_on_which_a_reply_arrived_while_it_was_idle_is_closed_not_r
     )
     .await;
     let smtp = SmtpTransport::unencrypted("127.0.0.1", server.port()).with_timeout(TIMEOUT);
-    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp).await;
+    each_send_gets_its_own_answer_on_a_fresh_connection(&server, &smtp, 1).await;
 }
 
 /// A gate in front of `server` that lets `allowed` connections through and refuses every

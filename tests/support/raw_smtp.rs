@@ -87,6 +87,8 @@ struct Shared {
     script: Box<Script>,
     tls: Option<TlsAcceptor>,
     received: Mutex<Received>,
+    /// How many late replies ([`Answer::SayThenLater`]'s second bytes) it has written.
+    late_written: AtomicUsize,
 }
 
 impl Shared {
@@ -151,6 +153,7 @@ impl RawSmtp {
             script,
             tls,
             received: Mutex::new(Received::default()),
+            late_written: AtomicUsize::new(0),
         });
         let connections = Arc::new(AtomicUsize::new(0));
         let (accepted, serving) = (Arc::clone(&connections), Arc::clone(&shared));
@@ -175,6 +178,22 @@ impl RawSmtp {
     /// The loopback port it listens on.
     pub fn port(&self) -> u16 {
         self.port
+    }
+
+    /// Waits until it has written `count` late replies ([`Answer::SayThenLater`]), so that a
+    /// test acts after the reply is on its way, however slow a loaded machine is to wake the
+    /// server; panics after 10 s.
+    #[allow(dead_code)] // not every test binary sends late replies
+    pub async fn wait_for_late_replies(&self, count: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.shared.late_written.load(Ordering::SeqCst) < count {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "the server wrote {} of {count} late replies in 10 s",
+                self.shared.late_written.load(Ordering::SeqCst)
+            );
+            tokio::time::sleep(Duration::from_millis(5)).await;
+        }
     }
 
     /// How many connections it has accepted so far.
@@ -329,6 +348,8 @@ async fn talk<S: AsyncRead + AsyncWrite + Unpin>(
                 writer.flush().await?;
                 tokio::time::sleep(delay).await;
                 writer.write_all(&second).await?;
+                writer.flush().await?;
+                shared.late_written.fetch_add(1, Ordering::SeqCst);
             }
             Answer::Silence => {}
             Answer::HangUp => return Ok(Next::Close),
