@@ -21,7 +21,9 @@
 //! 10,000) and `OUTBOX_PEERS_RUNS` (default 3) make a quicker run, `OUTBOX_PEERS_IN_FLIGHT`
 //! (say 16) drains at one in-flight count only, and `OUTBOX_PEERS_SENDS_TAKE_MS` (0 or 1)
 //! with one sink only; `OUTBOX_PEERS_ONLY_OURS=1` leaves apalis out, for a quick A/B of two
-//! builds of ours. PostgreSQL runs from a temporary folder (as `nobody` under root);
+//! builds of ours. `OUTBOX_PEERS_PERF_CTL` and `OUTBOX_PEERS_PERF_ACK` name the fifos of a
+//! `perf record -a --delay=-1 --control fifo:CTL,ACK` run beside the bench, which then samples
+//! during our drains only (`benches/README.md` shows how). PostgreSQL runs from a temporary folder (as `nobody` under root);
 //! without it only SQLite is measured.
 
 mod support;
@@ -513,6 +515,28 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
     rows
 }
 
+/// Tells a `perf record --control fifo:CTL,ACK` started beside the bench to `command`
+/// (`enable` or `disable`) and waits for its ack, when `OUTBOX_PEERS_PERF_CTL` and
+/// `OUTBOX_PEERS_PERF_ACK` name those two fifos: so that a profile holds our drains alone,
+/// not the enqueues before them nor apalis's runs.
+fn perf_control(command: &str) {
+    use std::io::{Read as _, Write as _};
+    let (Ok(ctl), Ok(ack)) = (
+        std::env::var("OUTBOX_PEERS_PERF_CTL"),
+        std::env::var("OUTBOX_PEERS_PERF_ACK"),
+    ) else {
+        return;
+    };
+    let mut ctl = std::fs::OpenOptions::new()
+        .write(true)
+        .open(&ctl)
+        .expect("perf's control fifo");
+    writeln!(ctl, "{command}").expect("writing to perf's control fifo");
+    let mut answer = [0; 4]; // "ack\n"
+    let mut ack = std::fs::File::open(&ack).expect("perf's ack fifo");
+    ack.read_exact(&mut answer).expect("perf's ack");
+}
+
 /// Each queue's drain of `batch` through `sink` at each in-flight count, ours and apalis's in
 /// turn; each run's messages enqueued (batched, not timed) before it.
 async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
@@ -528,7 +552,14 @@ async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
                     queue.reset().await;
                     queue.enqueue_batched(batch).await;
                     let drained = queue.drain(sink, in_flight, batch.len(), run);
+                    let profiled = matches!(queue, Queue::Ours(_));
+                    if profiled {
+                        perf_control("enable");
+                    }
                     let measured = queue.measure(drained, batch.len()).await;
+                    if profiled {
+                        perf_control("disable");
+                    }
                     if measured.is_some() {
                         let left = queue.left().await;
                         assert_eq!(left, 0, "messages left queued after a drain");
