@@ -23,7 +23,8 @@
 //! with one sink only; `OUTBOX_PEERS_ONLY_OURS=1` leaves apalis out, for a quick A/B of two
 //! builds of ours. `OUTBOX_PEERS_PERF_CTL` and `OUTBOX_PEERS_PERF_ACK` name the fifos of a
 //! `perf record -a --delay=-1 --control fifo:CTL,ACK` run beside the bench, which then samples
-//! during our drains only (`benches/README.md` shows how). PostgreSQL runs from a temporary folder (as `nobody` under root);
+//! during our drains only, or our enqueues (`OUTBOX_PEERS_PERF_ON=batched` or
+//! `one-at-a-time`); `benches/README.md` shows how. PostgreSQL runs from a temporary folder (as `nobody` under root);
 //! without it only SQLite is measured.
 
 mod support;
@@ -501,7 +502,15 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
                         }
                         true
                     };
+                    let profiled = matches!(queue, Queue::Ours(_));
+                    let kind = how.replace(' ', "-");
+                    if profiled {
+                        perf_control(&kind, "enable");
+                    }
                     figures.extend(queue.measure(run, messages.len()).await);
+                    if profiled {
+                        perf_control(&kind, "disable");
+                    }
                 }
             }
             rows.push(Row {
@@ -517,9 +526,10 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
 
 /// Tells a `perf record --control fifo:CTL,ACK` started beside the bench to `command`
 /// (`enable` or `disable`) and waits for its ack, when `OUTBOX_PEERS_PERF_CTL` and
-/// `OUTBOX_PEERS_PERF_ACK` name those two fifos: so that a profile holds our drains alone,
-/// not the enqueues before them nor apalis's runs.
-fn perf_control(command: &str) {
+/// `OUTBOX_PEERS_PERF_ACK` name those two fifos and our run about to start or just ended is of
+/// the `kind` that `OUTBOX_PEERS_PERF_ON` names (`drain`, the default, `batched` or
+/// `one-at-a-time`): so that a profile holds those runs alone, not the others nor apalis's.
+fn perf_control(kind: &str, command: &str) {
     use std::io::{Read as _, Write as _};
     let (Ok(ctl), Ok(ack)) = (
         std::env::var("OUTBOX_PEERS_PERF_CTL"),
@@ -527,6 +537,10 @@ fn perf_control(command: &str) {
     ) else {
         return;
     };
+    let profiled = std::env::var("OUTBOX_PEERS_PERF_ON").unwrap_or_else(|_| "drain".to_owned());
+    if profiled != kind {
+        return;
+    }
     let mut ctl = std::fs::OpenOptions::new()
         .write(true)
         .open(&ctl)
@@ -554,11 +568,11 @@ async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
                     let drained = queue.drain(sink, in_flight, batch.len(), run);
                     let profiled = matches!(queue, Queue::Ours(_));
                     if profiled {
-                        perf_control("enable");
+                        perf_control("drain", "enable");
                     }
                     let measured = queue.measure(drained, batch.len()).await;
                     if profiled {
-                        perf_control("disable");
+                        perf_control("drain", "disable");
                     }
                     if measured.is_some() {
                         let left = queue.left().await;
