@@ -24,8 +24,8 @@
 //! builds of ours. `OUTBOX_PEERS_PERF_CTL` and `OUTBOX_PEERS_PERF_ACK` name the fifos of a
 //! `perf record -a --delay=-1 --control fifo:CTL,ACK` run beside the bench, which then samples
 //! during our drains only, or our enqueues (`OUTBOX_PEERS_PERF_ON=batched` or
-//! `one-at-a-time`); `benches/README.md` shows how. PostgreSQL runs from a temporary folder (as `nobody` under root);
-//! without it only SQLite is measured.
+//! `one-at-a-time`); `benches/README.md` shows how. PostgreSQL runs from a temporary folder
+//! (as `nobody` under root); without it only SQLite is measured.
 
 mod support;
 
