@@ -376,7 +376,12 @@ async fn redis_frozen_between_acquire_and_record_holds_the_send_one_timeout_at_m
     };
     let server = Arc::new(server);
     let timeout = Duration::from_millis(250);
-    let store = Arc::new(store(&server, timeout).await);
+    // Redis is not tried again for 5 s after the frozen record: a send that waited for that
+    // too would take 5 s, far past the bound below.
+    let store = store(&server, timeout)
+        .await
+        .with_retry_interval(Duration::from_secs(5));
+    let store = Arc::new(store);
     let breaker = mail_breaker::CircuitBreakerTransport::builder(FreezesRedis(Arc::clone(&server)))
         .store(Arc::clone(&store) as Arc<dyn BreakerStore>)
         .build()
@@ -392,9 +397,9 @@ async fn redis_frozen_between_acquire_and_record_holds_the_send_one_timeout_at_m
     };
     server.thaw();
     assert!(!store.is_shared(), "the record met a frozen Redis");
-    // One timeout and the send's own work, never a second timeout: the bound sits between
-    // the two, so that a loaded machine's slowness (a run under `stress` took 304 ms) does not
-    // fail it and a record that waited twice (500 ms and more) does.
+    // One timeout and the send's own work, never a second timeout nor the retry interval: the
+    // bound sits between one timeout and two, so that a loaded machine's slowness (a run under
+    // `stress` took 304 ms) does not fail it and a record that waited twice (500 ms) does.
     assert!(
         took < timeout * 2,
         "the send waited {took:?}: one timeout ({timeout:?}), not two"
