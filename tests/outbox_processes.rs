@@ -47,7 +47,9 @@ const WORKER_LEASE_MS: &str = "OUTBOX_WORKER_CHILD_LEASE_MS";
 const WORKER_AT_MOST_ONCE: &str = "OUTBOX_WORKER_CHILD_AT_MOST_ONCE";
 /// The worker child's `max_age` (ms).
 const WORKER_MAX_AGE_MS: &str = "OUTBOX_WORKER_CHILD_MAX_AGE_MS";
-/// When set, the worker child drains once and exits, whatever is left queued.
+/// When set, the worker child drains once and exits, whatever is left queued. A message that
+/// fails waits a minute for its retry, so the one drain tries each message once (a retry
+/// drawn from the usual backoff, 0 to 100 ms, could come due before the drain ends).
 const WORKER_ONCE: &str = "OUTBOX_WORKER_CHILD_ONCE";
 /// How long each of the worker child's sends takes before it goes to the server (ms).
 const WORKER_SEND_DELAY_MS: &str = "OUTBOX_WORKER_CHILD_SEND_DELAY_MS";
@@ -228,10 +230,11 @@ fn child_process_runs_a_worker_until_nothing_is_queued() {
             }))
             .concurrency(CONCURRENCY)
             .poll(Duration::from_millis(100))
-            .backoff(Backoff::exponential(
-                Duration::from_millis(100),
-                Duration::from_secs(1),
-            ));
+            .backoff(if once {
+                Backoff::constant(Duration::from_secs(60))
+            } else {
+                Backoff::exponential(Duration::from_millis(100), Duration::from_secs(1))
+            });
         if let Some(lease) = lease {
             worker = worker.lease(lease);
         }
