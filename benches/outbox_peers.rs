@@ -330,13 +330,26 @@ impl Queue<'_> {
     }
 
     /// Runs `run`, which handles `messages`, and measures it: its rate, the CPU each process
-    /// spent, and the bytes of WAL it wrote on PostgreSQL (read outside the timed part).
-    async fn measure(&self, run: impl Future<Output = bool>, messages: usize) -> Option<Figures> {
+    /// spent, and the bytes of WAL it wrote on PostgreSQL (read outside the timed part). Ours
+    /// is profiled when `OUTBOX_PEERS_PERF_ON` names its `kind` (see `perf_control`).
+    async fn measure(
+        &self,
+        kind: &str,
+        run: impl Future<Output = bool>,
+        messages: usize,
+    ) -> Option<Figures> {
         let wal_before = self.wal_position().await;
+        let profiled = matches!(self, Queue::Ours(_));
+        if profiled {
+            perf_control(kind, "enable");
+        }
         let before = CpuTimes::now();
         let started = Instant::now();
         let finished = run.await;
         let took = started.elapsed();
+        if profiled {
+            perf_control(kind, "disable");
+        }
         let spent = before
             .zip(CpuTimes::now())
             .map(|(before, after)| after.since(&before))
@@ -502,15 +515,8 @@ async fn enqueue(pairs: &[Pair<'_>], batch: &[Message]) -> Vec<Row> {
                         }
                         true
                     };
-                    let profiled = matches!(queue, Queue::Ours(_));
                     let kind = how.replace(' ', "-");
-                    if profiled {
-                        perf_control(&kind, "enable");
-                    }
-                    figures.extend(queue.measure(run, messages.len()).await);
-                    if profiled {
-                        perf_control(&kind, "disable");
-                    }
+                    figures.extend(queue.measure(&kind, run, messages.len()).await);
                 }
             }
             rows.push(Row {
@@ -566,14 +572,7 @@ async fn drain(pairs: &[Pair<'_>], batch: &[Message], sink: Sink) -> Vec<Row> {
                     queue.reset().await;
                     queue.enqueue_batched(batch).await;
                     let drained = queue.drain(sink, in_flight, batch.len(), run);
-                    let profiled = matches!(queue, Queue::Ours(_));
-                    if profiled {
-                        perf_control("drain", "enable");
-                    }
-                    let measured = queue.measure(drained, batch.len()).await;
-                    if profiled {
-                        perf_control("drain", "disable");
-                    }
+                    let measured = queue.measure("drain", drained, batch.len()).await;
                     if measured.is_some() {
                         let left = queue.left().await;
                         assert_eq!(left, 0, "messages left queued after a drain");
