@@ -1029,15 +1029,17 @@ fn with_at_most_once_killed_workers_duplicate_nothing_and_dead_letter_what_they_
     // ... and only what the killed workers held is dead: some of it they had sent before
     // they died (received and dead: "maybe delivered" indeed), the rest never reached
     // smtp-sink.
-    assert!(
-        dead.len() <= KILLS * CONCURRENCY,
-        "{test}: {} dead letters after {KILLS} kills of workers sending {CONCURRENCY} at once",
-        dead.len()
-    );
     let both = dead
         .iter()
         .filter(|index| received.copies.contains_key(index))
         .count();
+    assert!(
+        dead.len() <= KILLS * CONCURRENCY,
+        "{test}: {} dead letters after {KILLS} kills of workers sending {CONCURRENCY} at once \
+         ({both} of them received too): {}",
+        dead.len(),
+        first(&dead.iter().copied().collect::<Vec<_>>(), 100)
+    );
     assert_eq!(received.copies.len() + dead.len() - both, MESSAGES);
     eprintln!(
         "{test}: {} received, {} dead ({both} of them received too: sent before the kill), \
