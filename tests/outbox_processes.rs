@@ -935,6 +935,13 @@ fn send_while_killing_workers(test: &str, at_most_once: bool) -> Option<AfterKil
         .block_on(outbox.dead_letters(MESSAGES as u32))
         .expect("reading the dead letters");
     assert_eq!(stats.dead, dead.len() as u64, "{test}: {stats:?}");
+    // Shown with a failure: why they died (a killed worker's lease, or a live one's send that
+    // timed out, read the same code).
+    let mut why: BTreeMap<String, usize> = BTreeMap::new();
+    for letter in &dead {
+        *why.entry(letter.error.to_string()).or_default() += 1;
+    }
+    eprintln!("{test}: dead letters by their error: {why:#?}");
     let dead = dead
         .iter()
         .map(|letter| {
