@@ -1035,7 +1035,8 @@ fn with_at_most_once_killed_workers_duplicate_nothing_and_dead_letter_what_they_
     );
     // ... and only what the killed workers held is dead: some of it they had sent before
     // they died (received and dead: "maybe delivered" indeed), the rest never reached
-    // smtp-sink.
+    // smtp-sink. Under at_most_once a worker holds at most CONCURRENCY leases, counting the
+    // answers it has not written yet: it claims nothing it cannot start at once.
     let both = dead
         .iter()
         .filter(|index| received.copies.contains_key(index))

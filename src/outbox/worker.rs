@@ -699,13 +699,19 @@ impl Flight {
     /// `prefetch` above them; but none while more than half of that is held and the sends
     /// are not starving (nothing ready while fewer than `concurrency` are in flight), so
     /// that each claim serves several sends. While probing, one.
+    ///
+    /// Held is every message whose lease is the worker's: claimed, renewing, in flight, or
+    /// answered and not yet written (which fills a send's place, as in `room`). So with no
+    /// prefetch (`at_most_once`) a worker never holds a message it cannot start at once,
+    /// and one killed holds at most `concurrency`.
     fn wanted(&self, concurrency: usize, prefetch: usize) -> Option<NonZeroU32> {
         let (capacity, prefetch) = if self.probing {
             (1, 0)
         } else {
             (concurrency.saturating_add(prefetch), prefetch)
         };
-        let held = self.sends.len() + self.ready.len() + self.renewing;
+        let held =
+            self.sends.len() + self.answers.len() + self.writing + self.ready.len() + self.renewing;
         let free = capacity.saturating_sub(held);
         let starving = self.ready.is_empty() && self.sends.len() < capacity - prefetch;
         if !starving && free < capacity.div_ceil(2) {

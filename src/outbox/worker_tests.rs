@@ -106,6 +106,29 @@ fn a_probing_flight_claims_one_message_and_no_more_while_it_is_out() {
 }
 
 #[test]
+fn answers_not_yet_written_count_as_held_so_a_flight_whose_slots_they_fill_claims_nothing() {
+    // Their leases are still the worker's: a claim beside them would wait unsent, which
+    // `at_most_once` (no prefetch) forbids.
+    let mut flight = flight(0, 0);
+    flight.writing = 3;
+    flight.answers.push((
+        Claim {
+            id: OutboxId(1),
+            attempts: 1,
+        },
+        Finish::Sent,
+    ));
+    assert_eq!(
+        wanted(&flight, 4, 0),
+        0,
+        "4 of 4 held: 3 being written, 1 to write"
+    );
+    assert_eq!(wanted(&flight, 4, 2), 2, "the prefetch above them");
+    flight.writing = 1;
+    assert_eq!(wanted(&flight, 4, 0), 2, "2 of 4 free");
+}
+
+#[test]
 fn a_pause_lasts_until_its_instant_and_no_longer() {
     let end = Instant::now() + Duration::from_secs(1);
     let mut flight = flight(0, 0);
@@ -132,6 +155,11 @@ struct Counting {
     later_claims_take_ms: std::sync::atomic::AtomicU64,
     /// How many renewals from now on the database refuses (0 unless a test says).
     renewals_to_refuse: AtomicUsize,
+    /// How long every write of answers takes, in ms (0 unless a test slows them).
+    finishes_take_ms: std::sync::atomic::AtomicU64,
+    /// Messages claimed and not yet answered in the database (claims less the outcomes
+    /// written), and the most there ever were.
+    leased: std::sync::Mutex<(usize, usize)>,
     /// The folder of the database file, removed when the last handle is dropped (after
     /// `inner`, declared before it).
     _folder: tempfile::TempDir,
@@ -156,7 +184,11 @@ impl Backend for Counting {
             let takes = self.later_claims_take_ms.load(Ordering::SeqCst);
             tokio::time::sleep(Duration::from_millis(takes)).await;
         }
-        self.inner.claim(now, lease, limit, bytes, durable).await
+        let claimed = self.inner.claim(now, lease, limit, bytes, durable).await?;
+        let mut leased = self.leased.lock().expect("unpoisoned");
+        leased.0 += claimed.len();
+        leased.1 = leased.1.max(leased.0);
+        Ok(claimed)
     }
     async fn renew(
         &self,
@@ -183,7 +215,12 @@ impl Backend for Counting {
 
     async fn finish(&self, outcomes: &[(Claim, Finish)]) -> Result<(), SendError> {
         self.finishes.fetch_add(1, Ordering::SeqCst);
-        self.inner.finish(outcomes).await
+        let takes = self.finishes_take_ms.load(Ordering::SeqCst);
+        tokio::time::sleep(Duration::from_millis(takes)).await;
+        self.inner.finish(outcomes).await?;
+        let mut leased = self.leased.lock().expect("unpoisoned");
+        leased.0 = leased.0.saturating_sub(outcomes.len());
+        Ok(())
     }
     async fn next_due(&self, now: Millis) -> Result<Option<Millis>, SendError> {
         self.next_dues.fetch_add(1, Ordering::SeqCst);
@@ -230,6 +267,8 @@ async fn counted_outbox(name: &str) -> (Outbox, Arc<Counting>) {
         last_claim: std::sync::Mutex::default(),
         later_claims_take_ms: std::sync::atomic::AtomicU64::new(0),
         renewals_to_refuse: AtomicUsize::new(0),
+        finishes_take_ms: std::sync::atomic::AtomicU64::new(0),
+        leased: std::sync::Mutex::default(),
         _folder: folder,
     });
     let backend: Arc<dyn Backend> = counting.clone();
@@ -577,6 +616,31 @@ async fn answers_that_come_together_are_written_in_one_write() {
         counts.finishes.load(Ordering::SeqCst),
         1,
         "8 answers, one write"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_at_most_once_a_worker_whose_writes_are_slow_never_holds_more_than_its_concurrency() {
+    // A worker killed loses what it holds: under `at_most_once`, each message it held is a
+    // dead letter. So it holds no message it cannot start at once: with its answers
+    // waiting on a slow write, it claims nothing beside them.
+    let (outbox, counts) = counted_outbox("at-most-once-holds").await;
+    outbox.enqueue_many(&messages(24)).await.expect("enqueued");
+    counts.finishes_take_ms.store(50, Ordering::SeqCst);
+    let provider = Answering::new(Ok(Receipt::new("answering")), Duration::ZERO);
+    outbox
+        .worker(Arc::clone(&provider))
+        .concurrency(4)
+        .at_most_once()
+        .drain()
+        .await
+        .expect("drained");
+    assert_eq!(provider.sends.load(Ordering::SeqCst), 24);
+    let (leased, most) = *counts.leased.lock().expect("unpoisoned");
+    assert_eq!(leased, 0, "every answer written");
+    assert!(
+        most <= 4,
+        "{most} messages leased at once by a worker sending 4 at once"
     );
 }
 
