@@ -201,6 +201,10 @@ impl<T: Transport + 'static> Worker<T> {
     /// A message that may have reached the provider (an error marked
     /// [maybe-delivered](SendError::is_maybe_delivered), or a lease that ran out mid-send)
     /// goes to the dead letters as `outbox.maybe_delivered` instead of being sent again.
+    ///
+    /// Such a worker claims no message it cannot start at once: it holds at most
+    /// [`concurrency`](Self::concurrency) messages, counting the sent ones whose answers it
+    /// has not written yet. If it dies, those are what goes dead when their leases run out.
     pub fn at_most_once(mut self) -> Self {
         self.policy.at_most_once = true;
         self
