@@ -210,7 +210,8 @@ impl Postfix {
             .collect()
     }
 
-    /// Each recipient `smtpd` refused at RCPT so far, in order.
+    /// Each recipient `smtpd` refused at RCPT so far, in order. Postfix logs through
+    /// `postlogd`, after it answered the client: see [`Self::wait_for_rejections`].
     pub fn rejected(&self) -> Vec<String> {
         self.maillog()
             .lines()
@@ -246,6 +247,27 @@ impl Postfix {
                 Instant::now() < deadline,
                 "Postfix delivered {} of {count} within {timeout:?}: {delivered:?}\nmaillog:\n{}",
                 delivered.len(),
+                self.maillog()
+            );
+            thread::sleep(Duration::from_millis(25));
+        }
+    }
+
+    /// Waits (polling the maillog, up to `timeout`) until at least `count` refusals at RCPT
+    /// were logged, and returns them all; panics with the maillog if they do not come.
+    /// `smtpd` hands its log line to `postlogd` after it answered the client, so a refusal
+    /// the client has seen may not be in the maillog yet (seen once under `stress`).
+    pub fn wait_for_rejections(&self, count: usize, timeout: Duration) -> Vec<String> {
+        let deadline = Instant::now() + timeout;
+        loop {
+            let rejected = self.rejected();
+            if rejected.len() >= count {
+                return rejected;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "Postfix logged {} of {count} refusals within {timeout:?}: {rejected:?}\nmaillog:\n{}",
+                rejected.len(),
                 self.maillog()
             );
             thread::sleep(Duration::from_millis(25));
