@@ -237,20 +237,7 @@ impl Postfix {
     /// logged, and returns them all; panics with the maillog if they do not come. Postfix
     /// delivers after it answered the client, so a receipt comes before its maillog line.
     pub fn wait_for_deliveries(&self, count: usize, timeout: Duration) -> Vec<String> {
-        let deadline = Instant::now() + timeout;
-        loop {
-            let delivered = self.delivered();
-            if delivered.len() >= count {
-                return delivered;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "Postfix delivered {} of {count} within {timeout:?}: {delivered:?}\nmaillog:\n{}",
-                delivered.len(),
-                self.maillog()
-            );
-            thread::sleep(Duration::from_millis(25));
-        }
+        self.wait_for("deliveries", Self::delivered, count, timeout)
     }
 
     /// Waits (polling the maillog, up to `timeout`) until at least `count` refusals at RCPT
@@ -258,16 +245,28 @@ impl Postfix {
     /// `smtpd` hands its log line to `postlogd` after it answered the client, so a refusal
     /// the client has seen may not be in the maillog yet (seen once under `stress`).
     pub fn wait_for_rejections(&self, count: usize, timeout: Duration) -> Vec<String> {
+        self.wait_for("refusals", Self::rejected, count, timeout)
+    }
+
+    /// Polls `read` (a reading of the maillog) every 25 ms until it returns at least `count`
+    /// entries, and returns them; panics with the maillog after `timeout`.
+    fn wait_for(
+        &self,
+        what: &str,
+        read: fn(&Self) -> Vec<String>,
+        count: usize,
+        timeout: Duration,
+    ) -> Vec<String> {
         let deadline = Instant::now() + timeout;
         loop {
-            let rejected = self.rejected();
-            if rejected.len() >= count {
-                return rejected;
+            let logged = read(self);
+            if logged.len() >= count {
+                return logged;
             }
             assert!(
                 Instant::now() < deadline,
-                "Postfix logged {} of {count} refusals within {timeout:?}: {rejected:?}\nmaillog:\n{}",
-                rejected.len(),
+                "Postfix logged {} of {count} {what} within {timeout:?}: {logged:?}\nmaillog:\n{}",
+                logged.len(),
                 self.maillog()
             );
             thread::sleep(Duration::from_millis(25));
