@@ -485,6 +485,79 @@ async fn a_mailers_worker_is_at_most_once_when_the_stack_or_its_outbox_says_so()
     let _ = std::fs::remove_dir_all(&folder);
 }
 
+/// The three places a DSN can ask for at-most-once: the stack's own flag, the retry's and the
+/// outbox's. Each, set alone, must hold for the whole stack (DESIGN §19, "One at-most-once").
+#[cfg(feature = "outbox")]
+const AT_MOST_ONCE_ANYWHERE: [&str; 3] = [
+    "at_most_once=true",
+    "retry.at_most_once=true",
+    "outbox.at_most_once=true",
+];
+
+/// A failover pool of a server that hangs up after the final dot and a healthy backup,
+/// behind a retry of three attempts and an outbox, with `setting` added to the stack.
+#[cfg(feature = "outbox")]
+async fn hang_up_then_backup(
+    setting: &str,
+    database: &std::path::Path,
+) -> (support::raw_smtp::RawSmtp, EmbeddedSmtp, Mailer) {
+    let first = hangs_up_after_the_dot().await;
+    let backup = EmbeddedSmtp::start();
+    let dsn = format!(
+        "failover(smtp://127.0.0.1:{} {})?retry.attempts=3&retry.delay=10ms&outbox=sqlite://{}&{setting}",
+        first.port(),
+        smtp(&backup),
+        database.display()
+    );
+    let mailer = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .build_without_worker()
+        .await
+        .unwrap();
+    (first, backup, mailer)
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_once_asked_anywhere_keeps_the_pool_from_failing_over_and_the_retry_from_resending()
+{
+    let folder = tempfile::tempdir().unwrap();
+    for (index, setting) in AT_MOST_ONCE_ANYWHERE.into_iter().enumerate() {
+        let database = folder.path().join(format!("{index}.db"));
+        let (first, backup, mailer) = hang_up_then_backup(setting, &database).await;
+        let error = mailer.send(&message()).await.unwrap_err();
+        assert!(error.is_maybe_delivered(), "{setting}: {error:?}");
+        assert_eq!(backup.accepted(), 0, "{setting}: the pool failed it over");
+        assert_eq!(first.count("DATA"), 1, "{setting}: the retry sent it again");
+        let stats = mailer.outbox().unwrap().stats().await.unwrap();
+        assert_eq!(stats.queued, 0, "{setting}: queued to be sent again");
+    }
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn at_most_once_asked_anywhere_makes_the_worker_dead_letter_a_hang_up_after_the_dot() {
+    let folder = tempfile::tempdir().unwrap();
+    for (index, setting) in AT_MOST_ONCE_ANYWHERE.into_iter().enumerate() {
+        let database = folder.path().join(format!("{index}.db"));
+        let (first, backup, mailer) = hang_up_then_backup(setting, &database).await;
+        let outbox = mailer.outbox().unwrap();
+        outbox.enqueue(&message()).await.unwrap();
+        mailer.worker().unwrap().drain().await.unwrap();
+        let stats = outbox.stats().await.unwrap();
+        assert_eq!(
+            (
+                first.count("DATA"),
+                backup.accepted(),
+                stats.queued,
+                stats.dead
+            ),
+            (1, 0, 0, 1),
+            "{setting}: {stats:?}"
+        );
+    }
+}
+
 /// `scope = "recipient_domain"` keeps a breaker per recipient domain; `transport`, one for
 /// the member.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -182,7 +182,7 @@ impl Mailer {
             outbox,
             behind,
             config,
-            self.config.at_most_once,
+            self.config.at_most_once_anywhere(),
         ))
     }
 
@@ -248,8 +248,22 @@ impl MailerConfig {
         self.build_with(false).await
     }
 
+    /// Whether at-most-once was asked for anywhere: on the stack, on the retry or on the
+    /// outbox. Asked once, it holds for every layer the mailer builds (DESIGN §19): the pool
+    /// does not fail over, the retry does not resend and the worker dead-letters a message
+    /// that may have been delivered, whichever of the three settings said so.
+    fn at_most_once_anywhere(&self) -> bool {
+        self.at_most_once
+            || self.retry.as_ref().is_some_and(|retry| retry.at_most_once)
+            || self
+                .outbox
+                .as_ref()
+                .is_some_and(|outbox| outbox.at_most_once)
+    }
+
     #[cfg_attr(not(feature = "outbox"), allow(unused_variables))]
     async fn build_with(self, start_worker: bool) -> Result<Mailer, ConfigError> {
+        let at_most_once = self.at_most_once_anywhere();
         let store = match &self.redis {
             Some(redis) => Some(connect(redis).await?),
             None => None,
@@ -275,7 +289,7 @@ impl MailerConfig {
                     Strategy::Failover => crate::Strategy::Priority,
                     Strategy::RoundRobin => crate::Strategy::RoundRobin,
                 });
-                if self.at_most_once {
+                if at_most_once {
                     pool = pool.at_most_once();
                 }
                 for (index, ((_, breaker), member)) in members.iter().zip(&self.members).enumerate()
@@ -287,13 +301,13 @@ impl MailerConfig {
             }
         };
         let stack: Box<dyn Transport> = match &self.retry {
-            Some(retry) => Box::new(build_retry(pooled, retry, self.at_most_once)?),
+            Some(retry) => Box::new(build_retry(pooled, retry, at_most_once)?),
             None => pooled,
         };
         #[cfg(feature = "outbox")]
         {
             let (stack, outbox, worker, behind_outbox) = match &self.outbox {
-                Some(config) => with_outbox(stack, config, self.at_most_once, start_worker).await?,
+                Some(config) => with_outbox(stack, config, at_most_once, start_worker).await?,
                 None => (stack, None, None, None),
             };
             Ok(Mailer {
@@ -699,7 +713,7 @@ fn build_retry(
         }
         None => {}
     }
-    if config.at_most_once || at_most_once {
+    if at_most_once {
         builder = builder.at_most_once();
     }
     builder.build().map_err(|error| error.within("retry"))
@@ -824,7 +838,6 @@ async fn with_outbox(
     } else {
         None
     };
-    let at_most_once = config.at_most_once || at_most_once;
     let front: Box<dyn Transport> = if config.queue_only {
         Box::new(OutboxTransport::queue_only(outbox.clone()))
     } else {
@@ -837,7 +850,8 @@ async fn with_outbox(
     Ok((front, Some(outbox), guard, Some(stack)))
 }
 
-/// A worker for `outbox` through `stack`, set up as `config` says.
+/// A worker for `outbox` through `stack`, set up as `config` says; `at_most_once` is the
+/// stack-wide flag ([`MailerConfig::at_most_once_anywhere`]).
 #[cfg(feature = "outbox")]
 fn configured_worker(
     outbox: &crate::outbox::Outbox,
@@ -858,7 +872,7 @@ fn configured_worker(
     if let Some(poll) = config.poll {
         worker = worker.poll(poll);
     }
-    if config.at_most_once || at_most_once {
+    if at_most_once {
         worker = worker.at_most_once();
     }
     worker
