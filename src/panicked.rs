@@ -40,7 +40,10 @@ pub(crate) fn panicked(transport: &str, payload: &(dyn Any + Send)) -> SendError
         PANICKED,
         format!("the send panicked: {why}"),
     )
-    .with_transport(transport);
+    .with_transport(transport)
+    // One send's panic (often one message's content meeting a bug) is no sign that the
+    // transport cannot send the next message.
+    .about_the_message();
     tracing::error!(transport, error = %error, "transport.panicked");
     error
 }
@@ -68,6 +71,10 @@ mod tests {
         assert_eq!(error.category(), Category::Configuration);
         assert_eq!(error.transport(), Some("smtp://relay:25"));
         assert!(error.message().contains("boom"), "{error}");
+        assert!(
+            error.is_about_the_message(),
+            "one send's panic, not the member"
+        );
     }
 
     #[test]

@@ -56,11 +56,14 @@ pub enum Strategy {
 /// error is marked [`is_not_attempted`](SendError::is_not_attempted).
 ///
 /// # A member that cannot work
-/// A member that answered `Authentication` or `Configuration` (credentials refused, a
-/// transport set up wrong, a send that panicked) is passed over for 60 s: its breaker is
+/// A member that answered `Authentication` or `Configuration` about itself (credentials
+/// refused, a transport set up wrong) is passed over for 60 s: its breaker is
 /// left alone, and meanwhile its place in the order answers `pool.skipped` (of the
 /// category it answered, marked [`is_not_attempted`](SendError::is_not_attempted), its
-/// `retry_after` the time left) without a send. It is asked again once the 60 s passed.
+/// `retry_after` the time left) without a send. It is asked again once the 60 s passed. A
+/// failure [about one message](SendError::is_about_the_message) (an unverified sender, a
+/// body the server cannot carry, a send that panicked) fails that message over but does not
+/// pass the member over: the next message may go.
 ///
 /// # A member that panics
 /// A member's send that panics is answered `transport.panicked` (Configuration), naming the
@@ -173,7 +176,8 @@ impl Skip {
             )
             .with_transport(member)
             .with_retry_after(left)
-            .not_attempted(),
+            .not_attempted()
+            .refusing_every_message(),
         )
     }
 
@@ -183,7 +187,9 @@ impl Skip {
             error.category(),
             Category::Authentication | Category::Configuration
         );
-        if !cannot_work || error.is_not_attempted() {
+        // A failure about one message (an unverified sender, a body the server cannot
+        // carry, a panic) says nothing of the member: the next message may go.
+        if !cannot_work || error.is_not_attempted() || error.is_about_the_message() {
             return;
         }
         tracing::warn!(
@@ -341,6 +347,10 @@ impl PoolTransport {
         if errors.iter().all(SendError::is_not_attempted) {
             // No member sent it: a breaker around the pool learns nothing of the providers.
             error = error.not_attempted();
+        }
+        if errors.iter().all(SendError::refuses_every_message) {
+            // Every member holds back every message: the whole pool does.
+            error = error.refusing_every_message();
         }
         error.with_causes(errors)
     }

@@ -501,6 +501,10 @@ pub struct SendError {
     batch_failure: bool,
     maybe_delivered: bool,
     not_attempted: bool,
+    about_the_message: bool,
+    /// A refusal that holds every message back, not only this one's recipients: see
+    /// [`SendError::refusing_every_message`].
+    every_message: bool,
     /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
     details: Option<Box<Details>>,
 }
@@ -548,6 +552,8 @@ impl SendError {
             batch_failure: false,
             maybe_delivered: false,
             not_attempted: false,
+            about_the_message: false,
+            every_message: false,
             details: None,
         }
     }
@@ -637,6 +643,48 @@ impl SendError {
     /// Whether the message never reached the provider (see [`not_attempted`](Self::not_attempted)).
     pub fn is_not_attempted(&self) -> bool {
         self.not_attempted
+    }
+
+    /// Marks that the failure is about this one message, not about the transport that
+    /// answered it: a sender identity the provider has not verified (SES's "Email address is
+    /// not verified", Postmark's sender signature errors), a body the server cannot carry, a
+    /// send that panicked. The next message may well go, so a
+    /// [`PoolTransport`](crate::PoolTransport) does not pass the member over for it, as it
+    /// does for a failure of the member itself (credentials, account, endpoint).
+    ///
+    /// ```
+    /// use mail_breaker::{Category, SendError};
+    ///
+    /// let unverified = SendError::new(Category::Configuration, "ses.MessageRejected", "sender not verified")
+    ///     .about_the_message();
+    /// assert!(unverified.is_about_the_message());
+    /// assert!(!SendError::new(Category::Authentication, "smtp.535", "bad password").is_about_the_message());
+    /// ```
+    pub fn about_the_message(mut self) -> Self {
+        self.about_the_message = true;
+        self
+    }
+
+    /// Whether the failure is about this one message rather than the member (see
+    /// [`about_the_message`](Self::about_the_message)).
+    pub fn is_about_the_message(&self) -> bool {
+        self.about_the_message
+    }
+
+    /// Marks a [not-attempted](Self::not_attempted) refusal that holds back every message the
+    /// transport is handed, whatever its recipients: a breaker scoped by transport, or
+    /// isolated; a rate limit; a pool member passed over. A breaker scoped by recipient
+    /// domain refuses one domain's mail and leaves this unmarked. An outbox worker pauses as a
+    /// whole only for such a refusal (DESIGN §19); for any other it moves that message alone.
+    pub(crate) fn refusing_every_message(mut self) -> Self {
+        self.every_message = true;
+        self
+    }
+
+    /// Whether this refusal holds back every message (see
+    /// [`refusing_every_message`](Self::refusing_every_message)).
+    pub(crate) fn refuses_every_message(&self) -> bool {
+        self.every_message && self.not_attempted
     }
 
     /// Keeps the errors this one sums up, e.g. each pool member's error in `pool.exhausted`.

@@ -928,8 +928,7 @@ async fn a_pool_whose_only_member_panicked_answers_with_transport_panicked_and_s
     assert_eq!(error.causes()[0].category(), Category::Configuration);
     assert_eq!(error.causes()[0].transport(), Some("only"));
 
-    // A member that answered Configuration is passed over for a minute, then asked again.
-    tokio::time::advance(Duration::from_secs(60)).await;
+    // A panic is about that one send (DESIGN §19): the member is asked at once for the next.
     let receipt = pool.send(&message()).await.unwrap();
     assert_eq!(receipt.transport(), "only");
 }
@@ -1051,6 +1050,40 @@ async fn a_member_that_answered_configuration_is_skipped_too() {
 
     assert_eq!(primary.sends(), 1);
     assert_eq!(backup.sends(), 2);
+}
+
+// ---- a failure about the message keeps the member (issue 62, point 5; DESIGN §19) ----
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_failure_was_about_the_message_fails_it_over_and_is_asked_for_the_next() {
+    for category in [Category::Configuration, Category::Authentication] {
+        let unverified = SendError::new(category, "test.unverified_sender", "sender not verified")
+            .about_the_message();
+        let primary = Scripted::answering("primary", Reply::Err(unverified));
+        let backup = Scripted::new("backup");
+        let pool = pool_of(&primary, &backup);
+
+        let first = pool.send(&message()).await.unwrap();
+        pool.send(&message()).await.unwrap();
+
+        assert_eq!(first.transport(), "backup", "{category:?}: failed over");
+        assert_eq!(primary.sends(), 2, "{category:?}: asked again for the next");
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_member_whose_send_panicked_is_asked_again_for_the_next_message() {
+    let panicking = Panicking::new("primary", 1);
+    let backup = Scripted::new("backup");
+    let pool = PoolTransport::builder()
+        .add(panicking, 1)
+        .add(backup.clone(), 2)
+        .build()
+        .unwrap();
+
+    assert_eq!(pool.send(&message()).await.unwrap().transport(), "backup");
+    assert_eq!(pool.send(&message()).await.unwrap().transport(), "primary");
+    assert_eq!(backup.sends(), 1);
 }
 
 #[tokio::test(start_paused = true)]

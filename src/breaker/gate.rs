@@ -271,7 +271,12 @@ impl Gate {
             ),
         };
         // Nothing was sent: a breaker around this one counts the refusal for nothing.
-        let error = error.not_attempted();
+        let mut error = error.not_attempted();
+        // One breaker for the whole transport, or an isolation (which holds every key), holds
+        // back every message; a breaker of one recipient domain holds back only that domain's.
+        if matches!(self.scope, Scope::Transport) || held.retry_after.is_none() {
+            error = error.refusing_every_message();
+        }
         if *self.transport_name == *transport {
             error.with_shared_transport(&self.transport_name)
         } else {

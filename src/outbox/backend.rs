@@ -15,9 +15,10 @@ use crate::SendError;
 pub(crate) enum Finish {
     /// Delivered: the row goes.
     Sent,
-    /// Claimed and never started (the worker stopped, or the stack refused): due again at
-    /// `now` for any worker, the claim not counted as an attempt.
-    GiveBack { now: Millis },
+    /// Claimed and not sent (the worker stopped, or the stack refused it without an
+    /// attempt): due again `wait` after `now` (a database with a clock of its own counts it
+    /// from its own now) for any worker, the claim not counted as an attempt.
+    GiveBack { now: Millis, wait: Millis },
     /// Dead with its error, at a time.
     Dead {
         error: StoredError,
@@ -73,11 +74,12 @@ pub(crate) enum Failed {
 }
 
 impl Finish {
-    /// How long a retry waits from the answer; zero for any other outcome.
+    /// How long a retry or a message given back waits from the answer; zero for any other
+    /// outcome.
     #[cfg_attr(not(feature = "postgres"), allow(dead_code))]
     pub(crate) fn wait(&self) -> Millis {
         match self {
-            Finish::Retry { wait, .. } => *wait,
+            Finish::Retry { wait, .. } | Finish::GiveBack { wait, .. } => *wait,
             _ => 0,
         }
     }
@@ -171,7 +173,7 @@ mod tests {
     use super::*;
 
     #[test]
-    fn only_a_retry_waits_and_it_waits_as_long_as_it_said() {
+    fn a_retry_and_a_give_back_wait_as_long_as_they_said_and_nothing_else_waits() {
         let retry = Finish::Retry {
             error: StoredError::default(),
             due_at: 9_000,
@@ -180,6 +182,6 @@ mod tests {
         };
         assert_eq!(retry.wait(), 4_000);
         assert_eq!(Finish::Sent.wait(), 0);
-        assert_eq!(Finish::GiveBack { now: 5 }.wait(), 0);
+        assert_eq!(Finish::GiveBack { now: 5, wait: 7 }.wait(), 7);
     }
 }

@@ -102,7 +102,7 @@ mod counts;
 const GIVE_BACK: &str = concat!(
     "UPDATE mail_breaker_outbox SET leased = FALSE, attempts = attempts - 1, due_at = ",
     now_ms!(),
-    " WHERE id = $1 AND attempts = $2 AND leased"
+    " + $3 WHERE id = $1 AND attempts = $2 AND leased"
 );
 
 /// A failed claim's update: dead, or due again; its time, error and narrowed recipients.
@@ -543,7 +543,10 @@ impl Backend for PostgresBackend {
                 let attempts = i32::try_from(claim.attempts).unwrap_or(i32::MAX);
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(attempts);
                 if let Finish::GiveBack { .. } = finish {
-                    keyed(GIVE_BACK).execute(&mut *tx).await?;
+                    keyed(GIVE_BACK)
+                        .bind(finish.wait())
+                        .execute(&mut *tx)
+                        .await?;
                     continue;
                 }
                 let Some((failed, at, error, recipients)) = finish.failure() else {

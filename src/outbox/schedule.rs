@@ -76,6 +76,17 @@ pub(crate) fn after_failure(
     Next::Retry { due_at, error }
 }
 
+/// Whether the worker sends again a message whose first attempt failed with `error`:
+/// everything but a refusal of the message itself and, under `at_most_once`, a send that may
+/// have reached the provider. `send_or_queue` keeps exactly these (DESIGN §19), so that a
+/// failure the worker would retry is never lost because the stack had one member.
+pub(crate) fn sends_again(error: &SendError, at_most_once: bool) -> bool {
+    !(matches!(
+        error.category(),
+        Category::Rejected | Category::InvalidMessage
+    ) || (at_most_once && error.is_maybe_delivered()))
+}
+
 /// A message whose send panicked this many times is dead: the bug is not going away.
 pub(crate) const PANICS_TO_DEAD: u32 = 3;
 
@@ -446,6 +457,27 @@ mod tests {
                 }
                 (next, expected) => prop_assert!(false, "got {next:?}, the rules say {expected:?}"),
             }
+        }
+
+        /// What `send_or_queue` keeps is what the worker retries: for a message just
+        /// enqueued, `sends_again` holds exactly when `after_failure` answers a retry.
+        #[test]
+        fn sends_again_is_what_the_worker_retries_a_young_message_for(
+            category in category(),
+            maybe_delivered: bool,
+            at_most_once: bool,
+        ) {
+            let mut error = SendError::new(category, "test.code", "scripted");
+            if maybe_delivered {
+                error = error.maybe_delivered();
+            }
+            let policy = Policy { at_most_once, ..policy() };
+            let message = Attempted { enqueued_at: 1_000, attempts: 1, panics: 0, now: 1_000 };
+            let retried = matches!(
+                after_failure(&policy, message, error.clone(), |_| MINUTE),
+                Next::Retry { .. }
+            );
+            prop_assert_eq!(sends_again(&error, at_most_once), retried);
         }
     }
 }

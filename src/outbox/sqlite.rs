@@ -475,8 +475,9 @@ impl Backend for SqliteBackend {
             }
             for (claim, finish) in outcomes {
                 let keyed = |sql| sqlx::query(sql).bind(claim.id.0).bind(claim.attempts);
-                if let Finish::GiveBack { now } = finish {
-                    keyed(GIVE_BACK).bind(*now).execute(&mut *tx).await?;
+                if let Finish::GiveBack { now, wait } = finish {
+                    let due_at = now.saturating_add(*wait);
+                    keyed(GIVE_BACK).bind(due_at).execute(&mut *tx).await?;
                     continue;
                 }
                 let Some((failed, at, error, recipients)) = finish.failure() else {
@@ -892,7 +893,7 @@ mod tests {
                     let error = StoredError::default();
                     let finish = match random.u8(0..4) {
                         0 => Finish::Sent,
-                        1 => Finish::GiveBack { now },
+                        1 => Finish::GiveBack { now, wait: 0 },
                         2 => Finish::Dead {
                             error,
                             at: now,

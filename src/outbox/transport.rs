@@ -8,12 +8,16 @@ use super::Outbox;
 /// A [`Transport`] in front of an [`Outbox`]:
 /// - [`queue_only`](Self::queue_only): every send is an enqueue; a worker sends it later.
 /// - [`send_or_queue`](Self::send_or_queue): sends through the stack now; a message that
-///   failed for a reason that may pass ([retryable](SendError::is_retryable): every
-///   provider down, `breaker.open`, `pool.exhausted`, `RateLimited`) is queued instead.
+///   failed for a reason a [`Worker`](super::Worker) would send it again for is queued
+///   instead: every provider down, `breaker.open`, `pool.exhausted`, `RateLimited`, and a
+///   failure of the setup (`Authentication`, `Configuration`, `Unsupported`: an expired
+///   password, a token endpoint that answers a page), however many members the stack has.
+///   Such a message is due at once; the worker's first failed try then waits its
+///   `setup_wait` or backoff, as for any queued message.
 ///
 /// A queued message is answered `Ok` with [`Receipt::is_queued`] true, its
 /// [`message_id`](Receipt::message_id) the outbox's id. A message refused for good
-/// (`Rejected`, `InvalidMessage`, ...) is answered with its error: queueing would not help.
+/// (`Rejected`, `InvalidMessage`) is answered with its error: queueing would not help.
 /// `Err` means the message was neither sent nor kept. A delivery that deferred some
 /// recipients is answered with its receipt, and the message is queued for those alone.
 ///
@@ -147,7 +151,7 @@ impl<T: Transport> Transport for OutboxTransport<T> {
             Ok(receipt) => return Ok(self.keep_deferred(envelope, raw, receipt).await),
             Err(error) => error,
         };
-        if !error.is_retryable() || (self.at_most_once && error.is_maybe_delivered()) {
+        if !super::schedule::sends_again(&error, self.at_most_once) {
             return Err(error);
         }
         match self.queue(envelope, raw).await {

@@ -288,7 +288,10 @@ impl<T: Transport + 'static> Worker<T> {
         self.validate()
             .map_err(|e| SendError::new(Category::Configuration, "outbox.config", e.to_string()))?;
         let backend = self.outbox.backend();
-        let mut flight = Flight::default();
+        let mut flight = Flight {
+            poll: self.poll,
+            ..Flight::default()
+        };
         let mut stopping: Option<Instant> = None;
         let mut database = DatabaseWait::default();
         let mut stats_read: Option<(Instant, Duration)> = None;
@@ -687,6 +690,9 @@ struct Flight {
     paused_until: Option<Instant>,
     /// After a pause, one send at a time until an answer other than a refusal comes.
     probing: bool,
+    /// The worker's poll: how long a message refused without a time (an isolated breaker)
+    /// waits before it is due again.
+    poll: Duration,
 }
 
 impl Flight {
@@ -732,7 +738,7 @@ impl Flight {
         let mut bytes = 0_u64;
         let handed = self.ready.drain(..).map(|held| {
             bytes = bytes.saturating_add(body_size(&held.message));
-            (held.message.claim, Finish::GiveBack { now })
+            (held.message.claim, Finish::GiveBack { now, wait: 0 })
         });
         self.answers.extend(handed);
         self.held_bytes = self.held_bytes.saturating_sub(bytes);
@@ -828,6 +834,10 @@ impl Flight {
                     }
                 }
             }
+            Err(error) if error.is_not_attempted() => {
+                self.refused(answer.claim, &error, now);
+                return;
+            }
             Err(error) => (error, None),
         };
         match stack_closed_for(&error) {
@@ -862,6 +872,30 @@ impl Flight {
             },
         };
         self.answers.push((answer.claim, finish));
+    }
+}
+
+impl Flight {
+    /// A send the stack refused without an attempt (DESIGN §19, "Not sent is not an
+    /// attempt"): the message is given back, due again after the refusal's `retry_after` (or
+    /// the next poll, for an isolation, which promises no time), with no attempt counted and
+    /// no backoff. The worker pauses as a whole only when the refusal holds back every
+    /// message (a breaker of the whole transport, a rate limit, a pool whose members all
+    /// refused so); a breaker of one recipient domain moves that message alone.
+    fn refused(&mut self, claim: Claim, error: &SendError, now: Millis) {
+        let wait = error.retry_after().unwrap_or(self.poll);
+        if error.refuses_every_message() {
+            let until = later(Instant::now(), wait);
+            self.paused_until = Some(self.paused_until.map_or(until, |paused| paused.max(until)));
+            self.probing = true;
+        }
+        self.answers.push((
+            claim,
+            Finish::GiveBack {
+                now,
+                wait: schedule::millis(wait),
+            },
+        ));
     }
 }
 
@@ -903,12 +937,13 @@ fn deferred(receipt: &Receipt) -> Option<(SendError, String)> {
     Some((first.clone(), recipients.join("\n")))
 }
 
-/// How long the whole stack said it will not send: a breaker's or a pool's refusal with
-/// its open time, or a provider's throttle. `None` for any other error.
+/// How long the provider asked the whole stack to wait: its throttle (`RateLimited` with a
+/// `retry_after`) after an attempt. `None` for any other error.
 fn stack_closed_for(error: &SendError) -> Option<Duration> {
-    let refused = matches!(error.code(), "breaker.open" | "pool.exhausted")
-        || error.category() == Category::RateLimited;
-    error.retry_after().filter(|_| refused)
+    // A refusal without an attempt never comes here (`Flight::refused`): this is a
+    // provider's own throttle, which holds for the whole stack.
+    let throttled = error.category() == Category::RateLimited;
+    error.retry_after().filter(|_| throttled)
 }
 
 /// Waits for a database that failed: 100 ms after the first failure, doubling to 5 s.

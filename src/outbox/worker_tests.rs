@@ -553,7 +553,10 @@ async fn a_worker_the_stack_refuses_tries_one_probe_per_pause_and_touches_the_da
         "breaker.open",
         "the circuit breaker is open",
     )
-    .with_retry_after(Duration::from_millis(300));
+    .with_retry_after(Duration::from_millis(300))
+    // As a breaker of the whole transport refuses: not sent, and every message held back.
+    .not_attempted()
+    .refusing_every_message();
     let stack = Answering::new(Err(open), Duration::ZERO);
     let worker = outbox
         .worker(Arc::clone(&stack))

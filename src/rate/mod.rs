@@ -170,7 +170,11 @@ impl<T: Transport> RateLimitTransport<T> {
                 ),
             ),
         };
-        error.with_transport(&*self.name).not_attempted()
+        // A rate limit holds back every message, whatever its recipients.
+        error
+            .with_transport(&*self.name)
+            .not_attempted()
+            .refusing_every_message()
     }
 
     /// Lowers the rate when the provider throttled (not a limiter below this one, whose

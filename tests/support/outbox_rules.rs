@@ -573,6 +573,131 @@ pub async fn the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after
     assert_eq!(provider.sends(), while_down + 30);
 }
 
+/// Issue 62, point 6: a refusal without an attempt (here an isolated breaker, which promises
+/// no time) moves only the message's due time, to the next poll: no attempt counted, no
+/// backoff, so that mail goes within a poll of the reset, however long it was refused.
+pub async fn an_isolated_member_keeps_every_attempt_count_at_zero_and_drains_within_a_poll_of_the_reset(
+    outbox: Outbox,
+) {
+    let ids = outbox
+        .enqueue_many(&numbered_messages(1_000))
+        .await
+        .unwrap();
+    let provider = Scripted::new("provider");
+    let breaker = std::sync::Arc::new(
+        CircuitBreakerTransport::builder(provider.clone())
+            .build()
+            .unwrap(),
+    );
+    breaker.isolate().await;
+    let poll = Duration::from_millis(200);
+    // The default backoff (1 s doubling to 10 min): a refusal counted as an attempt would
+    // push the messages' due times out of reach of the wait below.
+    let worker = outbox.worker(std::sync::Arc::clone(&breaker)).poll(poll);
+    let running = Running::start(worker);
+    tokio::time::sleep(poll * 6).await;
+    assert_eq!(provider.sends(), 0, "isolated: nothing sent");
+    for id in &ids {
+        let stored = outbox.message(*id).await.unwrap().expect("still queued");
+        assert_eq!(stored.attempts, 0, "message {id}: a refusal is no attempt");
+        assert!(stored.dead_at.is_none());
+    }
+    breaker.reset().await;
+    let mut waited = Duration::ZERO;
+    while outbox.stats().await.unwrap().queued > 0 {
+        assert!(
+            waited < Duration::from_secs(20),
+            "not drained after the reset: {:?}",
+            outbox.stats().await.unwrap()
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+        waited += Duration::from_millis(20);
+    }
+    running.stop().await;
+    assert_eq!(provider.sends(), 1_000);
+}
+
+/// Fails every send to a recipient at `a.example` (the provider's route there is down) and
+/// delivers the others.
+#[derive(Clone, Default)]
+struct DownForDomainA {
+    sent: std::sync::Arc<std::sync::Mutex<Vec<String>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for DownForDomainA {
+    fn name(&self) -> &str {
+        "provider"
+    }
+
+    async fn send_raw(
+        &self,
+        envelope: &mail_breaker::Envelope,
+        _raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, SendError> {
+        let to: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
+        self.sent.lock().unwrap().extend(to.iter().cloned());
+        if to.iter().any(|to| to.ends_with("@a.example")) {
+            return Err(SendError::new(Category::Network, "test.down", "route down"));
+        }
+        Ok(mail_breaker::Receipt::new("provider"))
+    }
+}
+
+fn to(address: &str) -> mail_breaker::Message {
+    mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to(address.parse().unwrap())
+        .body(String::from("hello"))
+        .unwrap()
+}
+
+/// Issue 62, point 6: with a breaker per recipient domain, one domain's open breaker holds
+/// back that domain's mail alone; the worker does not pause for it.
+pub async fn a_breaker_open_for_one_recipient_domain_holds_back_that_domains_mail_alone(
+    outbox: Outbox,
+) {
+    let provider = DownForDomainA::default();
+    let breaker = CircuitBreakerTransport::builder(provider.clone())
+        .scope(mail_breaker::Scope::RecipientDomain)
+        .failure_threshold(1)
+        .reset_timeout(Duration::from_secs(600))
+        .build()
+        .unwrap();
+    breaker.send(&to("first@a.example")).await.unwrap_err();
+    let mut messages: Vec<_> = (0..5).map(|i| to(&format!("a{i}@a.example"))).collect();
+    messages.extend((0..5).map(|i| to(&format!("b{i}@b.example"))));
+    let ids = outbox.enqueue_many(&messages).await.unwrap();
+    outbox.worker(breaker).concurrency(1).drain().await.unwrap();
+    let sent = provider.sent.lock().unwrap().clone();
+    assert_eq!(
+        sent.len(),
+        6,
+        "a.example once before, then b.example's five: {sent:?}"
+    );
+    assert!(
+        sent[1..].iter().all(|to| to.ends_with("@b.example")),
+        "{sent:?}"
+    );
+    for id in &ids[..5] {
+        let stored = outbox
+            .message(*id)
+            .await
+            .unwrap()
+            .expect("a.example's wait");
+        assert_eq!(
+            stored.attempts, 0,
+            "refused by its domain's breaker: no attempt"
+        );
+    }
+    for id in &ids[5..] {
+        assert!(
+            outbox.message(*id).await.unwrap().is_none(),
+            "b.example's sent"
+        );
+    }
+}
+
 pub async fn shutdown_lets_sends_in_flight_finish_and_starts_no_more(outbox: Outbox) {
     outbox.enqueue_many(&numbered_messages(6)).await.unwrap();
     let provider = Scripted::answering(
@@ -649,6 +774,26 @@ pub async fn an_outbox_transport_bears_its_stacks_name_or_outbox_when_it_only_qu
         "provider"
     );
     assert_eq!(OutboxTransport::queue_only(outbox).name(), "outbox");
+}
+
+/// Issue 62, point 4: a failure of the setup (an expired password, a token endpoint's HTML
+/// page, a transport that cannot carry the message) is one the worker sends again after its
+/// `setup_wait`, so `send_or_queue` keeps it, whether the stack has one member or many.
+pub async fn send_or_queue_keeps_every_failure_the_worker_would_send_again(outbox: Outbox) {
+    for category in [
+        Category::Authentication,
+        Category::Configuration,
+        Category::Unsupported,
+    ] {
+        let failing = Scripted::answering("provider", Reply::fail(category));
+        let transport = OutboxTransport::send_or_queue(outbox.clone(), failing);
+        let receipt = transport.send(&super::message()).await;
+        assert!(
+            receipt.as_ref().is_ok_and(mail_breaker::Receipt::is_queued),
+            "{category:?}: {receipt:?}"
+        );
+    }
+    assert_eq!(outbox.stats().await.unwrap().queued, 3);
 }
 
 pub async fn send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing(outbox: Outbox) {
@@ -1043,9 +1188,12 @@ macro_rules! all_outbox_rules {
             under_at_most_once_a_worker_holds_only_what_it_sends,
             two_workers_never_send_one_message_twice,
             the_worker_tries_nothing_while_the_breaker_is_open_and_drains_after_the_probe,
+            an_isolated_member_keeps_every_attempt_count_at_zero_and_drains_within_a_poll_of_the_reset,
+            a_breaker_open_for_one_recipient_domain_holds_back_that_domains_mail_alone,
             shutdown_lets_sends_in_flight_finish_and_starts_no_more,
             send_or_queue_queues_a_failure_that_may_pass,
             send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing,
+            send_or_queue_keeps_every_failure_the_worker_would_send_again,
             send_or_queue_queues_a_maybe_delivered_failure_to_send_again,
             send_or_queue_under_at_most_once_answers_a_maybe_delivered_failure_and_keeps_nothing,
             send_or_queue_under_at_most_once_still_queues_a_failure_that_sent_nothing,

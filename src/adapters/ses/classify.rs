@@ -162,7 +162,10 @@ fn from_response(
     } else {
         safe_message(message, category)
     };
-    let sorted = SendError::new(category, code, text);
+    let mut sorted = SendError::new(category, code, text);
+    if is_about_the_message(category, message, &sorted) {
+        sorted = sorted.about_the_message();
+    }
     match retry_after(response) {
         Some(after) => sorted.with_retry_after(after),
         None => sorted,
@@ -250,6 +253,20 @@ fn category_of_code(code: &str) -> Option<Category> {
 /// Whether SES's message says a sender or recipient is not a verified identity, as the
 /// sandbox and an unverified sender answer: "Email address is not verified. The following
 /// identities failed the check in region ...".
+/// Whether SES's answer is about this message's sender (or, in the sandbox, recipient) and
+/// not about the account: an identity not verified fails the messages that use it, while the
+/// member sends everyone else's mail (DESIGN §19).
+fn is_about_the_message(category: Category, message: &str, sorted: &SendError) -> bool {
+    category == Category::Configuration
+        && (is_unverified_address(message)
+            || matches!(
+                sorted.code(),
+                "ses.MailFromDomainNotVerifiedException"
+                    | "ses.MailFromDomainNotVerified"
+                    | "ses.FromEmailAddressNotVerifiedException"
+            ))
+}
+
 fn is_unverified_address(message: &str) -> bool {
     let lower = message.to_ascii_lowercase();
     lower.contains("not verified") || lower.contains("did not have authority to send")
@@ -361,6 +378,32 @@ mod tests {
     }
 
     #[test]
+    fn an_unverified_identity_is_about_the_message_and_an_account_failure_is_not() {
+        for (code, message) in [
+            (Some("MessageRejected"), "Email address is not verified."),
+            (Some("MailFromDomainNotVerifiedException"), ""),
+            (Some("FromEmailAddressNotVerifiedException"), ""),
+        ] {
+            assert!(
+                sorted(400, code, message).is_about_the_message(),
+                "{code:?}"
+            );
+        }
+        for (code, message) in [
+            (Some("AccountSuspendedException"), ""),
+            (Some("SendingPausedException"), ""),
+            (Some("AccessDenied"), "identity is not verified"),
+            (Some("MessageRejected"), "Illegal address"),
+            (Some("LimitExceededException"), ""),
+        ] {
+            assert!(
+                !sorted(400, code, message).is_about_the_message(),
+                "{code:?}"
+            );
+        }
+    }
+
+    #[test]
     fn rejected_messages_are_rejected_and_unverified_identities_configuration() {
         assert_eq!(
             sorted(400, Some("MessageRejected"), "").category(),
@@ -406,6 +449,10 @@ mod tests {
         );
         assert_eq!(unverified.category(), Category::Configuration);
         assert!(!unverified.to_string().contains("bob@"));
+        assert!(
+            unverified.is_about_the_message(),
+            "one sender, not the account"
+        );
     }
 
     #[test]

@@ -729,7 +729,9 @@ fn mail_parameters(
             Category::Configuration,
             "smtp.client",
             "the message is not ASCII and the server does not offer 8BITMIME",
-        ));
+        )
+        // This message's body, not the member: an ASCII message still goes (DESIGN §19).
+        .about_the_message());
     }
     Ok(MailParameters {
         size: offered.size.map(|_| length),
@@ -809,6 +811,7 @@ mod tests {
         let error = mail_parameters(&Capabilities::default(), &envelope(), message)
             .expect_err("no 8BITMIME");
         assert_eq!(error.category(), Category::Configuration);
+        assert!(error.is_about_the_message(), "an ASCII message still goes");
         let offered = Capabilities {
             eight_bit_mime: true,
             ..Capabilities::default()

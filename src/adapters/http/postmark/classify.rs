@@ -62,7 +62,22 @@ pub fn classify_postmark_error(status: u16, headers: &HeaderMap, body: &[u8]) ->
     } else {
         format!("postmark.{status}")
     };
-    answer_error(category, code, status, &parsed.message, headers)
+    let error = answer_error(category, code, status, &parsed.message, headers);
+    if is_about_the_sender(parsed.error_code, &parsed.message) {
+        // The sender signature is the message's From: another message may go (DESIGN §19).
+        return error.about_the_message();
+    }
+    error
+}
+
+/// Whether Postmark's answer is about this message's sender signature (400 not found, 401
+/// not confirmed, 300 naming it), not the account.
+fn is_about_the_sender(error_code: i64, message: &str) -> bool {
+    match error_code {
+        400 | 401 => true,
+        300 => message.to_ascii_lowercase().contains("sender signature"),
+        _ => false,
+    }
 }
 
 /// The table of [`classify_postmark_error`]: the API error code first, then the status.
@@ -127,6 +142,29 @@ mod tests {
         let error = sorted(422, 406, "Found inactive addresses: bob@example.org.");
         assert_eq!(error.category(), Category::Rejected);
         assert!(!error.to_string().contains("bob@"));
+    }
+
+    #[test]
+    fn postmark_sender_signature_errors_are_about_the_message_and_account_ones_are_not() {
+        for (code, message) in [
+            (400, "Sender signature not found"),
+            (401, "Sender signature not confirmed"),
+            (
+                300,
+                "The 'From' address you supplied is not a Sender Signature",
+            ),
+        ] {
+            assert!(sorted(422, code, message).is_about_the_message(), "{code}");
+        }
+        for (code, message) in [
+            (405, "Not allowed to send"),
+            (412, "Account pending approval"),
+            (413, "Not allowed to send"),
+            (10, "Bad or missing Server API token."),
+            (300, "Invalid 'To' address"),
+        ] {
+            assert!(!sorted(422, code, message).is_about_the_message(), "{code}");
+        }
     }
 
     #[test]

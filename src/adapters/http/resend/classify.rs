@@ -60,7 +60,16 @@ pub fn classify_resend_error(status: u16, headers: &HeaderMap, body: &[u8]) -> S
     } else {
         format!("resend.{}", parsed.name)
     };
-    answer_error(category, code, status, &parsed.message, headers)
+    let error = answer_error(category, code, status, &parsed.message, headers);
+    if parsed.name == "validation_error"
+        && status == 403
+        && parsed.message.to_ascii_lowercase().contains("not verified")
+    {
+        // "The example.com domain is not verified": the message's From domain; a message
+        // from a verified domain still goes (DESIGN §19).
+        return error.about_the_message();
+    }
+    error
 }
 
 /// The table of [`classify_resend_error`]: the error type first, then the status.
@@ -176,6 +185,24 @@ mod tests {
             sorted(400, "validation_error", "API key is invalid").category(),
             Category::Authentication
         );
+    }
+
+    #[test]
+    fn resend_an_unverified_from_domain_is_about_the_message_and_a_testing_account_is_not() {
+        let unverified = sorted(
+            403,
+            "validation_error",
+            "The example.com domain is not verified. Please, add and verify your domain.",
+        );
+        assert!(unverified.is_about_the_message());
+        let testing = sorted(
+            403,
+            "validation_error",
+            "You can only send testing emails to your own email address (me@example.com).",
+        );
+        assert!(!testing.is_about_the_message());
+        assert!(!sorted(429, "monthly_quota_exceeded", "").is_about_the_message());
+        assert!(!sorted(401, "invalid_api_key", "").is_about_the_message());
     }
 
     #[test]

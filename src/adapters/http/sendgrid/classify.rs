@@ -77,13 +77,17 @@ pub fn classify_sendgrid_error(status: u16, headers: &HeaderMap, body: &[u8]) ->
         .collect::<Vec<_>>()
         .join("; ");
     let category = category_of(status, &message);
-    let error = answer_error(
+    let mut error = answer_error(
         category,
         format!("sendgrid.{status}"),
         status,
         &message,
         headers,
     );
+    if is_about_the_sender(status, &message) {
+        // An unverified sender identity is the message's From: another may go (DESIGN §19).
+        error = error.about_the_message();
+    }
     match (
         error.retry_after(),
         rate_limit_reset(headers, SystemTime::now()),
@@ -106,6 +110,18 @@ fn rate_limit_reset(headers: &HeaderMap, now: SystemTime) -> Option<Duration> {
     let reset = UNIX_EPOCH.checked_add(Duration::from_secs(seconds))?;
     let wait = reset.duration_since(now).unwrap_or(Duration::ZERO);
     Some(wait.min(MAX_PROVIDER_WAIT))
+}
+
+/// Whether SendGrid's answer is about this message's sender identity, not the account.
+fn is_about_the_sender(status: u16, message: &str) -> bool {
+    let lower = message.to_ascii_lowercase();
+    status == 403
+        && ["sender identity", "not verified", "unverified"]
+            .iter()
+            .any(|word| lower.contains(word))
+        && !["credits", "suspended", "disabled", "banned"]
+            .iter()
+            .any(|word| lower.contains(word))
 }
 
 /// The table of [`classify_sendgrid_error`].
@@ -146,6 +162,27 @@ mod tests {
             sorted(403, "access forbidden").category(),
             Category::Authentication
         );
+    }
+
+    #[test]
+    fn sendgrid_an_unverified_sender_identity_is_about_the_message_and_a_stopped_account_is_not() {
+        let unverified = sorted(
+            403,
+            "The from address does not match a verified Sender Identity.",
+        );
+        assert!(unverified.is_about_the_message());
+        for (status, message) in [
+            (401, "Maximum credits exceeded"),
+            (403, "Your account has been suspended"),
+            (403, "access forbidden"),
+            (401, "The provided authorization grant is invalid"),
+            (400, "The from address is not a verified sender"),
+        ] {
+            assert!(
+                !sorted(status, message).is_about_the_message(),
+                "{status} {message}"
+            );
+        }
     }
 
     #[test]
