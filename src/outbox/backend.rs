@@ -36,6 +36,25 @@ pub(crate) enum Finish {
         /// The recipients it is now for, when a delivery deferred only some of them.
         recipients: Option<String>,
     },
+    /// A delivery that left its recipients in more than one state (DESIGN §19): `main` for
+    /// the message's own row (dead or due again, narrowed to its recipients), and a dead
+    /// letter of its own for each of `dead`, copied from the row (sender, body, times,
+    /// attempts) in the same transaction, once the row's update found the claim still held.
+    Split {
+        main: Box<Finish>,
+        dead: Vec<DeadPart>,
+    },
+}
+
+/// Recipients of a message that are dead with an error of their own, beside the rest of the
+/// message: refused in a partial delivery, or maybe delivered under `at_most_once`.
+#[derive(Debug, Clone)]
+pub(crate) struct DeadPart {
+    pub error: StoredError,
+    /// When they died (a database with a clock of its own uses its own now).
+    pub at: Millis,
+    /// One per line, as the outbox keeps them.
+    pub recipients: String,
 }
 
 /// How many bytes of bodies a claim may take.
@@ -80,6 +99,7 @@ impl Finish {
     pub(crate) fn wait(&self) -> Millis {
         match self {
             Finish::Retry { wait, .. } | Finish::GiveBack { wait, .. } => *wait,
+            Finish::Split { main, .. } => main.wait(),
             _ => 0,
         }
     }
@@ -99,6 +119,23 @@ impl Finish {
                 recipients,
                 ..
             } => Some((Failed::Retry, *due_at, error, recipients.as_deref())),
+            Finish::Split { main, .. } => main.failure(),
+        }
+    }
+
+    /// The dead letters of their own a split delivery leaves beside the message's row.
+    pub(crate) fn dead_parts(&self) -> &[DeadPart] {
+        match self {
+            Finish::Split { dead, .. } => dead,
+            _ => &[],
+        }
+    }
+
+    /// The outcome for the message's own row: `main` of a split, else itself.
+    pub(crate) fn own(&self) -> &Finish {
+        match self {
+            Finish::Split { main, .. } => main,
+            own => own,
         }
     }
 }
@@ -107,6 +144,15 @@ impl Finish {
 pub(crate) trait Backend: Send + Sync + Debug {
     /// Stores the rows, all or none, committed before it returns; their ids in order.
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError>;
+
+    /// Stores, in one transaction, `queued` to be sent and `dead` as dead letters, each with
+    /// its error, counted as tried once (what `send_or_queue` keeps of a partial delivery).
+    async fn keep_split(
+        &self,
+        queued: &[NewRow],
+        dead: &[(NewRow, StoredError)],
+        now: Millis,
+    ) -> Result<(), SendError>;
 
     /// Leases up to `limit` messages due now (soonest first) for `lease`, in one statement no
     /// other worker can interleave with. `now` is this process's clock; PostgreSQL reads its

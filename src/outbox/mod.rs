@@ -280,6 +280,20 @@ impl Outbox {
         self.store(&rows).await
     }
 
+    /// Keeps, in one transaction, `queued` to be sent and `dead` as dead letters: what
+    /// `send_or_queue` keeps of a delivery that did not reach every recipient.
+    pub(crate) async fn keep_split(
+        &self,
+        queued: &[NewRow],
+        dead: &[(NewRow, record::StoredError)],
+    ) -> Result<(), SendError> {
+        self.backend.keep_split(queued, dead, record::now()).await?;
+        if !queued.is_empty() {
+            self.enqueued.notify_waiters();
+        }
+        Ok(())
+    }
+
     async fn store(&self, rows: &[NewRow]) -> Result<Vec<OutboxId>, SendError> {
         let ids = self.backend.enqueue(rows, record::now()).await?;
         self.enqueued.notify_waiters();

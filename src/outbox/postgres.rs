@@ -9,7 +9,7 @@ use sqlx::postgres::{PgConnectOptions, PgConnection, PgPool, PgPoolOptions};
 use sqlx::{ConnectOptions, Connection, Postgres, Row};
 
 use super::OutboxOptions;
-use super::backend::{Backend, Bytes, Failed, Finish};
+use super::backend::{Backend, Bytes, DeadPart, Failed, Finish};
 use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{Claim, Claimed, DeadRow, NewRow, StoredError, database_error};
@@ -140,6 +140,30 @@ const INSERT: &str = concat!(
     ", ",
     now_ms!(),
     ") RETURNING id"
+);
+
+/// A dead letter of its own for some recipients (`$2`) of row `$1` (DESIGN §19): the row's
+/// sender, body, times and attempts, dead at the database's now with the error `$3`..`$6`.
+const COPY_DEAD: &str = concat!(
+    "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, raw, enqueued_at, due_at, attempts, dead_at, \
+      error_category, error_code, error_message, error_transport) \
+     SELECT sender, $2, raw, enqueued_at, due_at, attempts, ",
+    now_ms!(),
+    ", $3, $4, $5, $6 FROM mail_breaker_outbox WHERE id = $1"
+);
+
+/// A message born dead, tried once: `send_or_queue`'s record of refused recipients.
+const INSERT_DEAD: &str = concat!(
+    "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, raw, enqueued_at, due_at, attempts, dead_at, \
+      error_category, error_code, error_message, error_transport) VALUES ($1, $2, $3, ",
+    now_ms!(),
+    ", ",
+    now_ms!(),
+    ", 1, ",
+    now_ms!(),
+    ", $4, $5, $6, $7)"
 );
 
 /// The longest wait for a connection, as for `enqueue`'s pool.
@@ -356,6 +380,42 @@ impl Backend for PostgresBackend {
         Ok(ids.into_iter().map(OutboxId).collect())
     }
 
+    async fn keep_split(
+        &self,
+        queued: &[NewRow],
+        dead: &[(NewRow, StoredError)],
+        _now: Millis,
+    ) -> Result<(), SendError> {
+        let stored = async {
+            let mut pooled = self.pool.acquire().await?;
+            let written = within(self.bound, async {
+                let mut tx = sqlx::Connection::begin(&mut *pooled).await?;
+                for row in queued {
+                    insert(&mut tx, row).await?;
+                }
+                for (row, error) in dead {
+                    sqlx::query(INSERT_DEAD)
+                        .bind(row.sender.as_deref())
+                        .bind(row.recipients.as_str())
+                        .bind(row.raw.as_slice())
+                        .bind(error.category.as_deref())
+                        .bind(error.code.as_deref())
+                        .bind(error.message.as_deref())
+                        .bind(error.transport.as_deref())
+                        .execute(&mut *tx)
+                        .await?;
+                }
+                tx.commit().await
+            })
+            .await;
+            if written.is_err() {
+                pooled.close_on_drop();
+            }
+            written
+        };
+        stored.await.map_err(enqueue_error)
+    }
+
     async fn claim(
         &self,
         now: Millis,
@@ -557,7 +617,13 @@ impl Backend for PostgresBackend {
                     Failed::Retry => (FAILED_RETRY, finish.wait()),
                 };
                 let query = with_error(keyed(sql), time, error, recipients);
-                query.execute(&mut *tx).await?;
+                let updated = query.execute(&mut *tx).await?;
+                // Copied only while the claim is this worker's: a stale answer leaves none.
+                if updated.rows_affected() == 1 {
+                    for part in finish.dead_parts() {
+                        copy_dead(&mut tx, claim.id, part).await?;
+                    }
+                }
             }
             tx.commit().await?;
             lane.done();
@@ -701,6 +767,24 @@ fn enqueue_error(error: sqlx::Error) -> SendError {
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
 /// (parameters 3 to 8).
+/// Writes `part` as a dead letter of its own, copied from row `id`.
+async fn copy_dead(
+    connection: &mut PgConnection,
+    id: OutboxId,
+    part: &DeadPart,
+) -> Result<(), sqlx::Error> {
+    sqlx::query(COPY_DEAD)
+        .bind(id.0)
+        .bind(part.recipients.as_str())
+        .bind(part.error.category.as_deref())
+        .bind(part.error.code.as_deref())
+        .bind(part.error.message.as_deref())
+        .bind(part.error.transport.as_deref())
+        .execute(connection)
+        .await?;
+    Ok(())
+}
+
 fn with_error<'q>(
     query: sqlx::query::Query<'q, Postgres, sqlx::postgres::PgArguments>,
     at: Millis,

@@ -3,7 +3,7 @@
 
 use std::time::Duration;
 
-use crate::{Backoff, Category, SendError};
+use crate::{Backoff, Category, Receipt, SendError};
 
 /// Milliseconds since the Unix epoch: how the outbox keeps time in its table, so that
 /// workers on many machines read the same due times.
@@ -87,6 +87,50 @@ pub(crate) fn sends_again(error: &SendError, at_most_once: bool) -> bool {
     ) || (at_most_once && error.is_maybe_delivered()))
 }
 
+/// What a delivery that reached some recipients and not others leaves owed (DESIGN §19).
+#[derive(Debug, Clone)]
+pub(crate) struct Owed {
+    /// The recipients to send again (the deferred, and the maybe-delivered unless
+    /// `at_most_once`), one per line, with the first of their errors.
+    pub again: Option<(SendError, String)>,
+    /// Recipients dead with an error of their own, each group one dead letter: those the
+    /// provider refused, and under `at_most_once` those it may have.
+    pub dead: Vec<(SendError, String)>,
+}
+
+/// What `receipt`, an `Ok` that may not have reached every recipient, leaves owed: nothing
+/// when every recipient was delivered. A recipient the provider may have (no answer after
+/// the data) is sent again only at least once; at most once it is a dead letter of its own
+/// (`outbox.maybe_delivered`). A recipient refused while others were accepted is a dead
+/// letter of its own with the refusal, so that no recipient's truth is written off as sent.
+pub(crate) fn owed_after(receipt: &Receipt, at_most_once: bool) -> Owed {
+    let lines = |part: &[(lettre::Address, SendError)]| {
+        part.iter()
+            .map(|(to, _)| to.as_ref())
+            .collect::<Vec<&str>>()
+            .join("\n")
+    };
+    let deferred = receipt.deferred_recipients();
+    let maybe = receipt.maybe_delivered_recipients();
+    let rejected = receipt.rejected_recipients();
+    let mut again: Vec<(lettre::Address, SendError)> = deferred.to_vec();
+    let mut dead = Vec::new();
+    if let Some((_, why)) = rejected.first() {
+        dead.push((why.clone(), lines(rejected)));
+    }
+    if at_most_once {
+        if let Some((_, why)) = maybe.first() {
+            dead.push((maybe_delivered(why.clone()), lines(maybe)));
+        }
+    } else {
+        again.extend_from_slice(maybe);
+    }
+    Owed {
+        again: again.first().map(|(_, why)| (why.clone(), lines(&again))),
+        dead,
+    }
+}
+
 /// A message whose send panicked this many times is dead: the bug is not going away.
 pub(crate) const PANICS_TO_DEAD: u32 = 3;
 
@@ -104,7 +148,7 @@ pub(crate) fn after_lost_lease(policy: &Policy) -> Option<SendError> {
 }
 
 /// The dead letter of a maybe-delivered failure under `at_most_once`.
-fn maybe_delivered(error: SendError) -> SendError {
+pub(crate) fn maybe_delivered(error: SendError) -> SendError {
     let mut dead = SendError::new(
         error.category(),
         "outbox.maybe_delivered",

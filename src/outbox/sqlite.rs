@@ -16,7 +16,7 @@ use sqlx::sqlite::{
 };
 use sqlx::{ConnectOptions, Connection, Row, Sqlite};
 
-use super::backend::{Backend, Bytes, Failed, Finish};
+use super::backend::{Backend, Bytes, DeadPart, Failed, Finish};
 use super::inspect::MessageRow;
 use super::lanes::Lanes;
 use super::record::{
@@ -142,6 +142,22 @@ const FAILED_RETRY: &str = concat!(
 const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, size, enqueued_at, due_at) \
      VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
 const INSERT_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) VALUES (?1, ?2)";
+
+/// A dead letter of its own for some recipients of row `?1` (DESIGN §19): the row's sender,
+/// size, times and attempts, dead at `?3` with the error `?4`..`?7`, for recipients `?2`.
+const COPY_DEAD: &str = "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, size, enqueued_at, due_at, attempts, dead_at, \
+      error_category, error_code, error_message, error_transport) \
+     SELECT sender, ?2, size, enqueued_at, due_at, attempts, ?3, ?4, ?5, ?6, ?7 \
+     FROM mail_breaker_outbox WHERE id = ?1 RETURNING id";
+/// The body of the copy `?2` of row `?1`.
+const COPY_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) \
+     SELECT ?2, raw FROM mail_breaker_outbox_body WHERE id = ?1";
+/// A message born dead, tried once: `send_or_queue`'s record of refused recipients.
+const INSERT_DEAD: &str = "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, size, enqueued_at, due_at, attempts, dead_at, \
+      error_category, error_code, error_message, error_transport) \
+     VALUES (?1, ?2, ?3, ?4, ?4, 1, ?4, ?5, ?6, ?7, ?8) RETURNING id";
 
 /// Rows in one INSERT of a batch: 5 parameters each, well below SQLite's 32,766.
 const ROWS_PER_INSERT: usize = 500;
@@ -354,6 +370,47 @@ impl Backend for SqliteBackend {
         stored.await.map_err(|e| database_error("enqueueing", e))
     }
 
+    async fn keep_split(
+        &self,
+        queued: &[NewRow],
+        dead: &[(NewRow, StoredError)],
+        now: Millis,
+    ) -> Result<(), SendError> {
+        let stored = async {
+            let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
+            for row in queued {
+                let id: i64 = sqlx::query_scalar(INSERT)
+                    .bind(row.sender.as_deref())
+                    .bind(row.recipients.as_str())
+                    .bind(size_of(row))
+                    .bind(now)
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let body = sqlx::query(INSERT_BODY).bind(id).bind(row.raw.as_slice());
+                body.execute(&mut *tx).await?;
+            }
+            for (row, error) in dead {
+                let id: i64 = sqlx::query_scalar(INSERT_DEAD)
+                    .bind(row.sender.as_deref())
+                    .bind(row.recipients.as_str())
+                    .bind(size_of(row))
+                    .bind(now)
+                    .bind(error.category.as_deref())
+                    .bind(error.code.as_deref())
+                    .bind(error.message.as_deref())
+                    .bind(error.transport.as_deref())
+                    .fetch_one(&mut *tx)
+                    .await?;
+                let body = sqlx::query(INSERT_BODY).bind(id).bind(row.raw.as_slice());
+                body.execute(&mut *tx).await?;
+            }
+            tx.commit().await
+        };
+        stored
+            .await
+            .map_err(|e| database_error("keeping a partial delivery", e))
+    }
+
     async fn claim(
         &self,
         now: Millis,
@@ -488,7 +545,13 @@ impl Backend for SqliteBackend {
                     Failed::Retry => FAILED_RETRY,
                 };
                 let query = with_error(keyed(sql), at, error, recipients);
-                query.execute(&mut *tx).await?;
+                let updated = query.execute(&mut *tx).await?;
+                // Copied only while the claim is this worker's: a stale answer leaves none.
+                if updated.rows_affected() == 1 {
+                    for part in finish.dead_parts() {
+                        copy_dead(&mut tx, claim.id, part).await?;
+                    }
+                }
             }
             tx.commit().await?;
             lane.done();
@@ -620,6 +683,30 @@ fn renew_sql(count: usize) -> String {
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
 /// (parameters 3 to 8).
+/// Writes `part` as a dead letter of its own, copied from row `id`.
+async fn copy_dead(
+    connection: &mut sqlx::SqliteConnection,
+    id: OutboxId,
+    part: &DeadPart,
+) -> Result<(), sqlx::Error> {
+    let copy: i64 = sqlx::query_scalar(COPY_DEAD)
+        .bind(id.0)
+        .bind(part.recipients.as_str())
+        .bind(part.at)
+        .bind(part.error.category.as_deref())
+        .bind(part.error.code.as_deref())
+        .bind(part.error.message.as_deref())
+        .bind(part.error.transport.as_deref())
+        .fetch_one(&mut *connection)
+        .await?;
+    sqlx::query(COPY_BODY)
+        .bind(id.0)
+        .bind(copy)
+        .execute(&mut *connection)
+        .await?;
+    Ok(())
+}
+
 fn with_error<'q>(
     query: sqlx::query::Query<'q, Sqlite, sqlx::sqlite::SqliteArguments<'q>>,
     at: Millis,
@@ -794,6 +881,9 @@ mod tests {
         let mut statements: Vec<(String, usize)> = vec![
             (INSERT.into(), 4),
             (INSERT_BODY.into(), 2),
+            (COPY_DEAD.into(), 7),
+            (COPY_BODY.into(), 2),
+            (INSERT_DEAD.into(), 8),
             (claim_sql(), 5),
             (renew_sql(3), 10),
             (delete_sent_sql(3), 9),

@@ -18,8 +18,10 @@ use super::Outbox;
 /// A queued message is answered `Ok` with [`Receipt::is_queued`] true, its
 /// [`message_id`](Receipt::message_id) the outbox's id. A message refused for good
 /// (`Rejected`, `InvalidMessage`) is answered with its error: queueing would not help.
-/// `Err` means the message was neither sent nor kept. A delivery that deferred some
-/// recipients is answered with its receipt, and the message is queued for those alone.
+/// `Err` means the message was neither sent nor kept. A delivery that did not reach every
+/// recipient is answered with its receipt; the message is queued for the recipients owed
+/// (deferred, and maybe delivered unless `at_most_once`), and the refused ones (and the
+/// maybe-delivered under `at_most_once`) are dead letters of their own.
 ///
 /// # Example
 /// ```
@@ -91,36 +93,42 @@ impl<T: Transport> OutboxTransport<T> {
         &self.outbox
     }
 
-    /// A delivery that deferred some recipients (SMTP `450` to their `RCPT TO`): the message
-    /// is queued for those recipients alone, as the worker does, and the receipt answered as
-    /// it is (its [`deferred_recipients`](Receipt::deferred_recipients) say who waits). If
-    /// the outbox cannot keep it, that is logged: the receipt still tells the truth.
-    async fn keep_deferred(&self, envelope: &Envelope, raw: &[u8], receipt: Receipt) -> Receipt {
-        let deferred: Vec<lettre::Address> = receipt
-            .deferred_recipients()
-            .iter()
-            .map(|(to, _)| to.clone())
-            .collect();
-        if deferred.is_empty() {
+    /// A delivery that did not reach every recipient (DESIGN §19): the message is queued for
+    /// the recipients owed (deferred, as SMTP `450` to their `RCPT TO` answers, and the
+    /// maybe-delivered unless `at_most_once`), and the recipients refused beside the others,
+    /// or maybe delivered under `at_most_once`, each leave a dead letter of their own, all
+    /// in one transaction, as the worker does; the receipt is answered as it is (its lists
+    /// say who waits). If the outbox cannot keep them, that is logged: the receipt still
+    /// tells the truth.
+    async fn keep_owed(&self, envelope: &Envelope, raw: &[u8], receipt: Receipt) -> Receipt {
+        let owed = super::schedule::owed_after(&receipt, self.at_most_once);
+        if owed.again.is_none() && owed.dead.is_empty() {
             return receipt;
         }
-        let kept = match Envelope::new(envelope.from().cloned(), deferred) {
-            Ok(narrowed) => self.outbox.enqueue_raw(&narrowed, raw).await.map(drop),
-            Err(error) => Err(SendError::new(
-                crate::Category::InvalidMessage,
-                "outbox.envelope",
-                format!("the deferred recipients make no envelope: {error}"),
-            )),
+        let sender = envelope.from().map(ToString::to_string);
+        let row = |recipients: &str| super::record::NewRow {
+            sender: sender.clone(),
+            recipients: recipients.to_owned(),
+            raw: raw.to_vec(),
         };
-        match kept {
+        let queued: Vec<_> = owed.again.iter().map(|(_, to)| row(to)).collect();
+        let dead: Vec<_> = owed
+            .dead
+            .iter()
+            .map(|(error, to)| (row(to), super::record::StoredError::of(error)))
+            .collect();
+        match self.outbox.keep_split(&queued, &dead).await {
             Ok(()) => tracing::debug!(
-                deferred = receipt.deferred_recipients().len(),
-                "outbox.queued_deferred"
+                queued = queued.len(),
+                dead = dead.len(),
+                "outbox.queued_owed"
             ),
             Err(error) => tracing::error!(
                 error = %error,
                 deferred = receipt.deferred_recipients().len(),
-                "outbox.deferred_not_kept"
+                maybe_delivered = receipt.maybe_delivered_recipients().len(),
+                rejected = receipt.rejected_recipients().len(),
+                "outbox.owed_not_kept"
             ),
         }
         receipt
@@ -148,7 +156,7 @@ impl<T: Transport> Transport for OutboxTransport<T> {
             return self.queue(envelope, raw).await;
         };
         let error = match stack.send_raw(envelope, raw).await {
-            Ok(receipt) => return Ok(self.keep_deferred(envelope, raw, receipt).await),
+            Ok(receipt) => return Ok(self.keep_owed(envelope, raw, receipt).await),
             Err(error) => error,
         };
         if !super::schedule::sends_again(&error, self.at_most_once) {

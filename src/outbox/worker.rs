@@ -14,7 +14,7 @@ use futures::stream::{FuturesUnordered, StreamExt};
 use tokio::time::Instant;
 
 use super::Outbox;
-use super::backend::{Bytes, Finish};
+use super::backend::{Bytes, DeadPart, Finish};
 use super::record::{self, Claim, Claimed, StoredError};
 use super::schedule::{self, Attempted, Millis, Next, Policy};
 use crate::time::later;
@@ -822,14 +822,36 @@ impl Flight {
     fn answered(&mut self, answer: Answer, policy: &Policy) {
         self.held_bytes = self.held_bytes.saturating_sub(answer.size);
         let now = record::now();
+        let mut dead_parts = Vec::new();
         let (error, recipients) = match answer.result {
             Ok(receipt) => {
                 self.probing = false;
-                match deferred(&receipt) {
-                    // Delivered to the others: the message stays for those deferred only.
+                let owed = schedule::owed_after(&receipt, policy.at_most_once);
+                dead_parts = owed
+                    .dead
+                    .iter()
+                    .map(|(error, recipients)| DeadPart {
+                        error: StoredError::of(error),
+                        at: now,
+                        recipients: recipients.clone(),
+                    })
+                    .collect();
+                match owed.again {
+                    // Delivered to the others: the message stays for those owed only.
                     Some((error, recipients)) => (error, Some(recipients)),
-                    None => {
+                    None if dead_parts.is_empty() => {
                         self.answers.push((answer.claim, Finish::Sent));
+                        return;
+                    }
+                    None => {
+                        // Nothing to send again: the row itself is the first dead letter.
+                        let first = dead_parts.remove(0);
+                        let finish = Finish::Dead {
+                            error: first.error,
+                            at: now,
+                            recipients: Some(first.recipients),
+                        };
+                        self.answers.push((answer.claim, split(finish, dead_parts)));
                         return;
                     }
                 }
@@ -871,7 +893,19 @@ impl Flight {
                 recipients,
             },
         };
-        self.answers.push((answer.claim, finish));
+        self.answers.push((answer.claim, split(finish, dead_parts)));
+    }
+}
+
+/// `main`, with a dead letter of its own for each of `dead` beside it when there are any.
+fn split(main: Finish, dead: Vec<DeadPart>) -> Finish {
+    if dead.is_empty() {
+        main
+    } else {
+        Finish::Split {
+            main: Box::new(main),
+            dead,
+        }
     }
 }
 
@@ -919,22 +953,12 @@ fn record_written(outbox: &Outbox, batch: &[(Claim, Finish)]) {
     super::gauges::answers("sent", sent);
     super::gauges::answers(
         "retry",
-        count(|finish| matches!(finish, Finish::Retry { .. })),
+        count(|finish| matches!(finish.own(), Finish::Retry { .. })),
     );
     super::gauges::answers(
         "dead",
-        count(|finish| matches!(finish, Finish::Dead { .. })),
+        count(|finish| matches!(finish.own(), Finish::Dead { .. })),
     );
-}
-
-/// For a delivery that the provider deferred for some recipients (SMTP 4xx to their `RCPT
-/// TO`, as greylisting answers): the first deferral's error, and those recipients one per
-/// line, as the outbox keeps them.
-fn deferred(receipt: &Receipt) -> Option<(SendError, String)> {
-    let deferred = receipt.deferred_recipients();
-    let (_, first) = deferred.first()?;
-    let recipients: Vec<&str> = deferred.iter().map(|(to, _)| to.as_ref()).collect();
-    Some((first.clone(), recipients.join("\n")))
 }
 
 /// How long the provider asked the whole stack to wait: its throttle (`RateLimited` with a

@@ -170,6 +170,14 @@ impl Backend for Counting {
     async fn enqueue(&self, rows: &[NewRow], now: Millis) -> Result<Vec<OutboxId>, SendError> {
         self.inner.enqueue(rows, now).await
     }
+    async fn keep_split(
+        &self,
+        queued: &[NewRow],
+        dead: &[(NewRow, StoredError)],
+        now: Millis,
+    ) -> Result<(), SendError> {
+        self.inner.keep_split(queued, dead, now).await
+    }
     async fn claim(
         &self,
         now: Millis,
@@ -735,6 +743,14 @@ struct StuckWrites {
 impl Backend for StuckWrites {
     async fn enqueue(&self, _rows: &[NewRow], _now: Millis) -> Result<Vec<OutboxId>, SendError> {
         Ok(Vec::new())
+    }
+    async fn keep_split(
+        &self,
+        _queued: &[NewRow],
+        _dead: &[(NewRow, StoredError)],
+        _now: Millis,
+    ) -> Result<(), SendError> {
+        Ok(())
     }
     async fn claim(
         &self,

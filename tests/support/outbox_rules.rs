@@ -280,6 +280,217 @@ impl Transport for Greylisting {
     }
 }
 
+/// On its first send, delivers to `now@` and answers each other recipient by its local part:
+/// `later@` deferred (450), `maybe@` maybe delivered (no reply after the data), `refused@`
+/// rejected (550); every later send delivers to all. Keeps each envelope it was handed.
+#[derive(Clone, Default)]
+struct PartlyDelivering {
+    envelopes: std::sync::Arc<std::sync::Mutex<Vec<Vec<String>>>>,
+}
+
+#[async_trait::async_trait]
+impl Transport for PartlyDelivering {
+    fn name(&self) -> &str {
+        "partly"
+    }
+
+    async fn send_raw(
+        &self,
+        envelope: &mail_breaker::Envelope,
+        _raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, SendError> {
+        let to: Vec<String> = envelope.to().iter().map(ToString::to_string).collect();
+        let first_time = {
+            let mut envelopes = self.envelopes.lock().unwrap();
+            envelopes.push(to.clone());
+            envelopes.len() == 1
+        };
+        let mut receipt = mail_breaker::Receipt::new("partly");
+        if !first_time {
+            return Ok(receipt);
+        }
+        for address in envelope.to() {
+            let address = address.clone();
+            receipt = match address.user() {
+                "later" => receipt.with_deferred_recipient(
+                    address,
+                    SendError::new(Category::ServerError, "smtp.450", "450 greylisted"),
+                ),
+                "maybe" => receipt.with_maybe_delivered_recipient(
+                    address,
+                    SendError::new(Category::Timeout, "smtp.timeout", "no reply after the dot"),
+                ),
+                "refused" => receipt.with_rejected_recipient(
+                    address,
+                    SendError::new(Category::Rejected, "smtp.550", "550 no such user"),
+                ),
+                _ => receipt,
+            };
+        }
+        Ok(receipt)
+    }
+}
+
+/// A worker that sends a failed message again at once, so that one drain sees it twice.
+fn at_once(
+    outbox: &Outbox,
+    provider: PartlyDelivering,
+) -> mail_breaker::outbox::Worker<PartlyDelivering> {
+    outbox
+        .worker(provider)
+        .backoff(mail_breaker::Backoff::constant(Duration::ZERO))
+}
+
+/// A message to `now@`, and to each of `others` at example.org.
+fn partly(others: &[&str]) -> mail_breaker::Message {
+    let mut builder = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("now@example.org".parse().unwrap());
+    for other in others {
+        builder = builder.to(format!("{other}@example.org").parse().unwrap());
+    }
+    builder.body(String::from("hello")).unwrap()
+}
+
+/// The dead letters, each as its recipients and its error's code, in id order.
+async fn dead_by_recipients(outbox: &Outbox) -> Vec<(Vec<String>, String)> {
+    let mut dead = outbox.dead_letters(100).await.unwrap();
+    dead.sort_by_key(|letter| letter.id.to_string().parse::<i64>().unwrap_or_default());
+    dead.into_iter()
+        .map(|letter| {
+            let to = letter
+                .envelope
+                .to()
+                .iter()
+                .map(ToString::to_string)
+                .collect();
+            (to, letter.error.code().to_owned())
+        })
+        .collect()
+}
+
+/// Issue 62, point 3: a recipient with no answer after the data is sent again, alone, by an
+/// at-least-once worker; a recipient refused beside delivered ones leaves a dead letter of
+/// its own, never written off as sent.
+pub async fn a_partial_delivery_sends_again_the_maybe_delivered_and_deferred_and_buries_the_refused(
+    outbox: Outbox,
+) {
+    outbox
+        .enqueue(&partly(&["later", "maybe", "refused"]))
+        .await
+        .unwrap();
+    let provider = PartlyDelivering::default();
+    at_once(&outbox, provider.clone()).drain().await.unwrap();
+    let envelopes = provider.envelopes.lock().unwrap().clone();
+    assert_eq!(envelopes.len(), 2, "{envelopes:?}");
+    assert_eq!(
+        envelopes[1],
+        ["later@example.org", "maybe@example.org"],
+        "sent again to the owed alone"
+    );
+    assert_eq!(
+        dead_by_recipients(&outbox).await,
+        [(
+            vec!["refused@example.org".to_owned()],
+            "smtp.550".to_owned()
+        )]
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 0);
+}
+
+/// Issue 62, point 3, at most once: the maybe-delivered recipient is a dead letter of its own
+/// (`outbox.maybe_delivered`), never sent again; the deferred one is; the refused one is dead.
+pub async fn under_at_most_once_a_maybe_delivered_recipient_is_a_dead_letter_of_its_own(
+    outbox: Outbox,
+) {
+    outbox
+        .enqueue(&partly(&["later", "maybe", "refused"]))
+        .await
+        .unwrap();
+    let provider = PartlyDelivering::default();
+    at_once(&outbox, provider.clone())
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    let envelopes = provider.envelopes.lock().unwrap().clone();
+    assert_eq!(envelopes.len(), 2, "{envelopes:?}");
+    assert_eq!(envelopes[1], ["later@example.org"]);
+    assert_eq!(
+        dead_by_recipients(&outbox).await,
+        [
+            (
+                vec!["refused@example.org".to_owned()],
+                "smtp.550".to_owned()
+            ),
+            (
+                vec!["maybe@example.org".to_owned()],
+                "outbox.maybe_delivered".to_owned()
+            ),
+        ]
+    );
+}
+
+/// Issue 62, point 3: nothing owed but recipients of their own fates: the message's row is
+/// the first dead letter, and the second is a copy beside it.
+pub async fn a_delivery_that_refused_one_and_may_have_reached_another_leaves_two_dead_letters_under_at_most_once(
+    outbox: Outbox,
+) {
+    outbox
+        .enqueue(&partly(&["maybe", "refused"]))
+        .await
+        .unwrap();
+    let provider = PartlyDelivering::default();
+    outbox
+        .worker(provider.clone())
+        .at_most_once()
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(provider.envelopes.lock().unwrap().len(), 1);
+    let dead = dead_by_recipients(&outbox).await;
+    assert_eq!(dead.len(), 2, "{dead:?}");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (0, 2), "{stats:?}");
+}
+
+/// Issue 62, point 3, for `send_or_queue`: the same truths as the worker keeps.
+pub async fn send_or_queue_keeps_every_recipients_truth_of_a_partial_delivery(outbox: Outbox) {
+    for at_most_once in [false, true] {
+        let provider = PartlyDelivering::default();
+        let mut transport = OutboxTransport::send_or_queue(outbox.clone(), provider.clone());
+        if at_most_once {
+            transport = transport.at_most_once();
+        }
+        let receipt = transport
+            .send(&partly(&["later", "maybe", "refused"]))
+            .await
+            .unwrap();
+        assert!(!receipt.is_queued(), "delivered to now@");
+        outbox.worker(provider.clone()).drain().await.unwrap();
+        let envelopes = provider.envelopes.lock().unwrap().clone();
+        let again: &[&str] = if at_most_once {
+            &["later@example.org"]
+        } else {
+            &["later@example.org", "maybe@example.org"]
+        };
+        assert_eq!(envelopes[1..], [again], "at_most_once={at_most_once}");
+    }
+    let dead = dead_by_recipients(&outbox).await;
+    let codes: Vec<(&str, &str)> = dead
+        .iter()
+        .map(|(to, code)| (to[0].as_str(), code.as_str()))
+        .collect();
+    assert_eq!(
+        codes,
+        [
+            ("refused@example.org", "smtp.550"),
+            ("refused@example.org", "smtp.550"),
+            ("maybe@example.org", "outbox.maybe_delivered"),
+        ]
+    );
+}
+
 pub async fn a_delivery_deferred_for_some_recipients_stays_queued_for_them_only(outbox: Outbox) {
     let message = mail_breaker::Message::builder()
         .from("app@example.com".parse().unwrap())
@@ -1179,6 +1390,10 @@ macro_rules! all_outbox_rules {
             a_maybe_delivered_failure_is_dead_under_at_most_once,
             drain_sends_again_a_failed_message_that_is_due_again_at_once,
             a_delivery_deferred_for_some_recipients_stays_queued_for_them_only,
+            a_partial_delivery_sends_again_the_maybe_delivered_and_deferred_and_buries_the_refused,
+            under_at_most_once_a_maybe_delivered_recipient_is_a_dead_letter_of_its_own,
+            a_delivery_that_refused_one_and_may_have_reached_another_leaves_two_dead_letters_under_at_most_once,
+            send_or_queue_keeps_every_recipients_truth_of_a_partial_delivery,
             a_message_whose_lease_ran_out_is_sent_again,
             a_message_whose_lease_ran_out_is_dead_under_at_most_once,
             a_worker_at_rest_wakes_when_a_lease_it_waits_for_runs_out,
