@@ -137,8 +137,31 @@ pub(crate) fn loopback_hosts(address: std::net::SocketAddr) -> Option<Vec<String
     ])
 }
 
+/// The origin `url` names as a browser's `Origin` header names it (`https://host[:port]`,
+/// the default port left out), or why it is not one: an `http` or `https` URL with a host and
+/// no user, path, query or fragment.
+pub(crate) fn parse_origin(url: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(url).map_err(|error| format!("{url:?} is not a URL: {error}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(format!(
+            "{url:?} is not an http or https origin (https://ops.example.com)"
+        ));
+    }
+    if !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.path() != "/"
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+    {
+        return Err(format!(
+            "{url:?} holds more than an origin: give its scheme, host and port alone"
+        ));
+    }
+    Ok(parsed.origin().ascii_serialization())
+}
+
 /// Compares in a time that does not depend on where the first difference is.
-fn equal(a: &[u8], b: &[u8]) -> bool {
+pub(crate) fn equal(a: &[u8], b: &[u8]) -> bool {
     a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
 }
 

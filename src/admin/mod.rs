@@ -55,8 +55,11 @@ use axum::routing::{get, post};
 
 use crate::{ConfigError, Mailer};
 
+pub use credential::Credential;
+
 mod actions;
 mod chart;
+mod credential;
 mod guard;
 mod page;
 mod read;
@@ -79,6 +82,11 @@ pub(crate) struct Shared {
     pub(crate) chart_every: Duration,
     /// The `Host`s the page answers to (`host:port`); `None`: any.
     pub(crate) hosts: Option<Vec<String>>,
+    /// What every request must carry, if anything.
+    pub(crate) credential: Option<Arc<Credential>>,
+    /// The origin the page is served under behind a proxy (`https://ops.example.com`), as a
+    /// browser's `Origin` names it.
+    pub(crate) public_origin: Option<String>,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
 }
@@ -106,6 +114,8 @@ impl Admin {
             read_only: false,
             chart_every: chart::EVERY,
             hosts: None,
+            credential: None,
+            public_origin: None,
             history: Mutex::new(VecDeque::new()),
         })
     }
@@ -187,6 +197,51 @@ impl Admin {
         })
     }
 
+    /// Every request (the page, its JSON and its actions) must carry `credential`, else it is
+    /// answered 401 with a challenge a browser asks its user to answer. For a page that its
+    /// application does not mount behind an authentication of its own; `mail-breaker serve`
+    /// on an address that is not loopback gives it one. Over plain HTTP the credential
+    /// crosses the network in clear: serve the page over TLS, or behind a proxy that
+    /// terminates TLS.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// use mail_breaker::admin::{Admin, Credential};
+    ///
+    /// let password = std::env::var("OPS_PASSWORD").unwrap_or_default();
+    /// let admin = Admin::new(mailer).credential(Credential::user("ops", password)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn credential(self, credential: Credential) -> Admin {
+        Admin::with(Shared {
+            credential: Some(Arc::new(credential)),
+            ..self.settings()
+        })
+    }
+
+    /// The origin the page is served under (`https://ops.example.com`, or with its port),
+    /// for a page behind a reverse proxy: a form POSTed from it may act even when the proxy
+    /// sends the page another `Host` (nginx sends its upstream's name unless told
+    /// otherwise). Without it an action's `Origin` must name the request's own authority
+    /// (its `Host`, or HTTP/2's `:authority`). Only an `http` or `https` origin, with no
+    /// path, query or user, is taken.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).public_origin("https://ops.example.com")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn public_origin(self, url: &str) -> Result<Admin, ConfigError> {
+        let origin =
+            guard::parse_origin(url).map_err(|why| ConfigError::new("public_origin", why))?;
+        Ok(Admin::with(Shared {
+            public_origin: Some(origin),
+            ..self.settings()
+        }))
+    }
+
     /// This page's settings, with a chart of its own.
     fn settings(&self) -> Shared {
         let shared = &self.shared;
@@ -196,6 +251,8 @@ impl Admin {
             read_only: shared.read_only,
             chart_every: shared.chart_every,
             hosts: shared.hosts.clone(),
+            credential: shared.credential.clone(),
+            public_origin: shared.public_origin.clone(),
             history: Mutex::new(VecDeque::new()),
         }
     }

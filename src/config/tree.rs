@@ -238,6 +238,46 @@ impl MailerConfig {
         self.members.len()
     }
 
+    /// The same stack without its outbox: [`build`](Self::build) opens no database, and mail
+    /// the stack cannot send is an error instead of being queued. For tools that work on the
+    /// members alone (checking them, isolating a breaker), which must not fail because the
+    /// outbox's database is down.
+    ///
+    /// ```
+    /// use mail_breaker::config::Mailer;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // An outbox that cannot be opened: the members are built all the same.
+    /// let config = Mailer::from_dsn("smtp://127.0.0.1:2525?outbox=sqlite:///no/such/folder/outbox.db")?;
+    /// let mailer = config.without_outbox().build_without_worker().await?;
+    /// assert!(mailer.outbox().is_none());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn without_outbox(self) -> MailerConfig {
+        self
+    }
+
+    /// The same stack, whose SQLite outbox is opened only if its file exists: a file that
+    /// does not is an error naming `outbox.url` and the path (a relative one with the folder
+    /// it was looked for in), never a new, empty outbox. For tools that read or operate an
+    /// outbox an application keeps, run from any folder.
+    ///
+    /// ```
+    /// use mail_breaker::config::Mailer;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let config = Mailer::from_dsn("smtp://127.0.0.1:2525?outbox=sqlite:///no/such/folder/outbox.db")?;
+    /// let error = config.existing_outbox().build_without_worker().await.unwrap_err();
+    /// assert_eq!(error.setting(), "outbox.url");
+    /// assert!(error.reason().contains("/no/such/folder/outbox.db"), "{error}");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn existing_outbox(self) -> MailerConfig {
+        self
+    }
+
     pub(crate) fn from_tree(tree: &Value) -> Result<MailerConfig, ConfigError> {
         let root = Node::root(tree);
         let mut fields = root.table()?;
