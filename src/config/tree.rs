@@ -187,6 +187,8 @@ pub(crate) struct OutboxConfig {
     pub max_age: Option<Duration>,
     pub poll: Option<Duration>,
     pub at_most_once: bool,
+    /// Opened only if its SQLite file exists ([`MailerConfig::existing_outbox`]).
+    pub must_exist: bool,
 }
 
 /// Where the outbox keeps its mail.
@@ -255,7 +257,10 @@ impl MailerConfig {
     /// # }).unwrap();
     /// ```
     pub fn without_outbox(self) -> MailerConfig {
-        self
+        MailerConfig {
+            outbox: None,
+            ..self
+        }
     }
 
     /// The same stack, whose SQLite outbox is opened only if its file exists: a file that
@@ -274,7 +279,10 @@ impl MailerConfig {
     /// # Ok::<(), mail_breaker::ConfigError>(())
     /// # }).unwrap();
     /// ```
-    pub fn existing_outbox(self) -> MailerConfig {
+    pub fn existing_outbox(mut self) -> MailerConfig {
+        if let Some(outbox) = &mut self.outbox {
+            outbox.must_exist = true;
+        }
         self
     }
 
@@ -596,6 +604,7 @@ fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
         max_age: fields.read("max_age", Node::duration)?,
         poll: fields.read("poll", Node::duration)?,
         at_most_once: fields.read("at_most_once", Node::flag)?.unwrap_or(false),
+        must_exist: false,
     };
     fields.finish()?;
     Ok(config)

@@ -393,7 +393,7 @@ impl Outbox {
     /// # }).unwrap();
     /// ```
     pub async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
-        self.backend.purge(id).await
+        self.backend.purge_dead(id).await
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {
