@@ -26,7 +26,13 @@
 //! action done is logged with `tracing` (`admin.*` at INFO, refusals at WARN). With
 //! [`Admin::read_only`] the page shows no form and every POST is answered 405.
 //!
-//! The router has no authentication of its own: mount it behind the application's.
+//! Behind a reverse proxy that sends the page another `Host` than the browser's (nginx's
+//! default), [`Admin::public_origin`] names the origin the forms are posted from.
+//!
+//! # Who may use it
+//! Without [`Admin::credential`] anyone who reaches the router reads the page and its token:
+//! mount it behind the application's authentication. With one, every request must carry it
+//! (a bearer token, or a user and password a browser asks for); serve it over TLS then.
 //!
 //! # Example
 //! ```no_run
@@ -303,6 +309,17 @@ impl Admin {
                 .route(actions[2], post(actions::on_dead_letter::<true>))
                 .route(actions[3], post(actions::on_dead_letter::<false>))
         };
+        // The host is checked before the credential is asked for: a browser sent to the page
+        // under another site's name (DNS rebinding) is not prompted for it.
+        let routes = match &self.shared.credential {
+            Some(credential) => {
+                let credential = Arc::clone(credential);
+                routes.layer(axum::middleware::from_fn(move |request, next| {
+                    credential::required(Arc::clone(&credential), request, next)
+                }))
+            }
+            None => routes,
+        };
         let routes = match &self.shared.hosts {
             Some(hosts) => {
                 let hosts: Arc<[String]> = hosts.clone().into();
@@ -316,9 +333,11 @@ impl Admin {
     }
 
     /// Serves the page alone on `listener` until the server fails: what `mail-breaker serve`
-    /// does. Bind to 127.0.0.1 unless something in front authenticates. On a loopback
-    /// address, unless [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
-    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`.
+    /// does. Bind to 127.0.0.1 unless something in front authenticates, or the page has a
+    /// [`credential`](Admin::credential). On a loopback address, unless
+    /// [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
+    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`. Any axum listener serves:
+    /// a `TcpListener`, or one that makes a TLS handshake on each connection first.
     ///
     /// ```no_run
     /// # use std::sync::Arc;
@@ -329,7 +348,10 @@ impl Admin {
     /// admin.serve(listener).await
     /// # }
     /// ```
-    pub async fn serve(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    pub async fn serve<L>(&self, listener: L) -> std::io::Result<()>
+    where
+        L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
         let loopback = guard::loopback_hosts(listener.local_addr()?);
         let admin = match loopback {
             Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),
