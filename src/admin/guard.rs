@@ -109,14 +109,21 @@ fn same_site(headers: &HeaderMap, site: &Site<'_>) -> Result<(), Refused> {
     }
 }
 
-/// Whether the request's [`authority`] is one of `hosts` (`host:port`, lower case). A page
-/// served on a loopback address answers only to its loopback names: a site whose name an
-/// attacker points at 127.0.0.1 (DNS rebinding) would otherwise read the page, and its token.
+/// Whether the request's [`authority`] is one of `hosts` (`host:port`, lower case); one
+/// allowed with port 443 or 80 is also the name alone, as a browser sends it for its scheme's
+/// default port. A page served on a loopback address answers only to its loopback names: a
+/// site whose name an attacker points at 127.0.0.1 (DNS rebinding) would otherwise read the
+/// page, and its token.
 pub(crate) fn host_allowed(uri: &Uri, headers: &HeaderMap, hosts: &[String]) -> bool {
     authority(uri, headers).is_some_and(|host| {
-        hosts
-            .iter()
-            .any(|allowed| allowed.eq_ignore_ascii_case(host))
+        hosts.iter().any(|allowed| {
+            allowed.eq_ignore_ascii_case(host)
+                || [":443", ":80"].iter().any(|port| {
+                    allowed
+                        .strip_suffix(port)
+                        .is_some_and(|name| name.eq_ignore_ascii_case(host))
+                })
+        })
     })
 }
 
@@ -175,9 +182,14 @@ pub(crate) fn parse_origin(url: &str) -> Result<String, String> {
     Ok(parsed.origin().ascii_serialization())
 }
 
-/// Compares in a time that does not depend on where the first difference is.
-pub(crate) fn equal(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+/// Whether `given` is `expected`, in a time that depends on neither where they first differ
+/// nor how long `given` is: every byte of `expected` is compared, whatever was given.
+pub(crate) fn equal(given: &[u8], expected: &[u8]) -> bool {
+    let lengths_differ = usize::from(given.len() != expected.len());
+    let bytes_differ = expected.iter().enumerate().fold(0u8, |diff, (at, byte)| {
+        diff | (given.get(at).copied().unwrap_or(!byte) ^ byte)
+    });
+    lengths_differ | usize::from(bytes_differ) == 0
 }
 
 #[cfg(test)]
@@ -211,7 +223,10 @@ mod tests {
         assert!(!equal(b"abcd", b"cbad"));
         assert!(!equal(b"abcd", b"abce"));
         assert!(!equal(b"abcd", b"abc"));
+        assert!(!equal(b"abc", b"abcd"));
+        assert!(!equal(b"", b"a"));
         assert!(equal(b"abcd", b"abcd"));
+        assert!(equal(b"", b""));
     }
 
     #[test]
@@ -261,6 +276,25 @@ mod tests {
         assert!(!allowed(&[("host", "rebound.example:8025")]));
         assert!(!allowed(&[("host", "localhost:8026")]));
         assert!(!allowed(&[]));
+    }
+
+    #[test]
+    fn a_host_allowed_with_its_schemes_default_port_matches_a_browsers_host_without_it() {
+        // A browser at https://ops.example.com sends `Host: ops.example.com`.
+        let path = Uri::from_static("/");
+        let allowed = [
+            "ops.example.com:443".to_owned(),
+            "plain.example.com:80".to_owned(),
+            "other.example.com:8025".to_owned(),
+        ];
+        let host = |name: &'static str| host_allowed(&path, &headers(&[("host", name)]), &allowed);
+        assert!(host("ops.example.com"));
+        assert!(host("OPS.example.com:443"));
+        assert!(host("plain.example.com"));
+        assert!(!host("other.example.com"));
+        assert!(!host("ops.example.com:8443"));
+        assert!(!host("evil.example.com"));
+        assert!(!host("ops.example"));
     }
 
     #[test]

@@ -185,8 +185,10 @@ impl Admin {
         }))
     }
 
-    /// Answers only requests whose `Host` is one of `hosts` (`host:port` as a browser sends
-    /// it, e.g. `ops.example.com:443` or `127.0.0.1:8025`); any other is answered 403. Against
+    /// Answers only requests whose `Host` (or HTTP/2 `:authority`) is one of `hosts`
+    /// (`host:port`, e.g. `127.0.0.1:8025`, or `ops.example.com:443`, which also takes the
+    /// `ops.example.com` a browser sends for its scheme's default port); any other is
+    /// answered 403. Against
     /// DNS rebinding, where a site an operator visits points its own name at the page's
     /// address. [`serve`](Admin::serve) on a loopback address sets the loopback names itself.
     ///
