@@ -505,6 +505,89 @@ fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
     };
     assert_eq!(post("https://evil.example"), 403);
     assert_eq!(post("https://ops.example.com"), 303);
+    // A proxy that passes the browser's `Host` on (nginx's `$host`) is answered too.
+    let (status, _) = send(port, "GET", "/", &[("Host", "ops.example.com")], "");
+    assert_eq!(status, 200);
     let (_, breakers) = send(port, "GET", "/api/breakers", &[("Host", &host)], "");
     assert!(breakers.contains("isolated"), "{breakers}");
+}
+
+#[test]
+fn a_credential_given_twice_half_or_malformed_is_refused_at_start_without_being_shown() {
+    let short = credential_file("short-token\n");
+    let short = short.path().join("credential");
+    let empty = credential_file("\n\n");
+    let empty = empty.path().join("credential");
+    let good = credential_file(&format!("{TOKEN}\n"));
+    let good = good.path().join("credential");
+    let path = |file: &std::path::Path| file.to_str().expect("a UTF-8 path").to_owned();
+    let cases: [(Vec<String>, Vec<(&str, &str)>, &str); 5] = [
+        (
+            vec!["--credential-file".into(), path(&short)],
+            vec![],
+            "token",
+        ),
+        (
+            vec!["--credential-file".into(), path(&empty)],
+            vec![],
+            "empty",
+        ),
+        (
+            vec!["--credential-file".into(), path(&good)],
+            vec![("MAILER_ADMIN_TOKEN", TOKEN)],
+            "give one",
+        ),
+        (
+            vec![],
+            vec![("MAILER_ADMIN_USER", "ops")],
+            "MAILER_ADMIN_PASSWORD",
+        ),
+        (vec![], vec![("MAILER_ADMIN_TOKEN", "short-token")], "token"),
+    ];
+    for (extra, env, said) in cases {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--dsn", DSN];
+        args.extend(extra.iter().map(String::as_str));
+        let output = refused(&args, &env);
+        assert_eq!(output.status.code(), Some(2), "{extra:?} {env:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{extra:?} {env:?}: {stderr}");
+        assert!(
+            !stderr.contains("short-token") && !stderr.contains(TOKEN),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_user_and_password_in_the_credential_file_is_asked_of_every_request() {
+    let file = credential_file("  ops:a password kept in a file  \n");
+    let path = file.path().join("credential");
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--credential-file",
+            path.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let port = port_of(&url.expect("serve started"));
+    let host = format!("127.0.0.1:{port}");
+    let (status, _) = send(port, "GET", "/", &[("Host", &host)], "");
+    assert_eq!(status, 401);
+    use base64::Engine as _;
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("ops:a password kept in a file")
+    );
+    let (status, _) = send(
+        port,
+        "GET",
+        "/",
+        &[("Host", &host), ("Authorization", &basic)],
+        "",
+    );
+    assert_eq!(status, 200);
 }
