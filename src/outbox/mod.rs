@@ -157,7 +157,7 @@ pub struct OutboxStats {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DeadLetter {
-    /// Its id: [`Outbox::requeue`] or [`Outbox::purge`] it.
+    /// Its id: [`Outbox::requeue`] or [`Outbox::purge_dead`] it.
     pub id: OutboxId,
     /// Who it was for.
     pub envelope: Envelope,
