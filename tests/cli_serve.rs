@@ -521,7 +521,9 @@ fn a_credential_given_twice_half_or_malformed_is_refused_at_start_without_being_
     let good = credential_file(&format!("{TOKEN}\n"));
     let good = good.path().join("credential");
     let path = |file: &std::path::Path| file.to_str().expect("a UTF-8 path").to_owned();
-    let cases: [(Vec<String>, Vec<(&str, &str)>, &str); 5] = [
+    // The arguments, the environment, and what the refusal says.
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: [Case; 5] = [
         (
             vec!["--credential-file".into(), path(&short)],
             vec![],
