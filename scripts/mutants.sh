@@ -100,14 +100,15 @@ tests[config]="--lib --test=config --test=config_build --test=config_equivalence
 # the SMTP URL's one reader.
 files[oauth]="src/oauth/mod.rs src/oauth/endpoint.rs src/config/smtp_url.rs"
 tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --test=config --test=config_smtp_url"
-# The operator page: its guard (token, origin, host), its reads and actions, its chart, and
-# the breaker's history of changes it shows. The browser test is left out (slow); the router
-# tests speak for the page.
-files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
+# The operator page: its guard (token, origin, host), its credential, its reads and actions,
+# its chart, and the breaker's history of changes it shows. The browser test is left out
+# (slow); the router tests speak for the page.
+files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/credential.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
 tests[admin]="--lib --test=admin --test=redis_store"
-# The command: what it prints, its exit codes, and what it hides.
-files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs"
-tests[cli]="--bins --test=cli"
+# The command: what it prints, its exit codes, and what it hides; what it opens, and whom
+# `serve` lets in.
+files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs src/bin/mail-breaker/stack.rs src/bin/mail-breaker/serve.rs src/bin/mail-breaker/tls.rs"
+tests[cli]="--bins --test=cli --test=cli_serve"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
     groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp receipt http ses outbox outbox-postgres rate ground config oauth admin cli)

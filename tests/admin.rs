@@ -17,7 +17,7 @@ use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
-use mail_breaker::admin::{self, Admin};
+use mail_breaker::admin::{self, Admin, Credential};
 use mail_breaker::outbox::Outbox;
 use mail_breaker::{Category, Mailer, Message, State, Transport};
 use serde_json::Value;
@@ -890,4 +890,204 @@ async fn a_dead_letters_subject_is_read_from_postgresql_too() {
     let router = admin::router(Arc::clone(&mailer));
     let dead = json(&router, "/api/dead").await;
     assert_eq!(dead[0]["subject"], "a refused welcome", "{dead}");
+}
+
+// ---------------------------------------------------------------------------------------
+// Who may use the page, and from where (behind a proxy, over HTTP/2)
+
+/// An isolate of `members.first` POSTed with the token and `headers` only (no `Host` unless
+/// given), to `uri`.
+fn isolate_request(uri: &str, token: &str, headers: &[(&str, &str)]) -> Request<Body> {
+    let mut request =
+        Request::post(uri).header(header::CONTENT_TYPE, "application/x-www-form-urlencoded");
+    for (name, value) in headers {
+        request = request.header(*name, *value);
+    }
+    request.body(Body::from(format!("token={token}"))).unwrap()
+}
+
+async fn is_isolated(mailer: &Mailer, member: &str) -> bool {
+    mailer
+        .breaker(member)
+        .unwrap()
+        .snapshot()
+        .await
+        .is_isolated()
+}
+
+#[tokio::test]
+async fn the_origin_check_uses_the_requests_authority_which_http2_sends_without_a_host() {
+    let dir = folder("http2-authority");
+    let (mailer, members) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let uri = format!(
+        "http://ops.example:8443/breakers/{}/isolate",
+        encoded(&members.first)
+    );
+    let mut request = isolate_request(
+        &uri,
+        admin.token(),
+        &[("origin", "http://ops.example:8443")],
+    );
+    *request.version_mut() = axum::http::Version::HTTP_2;
+    let response = call(&admin.router(), request).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(is_isolated(&mailer, &members.first).await);
+
+    let mut other = isolate_request(&uri, admin.token(), &[("origin", "http://evil.example")]);
+    *other.version_mut() = axum::http::Version::HTTP_2;
+    let response = call(&admin.router(), other).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+}
+
+#[tokio::test]
+async fn behind_a_proxy_that_sends_its_upstreams_name_a_form_from_the_public_origin_acts() {
+    let dir = folder("public-origin");
+    let (mailer, members) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer))
+        .public_origin("https://ops.example.com/")
+        .unwrap();
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    // nginx's default: `Host` is its upstream's name, `Origin` the browser's.
+    let from = |origin: &'static str| {
+        isolate_request(
+            &path,
+            admin.token(),
+            &[("host", "127.0.0.1:8025"), ("origin", origin)],
+        )
+    };
+    let response = call(&admin.router(), from("https://evil.example")).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN);
+    let response = call(&admin.router(), from("http://ops.example.com")).await;
+    assert_eq!(response.status(), StatusCode::FORBIDDEN, "another scheme");
+    assert!(!is_isolated(&mailer, &members.first).await);
+    let response = call(&admin.router(), from("https://ops.example.com")).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(is_isolated(&mailer, &members.first).await);
+}
+
+#[tokio::test]
+async fn a_public_origin_is_an_http_or_https_origin_and_nothing_more() {
+    let dir = folder("public-origin-form");
+    let (mailer, _) = mailer(dir.path()).await;
+    for bad in [
+        "ops.example.com",
+        "ftp://ops.example.com",
+        "https://ops.example.com/mail",
+        "https://ops.example.com/?a=b",
+        "https://user@ops.example.com",
+        "",
+    ] {
+        let error = Admin::new(Arc::clone(&mailer))
+            .public_origin(bad)
+            .unwrap_err();
+        assert_eq!(error.setting(), "public_origin", "{bad:?}");
+    }
+    for good in ["https://ops.example.com", "http://10.0.0.5:8025/"] {
+        assert!(
+            Admin::new(Arc::clone(&mailer)).public_origin(good).is_ok(),
+            "{good:?}"
+        );
+    }
+}
+
+/// `Authorization: Basic` for `user` and `password`.
+fn basic(user: &str, password: &str) -> String {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(format!("{user}:{password}"));
+    format!("Basic {encoded}")
+}
+
+#[tokio::test]
+async fn with_a_credential_every_request_without_it_is_401_and_changes_nothing() {
+    let dir = folder("credential-bearer");
+    let (mailer, members) = mailer(dir.path()).await;
+    let token = "a-bearer-token-for-scripts";
+    let admin = Admin::new(Arc::clone(&mailer)).credential(Credential::bearer(token).unwrap());
+    let router = admin.router();
+    for path in ["/", "/api/breakers", "/api/dead"] {
+        let response = call(&router, get(path)).await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{path}");
+        assert!(
+            response.headers()[header::WWW_AUTHENTICATE]
+                .to_str()
+                .unwrap()
+                .starts_with("Bearer"),
+            "{path}"
+        );
+    }
+    let path = format!("/breakers/{}/isolate", encoded(&members.first));
+    let wrong = format!("Bearer {token}x");
+    for headers in [&[][..], &[("authorization", wrong.as_str())][..]] {
+        let response = call(
+            &router,
+            post(&path, &format!("token={}", admin.token()), headers),
+        )
+        .await;
+        assert_eq!(response.status(), StatusCode::UNAUTHORIZED, "{headers:?}");
+    }
+    assert!(!is_isolated(&mailer, &members.first).await);
+
+    let right = format!("Bearer {token}");
+    let page = Request::get("/")
+        .header(header::AUTHORIZATION, &right)
+        .body(Body::empty())
+        .unwrap();
+    assert_eq!(call(&router, page).await.status(), StatusCode::OK);
+    let form = format!("token={}", admin.token());
+    let response = call(&router, post(&path, &form, &[("authorization", &right)])).await;
+    assert_eq!(response.status(), StatusCode::SEE_OTHER);
+    assert!(is_isolated(&mailer, &members.first).await);
+}
+
+#[tokio::test]
+async fn a_user_and_password_is_asked_for_as_a_browser_asks_and_both_must_match() {
+    let dir = folder("credential-user");
+    let (mailer, _) = mailer(dir.path()).await;
+    let router = Admin::new(mailer)
+        .credential(Credential::user("ops", "a password of some length").unwrap())
+        .router();
+    let response = call(&router, get("/")).await;
+    assert_eq!(response.status(), StatusCode::UNAUTHORIZED);
+    assert_eq!(
+        response.headers()[header::WWW_AUTHENTICATE],
+        "Basic realm=\"mail-breaker\", charset=\"UTF-8\""
+    );
+    let with = |authorization: String| {
+        Request::get("/")
+            .header(header::AUTHORIZATION, authorization)
+            .body(Body::empty())
+            .unwrap()
+    };
+    for (user, password) in [
+        ("ops", "a password of some lengtH"),
+        ("opz", "a password of some length"),
+        ("ops", ""),
+    ] {
+        let response = call(&router, with(basic(user, password))).await;
+        assert_eq!(
+            response.status(),
+            StatusCode::UNAUTHORIZED,
+            "{user}:{password}"
+        );
+    }
+    let response = call(&router, with(basic("ops", "a password of some length"))).await;
+    assert_eq!(response.status(), StatusCode::OK);
+}
+
+#[tokio::test]
+async fn a_dead_letter_requeued_before_the_pages_purge_stays_queued() {
+    let dir = folder("purge-requeued");
+    dead_letter(dir.path(), "requeued meanwhile").await;
+    let (mailer, _) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let outbox = mailer.outbox().unwrap();
+    let id = outbox.dead_letters(10).await.unwrap()[0].id;
+    // Another operator requeues it after this one's page showed it dead.
+    assert!(outbox.requeue(id).await.unwrap());
+    let purge = format!("/outbox/dead/{id}/purge");
+    let form = format!("token={}", admin.token());
+    let response = call(&admin.router(), post(&purge, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::NOT_FOUND);
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }

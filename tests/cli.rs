@@ -991,6 +991,121 @@ fn outbox_commands_without_an_outbox_exit_2_and_say_how_to_add_one() {
     );
 }
 
+#[test]
+fn a_command_opens_only_what_it_uses_so_breakers_and_check_work_with_the_outbox_database_down() {
+    let Some(redis) = RedisServer::start("cli_outbox_down") else {
+        return;
+    };
+    let Some(sink) = SmtpSink::start("cli_outbox_down", &[]) else {
+        return;
+    };
+    // No PostgreSQL listens there.
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?name=relay&redis={}&redis.namespace=cli-outbox-down\
+         &outbox=postgres://mail:{PASSWORD}@127.0.0.1:{}/mail",
+        sink.port(),
+        redis.url(),
+        closed_port()
+    );
+    for args in [
+        &["check", "--dsn", &dsn][..],
+        &["breakers", "--dsn", &dsn][..],
+        &["breakers", "isolate", "relay", "--dsn", &dsn][..],
+        &["breakers", "reset", "relay", "--dsn", &dsn][..],
+    ] {
+        let output = run(args);
+        assert_eq!(
+            code(&output),
+            0,
+            "{args:?}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+    }
+    let output = run(&["outbox", "stats", "--dsn", &dsn]);
+    assert_ne!(code(&output), 0, "the outbox itself cannot be read");
+}
+
+#[test]
+fn reading_an_outbox_file_that_does_not_exist_is_an_error_naming_the_path_and_makes_no_file() {
+    let dir = scratch("cli_outbox_missing");
+    let missing = dir.join("missing.db");
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        missing.display()
+    );
+    for action in [&["stats"][..], &["dead"][..], &["show", "1"][..]] {
+        let mut args = vec!["outbox"];
+        args.extend_from_slice(action);
+        args.extend_from_slice(&["--dsn", &dsn]);
+        let output = run(&args);
+        assert_eq!(code(&output), 2, "{args:?}: {}", stdout(&output));
+        assert!(
+            stderr(&output).contains(&missing.display().to_string()),
+            "{args:?}: {}",
+            stderr(&output)
+        );
+        assert!(!missing.exists(), "{args:?} made {}", missing.display());
+    }
+
+    // A relative path is looked for in the folder the command runs in, and named with it.
+    let relative = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://outbox.db",
+        closed_port()
+    );
+    let output = mail_breaker()
+        .args(["outbox", "stats", "--dsn", &relative])
+        .current_dir(&dir)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&output), 2, "{}", stdout(&output));
+    let said = stderr(&output);
+    assert!(
+        said.contains("outbox.db") && said.contains(&dir.display().to_string()),
+        "{said}"
+    );
+    assert!(!dir.join("outbox.db").exists(), "a new outbox was made");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_purge_of_a_message_that_is_not_dead_needs_queued() {
+    let dir = scratch("cli_purge_queued");
+    let ids = outbox_with_dead_letters(&dir);
+    read_outbox(&dir, async |outbox| {
+        assert!(outbox.requeue(ids[0].into()).await.expect("requeued"));
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let queued = ids[0].to_string();
+    let output = run(&["outbox", "purge", &queued, "--dsn", &dsn]);
+    assert_eq!(code(&output), 2, "{}", stdout(&output));
+    assert!(stderr(&output).contains("--queued"), "{}", stderr(&output));
+    let kept = read_outbox(&dir, async |outbox| {
+        outbox.message(ids[0].into()).await.expect("read").is_some()
+    });
+    assert!(kept, "queued mail is kept without --queued");
+
+    let output = run(&["outbox", "purge", &queued, "--queued", "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let output = run(&["outbox", "purge", &ids[1].to_string(), "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "a dead letter: {}", stderr(&output));
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!((stats.queued, stats.dead), (0, 1));
+    let output = run(&["outbox", "purge", &ids[1].to_string(), "--dsn", &dsn]);
+    assert_eq!(code(&output), 2, "gone");
+    assert!(
+        stderr(&output).contains("holds no message"),
+        "{}",
+        stderr(&output)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 // ---------------------------------------------------------------------------------------
 // secrets, help, completions, the build
 

@@ -149,3 +149,447 @@ async fn the_page_that_serve_serves_loads_in_chromium_and_shows_the_member_close
         page.eval("document.body && document.body.innerText").await
     );
 }
+
+// ---------------------------------------------------------------------------------------
+// Who may use a page served on a public address, over what, and from where
+
+/// `mail-breaker serve` with `args` and `env`, owned by a guard, and the first line it
+/// prints (the page's URL); `None` when it printed nothing (it did not start).
+fn start(args: &[&str], env: &[(&str, &str)]) -> (ServerProcess, Option<String>) {
+    let mut command = Command::new(BIN);
+    command
+        .arg("serve")
+        .args(args)
+        .env_remove("MAILER_DSN")
+        .env_remove("MAILER_ADMIN_TOKEN")
+        .env_remove("MAILER_ADMIN_USER")
+        .env_remove("MAILER_ADMIN_PASSWORD")
+        .env("NO_COLOR", "1")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::null());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("the mail-breaker binary runs");
+    let stdout = child.stdout.take().expect("a piped stdout");
+    let process = ServerProcess::new(child);
+    let mut url = String::new();
+    let read = BufReader::new(stdout).read_line(&mut url).unwrap_or(0);
+    (process, (read > 0).then(|| url.trim().to_owned()))
+}
+
+/// Runs `mail-breaker serve` with `args` and `env`, which must refuse to start: its output
+/// once it exits. A `serve` still running after 30 s started, and fails the test.
+fn refused(args: &[&str], env: &[(&str, &str)]) -> std::process::Output {
+    let mut command = Command::new(BIN);
+    command
+        .arg("serve")
+        .args(args)
+        .env_remove("MAILER_DSN")
+        .env_remove("MAILER_ADMIN_TOKEN")
+        .env_remove("MAILER_ADMIN_USER")
+        .env_remove("MAILER_ADMIN_PASSWORD")
+        .stdin(Stdio::null())
+        .stdout(Stdio::piped())
+        .stderr(Stdio::piped());
+    for (name, value) in env {
+        command.env(name, value);
+    }
+    let mut child = command.spawn().expect("the mail-breaker binary runs");
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    while child.try_wait().ok().flatten().is_none() {
+        if std::time::Instant::now() > deadline {
+            let _ = child.kill();
+            let output = child.wait_with_output().expect("its output");
+            panic!(
+                "serve {args:?} started instead of refusing: {}",
+                String::from_utf8_lossy(&output.stdout)
+            );
+        }
+        std::thread::sleep(Duration::from_millis(20));
+    }
+    child.wait_with_output().expect("its output")
+}
+
+/// A request to the page at `127.0.0.1:port` with `headers` (none added) and `body`; its
+/// status and body.
+fn send(
+    port: u16,
+    method: &str,
+    path: &str,
+    headers: &[(&str, &str)],
+    body: &str,
+) -> (u16, String) {
+    let mut stream = TcpStream::connect(("127.0.0.1", port)).expect("the page listens");
+    stream
+        .set_read_timeout(Some(Duration::from_secs(10)))
+        .expect("a read timeout");
+    let mut request = format!(
+        "{method} {path} HTTP/1.0\r\nContent-Length: {}\r\n",
+        body.len()
+    );
+    for (name, value) in headers {
+        request.push_str(&format!("{name}: {value}\r\n"));
+    }
+    request.push_str("\r\n");
+    request.push_str(body);
+    stream.write_all(request.as_bytes()).expect("sending");
+    let mut answer = String::new();
+    let _ = stream.read_to_string(&mut answer);
+    let status = answer
+        .split(' ')
+        .nth(1)
+        .and_then(|code| code.parse().ok())
+        .unwrap_or(0);
+    let body = answer
+        .split_once("\r\n\r\n")
+        .map(|(_, body)| body.to_owned())
+        .unwrap_or_default();
+    (status, body)
+}
+
+/// The port of a URL the command printed (`http://0.0.0.0:PORT/`).
+fn port_of(url: &str) -> u16 {
+    url.trim_end_matches('/')
+        .rsplit(':')
+        .next()
+        .and_then(|port| port.parse().ok())
+        .unwrap_or_else(|| panic!("no port in {url:?}"))
+}
+
+/// A file holding `text`, in a folder removed with it.
+fn credential_file(text: &str) -> tempfile::TempDir {
+    let dir = tempfile::Builder::new()
+        .prefix("mail-breaker-credential-")
+        .tempdir()
+        .expect("a folder");
+    std::fs::write(dir.path().join("credential"), text).expect("the file");
+    dir
+}
+
+const DSN: &str = "smtp://127.0.0.1:25?name=relay";
+const TOKEN: &str = "a-bearer-token-never-printed";
+
+#[test]
+fn serve_on_an_address_that_is_not_loopback_without_a_credential_refuses_to_start_and_says_why() {
+    let output = refused(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--credential-file") && stderr.contains("--read-only"),
+        "{stderr}"
+    );
+}
+
+#[test]
+fn serve_read_only_on_an_address_that_is_not_loopback_starts_without_a_credential() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--read-only",
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let url = url.expect("serve started");
+    let host = format!("127.0.0.1:{}", port_of(&url));
+    let (status, _) = send(port_of(&url), "GET", "/", &[("Host", &host)], "");
+    assert_eq!(status, 200);
+}
+
+#[test]
+fn a_credential_on_an_address_that_is_not_loopback_needs_tls_or_a_tls_proxy() {
+    let file = credential_file(&format!("{TOKEN}\n"));
+    let path = file.path().join("credential");
+    let output = refused(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--credential-file",
+            path.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    assert_eq!(output.status.code(), Some(2));
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(
+        stderr.contains("--tls-cert") && stderr.contains("--behind-tls-proxy"),
+        "{stderr}"
+    );
+    assert!(!stderr.contains(TOKEN), "{stderr}");
+    // Read-only changes nothing: the credential would still cross the network in clear.
+    let output = refused(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--read-only",
+            "--dsn",
+            DSN,
+        ],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
+    );
+    assert_eq!(output.status.code(), Some(2));
+}
+
+#[test]
+fn behind_a_tls_proxy_every_request_needs_the_credential_from_the_file() {
+    let file = credential_file(&format!("{TOKEN}\n"));
+    let path = file.path().join("credential");
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--behind-tls-proxy",
+            "--credential-file",
+            path.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let url = url.expect("serve started");
+    let port = port_of(&url);
+    let host = format!("127.0.0.1:{port}");
+    let (status, _) = send(port, "GET", "/api/breakers", &[("Host", &host)], "");
+    assert_eq!(status, 401);
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, breakers) = send(
+        port,
+        "GET",
+        "/api/breakers",
+        &[("Host", &host), ("Authorization", &bearer)],
+        "",
+    );
+    assert_eq!(status, 200);
+    assert!(breakers.contains("relay"), "{breakers}");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_the_page_answers_https_with_the_user_and_password_from_the_environment() {
+    let Some(certificates) = support::test_certs::TestCertificates::make("cli_serve_tls") else {
+        return;
+    };
+    let (cert, key) = (
+        certificates.path("server.pem"),
+        certificates.path("server.key"),
+    );
+    let password = "a password from the environment";
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--tls-cert",
+            cert.to_str().expect("a UTF-8 path"),
+            "--tls-key",
+            key.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[
+            ("MAILER_ADMIN_USER", "ops"),
+            ("MAILER_ADMIN_PASSWORD", password),
+        ],
+    );
+    let url = url.expect("serve started");
+    assert!(url.starts_with("https://"), "{url}");
+    let ca = std::fs::read(certificates.path("ca.pem")).expect("the CA");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("a PEM CA"))
+        .build()
+        .expect("a client");
+    let page = format!("https://localhost:{}/api/breakers", port_of(&url));
+    let asked = client.get(&page).send().await.expect("an answer over TLS");
+    assert_eq!(asked.status(), 401);
+    let answered = client
+        .get(&page)
+        .basic_auth("ops", Some(password))
+        .send()
+        .await
+        .expect("an answer over TLS");
+    assert_eq!(answered.status(), 200);
+    let plain = format!("http://127.0.0.1:{}/", port_of(&url));
+    assert!(
+        reqwest::get(&plain).await.is_err(),
+        "no plain HTTP on the TLS port"
+    );
+}
+
+#[test]
+fn serve_with_allow_host_still_answers_to_its_loopback_names() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-host",
+            "ops.internal:8025",
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let port = port_of(&url.expect("serve started"));
+    for host in [
+        format!("127.0.0.1:{port}"),
+        format!("localhost:{port}"),
+        "ops.internal:8025".into(),
+    ] {
+        let (status, _) = send(port, "GET", "/", &[("Host", &host)], "");
+        assert_eq!(status, 200, "{host}");
+    }
+    let (status, _) = send(port, "GET", "/", &[("Host", "rebound.example:80")], "");
+    assert_eq!(status, 403);
+}
+
+#[test]
+fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--public-origin",
+            "https://ops.example.com",
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let port = port_of(&url.expect("serve started"));
+    // What nginx sends by default: its upstream's name as `Host`.
+    let host = format!("127.0.0.1:{port}");
+    let (status, page) = send(port, "GET", "/", &[("Host", &host)], "");
+    assert_eq!(status, 200);
+    let token = page
+        .split("name=\"token\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form with the token");
+    let form = format!("token={token}");
+    let post = |origin: &str| {
+        send(
+            port,
+            "POST",
+            "/breakers/relay/isolate",
+            &[
+                ("Host", &host),
+                ("Origin", origin),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            &form,
+        )
+        .0
+    };
+    assert_eq!(post("https://evil.example"), 403);
+    assert_eq!(post("https://ops.example.com"), 303);
+    // A proxy that passes the browser's `Host` on (nginx's `$host`) is answered too.
+    let (status, _) = send(port, "GET", "/", &[("Host", "ops.example.com")], "");
+    assert_eq!(status, 200);
+    let (_, breakers) = send(port, "GET", "/api/breakers", &[("Host", &host)], "");
+    assert!(breakers.contains("isolated"), "{breakers}");
+}
+
+#[test]
+fn a_credential_given_twice_half_or_malformed_is_refused_at_start_without_being_shown() {
+    let short = credential_file("short-token\n");
+    let short = short.path().join("credential");
+    let empty = credential_file("\n\n");
+    let empty = empty.path().join("credential");
+    let good = credential_file(&format!("{TOKEN}\n"));
+    let good = good.path().join("credential");
+    let path = |file: &std::path::Path| file.to_str().expect("a UTF-8 path").to_owned();
+    // The arguments, the environment, and what the refusal says.
+    type Case<'a> = (Vec<String>, Vec<(&'a str, &'a str)>, &'a str);
+    let cases: [Case; 5] = [
+        (
+            vec!["--credential-file".into(), path(&short)],
+            vec![],
+            "token",
+        ),
+        (
+            vec!["--credential-file".into(), path(&empty)],
+            vec![],
+            "empty",
+        ),
+        (
+            vec!["--credential-file".into(), path(&good)],
+            vec![("MAILER_ADMIN_TOKEN", TOKEN)],
+            "give one",
+        ),
+        (
+            vec![],
+            vec![("MAILER_ADMIN_USER", "ops")],
+            "MAILER_ADMIN_PASSWORD",
+        ),
+        (vec![], vec![("MAILER_ADMIN_TOKEN", "short-token")], "token"),
+    ];
+    for (extra, env, said) in cases {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--dsn", DSN];
+        args.extend(extra.iter().map(String::as_str));
+        let output = refused(&args, &env);
+        assert_eq!(output.status.code(), Some(2), "{extra:?} {env:?}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains(said), "{extra:?} {env:?}: {stderr}");
+        assert!(
+            !stderr.contains("short-token") && !stderr.contains(TOKEN),
+            "{stderr}"
+        );
+    }
+}
+
+#[test]
+fn a_user_and_password_in_the_credential_file_is_asked_of_every_request() {
+    let file = credential_file("  ops:a password kept in a file  \n");
+    let path = file.path().join("credential");
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--credential-file",
+            path.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[],
+    );
+    let port = port_of(&url.expect("serve started"));
+    let host = format!("127.0.0.1:{port}");
+    let (status, _) = send(port, "GET", "/", &[("Host", &host)], "");
+    assert_eq!(status, 401);
+    use base64::Engine as _;
+    let basic = format!(
+        "Basic {}",
+        base64::engine::general_purpose::STANDARD.encode("ops:a password kept in a file")
+    );
+    let (status, _) = send(
+        port,
+        "GET",
+        "/",
+        &[("Host", &host), ("Authorization", &basic)],
+        "",
+    );
+    assert_eq!(status, 200);
+}

@@ -642,3 +642,65 @@ async fn a_mailer_shares_its_breakers_only_through_redis() {
     assert!(!alone.shares_breakers());
     assert!(sharing.shares_breakers());
 }
+
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_mailer_built_without_its_outbox_opens_no_database() {
+    let server = EmbeddedSmtp::start();
+    // An outbox that cannot be opened: building with it fails, naming it.
+    let dsn = format!(
+        "{}?outbox=sqlite:///no/such/folder/outbox.db",
+        smtp(&server)
+    );
+    let error = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .build_without_worker()
+        .await
+        .unwrap_err();
+    assert_eq!(error.setting(), "outbox.url");
+    let mailer = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .without_outbox()
+        .build_without_worker()
+        .await
+        .unwrap();
+    assert!(mailer.outbox().is_none());
+    mailer.send(&message()).await.unwrap();
+    assert_eq!(server.accepted(), 1);
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_existing_outbox_is_opened_only_if_its_file_is_there_and_none_is_made() {
+    let folder = tempfile::tempdir().unwrap();
+    let file = folder.path().join("outbox.db");
+    let dsn = format!("smtp://127.0.0.1:1?outbox=sqlite://{}", file.display());
+    let error = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .existing_outbox()
+        .build_without_worker()
+        .await
+        .unwrap_err();
+    assert_eq!(error.setting(), "outbox.url");
+    assert!(
+        error.reason().contains(&file.display().to_string()),
+        "{error}"
+    );
+    assert!(!file.exists(), "no outbox was made");
+
+    mail_breaker::outbox::Outbox::sqlite(&file).await.unwrap();
+    let mailer = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .existing_outbox()
+        .build_without_worker()
+        .await
+        .unwrap();
+    assert!(mailer.outbox().is_some());
+    let without = Mailer::from_dsn("smtp://127.0.0.1:1")
+        .unwrap()
+        .existing_outbox()
+        .build_without_worker()
+        .await
+        .unwrap();
+    assert!(without.outbox().is_none(), "existing_outbox adds none");
+}

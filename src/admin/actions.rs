@@ -26,15 +26,20 @@ pub(crate) async fn read_only() -> Response {
 /// The form's fields: only `token` is read.
 type Fields = HashMap<String, String>;
 
-/// Refuses a request that may not act (403, logged), else `None`.
+/// Refuses a request to `uri` that may not act (403, logged), else `None`.
 fn refused(
     shared: &Shared,
+    uri: &Uri,
     headers: &HeaderMap,
     fields: &Fields,
     action: &str,
 ) -> Option<Response> {
     let token = fields.get("token").map(String::as_str);
-    let refusal = guard::check(headers, token, &shared.token).err()?;
+    let site = guard::Site {
+        authority: guard::authority(uri, headers),
+        public_origin: shared.public_origin.as_deref(),
+    };
+    let refusal = guard::check(headers, &site, token, &shared.token).err()?;
     tracing::warn!(action, why = refusal.as_str(), "admin.refused");
     Some(
         (
@@ -64,7 +69,7 @@ pub(crate) async fn on_breaker<const ISOLATE: bool>(
     Form(fields): Form<Fields>,
 ) -> Response {
     let action = if ISOLATE { "isolate" } else { "reset" };
-    if let Some(refusal) = refused(&shared, &headers, &fields, action) {
+    if let Some(refusal) = refused(&shared, &original, &headers, &fields, action) {
         return refusal;
     }
     let Some(breaker) = shared.mailer.breaker(&name) else {
@@ -89,22 +94,19 @@ pub(crate) async fn on_dead_letter<const REQUEUE: bool>(
     Form(fields): Form<Fields>,
 ) -> Response {
     let action = if REQUEUE { "requeue" } else { "purge" };
-    if let Some(refusal) = refused(&shared, &headers, &fields, action) {
+    if let Some(refusal) = refused(&shared, &original, &headers, &fields, action) {
         return refusal;
     }
     let Some(outbox) = shared.mailer.outbox() else {
         return not_found("the mailer has no outbox".to_owned());
     };
     let id = OutboxId::from(id);
-    // A purge from this page deletes only a dead letter, never mail still queued.
-    let dead = match outbox.dead_letters(super::read::DEAD_SHOWN).await {
-        Ok(letters) => letters.iter().any(|letter| letter.id == id),
-        Err(error) => return failed(action, &error),
-    };
-    let done = match (dead, REQUEUE) {
-        (false, _) => Ok(false),
-        (true, true) => outbox.requeue(id).await,
-        (true, false) => outbox.purge(id).await,
+    // Each acts on the message only if it is dead when the statement runs: a purge from
+    // this page never deletes mail requeued since the page was read.
+    let done = if REQUEUE {
+        outbox.requeue(id).await
+    } else {
+        outbox.purge_dead(id).await
     };
     match done {
         Ok(true) => {

@@ -1,5 +1,6 @@
 //! What keeps another site from acting through an operator's browser: the page's token in
-//! every form, and a POST's `Origin` (or `Sec-Fetch-Site`) naming this site.
+//! every form, and a POST's `Origin` (or `Sec-Fetch-Site`) naming this site: the request's
+//! own authority, or the public origin a proxy serves the page under.
 
 use std::fmt::Write as _;
 
@@ -7,7 +8,7 @@ use std::sync::Arc;
 
 use axum::extract::Request;
 use axum::http::header::{HOST, ORIGIN};
-use axum::http::{HeaderMap, StatusCode};
+use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
@@ -44,14 +45,31 @@ impl Refused {
     }
 }
 
-/// Whether a POST with `headers` and the form's `token` may act, for a page whose token is
-/// `expected`.
+/// Where a request says it is going: the authority of its URI (HTTP/2's `:authority`, or an
+/// HTTP/1 request line in absolute form, which takes precedence over `Host`), else its `Host`.
+pub(crate) fn authority<'a>(uri: &'a Uri, headers: &'a HeaderMap) -> Option<&'a str> {
+    uri.authority()
+        .map(|authority| authority.as_str())
+        .or_else(|| headers.get(HOST).and_then(|host| host.to_str().ok()))
+}
+
+/// Where a POST came from and went to, for [`check`].
+pub(crate) struct Site<'a> {
+    /// The request's [`authority`].
+    pub(crate) authority: Option<&'a str>,
+    /// The origin the page is served under behind a proxy, if one was given.
+    pub(crate) public_origin: Option<&'a str>,
+}
+
+/// Whether a POST with `headers` and the form's `token`, to `site`, may act, for a page whose
+/// token is `expected`.
 pub(crate) fn check(
     headers: &HeaderMap,
+    site: &Site<'_>,
     token: Option<&str>,
     expected: &str,
 ) -> Result<(), Refused> {
-    same_site(headers)?;
+    same_site(headers, site)?;
     match token {
         Some(token) if !expected.is_empty() && equal(token.as_bytes(), expected.as_bytes()) => {
             Ok(())
@@ -60,10 +78,10 @@ pub(crate) fn check(
     }
 }
 
-/// A request whose `Origin` names another host than its `Host`, or that the browser says
-/// came from another site, is refused; one without either (a script, an old browser) is let
-/// through to the token's check.
-fn same_site(headers: &HeaderMap) -> Result<(), Refused> {
+/// A request whose `Origin` is neither the public origin nor names the request's own
+/// authority, or that the browser says came from another site, is refused; one without
+/// either (a script, an old browser) is let through to the token's check.
+fn same_site(headers: &HeaderMap, site: &Site<'_>) -> Result<(), Refused> {
     if let Some(site) = headers.get("sec-fetch-site")
         && !matches!(site.as_bytes(), b"same-origin" | b"none")
     {
@@ -73,45 +91,49 @@ fn same_site(headers: &HeaderMap) -> Result<(), Refused> {
         return Ok(());
     };
     let origin = origin.to_str().map_err(|_| Refused::Origin)?;
-    let authority = origin
+    if site
+        .public_origin
+        .is_some_and(|public| public.eq_ignore_ascii_case(origin))
+    {
+        return Ok(());
+    }
+    let from = origin
         .strip_prefix("http://")
         .or_else(|| origin.strip_prefix("https://"))
         .ok_or(Refused::Origin)?;
-    let host = headers
-        .get(HOST)
-        .and_then(|host| host.to_str().ok())
-        .ok_or(Refused::Origin)?;
-    if authority.eq_ignore_ascii_case(host) {
+    let to = site.authority.ok_or(Refused::Origin)?;
+    if from.eq_ignore_ascii_case(to) {
         Ok(())
     } else {
         Err(Refused::Origin)
     }
 }
 
-/// Whether the request's `Host` is one of `hosts` (`host:port`, lower case). A page served
-/// on a loopback address answers only to its loopback names: a site whose name an attacker
-/// points at 127.0.0.1 (DNS rebinding) would otherwise read the page, and its token.
-pub(crate) fn host_allowed(headers: &HeaderMap, hosts: &[String]) -> bool {
-    headers
-        .get(HOST)
-        .and_then(|host| host.to_str().ok())
-        .is_some_and(|host| {
-            hosts
-                .iter()
-                .any(|allowed| allowed.eq_ignore_ascii_case(host))
+/// Whether the request's [`authority`] is one of `hosts` (`host:port`, lower case); one
+/// allowed with port 443 or 80 is also the name alone, as a browser sends it for its scheme's
+/// default port. A page served on a loopback address answers only to its loopback names: a
+/// site whose name an attacker points at 127.0.0.1 (DNS rebinding) would otherwise read the
+/// page, and its token.
+pub(crate) fn host_allowed(uri: &Uri, headers: &HeaderMap, hosts: &[String]) -> bool {
+    authority(uri, headers).is_some_and(|host| {
+        hosts.iter().any(|allowed| {
+            allowed.eq_ignore_ascii_case(host)
+                || [":443", ":80"].iter().any(|port| {
+                    allowed
+                        .strip_suffix(port)
+                        .is_some_and(|name| name.eq_ignore_ascii_case(host))
+                })
         })
+    })
 }
 
 /// The middleware of [`Admin::allow_hosts`](super::Admin::allow_hosts): 403 for a request to
 /// another host.
 pub(crate) async fn only_hosts(hosts: Arc<[String]>, request: Request, next: Next) -> Response {
-    if host_allowed(request.headers(), &hosts) {
+    if host_allowed(request.uri(), request.headers(), &hosts) {
         return next.run(request).await;
     }
-    let host = request
-        .headers()
-        .get(HOST)
-        .and_then(|host| host.to_str().ok());
+    let host = authority(request.uri(), request.headers());
     tracing::warn!(host, "admin.refused: a request to another host");
     (
         StatusCode::FORBIDDEN,
@@ -137,9 +159,37 @@ pub(crate) fn loopback_hosts(address: std::net::SocketAddr) -> Option<Vec<String
     ])
 }
 
-/// Compares in a time that does not depend on where the first difference is.
-fn equal(a: &[u8], b: &[u8]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).fold(0u8, |diff, (x, y)| diff | (x ^ y)) == 0
+/// The origin `url` names as a browser's `Origin` header names it (`https://host[:port]`,
+/// the default port left out), or why it is not one: an `http` or `https` URL with a host and
+/// no user, path, query or fragment.
+pub(crate) fn parse_origin(url: &str) -> Result<String, String> {
+    let parsed = url::Url::parse(url).map_err(|error| format!("{url:?} is not a URL: {error}"))?;
+    if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
+        return Err(format!(
+            "{url:?} is not an http or https origin (https://ops.example.com)"
+        ));
+    }
+    if !parsed.username().is_empty()
+        || parsed.password().is_some()
+        || parsed.path() != "/"
+        || parsed.query().is_some()
+        || parsed.fragment().is_some()
+    {
+        return Err(format!(
+            "{url:?} holds more than an origin: give its scheme, host and port alone"
+        ));
+    }
+    Ok(parsed.origin().ascii_serialization())
+}
+
+/// Whether `given` is `expected`, in a time that depends on neither where they first differ
+/// nor how long `given` is: every byte of `expected` is compared, whatever was given.
+pub(crate) fn equal(given: &[u8], expected: &[u8]) -> bool {
+    let lengths_differ = usize::from(given.len() != expected.len());
+    let bytes_differ = expected.iter().enumerate().fold(0u8, |diff, (at, byte)| {
+        diff | (given.get(at).copied().unwrap_or(!byte) ^ byte)
+    });
+    lengths_differ | usize::from(bytes_differ) == 0
 }
 
 #[cfg(test)]
@@ -154,13 +204,29 @@ mod tests {
         headers
     }
 
+    /// The site of a request with `headers` and an origin-form URI (`POST /path`), behind
+    /// no proxy.
+    fn site(headers: &HeaderMap) -> Site<'_> {
+        Site {
+            authority: headers.get(HOST).and_then(|host| host.to_str().ok()),
+            public_origin: None,
+        }
+    }
+
+    fn at(headers: &HeaderMap) -> Result<(), Refused> {
+        check(headers, &site(headers), Some("t"), "t")
+    }
+
     #[test]
     fn tokens_that_differ_in_two_places_alike_are_not_equal() {
         // 'a' ^ 'c' == 'c' ^ 'a': differences that would cancel out if only counted by parity.
         assert!(!equal(b"abcd", b"cbad"));
         assert!(!equal(b"abcd", b"abce"));
         assert!(!equal(b"abcd", b"abc"));
+        assert!(!equal(b"abc", b"abcd"));
+        assert!(!equal(b"", b"a"));
         assert!(equal(b"abcd", b"abcd"));
+        assert!(equal(b"", b""));
     }
 
     #[test]
@@ -169,7 +235,10 @@ mod tests {
             ("host", "127.0.0.1:8025"),
             ("origin", "http://127.0.0.1:8025"),
         ]);
-        assert_eq!(check(&same, Some("secret-token"), "secret-token"), Ok(()));
+        assert_eq!(
+            check(&same, &site(&same), Some("secret-token"), "secret-token"),
+            Ok(())
+        );
     }
 
     #[test]
@@ -178,19 +247,20 @@ mod tests {
             ("host", "127.0.0.1:8025"),
             ("origin", "https://evil.example"),
         ]);
-        assert_eq!(check(&other, Some("t"), "t"), Err(Refused::Origin));
+        assert_eq!(at(&other), Err(Refused::Origin));
         let null = headers(&[("host", "127.0.0.1:8025"), ("origin", "null")]);
-        assert_eq!(check(&null, Some("t"), "t"), Err(Refused::Origin));
+        assert_eq!(at(&null), Err(Refused::Origin));
         let cross = headers(&[("sec-fetch-site", "cross-site")]);
-        assert_eq!(check(&cross, Some("t"), "t"), Err(Refused::Origin));
+        assert_eq!(at(&cross), Err(Refused::Origin));
     }
 
     #[test]
     fn a_missing_wrong_or_empty_token_is_refused() {
         let none = HeaderMap::new();
-        assert_eq!(check(&none, None, "t"), Err(Refused::Token));
-        assert_eq!(check(&none, Some("u"), "t"), Err(Refused::Token));
-        assert_eq!(check(&none, Some(""), ""), Err(Refused::Token));
+        let nowhere = site(&none);
+        assert_eq!(check(&none, &nowhere, None, "t"), Err(Refused::Token));
+        assert_eq!(check(&none, &nowhere, Some("u"), "t"), Err(Refused::Token));
+        assert_eq!(check(&none, &nowhere, Some(""), ""), Err(Refused::Token));
     }
 
     #[test]
@@ -200,13 +270,82 @@ mod tests {
         let v6 = loopback_hosts("[::1]:8025".parse().unwrap()).unwrap();
         assert_eq!(v6, ["[::1]:8025", "localhost:8025"]);
         assert_eq!(loopback_hosts("0.0.0.0:8025".parse().unwrap()), None);
-        assert!(host_allowed(&headers(&[("host", "LocalHost:8025")]), &v4));
-        assert!(!host_allowed(
-            &headers(&[("host", "rebound.example:8025")]),
-            &v4
-        ));
-        assert!(!host_allowed(&headers(&[("host", "localhost:8026")]), &v4));
-        assert!(!host_allowed(&HeaderMap::new(), &v4));
+        let path = Uri::from_static("/");
+        let allowed = |pairs| host_allowed(&path, &headers(pairs), &v4);
+        assert!(allowed(&[("host", "LocalHost:8025")]));
+        assert!(!allowed(&[("host", "rebound.example:8025")]));
+        assert!(!allowed(&[("host", "localhost:8026")]));
+        assert!(!allowed(&[]));
+    }
+
+    #[test]
+    fn a_host_allowed_with_its_schemes_default_port_matches_a_browsers_host_without_it() {
+        // A browser at https://ops.example.com sends `Host: ops.example.com`.
+        let path = Uri::from_static("/");
+        let allowed = [
+            "ops.example.com:443".to_owned(),
+            "plain.example.com:80".to_owned(),
+            "other.example.com:8025".to_owned(),
+        ];
+        let host = |name: &'static str| host_allowed(&path, &headers(&[("host", name)]), &allowed);
+        assert!(host("ops.example.com"));
+        assert!(host("OPS.example.com:443"));
+        assert!(host("plain.example.com"));
+        assert!(!host("other.example.com"));
+        assert!(!host("ops.example.com:8443"));
+        assert!(!host("evil.example.com"));
+        assert!(!host("ops.example"));
+    }
+
+    #[test]
+    fn an_origin_is_checked_against_the_uris_authority_before_the_host() {
+        // HTTP/2 sends `:authority` and no `Host`.
+        let uri = Uri::from_static("https://ops.example:8443/breakers/a/isolate");
+        let h2 = headers(&[("origin", "https://ops.example:8443")]);
+        assert_eq!(authority(&uri, &h2), Some("ops.example:8443"));
+        let to = Site {
+            authority: authority(&uri, &h2),
+            public_origin: None,
+        };
+        assert_eq!(check(&h2, &to, Some("t"), "t"), Ok(()));
+        let both = headers(&[("host", "upstream:8025")]);
+        assert_eq!(authority(&uri, &both), Some("ops.example:8443"));
+        assert!(host_allowed(&uri, &both, &["ops.example:8443".to_owned()]));
+        assert!(!host_allowed(&uri, &both, &["upstream:8025".to_owned()]));
+    }
+
+    #[test]
+    fn an_origin_that_is_the_public_one_may_act_whatever_the_host() {
+        let proxied = headers(&[
+            ("host", "127.0.0.1:8025"),
+            ("origin", "https://Ops.Example.com"),
+        ]);
+        let behind = Site {
+            authority: Some("127.0.0.1:8025"),
+            public_origin: Some("https://ops.example.com"),
+        };
+        assert_eq!(check(&proxied, &behind, Some("t"), "t"), Ok(()));
+        let downgraded = headers(&[("origin", "http://ops.example.com")]);
+        assert_eq!(
+            check(&downgraded, &behind, Some("t"), "t"),
+            Err(Refused::Origin)
+        );
+    }
+
+    #[test]
+    fn a_public_origin_is_kept_as_a_browser_names_it() {
+        assert_eq!(
+            parse_origin("https://ops.example.com:443/").as_deref(),
+            Ok("https://ops.example.com")
+        );
+        assert_eq!(
+            parse_origin("http://OPS.example.com:8025").as_deref(),
+            Ok("http://ops.example.com:8025")
+        );
+        assert!(parse_origin("https://ops.example.com/mail").is_err());
+        assert!(parse_origin("https://ops.example.com#top").is_err());
+        assert!(parse_origin("https://user:pw@ops.example.com").is_err());
+        assert!(parse_origin("file:///tmp").is_err());
     }
 
     #[test]

@@ -26,7 +26,13 @@
 //! action done is logged with `tracing` (`admin.*` at INFO, refusals at WARN). With
 //! [`Admin::read_only`] the page shows no form and every POST is answered 405.
 //!
-//! The router has no authentication of its own: mount it behind the application's.
+//! Behind a reverse proxy that sends the page another `Host` than the browser's (nginx's
+//! default), [`Admin::public_origin`] names the origin the forms are posted from.
+//!
+//! # Who may use it
+//! Without [`Admin::credential`] anyone who reaches the router reads the page and its token:
+//! mount it behind the application's authentication. With one, every request must carry it
+//! (a bearer token, or a user and password a browser asks for); serve it over TLS then.
 //!
 //! # Example
 //! ```no_run
@@ -55,8 +61,11 @@ use axum::routing::{get, post};
 
 use crate::{ConfigError, Mailer};
 
+pub use credential::Credential;
+
 mod actions;
 mod chart;
+mod credential;
 mod guard;
 mod page;
 mod read;
@@ -79,6 +88,11 @@ pub(crate) struct Shared {
     pub(crate) chart_every: Duration,
     /// The `Host`s the page answers to (`host:port`); `None`: any.
     pub(crate) hosts: Option<Vec<String>>,
+    /// What every request must carry, if anything.
+    pub(crate) credential: Option<Arc<Credential>>,
+    /// The origin the page is served under behind a proxy (`https://ops.example.com`), as a
+    /// browser's `Origin` names it.
+    pub(crate) public_origin: Option<String>,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
 }
@@ -106,6 +120,8 @@ impl Admin {
             read_only: false,
             chart_every: chart::EVERY,
             hosts: None,
+            credential: None,
+            public_origin: None,
             history: Mutex::new(VecDeque::new()),
         })
     }
@@ -169,8 +185,10 @@ impl Admin {
         }))
     }
 
-    /// Answers only requests whose `Host` is one of `hosts` (`host:port` as a browser sends
-    /// it, e.g. `ops.example.com:443` or `127.0.0.1:8025`); any other is answered 403. Against
+    /// Answers only requests whose `Host` (or HTTP/2 `:authority`) is one of `hosts`
+    /// (`host:port`, e.g. `127.0.0.1:8025`, or `ops.example.com:443`, which also takes the
+    /// `ops.example.com` a browser sends for its scheme's default port); any other is
+    /// answered 403. Against
     /// DNS rebinding, where a site an operator visits points its own name at the page's
     /// address. [`serve`](Admin::serve) on a loopback address sets the loopback names itself.
     ///
@@ -187,6 +205,51 @@ impl Admin {
         })
     }
 
+    /// Every request (the page, its JSON and its actions) must carry `credential`, else it is
+    /// answered 401 with a challenge a browser asks its user to answer. For a page that its
+    /// application does not mount behind an authentication of its own; `mail-breaker serve`
+    /// on an address that is not loopback gives it one. Over plain HTTP the credential
+    /// crosses the network in clear: serve the page over TLS, or behind a proxy that
+    /// terminates TLS.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// use mail_breaker::admin::{Admin, Credential};
+    ///
+    /// let password = std::env::var("OPS_PASSWORD").unwrap_or_default();
+    /// let admin = Admin::new(mailer).credential(Credential::user("ops", password)?);
+    /// # Ok(()) }
+    /// ```
+    pub fn credential(self, credential: Credential) -> Admin {
+        Admin::with(Shared {
+            credential: Some(Arc::new(credential)),
+            ..self.settings()
+        })
+    }
+
+    /// The origin the page is served under (`https://ops.example.com`, or with its port),
+    /// for a page behind a reverse proxy: a form POSTed from it may act even when the proxy
+    /// sends the page another `Host` (nginx sends its upstream's name unless told
+    /// otherwise). Without it an action's `Origin` must name the request's own authority
+    /// (its `Host`, or HTTP/2's `:authority`). Only an `http` or `https` origin, with no
+    /// path, query or user, is taken.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) -> Result<(), mail_breaker::ConfigError> {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).public_origin("https://ops.example.com")?;
+    /// # Ok(()) }
+    /// ```
+    pub fn public_origin(self, url: &str) -> Result<Admin, ConfigError> {
+        let origin =
+            guard::parse_origin(url).map_err(|why| ConfigError::new("public_origin", why))?;
+        Ok(Admin::with(Shared {
+            public_origin: Some(origin),
+            ..self.settings()
+        }))
+    }
+
     /// This page's settings, with a chart of its own.
     fn settings(&self) -> Shared {
         let shared = &self.shared;
@@ -196,6 +259,8 @@ impl Admin {
             read_only: shared.read_only,
             chart_every: shared.chart_every,
             hosts: shared.hosts.clone(),
+            credential: shared.credential.clone(),
+            public_origin: shared.public_origin.clone(),
             history: Mutex::new(VecDeque::new()),
         }
     }
@@ -246,6 +311,17 @@ impl Admin {
                 .route(actions[2], post(actions::on_dead_letter::<true>))
                 .route(actions[3], post(actions::on_dead_letter::<false>))
         };
+        // The host is checked before the credential is asked for: a browser sent to the page
+        // under another site's name (DNS rebinding) is not prompted for it.
+        let routes = match &self.shared.credential {
+            Some(credential) => {
+                let credential = Arc::clone(credential);
+                routes.layer(axum::middleware::from_fn(move |request, next| {
+                    credential::required(Arc::clone(&credential), request, next)
+                }))
+            }
+            None => routes,
+        };
         let routes = match &self.shared.hosts {
             Some(hosts) => {
                 let hosts: Arc<[String]> = hosts.clone().into();
@@ -259,9 +335,11 @@ impl Admin {
     }
 
     /// Serves the page alone on `listener` until the server fails: what `mail-breaker serve`
-    /// does. Bind to 127.0.0.1 unless something in front authenticates. On a loopback
-    /// address, unless [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
-    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`.
+    /// does. Bind to 127.0.0.1 unless something in front authenticates, or the page has a
+    /// [`credential`](Admin::credential). On a loopback address, unless
+    /// [`allow_hosts`](Admin::allow_hosts) was set, the page answers only to
+    /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`. Any axum listener serves:
+    /// a `TcpListener`, or one that makes a TLS handshake on each connection first.
     ///
     /// ```no_run
     /// # use std::sync::Arc;
@@ -272,7 +350,10 @@ impl Admin {
     /// admin.serve(listener).await
     /// # }
     /// ```
-    pub async fn serve(&self, listener: tokio::net::TcpListener) -> std::io::Result<()> {
+    pub async fn serve<L>(&self, listener: L) -> std::io::Result<()>
+    where
+        L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
         let loopback = guard::loopback_hosts(listener.local_addr()?);
         let admin = match loopback {
             Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),

@@ -797,6 +797,10 @@ async fn with_outbox(
     use super::tree::Database;
     use crate::outbox::{Outbox, OutboxTransport};
     let opened = match &config.database {
+        Database::Sqlite(path) if config.must_exist => {
+            let options = crate::outbox::OutboxOptions::new().existing_file_only();
+            Outbox::sqlite_with(path, &options).await
+        }
         Database::Sqlite(path) => Outbox::sqlite(path).await,
         #[cfg(feature = "postgres")]
         Database::Postgres(url) => Outbox::postgres(&url.0).await,

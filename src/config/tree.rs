@@ -187,6 +187,8 @@ pub(crate) struct OutboxConfig {
     pub max_age: Option<Duration>,
     pub poll: Option<Duration>,
     pub at_most_once: bool,
+    /// Opened only if its SQLite file exists ([`MailerConfig::existing_outbox`]).
+    pub must_exist: bool,
 }
 
 /// Where the outbox keeps its mail.
@@ -236,6 +238,52 @@ impl MailerConfig {
     /// How many members the pool has.
     pub fn members(&self) -> usize {
         self.members.len()
+    }
+
+    /// The same stack without its outbox: [`build`](Self::build) opens no database, and mail
+    /// the stack cannot send is an error instead of being queued. For tools that work on the
+    /// members alone (checking them, isolating a breaker), which must not fail because the
+    /// outbox's database is down.
+    ///
+    /// ```
+    /// use mail_breaker::config::Mailer;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// // An outbox that cannot be opened: the members are built all the same.
+    /// let config = Mailer::from_dsn("smtp://127.0.0.1:2525?outbox=sqlite:///no/such/folder/outbox.db")?;
+    /// let mailer = config.without_outbox().build_without_worker().await?;
+    /// assert!(mailer.outbox().is_none());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn without_outbox(self) -> MailerConfig {
+        MailerConfig {
+            outbox: None,
+            ..self
+        }
+    }
+
+    /// The same stack, whose SQLite outbox is opened only if its file exists: a file that
+    /// does not is an error naming `outbox.url` and the path (a relative one with the folder
+    /// it was looked for in), never a new, empty outbox. For tools that read or operate an
+    /// outbox an application keeps, run from any folder.
+    ///
+    /// ```
+    /// use mail_breaker::config::Mailer;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let config = Mailer::from_dsn("smtp://127.0.0.1:2525?outbox=sqlite:///no/such/folder/outbox.db")?;
+    /// let error = config.existing_outbox().build_without_worker().await.unwrap_err();
+    /// assert_eq!(error.setting(), "outbox.url");
+    /// assert!(error.reason().contains("/no/such/folder/outbox.db"), "{error}");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn existing_outbox(mut self) -> MailerConfig {
+        if let Some(outbox) = &mut self.outbox {
+            outbox.must_exist = true;
+        }
+        self
     }
 
     pub(crate) fn from_tree(tree: &Value) -> Result<MailerConfig, ConfigError> {
@@ -556,6 +604,7 @@ fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
         max_age: fields.read("max_age", Node::duration)?,
         poll: fields.read("poll", Node::duration)?,
         at_most_once: fields.read("at_most_once", Node::flag)?.unwrap_or(false),
+        must_exist: false,
     };
     fields.finish()?;
     Ok(config)

@@ -204,6 +204,10 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// Deletes a message, queued or dead; whether it was there.
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError>;
 
+    /// Deletes a message only if it is dead, in one statement (a requeue between an
+    /// operator's read and this leaves it queued); whether it was deleted.
+    async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError>;
+
     /// One message, queued or dead, read and left as it is (`inspect.rs`).
     async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError>;
     /// The database, for the operator page's reads (`admin_reads.rs`); `None` for one

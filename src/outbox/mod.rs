@@ -157,7 +157,7 @@ pub struct OutboxStats {
 #[derive(Debug, Clone)]
 #[non_exhaustive]
 pub struct DeadLetter {
-    /// Its id: [`Outbox::requeue`] or [`Outbox::purge`] it.
+    /// Its id: [`Outbox::requeue`] or [`Outbox::purge_dead`] it.
     pub id: OutboxId,
     /// Who it was for.
     pub envelope: Envelope,
@@ -377,8 +377,37 @@ impl Outbox {
     }
 
     /// Deletes a message, queued or dead. `Ok(false)` when there was none with `id`.
+    /// To delete a dead letter and never mail still waiting to be sent, use
+    /// [`purge_dead`](Self::purge_dead).
     pub async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
         self.backend.purge(id).await
+    }
+
+    /// Deletes the message `id` only if it is a dead letter, in one statement: a message
+    /// requeued (by another operator, or another process) after it was read dead is left
+    /// queued. `Ok(false)` when `id` is not a dead letter now (queued, being sent, or gone).
+    ///
+    /// ```
+    /// use mail_breaker::outbox::Outbox;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = std::env::temp_dir().join(format!("outbox-purge-dead-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+    /// # let message = mail_breaker::Message::builder()
+    /// #     .from("app@example.com".parse().unwrap())
+    /// #     .to("user@example.org".parse().unwrap())
+    /// #     .body(String::from("welcome"))
+    /// #     .unwrap();
+    /// let id = outbox.enqueue(&message).await?;
+    /// assert!(!outbox.purge_dead(id).await?, "queued mail is not deleted");
+    /// assert_eq!(outbox.stats().await?.queued, 1);
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), mail_breaker::SendError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
+        self.backend.purge_dead(id).await
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {

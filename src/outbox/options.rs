@@ -24,6 +24,8 @@ pub struct OutboxOptions {
     connections: Option<u32>,
     worker_connections: usize,
     statement_timeout: Duration,
+    /// SQLite: open the file only if it exists, never make a new one.
+    existing_file_only: bool,
 }
 
 impl Default for OutboxOptions {
@@ -40,6 +42,7 @@ impl OutboxOptions {
             connections: None,
             worker_connections: 2,
             statement_timeout: Duration::from_secs(5),
+            existing_file_only: false,
         }
     }
 
@@ -89,6 +92,18 @@ impl OutboxOptions {
             ));
         }
         Ok(())
+    }
+
+    /// SQLite: a file that does not exist is an error naming it, rather than a new outbox
+    /// (for [`MailerConfig::existing_outbox`](crate::config::MailerConfig::existing_outbox)).
+    #[cfg_attr(not(feature = "config"), allow(dead_code))]
+    pub(crate) fn existing_file_only(mut self) -> Self {
+        self.existing_file_only = true;
+        self
+    }
+
+    pub(crate) fn get_existing_file_only(&self) -> bool {
+        self.existing_file_only
     }
 
     /// The connections set, or `default` (the backend's) when none was.

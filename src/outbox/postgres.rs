@@ -743,6 +743,16 @@ impl Backend for PostgresBackend {
         Ok(done.rows_affected() == 1)
     }
 
+    async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
+        let statement =
+            sqlx::query("DELETE FROM mail_breaker_outbox WHERE id = $1 AND dead_at IS NOT NULL")
+                .bind(id.0);
+        let done = on_pool!(self, |connection| statement.execute(connection))
+            .await
+            .map_err(|e| database_error("purging", e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
     async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError> {
         super::inspect::postgres_message(&self.pool, id).await
     }

@@ -199,6 +199,9 @@ const REQUEUE: &str = "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0
 /// A message deleted, queued or dead (its body goes with it, by trigger).
 const PURGE: &str = "DELETE FROM mail_breaker_outbox WHERE id = ?1";
 
+/// A message deleted only if it is dead now.
+const PURGE_DEAD: &str = "DELETE FROM mail_breaker_outbox WHERE id = ?1 AND dead_at IS NOT NULL";
+
 /// The counts of `stats`: the queued and the dead as kept, and the messages not yet due (a
 /// retry's wait, or a lease running) from the schedule's index, the due being the rest. It
 /// reads as many index entries as there are messages not yet due, none of the due backlog,
@@ -226,14 +229,20 @@ pub(crate) struct SqliteBackend {
 }
 
 impl SqliteBackend {
-    /// Opens (creating it if missing) the database file at `path` and its table.
+    /// Opens (creating it if missing, unless `settings` say it must exist) the database file
+    /// at `path` and its table.
     pub(crate) async fn open(
         path: &Path,
         settings: &super::OutboxOptions,
     ) -> Result<SqliteBackend, SendError> {
+        let create = !settings.get_existing_file_only();
+        if !create && !path.exists() {
+            return Err(missing_file(path));
+        }
         let options = SqliteConnectOptions::new()
             .filename(path)
-            .create_if_missing(true)
+            // Even a file removed since the check above is not made anew.
+            .create_if_missing(create)
             .journal_mode(SqliteJournalMode::Wal)
             // `Ok` from `enqueue` means on disk: each commit waits for its sync.
             .synchronous(SqliteSynchronous::Full)
@@ -283,6 +292,28 @@ impl SqliteBackend {
             relaxed: Arc::new(relaxed),
         })
     }
+}
+
+/// The error for an outbox file that must exist and does not: its path, and for a relative
+/// one the folder it was looked for in (where the command ran, maybe not where the
+/// application runs).
+fn missing_file(path: &Path) -> SendError {
+    let folder = if path.is_relative() {
+        std::env::current_dir()
+            .map(|folder| format!(" (in {})", folder.display()))
+            .unwrap_or_default()
+    } else {
+        String::new()
+    };
+    SendError::new(
+        Category::Configuration,
+        "outbox.missing",
+        format!(
+            "no outbox file at {}{folder}: an outbox is read only where its application keeps \
+             it, and none is made here",
+            path.display()
+        ),
+    )
 }
 
 /// Runs `steps` in one `BEGIN IMMEDIATE` transaction if `needed` (a query of one boolean,
@@ -627,6 +658,15 @@ impl Backend for SqliteBackend {
 
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
         let done = sqlx::query(PURGE)
+            .bind(id.0)
+            .execute(&self.pool)
+            .await
+            .map_err(|e| database_error("purging", e))?;
+        Ok(done.rows_affected() == 1)
+    }
+
+    async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
+        let done = sqlx::query(PURGE_DEAD)
             .bind(id.0)
             .execute(&self.pool)
             .await

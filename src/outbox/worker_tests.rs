@@ -246,6 +246,9 @@ impl Backend for Counting {
     async fn purge(&self, id: OutboxId) -> Result<bool, SendError> {
         self.inner.purge(id).await
     }
+    async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
+        self.inner.purge_dead(id).await
+    }
     async fn message(
         &self,
         id: OutboxId,
@@ -803,6 +806,9 @@ impl Backend for StuckWrites {
         Ok(false)
     }
     async fn purge(&self, _id: OutboxId) -> Result<bool, SendError> {
+        Ok(false)
+    }
+    async fn purge_dead(&self, _id: OutboxId) -> Result<bool, SendError> {
         Ok(false)
     }
     async fn message(

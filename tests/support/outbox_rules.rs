@@ -1039,6 +1039,32 @@ pub async fn purge_deletes_a_message_queued_or_dead(outbox: Outbox) {
     assert_eq!(outbox.stats().await.unwrap().queued, 0);
 }
 
+pub async fn purge_dead_deletes_a_dead_letter_and_never_a_message_still_queued(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    assert!(!outbox.purge_dead(id).await.unwrap(), "queued, not dead");
+    assert!(outbox.message(id).await.unwrap().is_some(), "still queued");
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    quick(&outbox, refusing).drain().await.unwrap();
+    assert!(outbox.purge_dead(id).await.unwrap(), "dead, so deleted");
+    assert!(outbox.message(id).await.unwrap().is_none());
+    assert!(!outbox.purge_dead(id).await.unwrap(), "already gone");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (0, 0));
+}
+
+/// An operator's purge read the message dead; another requeued it before the purge ran.
+pub async fn a_dead_letter_requeued_before_its_purge_stays_queued(outbox: Outbox) {
+    let id = outbox.enqueue(&super::message()).await.unwrap();
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    quick(&outbox, refusing).drain().await.unwrap();
+    let seen_dead = outbox.dead_letters(10).await.unwrap();
+    assert_eq!(seen_dead.len(), 1);
+    assert!(outbox.requeue(id).await.unwrap());
+    assert!(!outbox.purge_dead(seen_dead[0].id).await.unwrap());
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (1, 0), "the requeued mail kept");
+}
+
 pub async fn enqueue_many_answers_each_messages_id_in_order(outbox: Outbox) {
     let ids = outbox
         .enqueue_many(&numbered_messages(1_200))
@@ -1416,6 +1442,8 @@ macro_rules! all_outbox_rules {
             send_or_queue_answers_a_delivery_as_delivered,
             queue_only_queues_every_message,
             purge_deletes_a_message_queued_or_dead,
+            purge_dead_deletes_a_dead_letter_and_never_a_message_still_queued,
+            a_dead_letter_requeued_before_its_purge_stays_queued,
             stats_say_how_long_the_oldest_message_has_waited,
             enqueue_many_answers_each_messages_id_in_order,
             a_worker_with_no_room_for_a_send_is_a_configuration_error,

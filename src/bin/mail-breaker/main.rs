@@ -17,6 +17,7 @@ mod send;
 mod serve;
 mod stack;
 mod test_message;
+mod tls;
 mod trace;
 
 use std::path::PathBuf;
@@ -142,7 +143,12 @@ fn run(cli: Cli) -> Exit {
     };
     let result = runtime.block_on(async {
         let source = source?;
-        let stack = stack::Stack::load(&source).await?;
+        let uses = match &cli.command {
+            Command::Check | Command::Breakers(_) | Command::Completions(_) => stack::Uses::Members,
+            Command::Test(_) | Command::Send(_) => stack::Uses::QueueingOutbox,
+            Command::Outbox(_) | Command::Serve(_) => stack::Uses::ExistingOutbox,
+        };
+        let stack = stack::Stack::load(&source, uses).await?;
         match cli.command {
             Command::Test(args) => test_message::run(&stack, &out, &recorder, args).await,
             Command::Check => check::run(&stack, &out).await,

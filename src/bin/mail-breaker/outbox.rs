@@ -46,10 +46,13 @@ enum Action {
         #[arg(long)]
         all: bool,
     },
-    /// Delete a message, queued or dead, for good.
+    /// Delete a dead letter for good (with --queued, mail still waiting to be sent too).
     Purge {
         /// Its id.
         id: i64,
+        /// Delete the message even if it is queued (or being sent) rather than dead.
+        #[arg(long)]
+        queued: bool,
     },
     /// Send what is due now through the stack, in the foreground, until nothing is due
     /// (or Ctrl-C), as `postqueue -f` flushes Postfix's queue.
@@ -64,7 +67,7 @@ pub async fn run(stack: &Stack, out: &Out, args: OutboxArgs) -> Result<Exit, Fai
         Action::Show { id, raw } => show(outbox, out, OutboxId::from(id), raw).await,
         Action::Requeue { id: Some(id), .. } => requeue(outbox, out, OutboxId::from(id)).await,
         Action::Requeue { id: None, .. } => requeue_all(outbox, out).await,
-        Action::Purge { id } => purge(outbox, out, OutboxId::from(id)).await,
+        Action::Purge { id, queued } => purge(outbox, out, OutboxId::from(id), queued).await,
         Action::Drain => drain(stack, outbox, out).await,
     }
 }
@@ -296,9 +299,24 @@ async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
     Ok(Exit::Ok)
 }
 
-async fn purge(outbox: &Outbox, out: &Out, id: OutboxId) -> Result<Exit, Failure> {
-    if !outbox.purge(id).await.map_err(reading)? {
-        return Err(Failure::usage(format!("the outbox holds no message {id}")));
+/// Deletes a dead letter, or with `queued` any message. Without it a message requeued since
+/// the operator read it dead is kept: the delete checks in the same statement.
+async fn purge(outbox: &Outbox, out: &Out, id: OutboxId, queued: bool) -> Result<Exit, Failure> {
+    let purged = if queued {
+        outbox.purge(id).await
+    } else {
+        outbox.purge_dead(id).await
+    };
+    if !purged.map_err(reading)? {
+        let there = !queued && outbox.message(id).await.map_err(reading)?.is_some();
+        return Err(Failure::usage(if there {
+            format!(
+                "{id} is not a dead letter: it is waiting to be sent; give --queued to delete \
+                 it all the same"
+            )
+        } else {
+            format!("the outbox holds no message {id}")
+        }));
     }
     if out.json {
         out.json(&json!({ "purged": [i64::from(id)] }));

@@ -4,23 +4,38 @@
 //! ```text
 //! mail-breaker serve --dsn "$MAILER_DSN"                    # http://127.0.0.1:8025/
 //! mail-breaker serve --listen 127.0.0.1:0 --read-only       # any free port, no actions
+//! mail-breaker serve --listen 0.0.0.0:8443 --allow-host ops.example.com \
+//!     --credential-file /etc/mail-breaker/ops --tls-cert ops.pem --tls-key ops.key
 //! ```
 //!
 //! It listens on 127.0.0.1 unless told otherwise, and prints the page's address first on
 //! stdout (the port it got, for `:0`). The page's actions are forms that carry its token, which
 //! is never printed: the page puts it into its own forms. On loopback the page answers only to
-//! its loopback names; on any other address `--allow-host NAME:PORT` names the hosts it
-//! answers to (required there, so that no other site's name reaches it).
+//! its loopback names; `--allow-host NAME:PORT` names more (required on any other address, so
+//! that no other site's name reaches it).
+//!
+//! On an address that is not loopback whoever reaches the port would get the page and its
+//! token, so its actions need a credential of the command's own (`--credential-file`, or
+//! `MAILER_ADMIN_TOKEN`, or `MAILER_ADMIN_USER` with `MAILER_ADMIN_PASSWORD`), asked of every
+//! request; without one it starts only `--read-only`. A credential crosses the network only
+//! over TLS: `--tls-cert`/`--tls-key`, or `--behind-tls-proxy` when a proxy in front
+//! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees.
 
 use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use clap::Args;
-use mail_breaker::admin::Admin;
+use mail_breaker::admin::{Admin, Credential};
 
 use crate::exit::{Exit, Failure};
 use crate::output::Out;
 use crate::stack::Stack;
+
+/// The variables a credential is read from when no file is given.
+const TOKEN_VARIABLE: &str = "MAILER_ADMIN_TOKEN";
+const USER_VARIABLE: &str = "MAILER_ADMIN_USER";
+const PASSWORD_VARIABLE: &str = "MAILER_ADMIN_PASSWORD";
 
 #[derive(Debug, Args)]
 pub struct ServeArgs {
@@ -34,13 +49,59 @@ pub struct ServeArgs {
     /// on an address that is not loopback. May be given several times.
     #[arg(long, value_name = "NAME:PORT")]
     allow_host: Vec<String>,
+    /// A file whose first line is the credential every request must carry: a bearer token
+    /// (at least 16 characters), or `USER:PASSWORD` (a password of at least 12), which a
+    /// browser asks for. Without it: MAILER_ADMIN_TOKEN, or MAILER_ADMIN_USER and
+    /// MAILER_ADMIN_PASSWORD. Required for the actions on an address that is not loopback.
+    #[arg(long, value_name = "FILE")]
+    credential_file: Option<PathBuf>,
+    /// Serve over TLS with this PEM certificate chain (and --tls-key).
+    #[arg(long, value_name = "FILE", requires = "tls_key")]
+    tls_cert: Option<PathBuf>,
+    /// The PEM private key of --tls-cert.
+    #[arg(long, value_name = "FILE", requires = "tls_cert")]
+    tls_key: Option<PathBuf>,
+    /// A proxy in front terminates TLS: a credential may be taken over plain HTTP here.
+    #[arg(long, conflicts_with = "tls_cert")]
+    behind_tls_proxy: bool,
+    /// The origin the browser sees the page under behind a proxy (`https://ops.example.com`):
+    /// forms posted from it may act whatever `Host` the proxy sends.
+    #[arg(long, value_name = "URL")]
+    public_origin: Option<String>,
 }
 
 pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failure> {
-    if !args.listen.ip().is_loopback() && args.allow_host.is_empty() {
+    let credential = credential(args.credential_file.as_deref())?;
+    let public = !args.listen.ip().is_loopback();
+    let origin_host = match &args.public_origin {
+        Some(url) => Some(authority_of(url)?),
+        None => None,
+    };
+    if public && args.allow_host.is_empty() && origin_host.is_none() {
         return Err(Failure::usage(format!(
             "--listen {} is not a loopback address: name the hosts the page answers to with \
-             --allow-host NAME:PORT (the page has no authentication of its own)",
+             --allow-host NAME:PORT",
+            args.listen
+        )));
+    }
+    if public && credential.is_none() && !args.read_only {
+        return Err(Failure::usage(format!(
+            "--listen {} is not a loopback address, where whoever reaches the port could act: \
+             give the actions a credential with --credential-file FILE (a bearer token, or \
+             USER:PASSWORD), or {TOKEN_VARIABLE}, or {USER_VARIABLE} and {PASSWORD_VARIABLE}; \
+             or serve the page without them, --read-only",
+            args.listen
+        )));
+    }
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    if public && credential.is_some() && tls.is_none() && !args.behind_tls_proxy {
+        return Err(Failure::usage(format!(
+            "--listen {} is not a loopback address, and the credential would cross the network \
+             in clear: give --tls-cert FILE and --tls-key FILE, or --behind-tls-proxy when a \
+             proxy in front terminates TLS",
             args.listen
         )));
     }
@@ -62,23 +123,137 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     if args.read_only {
         admin = admin.read_only();
     }
-    if !args.allow_host.is_empty() {
-        admin = admin.allow_hosts(args.allow_host);
+    let mut hosts = args.allow_host;
+    hosts.extend(origin_host);
+    if !hosts.is_empty() {
+        // As --allow-host's help says: beside the loopback names, not instead of them.
+        hosts.extend(loopback_names(address.port()));
+        admin = admin.allow_hosts(hosts);
     }
-    out.line(&format!("http://{address}/"));
+    if let Some(url) = &args.public_origin {
+        admin = admin
+            .public_origin(url)
+            .map_err(|error| Failure::usage(format!("--public-origin: {}", error.reason())))?;
+    }
+    if let Some(credential) = credential {
+        admin = admin.credential(credential);
+    }
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    out.line(&format!("{scheme}://{address}/"));
     out.note(&format!(
-        "serving the operator page on http://{address}/{} (Ctrl-C stops)",
+        "serving the operator page on {scheme}://{address}/{} (Ctrl-C stops)",
         if admin.is_read_only() {
             ", read only"
         } else {
             ""
         }
     ));
+    let served = async {
+        match tls {
+            Some(acceptor) => {
+                let listener = crate::tls::TlsListener::new(listener, acceptor)?;
+                admin.serve(listener).await
+            }
+            None => admin.serve(listener).await,
+        }
+    };
     tokio::select! {
-        served = admin.serve(listener) => match served {
+        served = served => match served {
             Ok(()) => Ok(Exit::Ok),
             Err(error) => Err(Failure::new(Exit::Other, format!("the page stopped: {error}"))),
         },
         _ = tokio::signal::ctrl_c() => Ok(Exit::Ok),
     }
+}
+
+/// The names a browser on this machine gives a page on `port`.
+fn loopback_names(port: u16) -> [String; 3] {
+    [
+        format!("127.0.0.1:{port}"),
+        format!("[::1]:{port}"),
+        format!("localhost:{port}"),
+    ]
+}
+
+/// The `Host` a browser sends for a page at the origin `url` (`ops.example.com`, or with its
+/// port when it is not the scheme's default).
+fn authority_of(url: &str) -> Result<String, Failure> {
+    let parsed = url::Url::parse(url)
+        .map_err(|error| Failure::usage(format!("--public-origin {url:?}: {error}")))?;
+    let host = parsed.host_str().ok_or_else(|| {
+        Failure::usage(format!(
+            "--public-origin {url:?}: names no host (https://ops.example.com)"
+        ))
+    })?;
+    Ok(match parsed.port() {
+        Some(port) => format!("{host}:{port}"),
+        None => host.to_owned(),
+    })
+}
+
+/// The credential of `--credential-file`, else of the environment, else none. Nothing here
+/// says what a file or a variable holds: a wrong credential is described, never shown.
+fn credential(file: Option<&Path>) -> Result<Option<Credential>, Failure> {
+    let variable = |name: &str| std::env::var(name).ok().filter(|value| !value.is_empty());
+    let (token, user, password) = (
+        variable(TOKEN_VARIABLE),
+        variable(USER_VARIABLE),
+        variable(PASSWORD_VARIABLE),
+    );
+    if let Some(path) = file {
+        if token.is_some() || user.is_some() || password.is_some() {
+            return Err(Failure::usage(format!(
+                "a credential both in --credential-file and in {TOKEN_VARIABLE}, {USER_VARIABLE} \
+                 or {PASSWORD_VARIABLE}: give one"
+            )));
+        }
+        return from_file(path).map(Some);
+    }
+    let described = |error: mail_breaker::ConfigError| {
+        Failure::usage(format!(
+            "the credential's {}: {}",
+            error.setting(),
+            error.reason()
+        ))
+    };
+    match (token, user, password) {
+        (None, None, None) => Ok(None),
+        (Some(token), None, None) => Credential::bearer(token).map(Some).map_err(described),
+        (None, Some(user), Some(password)) => Credential::user(user, password)
+            .map(Some)
+            .map_err(described),
+        _ => Err(Failure::usage(format!(
+            "give either {TOKEN_VARIABLE}, or {USER_VARIABLE} and {PASSWORD_VARIABLE} together"
+        ))),
+    }
+}
+
+/// The first line of `path` that is not blank, without the spaces around it: `USER:PASSWORD`,
+/// else a bearer token.
+fn from_file(path: &Path) -> Result<Credential, Failure> {
+    let text = std::fs::read_to_string(path).map_err(|error| {
+        Failure::usage(format!(
+            "cannot read the credential file {}: {error}",
+            path.display()
+        ))
+    })?;
+    let line = text
+        .lines()
+        .map(str::trim)
+        .find(|line| !line.is_empty())
+        .ok_or_else(|| {
+            Failure::usage(format!("the credential file {} is empty", path.display()))
+        })?;
+    let credential = match line.split_once(':') {
+        Some((user, password)) => Credential::user(user, password),
+        None => Credential::bearer(line),
+    };
+    credential.map_err(|error| {
+        Failure::usage(format!(
+            "the credential file {}: its {} {}",
+            path.display(),
+            error.setting().trim_start_matches("credential."),
+            error.reason()
+        ))
+    })
 }

@@ -45,6 +45,20 @@ impl Source {
     }
 }
 
+/// What a command uses of the stack: it opens nothing else, so that a database it does not
+/// use being down does not stop it.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Uses {
+    /// The members alone (`check`, `breakers`): no outbox is opened.
+    Members,
+    /// The members, and the outbox to queue in (`test`, `send`), made if missing as the
+    /// application makes it.
+    QueueingOutbox,
+    /// The outbox to read or operate (`outbox`, `serve`): an SQLite file that does not exist
+    /// is an error naming it, never a new, empty outbox.
+    ExistingOutbox,
+}
+
 /// The built stack. No outbox worker runs in the background: `outbox drain` starts one in
 /// the foreground, and what `send` and `test` queue stays queued for the application's
 /// workers (or a drain).
@@ -53,8 +67,9 @@ pub struct Stack {
 }
 
 impl Stack {
-    /// Reads and builds the configuration: a bad one is exit 2, naming the setting.
-    pub async fn load(source: &Source) -> Result<Stack, Failure> {
+    /// Reads and builds the configuration, opening only what `uses` says: a bad one is exit
+    /// 2, naming the setting.
+    pub async fn load(source: &Source, uses: Uses) -> Result<Stack, Failure> {
         let config = match source {
             Source::Dsn(dsn) => Mailer::from_dsn(dsn)?,
             Source::Toml { path, text } => Mailer::from_toml(text).map_err(|error| {
@@ -62,6 +77,11 @@ impl Stack {
                 failure.message = format!("{} (in {})", failure.message, path.display());
                 failure
             })?,
+        };
+        let config = match uses {
+            Uses::Members => config.without_outbox(),
+            Uses::QueueingOutbox => config,
+            Uses::ExistingOutbox => config.existing_outbox(),
         };
         let mailer = config.build_without_worker().await?;
         Ok(Stack { mailer })
