@@ -315,3 +315,126 @@ async fn a_server_that_offers_no_oauth2_mechanism_is_a_configuration_error() {
     assert_eq!(error.code(), "smtp.auth_unsupported");
     assert_eq!(server.count("AUTH"), 0, "{:?}", server.commands());
 }
+
+// ---- where OAuth meets SMTP (issue 62, point 8; DESIGN §19) ----
+
+/// A source that waits `delay`, then gives `token`, or fails when `token` is `None`;
+/// counts how often it was asked.
+struct Slow {
+    delay: Duration,
+    token: Option<&'static str>,
+    asked: AtomicUsize,
+}
+
+impl Slow {
+    fn new(delay: Duration, token: Option<&'static str>) -> std::sync::Arc<Slow> {
+        std::sync::Arc::new(Slow {
+            delay,
+            token,
+            asked: AtomicUsize::new(0),
+        })
+    }
+}
+
+#[async_trait::async_trait]
+impl TokenSource for Slow {
+    async fn token(&self) -> Result<AccessToken, SendError> {
+        self.asked.fetch_add(1, Ordering::SeqCst);
+        tokio::time::sleep(self.delay).await;
+        match self.token {
+            Some(token) => Ok(AccessToken::new(token).expires_in(Duration::from_secs(3600))),
+            None => Err(SendError::new(
+                Category::ServiceUnavailable,
+                "oauth2.503",
+                "the token endpoint is down",
+            )),
+        }
+    }
+}
+
+#[tokio::test]
+async fn a_token_fetch_has_its_own_bound_outside_the_connect_timeout() {
+    let server = offering("AUTH XOAUTH2").await;
+    let source = Slow::new(Duration::from_millis(400), Some(GOOD_TOKEN));
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .connect_timeout(Duration::from_millis(150))
+        .auth_without_tls()
+        .oauth2(USER, source.clone())
+        .build()
+        .expect("valid settings");
+
+    let receipt = smtp.send(&message()).await;
+
+    assert!(
+        receipt.is_ok(),
+        "a slow token is not the server's timeout: {receipt:?}"
+    );
+    assert_eq!(server.count("AUTH"), 1);
+}
+
+#[tokio::test]
+async fn a_failed_token_fetch_is_remembered_so_a_thousand_sends_ask_the_endpoint_once() {
+    let server = offering("AUTH XOAUTH2").await;
+    let source = Slow::new(Duration::from_millis(20), None);
+    let smtp = SmtpTransport::builder_dangerous("localhost")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .auth_without_tls()
+        .oauth2(USER, source.clone())
+        .build()
+        .expect("valid settings");
+
+    let sends = (0..1_000).map(|_| {
+        let smtp = &smtp;
+        async move { smtp.send(&message()).await }
+    });
+    let answers = futures::future::join_all(sends).await;
+
+    assert_eq!(
+        source.asked.load(Ordering::SeqCst),
+        1,
+        "one request in the backoff"
+    );
+    assert!(answers.iter().all(Result::is_err));
+    let remembered = answers
+        .iter()
+        .filter(|answer| answer.as_ref().is_err_and(SendError::is_not_attempted))
+        .count();
+    assert!(remembered >= 999, "answered from memory: {remembered}");
+    assert_eq!(server.count("AUTH"), 0);
+}
+
+#[tokio::test]
+async fn a_530_to_mail_from_on_a_reused_oauth_session_logs_in_afresh_on_a_new_connection() {
+    let mails = std::sync::Arc::new(AtomicUsize::new(0));
+    let counted = std::sync::Arc::clone(&mails);
+    let server = RawSmtp::start(b"220 raw.test ESMTP\r\n".to_vec(), move |command| {
+        match command {
+            "EHLO" => Answer::Say(b"250-raw.test\r\n250 AUTH XOAUTH2\r\n".to_vec()),
+            "AUTH" => Answer::Say(b"235 2.7.0 ok\r\n".to_vec()),
+            // The second transaction, on the kept session: its token expired meanwhile.
+            "MAIL" if counted.fetch_add(1, Ordering::SeqCst) == 1 => {
+                Answer::Say(b"530 5.7.57 Client not authenticated\r\n".to_vec())
+            }
+            other => Answer::healthy(other),
+        }
+    })
+    .await;
+    let source = Scripted::new(&["first-token", "second-token"]);
+    let smtp = in_clear(&server, source.clone(), None)
+        .auth_without_tls()
+        .build()
+        .expect("valid settings");
+
+    smtp.send(&message())
+        .await
+        .expect("first, on a new session");
+    let second = smtp.send(&message()).await;
+
+    assert!(second.is_ok(), "sent again on a new session: {second:?}");
+    assert_eq!(server.connections(), 2, "{:?}", server.commands());
+    assert_eq!(source.asked(), 2, "the expired token was forgotten");
+    assert_eq!(server.data().len(), 2, "both messages delivered");
+}

@@ -7,6 +7,18 @@
 //! fetched afresh, and a second refusal is the send's answer, `Authentication`. A token, a
 //! client secret and a refresh token are never logged, never in a `Debug`, never in an error.
 //!
+//! Where the login meets SMTP (DESIGN §19):
+//! - a token fetch is bounded by its source (the built-in ones by their `timeout`) and by
+//!   [`TOKEN_FETCH_LIMIT`], not by the SMTP `connect_timeout`, which counts the server's time
+//!   only: a slow token endpoint is never reported as the mail server's `smtp.timeout`;
+//! - a failed fetch is remembered for [`FAILED_FETCH_BACKOFF`] and answered again, not
+//!   attempted, by every send and every address of the host meanwhile: one request to a
+//!   failing endpoint, not one per send;
+//! - a fetch runs to its end in a task of its own, so a send that gives up on it (cut by a
+//!   timeout, dropped) loses nothing: a refresh token the server rotated is kept;
+//! - a `530` or `535` to `MAIL FROM` on a kept session (its token expired meanwhile) closes
+//!   that session, forgets the token and sends on a new connection with a new one, once.
+//!
 //! With feature `oauth2`, two sources are built in, each over HTTPS to the provider's token
 //! endpoint: [`ClientCredentials`] (an application's own identity: Microsoft 365's
 //! client-credentials flow) and [`RefreshToken`] (a user's consent, kept as a refresh
@@ -298,12 +310,29 @@ impl TokenCache {
     }
 }
 
+/// How long a failed token fetch is remembered and answered again, without asking the
+/// endpoint: a thousand sends to a host with three addresses, the endpoint down, make one
+/// request, not three thousand.
+pub const FAILED_FETCH_BACKOFF: Duration = Duration::from_secs(5);
+
+/// The longest a token fetch may take when its source has no bound of its own; the built-in
+/// sources answer within their `timeout` (30 s by default), well before it.
+pub const TOKEN_FETCH_LIMIT: Duration = Duration::from_secs(120);
+
+/// What an OAuth 2.0 login keeps between sends: its token, or the failure of its last fetch
+/// until [`FAILED_FETCH_BACKOFF`] has passed.
+#[derive(Default)]
+struct Kept {
+    token: Option<AccessToken>,
+    failed: Option<(SendError, Instant)>,
+}
+
 /// An SMTP transport's OAuth 2.0 login: the mailbox, the source and its kept token, and the
 /// mechanism if the builder chose one. Shared by every connection of the transport.
 pub(crate) struct OAuthLogin {
     pub(crate) user: String,
-    source: Box<dyn TokenSource>,
-    cache: TokenCache,
+    source: Arc<dyn TokenSource>,
+    kept: Arc<tokio::sync::Mutex<Kept>>,
     pub(crate) mechanism: Option<OAuthMechanism>,
 }
 
@@ -315,20 +344,75 @@ impl OAuthLogin {
     ) -> OAuthLogin {
         OAuthLogin {
             user,
-            source,
-            cache: TokenCache::default(),
+            source: Arc::from(source),
+            kept: Arc::default(),
             mechanism,
         }
     }
 
-    /// The kept token while fresh, else a new one from the source.
+    /// The kept token while fresh, else a new one from the source, fetched once for all who
+    /// ask at once (DESIGN §19):
+    /// - a failed fetch is kept for [`FAILED_FETCH_BACKOFF`] and answered again, marked
+    ///   [not attempted](SendError::is_not_attempted), without asking the source;
+    /// - the fetch runs in a task of its own, which keeps the lock while it runs: a caller
+    ///   that gives up (its send cut by a timeout, or dropped) loses nothing the fetch
+    ///   brings, such as a refresh token the server rotated, and the next caller gets it;
+    /// - a source that never answers is cut at [`TOKEN_FETCH_LIMIT`].
     pub(crate) async fn token(&self) -> Result<AccessToken, SendError> {
-        self.cache.get(self.source.token()).await
+        let mut kept = Arc::clone(&self.kept).lock_owned().await;
+        let now = Instant::now();
+        if let Some(token) = kept.token.as_ref().filter(|token| token.is_fresh(now)) {
+            return Ok(token.clone());
+        }
+        if let Some((error, until)) = &kept.failed
+            && *until > now
+        {
+            return Err(error.clone().not_attempted());
+        }
+        let source = Arc::clone(&self.source);
+        let fetch = tokio::spawn(async move {
+            let fetched = match tokio::time::timeout(TOKEN_FETCH_LIMIT, source.token()).await {
+                Ok(fetched) => fetched,
+                Err(_elapsed) => Err(SendError::fixed(
+                    crate::Category::Timeout,
+                    "oauth2.timeout",
+                    "the token source did not answer within its limit",
+                )),
+            };
+            match &fetched {
+                Ok(token) => {
+                    kept.token = Some(token.clone());
+                    kept.failed = None;
+                }
+                Err(error) => {
+                    let until = crate::time::later(Instant::now(), FAILED_FETCH_BACKOFF);
+                    kept.failed = Some((error.clone(), until));
+                }
+            }
+            fetched
+        });
+        match fetch.await {
+            Ok(fetched) => fetched,
+            Err(failed) if failed.is_panic() => Err(crate::panicked::panicked(
+                "oauth2",
+                failed.into_panic().as_ref(),
+            )),
+            Err(_cancelled) => Err(SendError::fixed(
+                crate::Category::Configuration,
+                "oauth2.cancelled",
+                "the token fetch was cancelled: the runtime is shutting down",
+            )),
+        }
     }
 
     /// A server refused `token`: neither the transport nor the source gives it again.
     pub(crate) async fn refused(&self, token: &AccessToken) {
-        self.cache.forget(token).await;
+        {
+            let mut kept = self.kept.lock().await;
+            if kept.token.as_ref() == Some(token) {
+                kept.token = None;
+            }
+        }
         self.source.refused(token).await;
     }
 }
@@ -400,6 +484,75 @@ mod tests {
         let token = login.token().await.unwrap();
         tokio::time::advance(Duration::from_secs(365 * 86_400)).await;
         assert_eq!(login.token().await.unwrap(), token);
+    }
+
+    /// Counts its fetches; each takes `delay` and gives `token-N`, or fails if `fail`.
+    struct Delayed {
+        fetched: Arc<AtomicUsize>,
+        delay: Duration,
+        fail: bool,
+    }
+
+    #[async_trait::async_trait]
+    impl TokenSource for Delayed {
+        async fn token(&self) -> Result<AccessToken, SendError> {
+            let n = self.fetched.fetch_add(1, Ordering::SeqCst) + 1;
+            tokio::time::sleep(self.delay).await;
+            if self.fail {
+                return Err(SendError::new(
+                    crate::Category::Network,
+                    "oauth2.network",
+                    "down",
+                ));
+            }
+            Ok(AccessToken::new(format!("token-{n}")).expires_in(Duration::from_secs(3600)))
+        }
+    }
+
+    fn delayed(delay: Duration, fail: bool) -> (OAuthLogin, Arc<AtomicUsize>) {
+        let fetched = Arc::new(AtomicUsize::new(0));
+        let source = Delayed {
+            fetched: Arc::clone(&fetched),
+            delay,
+            fail,
+        };
+        let login = OAuthLogin::new("u".to_owned(), Box::new(source), None);
+        (login, fetched)
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_fetch_whose_caller_gave_up_still_keeps_its_token_for_the_next_caller() {
+        let (login, fetched) = delayed(Duration::from_secs(10), false);
+        let cut = tokio::time::timeout(Duration::from_secs(1), login.token()).await;
+        assert!(cut.is_err(), "the caller gave up");
+        tokio::time::sleep(Duration::from_secs(10)).await;
+        assert_eq!(login.token().await.unwrap().secret(), "token-1");
+        assert_eq!(fetched.load(Ordering::SeqCst), 1, "kept, not fetched again");
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_failed_fetch_is_answered_from_memory_until_its_backoff_ends() {
+        let (login, fetched) = delayed(Duration::ZERO, true);
+        let first = login.token().await.unwrap_err();
+        assert!(!first.is_not_attempted(), "the fetch itself is the news");
+        let again = login.token().await.unwrap_err();
+        assert_eq!(again.code(), "oauth2.network");
+        assert!(again.is_not_attempted(), "remembered: nothing was tried");
+        assert_eq!(fetched.load(Ordering::SeqCst), 1);
+        tokio::time::advance(FAILED_FETCH_BACKOFF).await;
+        login.token().await.unwrap_err();
+        assert_eq!(
+            fetched.load(Ordering::SeqCst),
+            2,
+            "asked again after the backoff"
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn a_source_that_never_answers_is_cut_at_the_fetch_limit() {
+        let (login, _) = delayed(Duration::from_secs(86_400), false);
+        let error = login.token().await.unwrap_err();
+        assert_eq!(error.code(), "oauth2.timeout");
     }
 
     #[test]

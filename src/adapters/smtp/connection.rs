@@ -130,6 +130,9 @@ pub(super) struct Connection {
     pub(super) transactions: u32,
     /// Its last transaction was refused part-way: RSET before the next.
     pub(super) needs_reset: bool,
+    /// The OAuth 2.0 token it logged in with, if it did: a server may refuse a long-lived
+    /// session's mail once that token expired (`530`/`535` to `MAIL FROM`).
+    pub(super) oauth_token: Option<crate::oauth::AccessToken>,
 }
 
 impl Connection {
@@ -161,15 +164,9 @@ impl Connection {
     ) -> Result<Connection, SendError> {
         let mut last_error = None;
         for address in addresses {
-            let attempt = Connection::open_at(address, settings);
-            let error = match tokio::time::timeout(settings.connect_timeout, attempt).await {
-                Ok(Ok(connection)) => return Ok(connection),
-                Ok(Err(error)) => error,
-                Err(_elapsed) => SendError::fixed(
-                    Category::Timeout,
-                    "smtp.timeout",
-                    "the server did not finish opening the connection within connect_timeout",
-                ),
+            let error = match Connection::open_at(address, settings).await {
+                Ok(connection) => return Ok(connection),
+                Err(error) => error,
             };
             if !matches!(
                 error.category(),
@@ -189,10 +186,57 @@ impl Connection {
         }))
     }
 
+    /// Opens a connection at `address` within the connect timeout. The time an OAuth 2.0
+    /// token fetch takes is not the server's: the fetch has its own bound, and the connect
+    /// timeout is counted without it (a slow token endpoint is `oauth2.*`, never blamed on
+    /// the mail server as `smtp.timeout`).
     async fn open_at(
         address: SocketAddr,
         settings: &ConnectionSettings,
     ) -> Result<Connection, SendError> {
+        let mut deadline =
+            crate::time::later(tokio::time::Instant::now(), settings.connect_timeout);
+        let (mut wire, capabilities, encrypted) =
+            within(deadline, Connection::greet(address, settings)).await?;
+        let authenticates = settings.credentials.is_some() || settings.oauth2.is_some();
+        if authenticates && !encrypted && !settings.auth_without_tls {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "smtp.auth_in_clear",
+                "the connection is not encrypted, so the credentials were not sent \
+                 (use TLS, or .auth_without_tls() for a trusted local relay)",
+            ));
+        }
+        let mut oauth_token = None;
+        if let Some(login) = &settings.oauth2 {
+            let token =
+                authenticate_oauth2(&mut wire, &capabilities, login, settings, &mut deadline)
+                    .await?;
+            oauth_token = Some(token);
+        } else if let Some(credentials) = &settings.credentials {
+            within(
+                deadline,
+                authenticate(&mut wire, &capabilities, credentials),
+            )
+            .await?;
+        }
+        Ok(Connection {
+            wire,
+            capabilities,
+            pipelining: settings.pipelining && capabilities.pipelining,
+            chunking: settings.chunking && capabilities.chunking,
+            transactions: 0,
+            needs_reset: false,
+            oauth_token,
+        })
+    }
+
+    /// The connection up to its login: TCP, TLS, the greeting, EHLO and STARTTLS. The wire,
+    /// what the server offers, and whether the wire is encrypted.
+    async fn greet(
+        address: SocketAddr,
+        settings: &ConnectionSettings,
+    ) -> Result<(Wire, Capabilities, bool), SendError> {
         let tcp = socket::connect(address).await.map_err(|error| {
             SendError::new(
                 Category::Network,
@@ -232,28 +276,7 @@ impl Connection {
             }
             _ => {}
         }
-        let authenticates = settings.credentials.is_some() || settings.oauth2.is_some();
-        if authenticates && !encrypted && !settings.auth_without_tls {
-            return Err(SendError::fixed(
-                Category::Configuration,
-                "smtp.auth_in_clear",
-                "the connection is not encrypted, so the credentials were not sent \
-                 (use TLS, or .auth_without_tls() for a trusted local relay)",
-            ));
-        }
-        if let Some(login) = &settings.oauth2 {
-            authenticate_oauth2(&mut wire, &capabilities, login, settings).await?;
-        } else if let Some(credentials) = &settings.credentials {
-            authenticate(&mut wire, &capabilities, credentials).await?;
-        }
-        Ok(Connection {
-            wire,
-            capabilities,
-            pipelining: settings.pipelining && capabilities.pipelining,
-            chunking: settings.chunking && capabilities.chunking,
-            transactions: 0,
-            needs_reset: false,
-        })
+        Ok((wire, capabilities, encrypted))
     }
 
     /// What the server offered in its last EHLO.
@@ -406,6 +429,22 @@ async fn authenticate(
     }
 }
 
+/// `step` unless `deadline` (the connect timeout's end) comes first: then `smtp.timeout`.
+async fn within<T>(
+    deadline: tokio::time::Instant,
+    step: impl std::future::Future<Output = Result<T, SendError>>,
+) -> Result<T, SendError> {
+    tokio::time::timeout_at(deadline, step)
+        .await
+        .unwrap_or_else(|_elapsed| {
+            Err(SendError::fixed(
+                Category::Timeout,
+                "smtp.timeout",
+                "the server did not finish opening the connection within connect_timeout",
+            ))
+        })
+}
+
 /// An OAuth 2.0 login (`XOAUTH2` or `OAUTHBEARER`) with the transport's kept token; a
 /// refusal (a `334` error challenge, or `535`) forgets the token, and one fetched afresh is
 /// tried once more on the same connection. The token is never in an error or a log.
@@ -414,7 +453,8 @@ async fn authenticate_oauth2(
     offered: &Capabilities,
     login: &crate::oauth::OAuthLogin,
     settings: &ConnectionSettings,
-) -> Result<(), SendError> {
+    deadline: &mut tokio::time::Instant,
+) -> Result<crate::oauth::AccessToken, SendError> {
     use crate::oauth::OAuthMechanism;
     let mechanism = match login.mechanism {
         Some(OAuthMechanism::XOAuth2) if offered.auth_xoauth2 => OAuthMechanism::XOAuth2,
@@ -435,20 +475,28 @@ async fn authenticate_oauth2(
     let mut tries_left = 2;
     loop {
         tries_left -= 1;
+        // The fetch is bounded by the login's own limits, not the connect timeout, which
+        // is moved on by the time it took.
+        let fetching = tokio::time::Instant::now();
         let token = login.token().await?;
+        *deadline = crate::time::later(*deadline, fetching.elapsed());
         let initial =
             mechanism.initial_response(&login.user, &token, &settings.host, settings.port);
-        let mut reply = wire
-            .command(Commands::new().auth(mechanism.name(), Some(&initial)))
-            .await?;
+        let mut auth = Commands::new();
+        let mut reply = within(
+            *deadline,
+            wire.command(auth.auth(mechanism.name(), Some(&initial))),
+        )
+        .await?;
         let challenged = reply.code() == 334;
         if challenged {
             // The server's error challenge: answered, so that it gives its final reply.
-            let end = mechanism.end_of_failed_exchange();
-            reply = wire.command(Commands::new().auth_response(end)).await?;
+            let mut end = Commands::new();
+            let answer = end.auth_response(mechanism.end_of_failed_exchange());
+            reply = within(*deadline, wire.command(answer)).await?;
         }
         if reply.code() == 235 {
-            return Ok(());
+            return Ok(token);
         }
         let refused = challenged || reply.code() == 535;
         if !refused || tries_left == 0 {

@@ -273,6 +273,15 @@ impl SmtpTransport {
                         code = error.code(),
                         "smtp.stale_connection_replaced"
                     );
+                    // A session whose OAuth 2.0 token expired: the token is forgotten, so
+                    // that the fresh connection logs in with a new one (once: it is not
+                    // reused, so its own refusal is the answer).
+                    if matches!(error.code(), "smtp.530" | "smtp.535")
+                        && let (Some(token), Some(login)) =
+                            (connection.oauth_token.take(), &pool.settings().oauth2)
+                    {
+                        login.refused(&token).await;
+                    }
                     drop(connection);
                     (connection, reused) = pool.checkout().await?;
                 }

@@ -359,7 +359,10 @@ impl Transaction<'_> {
         let reset = connection.needs_reset;
         connection.transactions = connection.transactions.saturating_add(1);
 
-        let mut first_reply = FirstReply { may_be_stale };
+        let mut first_reply = FirstReply {
+            may_be_stale,
+            token_may_have_expired: may_be_stale && connection.oauth_token.is_some(),
+        };
         if pipelining {
             let mut commands = Commands::new();
             if reset {
@@ -568,6 +571,9 @@ impl Transaction<'_> {
 /// closed the session while it was idle.
 struct FirstReply {
     may_be_stale: bool,
+    /// A pooled connection logged in with an OAuth 2.0 token: a `530` or `535` to its
+    /// `MAIL FROM` says the token expired during the session, not that the mail is refused.
+    token_may_have_expired: bool,
 }
 
 impl FirstReply {
@@ -605,8 +611,17 @@ impl FirstReply {
         if stale && reply.class() == 4 {
             return Err(End::NotBegun(error));
         }
+        if std::mem::take(&mut self.token_may_have_expired) && is_token_expired(reply) {
+            return Err(End::NotBegun(error));
+        }
         closing_or_unexpected(reply)
     }
+}
+
+/// Whether `reply`, to `MAIL FROM` on a session logged in with OAuth 2.0, says the login no
+/// longer holds: `530` (authentication required) or `535` (credentials invalid).
+fn is_token_expired(reply: &Reply) -> bool {
+    matches!(reply.code(), 530 | 535)
 }
 
 /// `Err` to end the exchange if `reply` closes the session (`421`) or is no refusal at all.
