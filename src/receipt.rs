@@ -681,6 +681,15 @@ impl SendError {
         self
     }
 
+    /// The same error, answering a call whose earlier try may have reached the provider (a
+    /// retry whose last try was refused): no longer [not attempted](Self::is_not_attempted),
+    /// so that an outbox counts the attempt.
+    pub(crate) fn attempted_before(mut self) -> Self {
+        self.not_attempted = false;
+        self.every_message = false;
+        self
+    }
+
     /// Whether this refusal holds back every message (see
     /// [`refusing_every_message`](Self::refusing_every_message)).
     pub(crate) fn refuses_every_message(&self) -> bool {

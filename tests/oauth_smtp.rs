@@ -397,13 +397,28 @@ async fn a_failed_token_fetch_is_remembered_so_a_thousand_sends_ask_the_endpoint
         1,
         "one request in the backoff"
     );
-    assert!(answers.iter().all(Result::is_err));
-    let remembered = answers
-        .iter()
-        .filter(|answer| answer.as_ref().is_err_and(SendError::is_not_attempted))
-        .count();
-    assert!(remembered >= 999, "answered from memory: {remembered}");
+    let errors: Vec<&SendError> = answers.iter().filter_map(|a| a.as_ref().err()).collect();
+    assert_eq!(errors.len(), 1_000);
+    let (remembered, fetched): (Vec<&SendError>, Vec<&SendError>) =
+        errors.iter().partition(|error| error.is_not_attempted());
+    assert_eq!(
+        fetched.len(),
+        1,
+        "the send that asked answers the fetch's own failure"
+    );
+    assert!(
+        remembered.iter().all(|error| error.retry_after().is_some()),
+        "a remembered failure says when it ends"
+    );
     assert_eq!(server.count("AUTH"), 0);
+    let opened = server.connections();
+    let after = smtp.send(&message()).await.expect_err("still remembered");
+    assert!(after.is_not_attempted());
+    assert_eq!(
+        server.connections(),
+        opened,
+        "a remembered failure opens no connection to the mail server"
+    );
 }
 
 #[tokio::test]

@@ -768,3 +768,54 @@ async fn a_batch_that_panics_answers_each_of_its_messages_transport_panicked() {
         assert!(!error.is_batch_failure(), "each message's own answer");
     }
 }
+
+/// Issue 62 review: a retry whose first try reached the provider and whose last try was
+/// refused without a send (a breaker the first failure opened) answers an attempted error,
+/// so that an outbox counts the attempt and its backoff.
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_first_try_reached_the_provider_answers_attempted_though_its_last_was_refused()
+ {
+    let provider = Scripted::answering("provider", Reply::Ok);
+    let refused = SendError::new(
+        Category::ServiceUnavailable,
+        "breaker.open",
+        "the circuit breaker is open",
+    )
+    .with_retry_after(Duration::from_millis(1))
+    .not_attempted();
+    provider.then([Reply::fail(Category::ServerError), Reply::Err(refused)]);
+    let retry = RetryTransport::builder(provider.clone())
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_millis(1)))
+        .build()
+        .unwrap();
+
+    let error = retry.send(&message()).await.unwrap_err();
+
+    assert_eq!(error.code(), "breaker.open");
+    assert!(
+        !error.is_not_attempted(),
+        "the first try reached the provider"
+    );
+    assert_eq!(provider.sends(), 2);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_whose_every_try_was_refused_answers_not_attempted() {
+    let provider = Scripted::answering("provider", Reply::Ok);
+    let refused = || {
+        SendError::new(Category::ServiceUnavailable, "breaker.open", "open")
+            .with_retry_after(Duration::from_millis(1))
+            .not_attempted()
+    };
+    provider.then([Reply::Err(refused()), Reply::Err(refused())]);
+    let retry = RetryTransport::builder(provider.clone())
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_millis(1)))
+        .build()
+        .unwrap();
+
+    let error = retry.send(&message()).await.unwrap_err();
+
+    assert!(error.is_not_attempted(), "nothing was sent: {error:?}");
+}

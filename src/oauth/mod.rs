@@ -364,10 +364,8 @@ impl OAuthLogin {
         if let Some(token) = kept.token.as_ref().filter(|token| token.is_fresh(now)) {
             return Ok(token.clone());
         }
-        if let Some((error, until)) = &kept.failed
-            && *until > now
-        {
-            return Err(error.clone().not_attempted());
+        if let Some(remembered) = remembered(&kept, now) {
+            return Err(remembered);
         }
         let source = Arc::clone(&self.source);
         let fetch = tokio::spawn(async move {
@@ -393,9 +391,11 @@ impl OAuthLogin {
         });
         match fetch.await {
             Ok(fetched) => fetched,
-            Err(failed) if failed.is_panic() => Err(crate::panicked::panicked(
-                "oauth2",
-                failed.into_panic().as_ref(),
+            // The source's bug, not this message's: a panic of the member's login.
+            Err(failed) if failed.is_panic() => Err(SendError::fixed(
+                crate::Category::Configuration,
+                "oauth2.panicked",
+                "the token source panicked",
             )),
             Err(_cancelled) => Err(SendError::fixed(
                 crate::Category::Configuration,
@@ -403,6 +403,12 @@ impl OAuthLogin {
                 "the token fetch was cancelled: the runtime is shutting down",
             )),
         }
+    }
+
+    /// The failure of the last fetch while it is remembered: checked before a connection
+    /// is opened, so that a login that cannot work costs the mail server nothing.
+    pub(crate) async fn remembered_failure(&self) -> Option<SendError> {
+        remembered(&*self.kept.lock().await, Instant::now())
     }
 
     /// A server refused `token`: neither the transport nor the source gives it again.
@@ -415,6 +421,22 @@ impl OAuthLogin {
         }
         self.source.refused(token).await;
     }
+}
+
+/// The remembered failure at `now`, if its backoff has not passed: answered again as a
+/// refusal of every message through this login, not attempted, due again when it ends.
+fn remembered(kept: &Kept, now: Instant) -> Option<SendError> {
+    let (error, until) = kept.failed.as_ref()?;
+    let left = until
+        .checked_duration_since(now)
+        .filter(|left| !left.is_zero())?;
+    Some(
+        error
+            .clone()
+            .not_attempted()
+            .refusing_every_message()
+            .with_retry_after(left),
+    )
 }
 
 impl fmt::Debug for OAuthLogin {

@@ -955,19 +955,33 @@ fn record_written(outbox: &Outbox, batch: &[(Claim, Finish)]) {
         "retry",
         count(|finish| matches!(finish.own(), Finish::Retry { .. })),
     );
+    // Each dead letter a split delivery writes beside its row is one more dead.
+    let dead_parts: usize = batch
+        .iter()
+        .map(|(_, finish)| finish.dead_parts().len())
+        .sum();
     super::gauges::answers(
         "dead",
-        count(|finish| matches!(finish.own(), Finish::Dead { .. })),
+        count(|finish| matches!(finish.own(), Finish::Dead { .. })) + dead_parts as u64,
     );
 }
 
-/// How long the provider asked the whole stack to wait: its throttle (`RateLimited` with a
-/// `retry_after`) after an attempt. `None` for any other error.
+/// How long the providers asked the whole stack to wait after an attempt: a throttle
+/// (`RateLimited` with a `retry_after`), or a pool whose every member throttled or refused
+/// every message (`pool.exhausted` with the soonest `retry_after`). `None` for any other
+/// error: one provider's own failure moves that message alone.
 fn stack_closed_for(error: &SendError) -> Option<Duration> {
-    // A refusal without an attempt never comes here (`Flight::refused`): this is a
-    // provider's own throttle, which holds for the whole stack.
-    let throttled = error.category() == Category::RateLimited;
-    error.retry_after().filter(|_| throttled)
+    error.retry_after().filter(|_| holds_every_message(error))
+}
+
+/// Whether `error` holds back every message the stack is handed: a provider's throttle, a
+/// refusal of every message, or a pool whose members each answered one of these.
+fn holds_every_message(error: &SendError) -> bool {
+    error.category() == Category::RateLimited
+        || error.refuses_every_message()
+        || (error.code() == "pool.exhausted"
+            && !error.causes().is_empty()
+            && error.causes().iter().all(holds_every_message))
 }
 
 /// Waits for a database that failed: 100 ms after the first failure, doubling to 5 s.

@@ -592,6 +592,60 @@ async fn a_worker_the_stack_refuses_tries_one_probe_per_pause_and_touches_the_da
     );
 }
 
+/// Issue 62 review: a pool whose every member throttled (each answered 429 after a try) is
+/// the whole stack asking to wait: the worker pauses for the soonest `retry_after`, one probe
+/// per pause, instead of sending the whole queue through throttled providers.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_pool_whose_every_member_throttled_pauses_the_worker_for_the_soonest_retry_after() {
+    let (outbox, counts) = counted_outbox("throttled").await;
+    outbox.enqueue_many(&messages(10)).await.expect("enqueued");
+    let throttled = || {
+        SendError::new(Category::RateLimited, "http.429", "slow down")
+            .with_retry_after(Duration::from_millis(300))
+    };
+    let exhausted = SendError::new(
+        Category::ServiceUnavailable,
+        "pool.exhausted",
+        "every member of the pool failed (2 tried)",
+    )
+    .with_retry_after(Duration::from_millis(300))
+    .with_causes(vec![throttled(), throttled()]);
+    let stack = Answering::new(Err(exhausted), Duration::ZERO);
+    let worker = outbox
+        .worker(Arc::clone(&stack))
+        .concurrency(2)
+        .backoff(crate::Backoff::constant(Duration::ZERO))
+        .poll(Duration::from_millis(20));
+    run_for(worker, Duration::from_millis(1_000)).await;
+    let tries = stack.sends.load(Ordering::SeqCst);
+    assert!(
+        (4..=6).contains(&tries),
+        "2 at the start, then one probe per 300 ms pause: {tries}"
+    );
+    let _ = counts;
+}
+
+/// Issue 62 review: a pool one of whose members failed otherwise (a 503 after its try) is
+/// no pause of the whole stack: the failure moves that message alone.
+#[test]
+fn a_pool_exhausted_by_one_throttle_and_one_failure_does_not_pause_the_worker() {
+    let exhausted = SendError::new(Category::ServiceUnavailable, "pool.exhausted", "both")
+        .with_retry_after(Duration::from_millis(300))
+        .with_causes(vec![
+            SendError::new(Category::RateLimited, "http.429", "slow down")
+                .with_retry_after(Duration::from_millis(300)),
+            SendError::new(Category::ServiceUnavailable, "http.503", "down")
+                .with_retry_after(Duration::from_millis(300)),
+        ]);
+    assert_eq!(stack_closed_for(&exhausted), None);
+    let throttled = SendError::new(Category::RateLimited, "http.429", "slow down")
+        .with_retry_after(Duration::from_millis(300));
+    assert_eq!(
+        stack_closed_for(&throttled),
+        Some(Duration::from_millis(300))
+    );
+}
+
 /// Holds every send until `together` are under way, then answers them all at once.
 struct Together {
     barrier: tokio::sync::Barrier,

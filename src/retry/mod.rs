@@ -128,12 +128,21 @@ impl<T: Transport> RetryTransport<T> {
         Fut: Future<Output = Result<Receipt, SendError>>,
     {
         let mut attempt = 1;
+        // Whether a try so far may have reached the provider: then the answer is no mere
+        // refusal, whatever the last try met (a breaker the first try's failure opened).
+        let mut reached = false;
         loop {
             let result = catch_panic(self.inner.name(), send()).await;
+            reached |= result
+                .as_ref()
+                .is_err_and(|error| !error.is_not_attempted());
             match self
                 .policy
                 .judge(self.inner.name(), attempt, first_try, result, false)
             {
+                Verdict::Answer(Err(error)) if reached && error.is_not_attempted() => {
+                    return Err(error.attempted_before());
+                }
                 Verdict::Answer(result) => return result,
                 Verdict::Next { not_before, .. } => {
                     if let Some(at) = not_before {

@@ -145,6 +145,12 @@ impl Connection {
     /// `Configuration` error (`smtp.starttls_unavailable`): sending in clear text is not an
     /// option the caller allowed.
     pub(super) async fn open(settings: &ConnectionSettings) -> Result<Connection, SendError> {
+        // A login whose token cannot be had now fails every connection: none is opened.
+        if let Some(login) = &settings.oauth2
+            && let Some(remembered) = login.remembered_failure().await
+        {
+            return Err(remembered);
+        }
         let addresses = socket::resolve(&settings.host, settings.port)
             .await
             .map_err(|error| {
@@ -172,6 +178,13 @@ impl Connection {
                 error.category(),
                 Category::Network | Category::Timeout | Category::ServiceUnavailable
             ) {
+                return Err(error);
+            }
+            // The login's token cannot be had: no other address can do better, and the
+            // fetch's own failure, not its remembered copy, is the answer.
+            if let Some(login) = &settings.oauth2
+                && login.remembered_failure().await.is_some()
+            {
                 return Err(error);
             }
             tracing::debug!(%address, code = error.code(), "smtp.address_failed");
