@@ -447,6 +447,8 @@ fn serve_with_allow_host_still_answers_to_its_loopback_names() {
             "127.0.0.1:0",
             "--allow-host",
             "ops.internal:8025",
+            // A host that is not loopback makes the page public: read-only without a credential.
+            "--read-only",
             "--dsn",
             DSN,
         ],
@@ -473,15 +475,23 @@ fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
             "127.0.0.1:0",
             "--public-origin",
             "https://ops.example.com",
+            "--behind-tls-proxy",
             "--dsn",
             DSN,
         ],
-        &[],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
     );
     let port = port_of(&url.expect("serve started"));
     // What nginx sends by default: its upstream's name as `Host`.
     let host = format!("127.0.0.1:{port}");
-    let (status, page) = send(port, "GET", "/", &[("Host", &host)], "");
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, page) = send(
+        port,
+        "GET",
+        "/",
+        &[("Host", &host), ("Authorization", &bearer)],
+        "",
+    );
     assert_eq!(status, 200);
     let token = page
         .split("name=\"token\" value=\"")
@@ -497,6 +507,7 @@ fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
             &[
                 ("Host", &host),
                 ("Origin", origin),
+                ("Authorization", &bearer),
                 ("Content-Type", "application/x-www-form-urlencoded"),
             ],
             &form,
@@ -506,9 +517,21 @@ fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
     assert_eq!(post("https://evil.example"), 403);
     assert_eq!(post("https://ops.example.com"), 303);
     // A proxy that passes the browser's `Host` on (nginx's `$host`) is answered too.
-    let (status, _) = send(port, "GET", "/", &[("Host", "ops.example.com")], "");
+    let (status, _) = send(
+        port,
+        "GET",
+        "/",
+        &[("Host", "ops.example.com"), ("Authorization", &bearer)],
+        "",
+    );
     assert_eq!(status, 200);
-    let (_, breakers) = send(port, "GET", "/api/breakers", &[("Host", &host)], "");
+    let (_, breakers) = send(
+        port,
+        "GET",
+        "/api/breakers",
+        &[("Host", &host), ("Authorization", &bearer)],
+        "",
+    );
     assert!(breakers.contains("isolated"), "{breakers}");
 }
 
@@ -592,4 +615,42 @@ fn a_user_and_password_in_the_credential_file_is_asked_of_every_request() {
         "",
     );
     assert_eq!(status, 200);
+}
+
+/// Issue 63 review: a page on loopback behind a proxy on the same machine is as public as the
+/// proxy; naming a public origin, a TLS proxy or a host that is not loopback needs a
+/// credential, or `--read-only`.
+#[test]
+fn serve_behind_a_proxy_named_by_public_origin_or_allow_host_needs_a_credential_or_read_only() {
+    for proxy in [
+        &["--public-origin", "https://ops.example.com"][..],
+        &["--allow-host", "ops.example.com:443"][..],
+        &["--behind-tls-proxy"][..],
+    ] {
+        let mut args = vec!["--listen", "127.0.0.1:0", "--dsn", DSN];
+        args.extend_from_slice(proxy);
+        let (_server, url) = start(&args, &[]);
+        assert!(url.is_none(), "{proxy:?}: started without a credential");
+        args.push("--read-only");
+        let (_server, url) = start(&args, &[]);
+        assert!(url.is_some(), "{proxy:?}: --read-only may start");
+    }
+}
+
+/// Issue 63 review: a credential never goes to a page served under a plain-http origin.
+#[test]
+fn a_credential_with_a_plain_http_public_origin_is_refused() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--public-origin",
+            "http://ops.example.com",
+            "--behind-tls-proxy",
+            "--dsn",
+            DSN,
+        ],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
+    );
+    assert!(url.is_none(), "a credential over plain http");
 }

@@ -72,12 +72,17 @@ pub struct ServeArgs {
 
 pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failure> {
     let credential = credential(args.credential_file.as_deref())?;
-    let public = !args.listen.ip().is_loopback();
+    // Behind a proxy on this machine the page is as public as the proxy: naming a public
+    // origin, a TLS proxy or a host that is not loopback says requests come from off it.
+    let behind_proxy = args.public_origin.is_some()
+        || args.behind_tls_proxy
+        || args.allow_host.iter().any(|host| !is_loopback_host(host));
+    let public = !args.listen.ip().is_loopback() || behind_proxy;
     let origin_host = match &args.public_origin {
         Some(url) => Some(authority_of(url)?),
         None => None,
     };
-    if public && args.allow_host.is_empty() && origin_host.is_none() {
+    if !args.listen.ip().is_loopback() && args.allow_host.is_empty() && origin_host.is_none() {
         return Err(Failure::usage(format!(
             "--listen {} is not a loopback address: name the hosts the page answers to with \
              --allow-host NAME:PORT",
@@ -86,7 +91,9 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     }
     if public && credential.is_none() && !args.read_only {
         return Err(Failure::usage(format!(
-            "--listen {} is not a loopback address, where whoever reaches the port could act: \
+            "--listen {} is reachable from off this machine (not a loopback address, or behind \
+             the proxy --public-origin, --behind-tls-proxy or --allow-host names), where whoever \
+             reaches the page could act: \
              give the actions a credential with --credential-file FILE (a bearer token, or \
              USER:PASSWORD), or {TOKEN_VARIABLE}, or {USER_VARIABLE} and {PASSWORD_VARIABLE}; \
              or serve the page without them, --read-only",
@@ -97,6 +104,18 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
         (Some(cert), Some(key)) => Some(crate::tls::acceptor(cert, key)?),
         _ => None,
     };
+    if credential.is_some()
+        && args
+            .public_origin
+            .as_deref()
+            .is_some_and(|url| url.to_ascii_lowercase().starts_with("http://"))
+    {
+        return Err(Failure::usage(
+            "--public-origin is plain http://: the credential would cross the network in clear; \
+             serve the page under https://"
+                .to_owned(),
+        ));
+    }
     if public && credential.is_some() && tls.is_none() && !args.behind_tls_proxy {
         return Err(Failure::usage(format!(
             "--listen {} is not a loopback address, and the credential would cross the network \
@@ -167,6 +186,18 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
 }
 
 /// The names a browser on this machine gives a page on `port`.
+/// Whether an `--allow-host` value (`NAME:PORT`, `[::1]:PORT`) names this machine.
+fn is_loopback_host(host: &str) -> bool {
+    let name = match host.strip_prefix('[') {
+        Some(bracketed) => bracketed.split(']').next().unwrap_or_default(),
+        None => host.rsplit_once(':').map_or(host, |(name, _)| name),
+    };
+    name.eq_ignore_ascii_case("localhost")
+        || name
+            .parse::<std::net::IpAddr>()
+            .is_ok_and(|address| address.is_loopback())
+}
+
 fn loopback_names(port: u16) -> [String; 3] {
     [
         format!("127.0.0.1:{port}"),
