@@ -7,12 +7,16 @@ use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
 use super::{AccessToken, TokenCache, TokenSource};
+use crate::adapters::http_policy;
 use crate::{Category, ConfigError, SendError};
 
 /// How long one request to the token endpoint may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most of an error's description quoted in a [`SendError`].
 const QUOTED: usize = 200;
+/// The longest answer read: a token answer is a small JSON object (Microsoft's tokens are a
+/// few KiB); anything longer is not a token endpoint's, and is refused unread.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// Microsoft 365's client-credentials flow (RFC 6749 §4.4): the application's own identity,
 /// with `scope` `https://outlook.office365.com/.default`. [`build`](Self::build) makes the
@@ -33,7 +37,8 @@ const QUOTED: usize = 200;
 /// ```
 #[derive(Clone)]
 pub struct ClientCredentials {
-    /// The token endpoint (`https://`, or `http://` for a test server).
+    /// The token endpoint: `https://`, or `http://` to a loopback host (a test server);
+    /// `http://` to another host only through `allow_insecure_http()`.
     pub token_url: String,
     /// The application's (client's) id.
     pub client_id: String,
@@ -63,7 +68,8 @@ pub struct ClientCredentials {
 /// ```
 #[derive(Clone)]
 pub struct RefreshToken {
-    /// The token endpoint (`https://`, or `http://` for a test server).
+    /// The token endpoint: `https://`, or `http://` to a loopback host (a test server);
+    /// `http://` to another host only through `allow_insecure_http()`.
     pub token_url: String,
     /// The application's (client's) id.
     pub client_id: String,
@@ -97,12 +103,41 @@ impl fmt::Debug for RefreshToken {
 
 impl ClientCredentials {
     /// The token source: a [`ConfigError`] naming `token_url`, `client_id`,
-    /// `client_secret` or `scope` when one cannot work.
+    /// `client_secret` or `scope` when one cannot work, and `token_url` when it is
+    /// `http://` to a host other than this machine (see
+    /// [`allow_insecure_http`](Self::allow_insecure_http)).
     pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        self.build_with(false)
+    }
+
+    /// Takes a `token_url` of `http://` to any host, which sends the client secret in
+    /// clear text: for a token endpoint on a network the operator trusts. Logged (WARN) when
+    /// the source is built.
+    ///
+    /// ```
+    /// use mail_breaker::oauth::ClientCredentials;
+    ///
+    /// let settings = ClientCredentials {
+    ///     token_url: "http://tokens.internal/token".to_owned(),
+    ///     client_id: "app-id".to_owned(),
+    ///     client_secret: "s3cret".to_owned(),
+    ///     scope: "smtp".to_owned(),
+    /// };
+    /// assert_eq!(settings.clone().build().unwrap_err().setting(), "token_url");
+    /// let tokens = settings.allow_insecure_http().build()?;
+    /// # let _ = tokens;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn allow_insecure_http(self) -> InsecureHttp<ClientCredentials> {
+        InsecureHttp(self)
+    }
+
+    fn build_with(self, insecure_allowed: bool) -> Result<TokenEndpoint, ConfigError> {
         required("client_secret", &self.client_secret)?;
         required("scope", &self.scope)?;
         TokenEndpoint::new(
             &self.token_url,
+            insecure_allowed,
             self.client_id,
             self.client_secret,
             Grant::ClientCredentials { scope: self.scope },
@@ -112,15 +147,93 @@ impl ClientCredentials {
 
 impl RefreshToken {
     /// The token source: a [`ConfigError`] naming `token_url`, `client_id` or
-    /// `refresh_token` when one cannot work.
+    /// `refresh_token` when one cannot work, and `token_url` when it is `http://` to a
+    /// host other than this machine (see [`allow_insecure_http`](Self::allow_insecure_http)).
     pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        self.build_with(false)
+    }
+
+    /// Takes a `token_url` of `http://` to any host, which sends the refresh token and the
+    /// client secret in clear text: for a token endpoint on a network the operator trusts.
+    /// Logged (WARN) when the source is built.
+    ///
+    /// ```
+    /// use mail_breaker::oauth::RefreshToken;
+    ///
+    /// let tokens = RefreshToken {
+    ///     token_url: "http://tokens.internal/token".to_owned(),
+    ///     client_id: "app-id".to_owned(),
+    ///     client_secret: String::new(),
+    ///     refresh_token: "1//0refresh".to_owned(),
+    /// }
+    /// .allow_insecure_http()
+    /// .build()?;
+    /// # let _ = tokens;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn allow_insecure_http(self) -> InsecureHttp<RefreshToken> {
+        InsecureHttp(self)
+    }
+
+    fn build_with(self, insecure_allowed: bool) -> Result<TokenEndpoint, ConfigError> {
         required("refresh_token", &self.refresh_token)?;
         TokenEndpoint::new(
             &self.token_url,
+            insecure_allowed,
             self.client_id,
             self.client_secret,
             Grant::RefreshToken(Mutex::new(self.refresh_token)),
         )
+    }
+}
+
+/// A token source's settings whose `token_url` may be `http://` to any host: made by
+/// [`ClientCredentials::allow_insecure_http`] or [`RefreshToken::allow_insecure_http`], built
+/// by its `build`. Its `Debug` is the settings', which never shows a secret.
+#[derive(Clone, Debug)]
+pub struct InsecureHttp<S>(S);
+
+impl InsecureHttp<ClientCredentials> {
+    /// The token source, as [`ClientCredentials::build`] makes it but taking `http://` to
+    /// any host.
+    ///
+    /// ```
+    /// # use mail_breaker::oauth::ClientCredentials;
+    /// let tokens = ClientCredentials {
+    ///     token_url: "http://tokens.internal/token".to_owned(),
+    ///     client_id: "app-id".to_owned(),
+    ///     client_secret: "s3cret".to_owned(),
+    ///     scope: "smtp".to_owned(),
+    /// }
+    /// .allow_insecure_http()
+    /// .build()?;
+    /// # let _ = tokens;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        self.0.build_with(true)
+    }
+}
+
+impl InsecureHttp<RefreshToken> {
+    /// The token source, as [`RefreshToken::build`] makes it but taking `http://` to any
+    /// host.
+    ///
+    /// ```
+    /// # use mail_breaker::oauth::RefreshToken;
+    /// let tokens = RefreshToken {
+    ///     token_url: "http://tokens.internal/token".to_owned(),
+    ///     client_id: "app-id".to_owned(),
+    ///     client_secret: "s3cret".to_owned(),
+    ///     refresh_token: "1//0refresh".to_owned(),
+    /// }
+    /// .allow_insecure_http()
+    /// .build()?;
+    /// # let _ = tokens;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
+        self.0.build_with(true)
     }
 }
 
@@ -143,6 +256,11 @@ enum Grant {
 /// A provider's token endpoint as a [`TokenSource`]: made by [`ClientCredentials::build`]
 /// or [`RefreshToken::build`]. Each token is kept until a minute before it expires (or until
 /// a server refuses it), for all who ask.
+///
+/// Its HTTP client keeps the crate's one policy: no redirect is followed (a 3xx is a
+/// `Configuration` error, and the form with its secrets goes nowhere else), an answer over
+/// 64 KiB is refused unread (`oauth2.answer_too_large`), and `http://` is taken only to a
+/// loopback host or through `allow_insecure_http()`.
 ///
 /// Its errors: `Authentication` (`oauth2.invalid_grant`, `oauth2.invalid_client`, ...) when
 /// the endpoint refuses the client or the grant (`400` with such an error, `401`, `403`);
@@ -186,6 +304,7 @@ struct Answer {
 impl TokenEndpoint {
     fn new(
         token_url: &str,
+        insecure_allowed: bool,
         client_id: String,
         client_secret: String,
         grant: Grant,
@@ -196,16 +315,19 @@ impl TokenEndpoint {
             .ok_or_else(|| {
                 ConfigError::new("token_url", "expected the token endpoint's https:// URL")
             })?;
+        if let Some(why) = http_policy::clear_http_refused(&url, insecure_allowed) {
+            return Err(ConfigError::new("token_url", why));
+        }
+        if http_policy::clear_http_refused(&url, false).is_some() {
+            http_policy::warn_insecure_http("oauth2", url.as_str());
+        }
         required("client_id", &client_id)?;
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .build()
-            .map_err(|error| {
-                ConfigError::new(
-                    "token_url",
-                    format!("no HTTP client could be made: {error}"),
-                )
-            })?;
+        let http = http_policy::client(REQUEST_TIMEOUT).map_err(|error| {
+            ConfigError::new(
+                "token_url",
+                format!("no HTTP client could be made: {error}"),
+            )
+        })?;
         Ok(TokenEndpoint {
             url,
             client_id,
@@ -240,7 +362,7 @@ impl TokenEndpoint {
 
     /// Asks the endpoint for a new token.
     async fn fetch(&self) -> Result<AccessToken, SendError> {
-        let sent = self
+        let mut sent = self
             .http
             .post(self.url.clone())
             .header("Content-Type", "application/x-www-form-urlencoded")
@@ -250,11 +372,19 @@ impl TokenEndpoint {
             .await
             .map_err(|error| unreachable_endpoint(&error))?;
         let status = sent.status().as_u16();
-        let body = sent
-            .bytes()
-            .await
-            .map_err(|error| unreachable_endpoint(&error))?;
-        let answer: Option<Answer> = serde_json::from_slice(&body).ok();
+        let body = http_policy::read(&mut sent, MAX_ANSWER_BYTES).await;
+        if let Some(error) = body.cut_off {
+            return Err(unreachable_endpoint(&error));
+        }
+        if body.over {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "oauth2.answer_too_large",
+                "the token endpoint's answer is over 64 KiB, which no token answer is; it \
+                 was left unread: is token_url the provider's token endpoint?",
+            ));
+        }
+        let answer: Option<Answer> = serde_json::from_slice(&body.bytes).ok();
         if (200..300).contains(&status) {
             return self.token_from(answer);
         }
@@ -322,6 +452,12 @@ impl TokenEndpoint {
         let mut message = format!("the token endpoint answered {status}");
         if let Some(error) = &error {
             message.push_str(&format!(" {error}"));
+        }
+        if (300..400).contains(&status) {
+            // Following it would post the client's secrets wherever it points.
+            message.push_str(
+                " (a redirect, not followed: token_url must be the token endpoint itself)",
+            );
         }
         if let Some(description) = description {
             let description: String = self.redact(&description).chars().take(QUOTED).collect();

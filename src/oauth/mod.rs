@@ -111,7 +111,7 @@ use tokio::time::Instant;
 use crate::SendError;
 
 #[cfg(feature = "oauth2")]
-pub use endpoint::{ClientCredentials, RefreshToken, TokenEndpoint};
+pub use endpoint::{ClientCredentials, InsecureHttp, RefreshToken, TokenEndpoint};
 
 /// How long before its expiry a token is no longer used: it is fetched afresh instead.
 pub const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(60);
