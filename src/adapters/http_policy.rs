@@ -25,7 +25,9 @@ pub(crate) fn client(timeout: Duration) -> Result<reqwest::Client, reqwest::Erro
 pub(crate) struct Body {
     /// The body's first octets, the bound at most.
     pub(crate) bytes: Vec<u8>,
-    /// The body was longer than the bound: the rest was dropped unread.
+    /// The body was longer than the bound: the rest was dropped unread. Only the token
+    /// endpoint refuses such an answer; a provider's is read from its start.
+    #[cfg_attr(not(feature = "oauth2"), allow(dead_code))]
     pub(crate) over: bool,
     /// The body could not be read to its end (the connection dropped, or the timeout passed).
     pub(crate) cut_off: Option<reqwest::Error>,

@@ -179,6 +179,7 @@ impl<P: Provider> HttpTransport<P> {
     }
 
     /// The provider's own settings.
+    #[cfg(feature = "mailgun")]
     pub(crate) fn provider(&self) -> &P {
         &self.provider
     }
