@@ -428,7 +428,10 @@ async fn a_307_or_308_redirect_is_not_followed_and_the_secret_never_reaches_its_
             );
             assert_eq!(error.code(), "oauth2.endpoint", "{status}: {error}");
             assert!(error.to_string().contains(&status.to_string()), "{error}");
-            assert!(error.to_string().contains("redirect, not followed"), "{error}");
+            assert!(
+                error.to_string().contains("redirect, not followed"),
+                "{error}"
+            );
         }
         assert_eq!(server.request_count(), 2, "{status}");
         assert_eq!(
