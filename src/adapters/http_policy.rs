@@ -104,3 +104,32 @@ pub(crate) fn warn_insecure_http(client: &str, url: &str) {
         "allow_insecure_http: this client may send its secrets over clear http:// to any host"
     );
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[tokio::test]
+    async fn a_connect_that_hangs_ends_as_a_connect_timeout_before_the_requests_timeout() {
+        // An accept queue of one place, taken: the next connect hangs, unanswered.
+        let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+        socket
+            .bind("127.0.0.1:0".parse().expect("an address"))
+            .expect("a port");
+        let listener = socket.listen(0).expect("listening");
+        let address = listener.local_addr().expect("an address");
+        let _taken = tokio::net::TcpStream::connect(address)
+            .await
+            .expect("the one place");
+
+        let error = client(Duration::from_secs(2))
+            .expect("a client")
+            .get(format!("http://{address}/"))
+            .send()
+            .await
+            .expect_err("no connection");
+        // A connect failure: nothing was sent, so no send is "maybe delivered"; the request's
+        // own timeout would have been an error without the connect in it.
+        assert!(error.is_connect() && error.is_timeout(), "{error:?}");
+    }
+}
