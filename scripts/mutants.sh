@@ -57,7 +57,7 @@ tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
 # the frame every provider shares (its answer rules, the key's redaction).
 files[http]="src/adapters/http/mod.rs src/adapters/http/frame.rs src/adapters/http/key.rs src/adapters/http/mime.rs src/adapters/http/postmark/classify.rs src/adapters/http/resend/classify.rs src/adapters/http/sendgrid/classify.rs src/adapters/http/mailgun/classify.rs"
-tests[http]="--lib --test=postmark --test=resend --test=sendgrid --test=mailgun --test=api_keys"
+tests[http]="--lib --test=postmark --test=resend --test=sendgrid --test=mailgun --test=api_keys --test=logs"
 files[ses]="src/adapters/ses/classify.rs src/adapters/ses.rs"
 tests[ses]="--lib --test=ses"
 
@@ -96,10 +96,10 @@ tests[ground]="--lib --test=metrics --test=config --test=extreme_settings"
 # providers' URLs, the config types, and the build.
 files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
 tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_equivalence_redis --test=config_ses"
-# SMTP's login with OAuth 2.0: the token cache and the mechanisms, the token endpoints, and
-# the SMTP URL's one reader.
-files[oauth]="src/oauth/mod.rs src/oauth/endpoint.rs src/config/smtp_url.rs"
-tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --test=config --test=config_smtp_url"
+# SMTP's login with OAuth 2.0: the token cache and the mechanisms, the token endpoints and
+# their settings, the HTTP policy they share with the providers, and the SMTP URL's one reader.
+files[oauth]="src/oauth/mod.rs src/oauth/endpoint.rs src/oauth/settings.rs src/adapters/http_policy.rs src/config/smtp_url.rs"
+tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --test=config --test=config_smtp_url --test=logs --test=postmark"
 # The operator page: its guard (token, origin, host), its credential, its reads and actions,
 # its chart, and the breaker's history of changes it shows. The browser test is left out
 # (slow); the router tests speak for the page.

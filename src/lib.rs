@@ -51,6 +51,8 @@
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
 //! | 8. the command, the page and the guide | `bin`, `admin`, `guide` | what an operator runs and reads; the user's manual (text only) |
 #![warn(missing_docs)]
+// docs.rs (nightly, `--cfg docsrs`) marks each item with the features it needs.
+#![cfg_attr(docsrs, feature(doc_cfg))]
 
 pub mod adapters;
 #[cfg(feature = "admin")]

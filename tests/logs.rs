@@ -239,3 +239,52 @@ async fn a_shared_rate_limiter_whose_redis_never_answered_warns_that_its_members
         "{warning}"
     );
 }
+
+#[cfg(feature = "oauth2")]
+#[test]
+fn allow_insecure_http_on_a_token_source_is_logged_once_as_a_warning_naming_its_url() {
+    use mail_breaker::oauth::ClientCredentials;
+    let (captured, _guard) = capture();
+    let settings = |token_url: &str| ClientCredentials {
+        token_url: token_url.to_owned(),
+        client_id: "app-id".to_owned(),
+        client_secret: "s3cret-never-logged".to_owned(),
+        scope: "s".to_owned(),
+    };
+    let _insecure = settings("http://tokens.internal/token")
+        .allow_insecure_http()
+        .build()
+        .unwrap();
+    // Where http:// was taken anyway (loopback) or is not used (https), nothing is said.
+    let _loopback = settings("http://127.0.0.1:9/token")
+        .allow_insecure_http()
+        .build()
+        .unwrap();
+    let _https = settings("https://tokens.example.com/token")
+        .allow_insecure_http()
+        .build()
+        .unwrap();
+
+    let text = captured.text();
+    assert_eq!(text.matches("allow_insecure_http").count(), 1, "{text}");
+    let line = text
+        .lines()
+        .find(|line| line.contains("allow_insecure_http"))
+        .unwrap();
+    assert!(line.contains("WARN"), "{line}");
+    assert!(line.contains("http://tokens.internal/token"), "{line}");
+    assert!(!text.contains("s3cret-never-logged"), "{text}");
+}
+
+#[cfg(feature = "postmark")]
+#[test]
+fn allow_insecure_http_on_a_provider_transport_is_logged_once_as_a_warning() {
+    let (captured, _guard) = capture();
+    let _postmark = mail_breaker::PostmarkTransport::new("token-never-logged")
+        .with_endpoint("http://relay.internal:8080")
+        .allow_insecure_http();
+    let text = captured.text();
+    assert_eq!(text.matches("allow_insecure_http").count(), 1, "{text}");
+    assert!(text.contains("WARN") && text.contains("postmark"), "{text}");
+    assert!(!text.contains("token-never-logged"), "{text}");
+}

@@ -177,3 +177,19 @@ fn an_oauth2_member_without_a_tls_option_requires_starttls_and_none_needs_auth_w
     assert_eq!(path, "member[0].url.auth_without_tls");
     assert!(!reason.contains("SECRET-1"), "{reason}");
 }
+
+#[test]
+fn an_http_token_url_to_a_host_not_on_loopback_in_a_dsn_is_an_error_naming_oauth2_token_url() {
+    let base = "smtp://me%40example.com@smtp.office365.com:587?auth=xoauth2\
+                &oauth2.client_id=id&oauth2.client_secret=SECRET-1&oauth2.scope=s";
+    let (path, reason) = dsn_error(&format!(
+        "{base}&oauth2.token_url=http://login.example.com/token"
+    ));
+    assert_eq!(path, "member[0].url.oauth2.token_url", "{reason}");
+    assert!(reason.contains("https://"), "{reason}");
+    assert!(!reason.contains("SECRET-1"), "{reason}");
+    MailerConfig::from_dsn(&format!(
+        "{base}&oauth2.token_url=http://127.0.0.1:8080/token"
+    ))
+    .unwrap();
+}

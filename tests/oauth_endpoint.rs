@@ -404,3 +404,159 @@ fn a_sources_debug_shows_its_endpoint_and_client_but_never_a_secret() {
     }
     assert!(format!("{credentials:?}").contains("outlook.office365.com/.default"));
 }
+
+/// A token endpoint that answers every request with a `status` redirect to `target`.
+async fn redirecting(status: u16, target: &str) -> ApiServer {
+    let location = target.to_owned();
+    ApiServer::start(move |_| Reply::text(status, "").with_header("Location", &location)).await
+}
+
+#[tokio::test]
+async fn a_307_or_308_redirect_is_not_followed_and_the_secret_never_reaches_its_target() {
+    for status in [301, 302, 303, 307, 308] {
+        let target = endpoint(3600).await;
+        // Another host than the endpoint's (localhost, not 127.0.0.1): where a redirect
+        // followed would carry the form, the client secret and refresh token in it.
+        let elsewhere = target.endpoint().replace("127.0.0.1", "localhost");
+        let server = redirecting(status, &format!("{elsewhere}/stolen")).await;
+        for source in [client_credentials(&server), refresh_token(&server)] {
+            let error = source.token().await.expect_err("a redirect is no token");
+            assert_eq!(
+                error.category(),
+                Category::Configuration,
+                "{status}: {error}"
+            );
+            assert_eq!(error.code(), "oauth2.endpoint", "{status}: {error}");
+            assert!(error.to_string().contains(&status.to_string()), "{error}");
+            assert!(
+                error.to_string().contains("redirect, not followed"),
+                "{error}"
+            );
+        }
+        assert_eq!(server.request_count(), 2, "{status}");
+        assert_eq!(
+            target.request_count(),
+            0,
+            "{status}: the redirect's target got {:?}",
+            target
+                .requests()
+                .iter()
+                .map(|r| r.text())
+                .collect::<Vec<_>>()
+        );
+    }
+}
+
+/// A token answer of exactly `length` octets of JSON, its token `at-1`.
+fn token_answer_of(length: usize) -> String {
+    let head = r#"{"access_token":"at-1","expires_in":3600,"padding":""#;
+    let tail = r#""}"#;
+    format!(
+        "{head}{}{tail}",
+        "x".repeat(length - head.len() - tail.len())
+    )
+}
+
+#[tokio::test]
+async fn a_token_answer_over_64_kib_is_refused_with_an_error_saying_so() {
+    let body = token_answer_of(64 * 1024 + 1);
+    let server = ApiServer::start(move |_| Reply::json(200, &body)).await;
+    let error = client_credentials(&server)
+        .token()
+        .await
+        .expect_err("an answer over 64 KiB is no token");
+    assert_eq!(error.category(), Category::Configuration, "{error}");
+    assert_eq!(error.code(), "oauth2.answer_too_large", "{error}");
+    assert!(error.to_string().contains("64 KiB"), "{error}");
+}
+
+#[tokio::test]
+async fn a_token_answer_of_64_kib_is_read_whole() {
+    let body = token_answer_of(64 * 1024);
+    let server = ApiServer::start(move |_| Reply::json(200, &body)).await;
+    let token = client_credentials(&server).token().await.unwrap();
+    assert_eq!(token.secret(), "at-1");
+}
+
+#[tokio::test]
+async fn an_error_answer_over_64_kib_is_refused_with_an_error_saying_so() {
+    let body = format!(
+        r#"{{"error":"invalid_client","x":"{}"}}"#,
+        "x".repeat(70_000)
+    );
+    let server = ApiServer::start(move |_| Reply::json(401, &body)).await;
+    let error = refresh_token(&server).token().await.expect_err("refused");
+    assert_eq!(error.code(), "oauth2.answer_too_large", "{error}");
+}
+
+fn credentials_at(token_url: &str) -> ClientCredentials {
+    ClientCredentials {
+        token_url: token_url.to_owned(),
+        client_id: "app-id".to_owned(),
+        client_secret: SECRET.to_owned(),
+        scope: "s".to_owned(),
+    }
+}
+
+fn refresh_at(token_url: &str) -> RefreshToken {
+    RefreshToken {
+        token_url: token_url.to_owned(),
+        client_id: "app-id".to_owned(),
+        client_secret: SECRET.to_owned(),
+        refresh_token: REFRESH.to_owned(),
+    }
+}
+
+#[test]
+fn an_http_token_url_to_a_host_not_on_loopback_is_a_config_error_naming_token_url() {
+    for url in [
+        "http://login.example.com/token",
+        "http://10.0.0.1/token",
+        "http://[2001:db8::1]/token",
+        "http://localhost.example.com/token",
+        "HTTP://login.example.com/token",
+    ] {
+        for error in [
+            credentials_at(url).build().unwrap_err(),
+            refresh_at(url).build().unwrap_err(),
+        ] {
+            assert_eq!(error.setting(), "token_url", "{url}: {error}");
+            assert!(error.reason().contains("https://"), "{url}: {error}");
+            assert!(
+                error.reason().contains("allow_insecure_http"),
+                "{url}: {error}"
+            );
+        }
+    }
+}
+
+#[test]
+fn an_http_token_url_on_loopback_or_any_https_one_is_taken() {
+    for url in [
+        "http://127.0.0.1:8080/token",
+        "http://127.1.2.3/token",
+        "http://[::1]:8080/token",
+        "http://localhost:8080/token",
+        "http://LOCALHOST/token",
+        "https://login.example.com/token",
+    ] {
+        credentials_at(url).build().unwrap();
+        refresh_at(url).build().unwrap();
+    }
+}
+
+#[test]
+fn allow_insecure_http_takes_an_http_token_url_to_any_host() {
+    let url = "http://login.example.com/token";
+    let credentials = credentials_at(url).allow_insecure_http().build().unwrap();
+    let refresh = refresh_at(url).allow_insecure_http().build().unwrap();
+    assert!(format!("{credentials:?}").contains(url));
+    assert!(format!("{refresh:?}").contains(url));
+    // It lifts the scheme's rule only: a URL that is not a token endpoint's stays refused.
+    for broken in ["ftp://login.example.com/token", "login.example.com/token"] {
+        let error = credentials_at(broken).allow_insecure_http().build();
+        assert_eq!(error.unwrap_err().setting(), "token_url", "{broken}");
+        let error = refresh_at(broken).allow_insecure_http().build();
+        assert_eq!(error.unwrap_err().setting(), "token_url", "{broken}");
+    }
+}

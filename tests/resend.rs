@@ -241,6 +241,16 @@ async fn resend_pool_fails_over_to_smtp_while_resend_is_down_and_a_probe_brings_
 // Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
 
 #[tokio::test]
+async fn resend_sends_over_http_only_to_a_loopback_host_unless_insecure_http_is_allowed() {
+    http_checks::an_http_endpoint_off_loopback_is_refused_unless_insecure_http_is_allowed(
+        transport,
+        |endpoint| transport(endpoint).allow_insecure_http(),
+        "resend",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn resend_does_not_follow_a_redirect() {
     http_checks::a_redirect_is_not_followed(transport, Reply::json(200, SENT)).await;
 }

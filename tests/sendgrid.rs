@@ -208,6 +208,16 @@ async fn sendgrid_pool_fails_over_to_smtp_while_sendgrid_is_down_and_a_probe_bri
 // Issue 23 (DESIGN §11): each test keeps one rule, and failed on the code before it.
 
 #[tokio::test]
+async fn sendgrid_sends_over_http_only_to_a_loopback_host_unless_insecure_http_is_allowed() {
+    http_checks::an_http_endpoint_off_loopback_is_refused_unless_insecure_http_is_allowed(
+        transport,
+        |endpoint| transport(endpoint).allow_insecure_http(),
+        "sendgrid",
+    )
+    .await;
+}
+
+#[tokio::test]
 async fn sendgrid_does_not_follow_a_redirect() {
     http_checks::a_redirect_is_not_followed(transport, accepted()).await;
 }

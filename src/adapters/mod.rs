@@ -16,6 +16,14 @@ pub(crate) mod answer;
     feature = "mailgun"
 ))]
 pub mod http;
+#[cfg(any(
+    feature = "postmark",
+    feature = "resend",
+    feature = "sendgrid",
+    feature = "mailgun",
+    feature = "oauth2"
+))]
+pub(crate) mod http_policy;
 pub mod lettre;
 #[cfg(feature = "ses")]
 pub mod ses;

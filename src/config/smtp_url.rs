@@ -209,15 +209,27 @@ fn oauth2(url: &url::Url, given: &[(String, String)]) -> Result<Option<OAuth2Url
             .ok_or_else(|| ConfigError::new(name, format!("is required with auth={auth}")))
     };
     let token_url = required("oauth2.token_url")?;
-    if url::Url::parse(&token_url)
-        .map(|parsed| !matches!(parsed.scheme(), "https" | "http"))
-        .unwrap_or(true)
-    {
+    let Some(parsed) = url::Url::parse(&token_url)
+        .ok()
+        .filter(|parsed| matches!(parsed.scheme(), "https" | "http"))
+    else {
         return Err(ConfigError::new(
             "oauth2.token_url",
             "expected the token endpoint's https:// URL",
         ));
+    };
+    // The crate's HTTP policy: the form carries the client secret and refresh token, so
+    // http:// only to this machine (a DSN has no allow_insecure_http).
+    #[cfg(feature = "oauth2")]
+    if parsed.scheme() == "http" && !crate::adapters::http_policy::is_loopback(&parsed) {
+        return Err(ConfigError::new(
+            "oauth2.token_url",
+            "http:// to a host other than this machine would send the client's secrets in \
+             clear text: expected the token endpoint's https:// URL",
+        ));
     }
+    #[cfg(not(feature = "oauth2"))]
+    let _ = parsed;
     let client_id = required("oauth2.client_id")?;
     let client_secret = option("oauth2.client_secret").map(|secret| Secret(secret.to_owned()));
     let scope = option("oauth2.scope").map(str::to_owned);

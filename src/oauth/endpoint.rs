@@ -6,133 +6,21 @@ use std::fmt;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use super::settings::required;
 use super::{AccessToken, TokenCache, TokenSource};
+use crate::adapters::http_policy;
 use crate::{Category, ConfigError, SendError};
 
 /// How long one request to the token endpoint may take.
 const REQUEST_TIMEOUT: Duration = Duration::from_secs(30);
 /// The most of an error's description quoted in a [`SendError`].
 const QUOTED: usize = 200;
-
-/// Microsoft 365's client-credentials flow (RFC 6749 §4.4): the application's own identity,
-/// with `scope` `https://outlook.office365.com/.default`. [`build`](Self::build) makes the
-/// [`TokenSource`]. Its `Debug` never shows the secret.
-///
-/// ```
-/// use mail_breaker::oauth::ClientCredentials;
-///
-/// let tokens = ClientCredentials {
-///     token_url: "https://login.microsoftonline.com/TENANT/oauth2/v2.0/token".to_owned(),
-///     client_id: "00000000-0000-0000-0000-000000000000".to_owned(),
-///     client_secret: "s3cret".to_owned(),
-///     scope: "https://outlook.office365.com/.default".to_owned(),
-/// }
-/// .build()?;
-/// assert!(!format!("{tokens:?}").contains("s3cret"));
-/// # Ok::<(), mail_breaker::ConfigError>(())
-/// ```
-#[derive(Clone)]
-pub struct ClientCredentials {
-    /// The token endpoint (`https://`, or `http://` for a test server).
-    pub token_url: String,
-    /// The application's (client's) id.
-    pub client_id: String,
-    /// The application's secret.
-    pub client_secret: String,
-    /// What the token is for: `https://outlook.office365.com/.default` for Microsoft 365.
-    pub scope: String,
-}
-
-/// The refresh-token flow (RFC 6749 §6): a user's consent kept as a refresh token, for
-/// Gmail and Google Workspace accounts and Microsoft's delegated flow. A new refresh token
-/// the server returns (rotation) is kept and used from then on. [`build`](Self::build) makes
-/// the [`TokenSource`]. Its `Debug` never shows the secret or the refresh token.
-///
-/// ```
-/// use mail_breaker::oauth::RefreshToken;
-///
-/// let tokens = RefreshToken {
-///     token_url: "https://oauth2.googleapis.com/token".to_owned(),
-///     client_id: "1234.apps.googleusercontent.com".to_owned(),
-///     client_secret: "s3cret".to_owned(),
-///     refresh_token: "1//0refresh".to_owned(),
-/// }
-/// .build()?;
-/// assert!(!format!("{tokens:?}").contains("1//0refresh"));
-/// # Ok::<(), mail_breaker::ConfigError>(())
-/// ```
-#[derive(Clone)]
-pub struct RefreshToken {
-    /// The token endpoint (`https://`, or `http://` for a test server).
-    pub token_url: String,
-    /// The application's (client's) id.
-    pub client_id: String,
-    /// The application's secret; empty for a public client, which has none.
-    pub client_secret: String,
-    /// The refresh token the user's consent gave.
-    pub refresh_token: String,
-}
-
-impl fmt::Debug for ClientCredentials {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("ClientCredentials")
-            .field("token_url", &self.token_url)
-            .field("client_id", &self.client_id)
-            .field("client_secret", &"***")
-            .field("scope", &self.scope)
-            .finish()
-    }
-}
-
-impl fmt::Debug for RefreshToken {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.debug_struct("RefreshToken")
-            .field("token_url", &self.token_url)
-            .field("client_id", &self.client_id)
-            .field("client_secret", &"***")
-            .field("refresh_token", &"***")
-            .finish()
-    }
-}
-
-impl ClientCredentials {
-    /// The token source: a [`ConfigError`] naming `token_url`, `client_id`,
-    /// `client_secret` or `scope` when one cannot work.
-    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
-        required("client_secret", &self.client_secret)?;
-        required("scope", &self.scope)?;
-        TokenEndpoint::new(
-            &self.token_url,
-            self.client_id,
-            self.client_secret,
-            Grant::ClientCredentials { scope: self.scope },
-        )
-    }
-}
-
-impl RefreshToken {
-    /// The token source: a [`ConfigError`] naming `token_url`, `client_id` or
-    /// `refresh_token` when one cannot work.
-    pub fn build(self) -> Result<TokenEndpoint, ConfigError> {
-        required("refresh_token", &self.refresh_token)?;
-        TokenEndpoint::new(
-            &self.token_url,
-            self.client_id,
-            self.client_secret,
-            Grant::RefreshToken(Mutex::new(self.refresh_token)),
-        )
-    }
-}
-
-fn required(setting: &'static str, value: &str) -> Result<(), ConfigError> {
-    if value.trim().is_empty() {
-        return Err(ConfigError::new(setting, "must not be empty"));
-    }
-    Ok(())
-}
+/// The longest answer read: a token answer is a small JSON object (Microsoft's tokens are a
+/// few KiB); anything longer is not a token endpoint's, and is refused unread.
+const MAX_ANSWER_BYTES: usize = 64 * 1024;
 
 /// What the endpoint is asked for.
-enum Grant {
+pub(super) enum Grant {
     ClientCredentials {
         scope: String,
     },
@@ -140,9 +28,15 @@ enum Grant {
     RefreshToken(Mutex<String>),
 }
 
-/// A provider's token endpoint as a [`TokenSource`]: made by [`ClientCredentials::build`]
-/// or [`RefreshToken::build`]. Each token is kept until a minute before it expires (or until
-/// a server refuses it), for all who ask.
+/// A provider's token endpoint as a [`TokenSource`]: made by
+/// [`ClientCredentials::build`](super::ClientCredentials::build) or
+/// [`RefreshToken::build`](super::RefreshToken::build). Each token is kept until a minute
+/// before it expires (or until a server refuses it), for all who ask.
+///
+/// Its HTTP client keeps the crate's one policy: no redirect is followed (a 3xx is a
+/// `Configuration` error, and the form with its secrets goes nowhere else), an answer over
+/// 64 KiB is refused unread (`oauth2.answer_too_large`), and `http://` is taken only to a
+/// loopback host or through `allow_insecure_http()`.
 ///
 /// Its errors: `Authentication` (`oauth2.invalid_grant`, `oauth2.invalid_client`, ...) when
 /// the endpoint refuses the client or the grant (`400` with such an error, `401`, `403`);
@@ -184,8 +78,9 @@ struct Answer {
 }
 
 impl TokenEndpoint {
-    fn new(
+    pub(super) fn new(
         token_url: &str,
+        insecure_allowed: bool,
         client_id: String,
         client_secret: String,
         grant: Grant,
@@ -196,16 +91,19 @@ impl TokenEndpoint {
             .ok_or_else(|| {
                 ConfigError::new("token_url", "expected the token endpoint's https:// URL")
             })?;
+        if let Some(why) = http_policy::clear_http_refused(&url, insecure_allowed) {
+            return Err(ConfigError::new("token_url", why));
+        }
+        if http_policy::clear_http_refused(&url, false).is_some() {
+            http_policy::warn_insecure_http("oauth2", url.as_str());
+        }
         required("client_id", &client_id)?;
-        let http = reqwest::Client::builder()
-            .timeout(REQUEST_TIMEOUT)
-            .build()
-            .map_err(|error| {
-                ConfigError::new(
-                    "token_url",
-                    format!("no HTTP client could be made: {error}"),
-                )
-            })?;
+        let http = http_policy::client(REQUEST_TIMEOUT).map_err(|error| {
+            ConfigError::new(
+                "token_url",
+                format!("no HTTP client could be made: {error}"),
+            )
+        })?;
         Ok(TokenEndpoint {
             url,
             client_id,
@@ -240,7 +138,7 @@ impl TokenEndpoint {
 
     /// Asks the endpoint for a new token.
     async fn fetch(&self) -> Result<AccessToken, SendError> {
-        let sent = self
+        let mut sent = self
             .http
             .post(self.url.clone())
             .header("Content-Type", "application/x-www-form-urlencoded")
@@ -250,11 +148,19 @@ impl TokenEndpoint {
             .await
             .map_err(|error| unreachable_endpoint(&error))?;
         let status = sent.status().as_u16();
-        let body = sent
-            .bytes()
-            .await
-            .map_err(|error| unreachable_endpoint(&error))?;
-        let answer: Option<Answer> = serde_json::from_slice(&body).ok();
+        let body = http_policy::read(&mut sent, MAX_ANSWER_BYTES).await;
+        if let Some(error) = body.cut_off {
+            return Err(unreachable_endpoint(&error));
+        }
+        if body.over {
+            return Err(SendError::fixed(
+                Category::Configuration,
+                "oauth2.answer_too_large",
+                "the token endpoint's answer is over 64 KiB, which no token answer is; it \
+                 was left unread: is token_url the provider's token endpoint?",
+            ));
+        }
+        let answer: Option<Answer> = serde_json::from_slice(&body.bytes).ok();
         if (200..300).contains(&status) {
             return self.token_from(answer);
         }
@@ -322,6 +228,12 @@ impl TokenEndpoint {
         let mut message = format!("the token endpoint answered {status}");
         if let Some(error) = &error {
             message.push_str(&format!(" {error}"));
+        }
+        if (300..400).contains(&status) {
+            // Following it would post the client's secrets wherever it points.
+            message.push_str(
+                " (a redirect, not followed: token_url must be the token endpoint itself)",
+            );
         }
         if let Some(description) = description {
             let description: String = self.redact(&description).chars().take(QUOTED).collect();

@@ -111,6 +111,8 @@
 
 #[cfg(feature = "oauth2")]
 mod endpoint;
+#[cfg(feature = "oauth2")]
+mod settings;
 
 use std::fmt;
 use std::sync::Arc;
@@ -123,7 +125,9 @@ use tokio::time::Instant;
 use crate::SendError;
 
 #[cfg(feature = "oauth2")]
-pub use endpoint::{ClientCredentials, RefreshToken, TokenEndpoint};
+pub use endpoint::TokenEndpoint;
+#[cfg(feature = "oauth2")]
+pub use settings::{ClientCredentials, InsecureHttp, RefreshToken};
 
 /// How long before its expiry a token is no longer used: it is fetched afresh instead.
 pub const REFRESH_BEFORE_EXPIRY: Duration = Duration::from_secs(60);

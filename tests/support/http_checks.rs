@@ -211,6 +211,32 @@ pub async fn a_redirect_is_not_followed<T: Transport>(make: impl Fn(String) -> T
     }
 }
 
+/// `http://` goes only to a loopback host: to any other host, which would carry the key and
+/// the message in clear text, a send is a Configuration error (`<provider>.endpoint`) before
+/// any connection, unless the transport was built with `allow_insecure_http()` (`insecure`).
+pub async fn an_http_endpoint_off_loopback_is_refused_unless_insecure_http_is_allowed<T, I>(
+    make: impl Fn(String) -> T,
+    insecure: impl Fn(String) -> I,
+    provider: &str,
+) where
+    T: Transport,
+    I: Transport,
+{
+    // TEST-NET-1: no host answers there, so a send that tries it ends as Network or Timeout.
+    let elsewhere = "http://192.0.2.1:9".to_owned();
+    let error = send_error(&make(elsewhere.clone())).await;
+    assert_eq!(error.category(), Category::Configuration, "{error}");
+    assert_eq!(error.code(), format!("{provider}.endpoint"), "{error}");
+    assert!(error.message().contains("https://"), "{error}");
+    assert!(!error.is_maybe_delivered(), "{error}");
+    for tried in [
+        send_error(&insecure(elsewhere)).await,
+        send_error(&make("https://192.0.2.1:9".to_owned())).await,
+    ] {
+        assert_ne!(tried.code(), format!("{provider}.endpoint"), "{tried}");
+    }
+}
+
 /// An error answer whose body goes on (and stalls) past 64 KiB is sorted from its first 64 KiB
 /// at once, not waited for until the timeout: `make` gives a transport with a timeout of 5 s.
 pub async fn an_answer_body_is_read_up_to_64_kib<T: Transport>(make: impl Fn(String) -> T) {

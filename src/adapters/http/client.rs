@@ -6,6 +6,7 @@ use std::time::Duration;
 
 use reqwest::header::HeaderMap;
 
+use crate::adapters::http_policy;
 use crate::{Category, SendError};
 
 /// The most of an answer's body that is read; the rest is dropped unread (an error body is a
@@ -23,21 +24,10 @@ pub(crate) struct HttpClient {
 }
 
 impl HttpClient {
-    /// A client whose requests each take at most `timeout`, connecting within half of it,
-    /// following no redirect.
+    /// A client under the crate's one HTTP policy (`adapters::http_policy`): each request takes at
+    /// most `timeout`, connecting within half of it, following no redirect.
     pub(crate) fn new(timeout: Duration) -> Self {
-        // Half, so that a connect that hangs ends as a connect failure (nothing sent) before
-        // the whole request's timeout, which would mean "maybe delivered".
-        let connect_timeout = timeout / 2;
-        let client = reqwest::Client::builder()
-            .timeout(timeout)
-            .connect_timeout(connect_timeout)
-            // A redirect would carry the key (reqwest strips only `Authorization` on a hop to
-            // another host) and, on a 307 or 308, the message wherever it points.
-            .redirect(reqwest::redirect::Policy::none())
-            .user_agent(concat!("mail-breaker/", env!("CARGO_PKG_VERSION")))
-            .build()
-            .map_err(|error| Arc::from(error.to_string()));
+        let client = http_policy::client(timeout).map_err(|error| Arc::from(error.to_string()));
         HttpClient { client, timeout }
     }
 
@@ -76,36 +66,22 @@ impl HttpClient {
             .map_err(|error| request_failure(provider, &error, self.timeout))?;
         let status = response.status().as_u16();
         let headers = std::mem::take(response.headers_mut());
-        let mut body = Vec::new();
-        let mut cut_off = false;
-        loop {
-            match response.chunk().await {
-                Ok(Some(chunk)) => {
-                    let room = MAX_BODY_BYTES - body.len();
-                    body.extend_from_slice(&chunk[..chunk.len().min(room)]);
-                    if body.len() == MAX_BODY_BYTES {
-                        // The rest is dropped unread with the response (and its connection).
-                        break;
-                    }
-                }
-                Ok(None) => break,
-                Err(error) => {
-                    tracing::warn!(
-                        provider,
-                        status,
-                        error = %error,
-                        "the body of the provider's answer was cut off"
-                    );
-                    cut_off = true;
-                    break;
-                }
-            }
+        // A body over the bound is kept cut at it: a provider's answer is read for its id or
+        // its error, both near the start.
+        let body = http_policy::read(&mut response, MAX_BODY_BYTES).await;
+        if let Some(error) = &body.cut_off {
+            tracing::warn!(
+                provider,
+                status,
+                error = %error,
+                "the body of the provider's answer was cut off"
+            );
         }
         Ok(Answer {
             status,
             headers,
-            body,
-            cut_off,
+            cut_off: body.cut_off.is_some(),
+            body: body.bytes,
         })
     }
 }

@@ -8,6 +8,7 @@ use reqwest::header::HeaderMap;
 
 use super::ApiKey;
 use super::client::{Answer, HttpClient};
+use crate::adapters::http_policy;
 use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
 /// How long a request may take unless the transport is given another timeout.
@@ -158,6 +159,8 @@ pub struct HttpTransport<P> {
     client: HttpClient,
     name: String,
     concurrency: usize,
+    /// `http://` is taken to any host, not only to a loopback one.
+    insecure_http: bool,
 }
 
 impl<P: Provider> HttpTransport<P> {
@@ -171,10 +174,12 @@ impl<P: Provider> HttpTransport<P> {
             client: HttpClient::new(DEFAULT_TIMEOUT),
             name,
             concurrency: DEFAULT_CONCURRENCY,
+            insecure_http: false,
         }
     }
 
     /// The provider's own settings.
+    #[cfg(feature = "mailgun")]
     pub(crate) fn provider(&self) -> &P {
         &self.provider
     }
@@ -186,7 +191,9 @@ impl<P: Provider> HttpTransport<P> {
     }
 
     /// Sends to another base URL than the provider's (a test server, a proxy, a region);
-    /// trailing slashes are dropped.
+    /// trailing slashes are dropped. `https://`, or `http://` to a loopback host: a send to
+    /// `http://` elsewhere, which would carry the key in clear text, is a Configuration error
+    /// (`<provider>.endpoint`) unless [`allow_insecure_http`](Self::allow_insecure_http).
     ///
     /// ```
     /// let resend = mail_breaker::ResendTransport::new("re_123").with_endpoint("http://127.0.0.1:8080");
@@ -198,6 +205,21 @@ impl<P: Provider> HttpTransport<P> {
             endpoint.pop();
         }
         self.endpoint = endpoint;
+        self
+    }
+
+    /// Takes an endpoint of `http://` to any host, which sends the API key and the message in
+    /// clear text: for a relay on a network the operator trusts. Logged (WARN) once, here.
+    ///
+    /// ```
+    /// let postmark = mail_breaker::PostmarkTransport::new("server-token")
+    ///     .with_endpoint("http://mail-relay.internal:8080")
+    ///     .allow_insecure_http();
+    /// # let _ = postmark;
+    /// ```
+    pub fn allow_insecure_http(mut self) -> Self {
+        http_policy::warn_insecure_http(P::NAME, &self.endpoint);
+        self.insecure_http = true;
         self
     }
 
@@ -252,6 +274,16 @@ impl<P: Provider> HttpTransport<P> {
     /// Makes `call` with the key and reads its answer.
     async fn call(&self, call: Call) -> Result<Answer, SendError> {
         let url = format!("{}{}", self.endpoint, call.path);
+        // A URL that does not parse is left to reqwest, which says so (`<provider>.client`).
+        if let Ok(parsed) = reqwest::Url::parse(&url)
+            && let Some(why) = http_policy::clear_http_refused(&parsed, self.insecure_http)
+        {
+            return Err(SendError::new(
+                crate::Category::Configuration,
+                format!("{}.endpoint", P::NAME),
+                why,
+            ));
+        }
         let mut request = self.client.request(P::NAME, call.method, &url)?;
         request = self.provider.authorize(request, &self.key);
         for (name, value) in call.headers {
@@ -366,6 +398,7 @@ impl<P: Provider> fmt::Debug for HttpTransport<P> {
             .field("endpoint", &self.endpoint)
             .field("timeout", &self.client.timeout())
             .field("concurrency", &self.concurrency)
+            .field("insecure_http", &self.insecure_http)
             .field("key", &self.key)
             .field("provider", &self.provider)
             .finish()
