@@ -18,6 +18,7 @@ use mail_breaker::{Category, LettreTransport, SendError};
 use serde_json::Value;
 use support::aiosmtpd::{self, Aiosmtpd, Mechanisms};
 use support::postgres::PostgresServer;
+use support::raw_smtp::{Answer, RawSmtp};
 use support::redis::RedisServer;
 use support::servers::{free_port, report_skip};
 use support::smtp_sink::SmtpSink;
@@ -593,6 +594,256 @@ fn send_to_a_provider_that_is_down_counts_each_as_failed_and_exits_4() {
         text.contains("2 messages: 0 sent, 0 queued, 0 refused, 2 failed"),
         "{text}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A scripted SMTP server in this process (see `support::raw_smtp`), answering each command
+/// with `answer(name, line)`, and the runtime that serves it while the command runs.
+fn scripted_server(
+    answer: impl Fn(&str, &str) -> Answer + Send + Sync + 'static,
+) -> (tokio::runtime::Runtime, RawSmtp) {
+    let runtime = runtime();
+    let server = runtime.block_on(RawSmtp::start_reading_lines(
+        b"220 raw.test ESMTP\r\n".to_vec(),
+        answer,
+    ));
+    (runtime, server)
+}
+
+/// The addresses of the `RCPT TO` commands `server` read, in order.
+fn recipients_asked(server: &RawSmtp) -> Vec<String> {
+    server
+        .commands()
+        .iter()
+        .filter_map(|line| {
+            let rest = line
+                .get(..8)?
+                .eq_ignore_ascii_case("RCPT TO:")
+                .then(|| &line[8..])?;
+            let address = rest.trim().trim_start_matches('<');
+            Some(address.split('>').next().unwrap_or_default().to_owned())
+        })
+        .collect()
+}
+
+/// The header section of a message's data (up to its first empty line), and its body.
+fn header_and_body(data: &[u8]) -> (String, String) {
+    let text = String::from_utf8_lossy(data).into_owned();
+    match text.split_once("\r\n\r\n") {
+        Some((header, body)) => (header.to_owned(), body.to_owned()),
+        None => (text, String::new()),
+    }
+}
+
+/// Writes `text` as `name` in `dir`; its path as a string.
+fn eml(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("an .eml file");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
+#[test]
+fn send_keeps_blind_copies_in_the_envelope_and_sends_no_bcc_field_in_any_case_or_folding() {
+    let (_runtime, server) = scripted_server(|command, _| Answer::healthy(command));
+    let dir = scratch("cli_send_bcc");
+    let file = eml(
+        &dir,
+        "bcc.eml",
+        "From: app@example.com\r\nTo: seen@example.org\r\nBCC: upper@example.org\r\n\
+         Subject: blind copies\r\nbcc: first@example.org,\r\n second@example.org,\r\n\
+         \tthird@example.org\r\nX-Kept: yes\r\n\r\nBcc: a body line that says Bcc is kept\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}{}", stdout(&output), stderr(&output));
+    let hidden = [
+        "upper@example.org",
+        "first@example.org",
+        "second@example.org",
+        "third@example.org",
+    ];
+    let mut asked = recipients_asked(&server);
+    asked.sort();
+    let mut expected: Vec<String> = hidden.iter().map(|a| (*a).to_owned()).collect();
+    expected.push("seen@example.org".to_owned());
+    expected.sort();
+    assert_eq!(asked, expected, "every blind copy is still a recipient");
+    let data = server.data();
+    assert!(!data.is_empty(), "the message went out");
+    for copy in &data {
+        let (header, body) = header_and_body(copy);
+        assert!(
+            !header.to_ascii_lowercase().contains("bcc"),
+            "a copy that left carries Bcc:\n{header}"
+        );
+        for address in hidden {
+            assert!(
+                !String::from_utf8_lossy(copy).contains(address),
+                "{address} is in the bytes sent:\n{header}"
+            );
+        }
+        assert!(header.contains("X-Kept: yes"), "{header}");
+        assert!(header.contains("To: seen@example.org"), "{header}");
+        assert!(
+            body.starts_with("Bcc: a body line that says Bcc is kept"),
+            "{body}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_of_a_resent_message_goes_to_its_resent_recipients_and_sends_no_resent_bcc_field() {
+    let (_runtime, server) = scripted_server(|command, _| Answer::healthy(command));
+    let dir = scratch("cli_send_resent_bcc");
+    let file = eml(
+        &dir,
+        "resent.eml",
+        "Resent-From: ops@example.com\r\nResent-To: again@example.org\r\n\
+         RESENT-BCC: quiet@example.org,\r\n  hush@example.org\r\n\
+         From: app@example.com\r\nTo: first@example.org\r\nSubject: resent\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}{}", stdout(&output), stderr(&output));
+    let mut asked = recipients_asked(&server);
+    asked.sort();
+    assert_eq!(
+        asked,
+        ["again@example.org", "hush@example.org", "quiet@example.org"],
+        "a resent message goes to its Resent- recipients, blind ones included"
+    );
+    for copy in server.data() {
+        let (header, _) = header_and_body(&copy);
+        let lower = header.to_ascii_lowercase();
+        assert!(!lower.contains("bcc"), "{header}");
+        assert!(
+            !lower.contains("quiet@") && !lower.contains("hush@"),
+            "{header}"
+        );
+        assert!(header.contains("Resent-To: again@example.org"), "{header}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server that accepts every recipient but `refused@` (550) and `later@` (450).
+fn refusing_some_recipients() -> (tokio::runtime::Runtime, RawSmtp) {
+    scripted_server(|command, line| match command {
+        "RCPT" if line.contains("refused@") => {
+            Answer::Say(b"550 5.1.1 No such user here\r\n".to_vec())
+        }
+        "RCPT" if line.contains("later@") => Answer::Say(b"450 4.2.0 Greylisted\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+}
+
+#[test]
+fn send_delivered_to_some_recipients_names_each_refused_one_and_exits_3() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_partly_refused");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, refused@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 3, "{}{}", stdout(&output), stderr(&output));
+    let text = stdout(&output);
+    let row = text
+        .lines()
+        .find(|line| line.contains("refused@example.org"))
+        .unwrap_or_else(|| panic!("a row names the refused recipient: {text}"));
+    assert!(row.contains("refused") && row.contains("smtp.550"), "{row}");
+    assert!(!text.contains("1 sent,"), "not reported as sent: {text}");
+
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 3, "{}", stdout(&output));
+    let lines: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines[0]["outcome"], "partial", "{}", lines[0]);
+    assert_eq!(lines[0]["refused"][0]["recipient"], "refused@example.org");
+    assert_eq!(lines[0]["refused"][0]["code"], "smtp.550");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(
+        (&summary["sent"], &summary["partial"]),
+        (&serde_json::json!(0), &serde_json::json!(1)),
+        "{summary}"
+    );
+    assert_eq!(summary["exit_code"], 3, "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_with_a_recipient_deferred_beside_one_refused_names_both_and_exits_4() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_partly_deferred");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, refused@example.org\r\n\
+         Cc: later@example.org\r\nSubject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(
+        code(&output),
+        4,
+        "a temporary refusal beside a permanent one may still go: {}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    for (address, word, code) in [
+        ("refused@example.org", "refused", "smtp.550"),
+        ("later@example.org", "deferred", "smtp.450"),
+    ] {
+        let row = text
+            .lines()
+            .find(|line| line.contains(address))
+            .unwrap_or_else(|| panic!("a row names {address}: {text}"));
+        assert!(row.contains(word) && row.contains(code), "{row}");
+    }
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(
+        first["refused"][0]["recipient"], "refused@example.org",
+        "{first}"
+    );
+    assert_eq!(code(&output), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_of_a_file_that_cannot_be_read_or_parsed_exits_2() {
+    let dir = scratch("cli_send_bad_file");
+    let dsn = format!("smtp://127.0.0.1:{}", closed_port());
+    let missing = dir.join("missing.eml");
+    let missing = missing.to_str().expect("a UTF-8 path");
+    let no_recipient = eml(
+        &dir,
+        "nobody.eml",
+        "From: app@example.com\r\nSubject: to nobody\r\n\r\nbody\r\n",
+    );
+    for file in [missing, no_recipient.as_str()] {
+        let output = run(&["send", file, "--dsn", &dsn]);
+        assert_eq!(
+            code(&output),
+            2,
+            "{file}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert!(stdout(&output).contains(file), "{}", stdout(&output));
+    }
     let _ = std::fs::remove_dir_all(&dir);
 }
 

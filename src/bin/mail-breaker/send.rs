@@ -1,9 +1,13 @@
-//! `mail-breaker send FILE.eml... | -`: raw messages through the stack, each as it is. The
-//! envelope comes from the headers (`From`; `To`, `Cc` and `Bcc`) unless `--from`/`--to` say
-//! otherwise. A progress bar on more than one message, then a summary (sent, queued,
-//! refused, failed) and a row per failure; with `--json`, one JSON line per message and a
-//! last line with the summary.
+//! `mail-breaker send FILE.eml... | -`: raw messages through the stack. The envelope comes
+//! from the headers (`From`; `To`, `Cc` and `Bcc`, or a resent message's `Resent-To`,
+//! `Resent-Cc` and `Resent-Bcc`) unless `--from`/`--to` say otherwise; the blind copies' fields
+//! never leave (as lettre leaves them out when it formats a message). A progress bar on more
+//! than one message, then a summary (sent, queued, refused, failed, partly sent, invalid) and
+//! a row per recipient that did not get the message; with `--json`, one JSON line per message
+//! and a last line with the summary. The exit code is 0 only when every recipient of every
+//! message was delivered or queued.
 
+use std::borrow::Cow;
 use std::path::PathBuf;
 use std::str::FromStr;
 
@@ -12,7 +16,8 @@ use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use lettre::Address;
 use mail_breaker::{Category, Envelope, Receipt, SendError, Transport};
-use serde_json::json;
+use mail_parser::HeaderName;
+use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::output::Out;
@@ -20,13 +25,16 @@ use crate::stack::Stack;
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// The messages: .eml files (RFC 5322, headers and body), or `-` for one on stdin.
+    /// The messages: .eml files (RFC 5322, headers and body), or `-` for one on stdin. Their
+    /// `Bcc:` and `Resent-Bcc:` fields are taken out before they leave.
     #[arg(required = true, value_name = "FILE.eml")]
     files: Vec<PathBuf>,
-    /// The envelope's sender, instead of the message's `From`.
+    /// The envelope's sender, instead of the message's `From` (a resent message's
+    /// `Resent-Sender` or `Resent-From`).
     #[arg(long, value_name = "ADDR")]
     from: Option<String>,
-    /// The envelope's recipients, instead of the message's `To`, `Cc` and `Bcc` (repeat it).
+    /// The envelope's recipients, instead of the message's `To`, `Cc` and `Bcc` (a resent
+    /// message's `Resent-To`, `Resent-Cc` and `Resent-Bcc`). Repeat it.
     #[arg(long, value_name = "ADDR")]
     to: Vec<String>,
     /// Messages in flight at once.
@@ -37,10 +45,18 @@ pub struct SendArgs {
 /// How one message ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
+    /// Delivered to every recipient.
     Sent,
+    /// Kept in the outbox for every recipient.
     Queued,
+    /// Delivered to some recipients, not to others (refused, deferred, maybe delivered).
+    Partial,
+    /// Refused whole.
     Refused,
+    /// Not sent: the provider down, the credentials refused, …
     Failed,
+    /// The file could not be read, or is not a message the command can send: nothing left.
+    Invalid,
 }
 
 impl Outcome {
@@ -48,16 +64,67 @@ impl Outcome {
         match self {
             Outcome::Sent => "sent",
             Outcome::Queued => "queued",
+            Outcome::Partial => "partial",
             Outcome::Refused => "refused",
             Outcome::Failed => "failed",
+            Outcome::Invalid => "invalid",
         }
     }
 }
 
+/// How a message's recipient did not get it, in the words the table and the JSON use.
+const UNDELIVERED: [&str; 3] = ["refused", "deferred", "maybe delivered"];
+
 struct Answer {
     file: String,
-    outcome: Outcome,
     result: Result<Receipt, SendError>,
+    /// The file could not be read or parsed, so nothing was sent.
+    invalid: bool,
+}
+
+impl Answer {
+    /// The recipients that did not get the message although the provider took it for others:
+    /// how ([`UNDELIVERED`]), who, and why.
+    fn undelivered(&self) -> Vec<(&'static str, &Address, &SendError)> {
+        let Ok(receipt) = &self.result else {
+            return Vec::new();
+        };
+        let lists = [
+            receipt.rejected_recipients(),
+            receipt.deferred_recipients(),
+            receipt.maybe_delivered_recipients(),
+        ];
+        UNDELIVERED
+            .into_iter()
+            .zip(lists)
+            .flat_map(|(how, list)| list.iter().map(move |(to, why)| (how, to, why)))
+            .collect()
+    }
+
+    fn outcome(&self) -> Outcome {
+        match &self.result {
+            Err(_) if self.invalid => Outcome::Invalid,
+            Err(error) if Exit::of(error) == Exit::Refused => Outcome::Refused,
+            Err(_) => Outcome::Failed,
+            Ok(receipt) if receipt.is_queued() => Outcome::Queued,
+            Ok(_) if !self.undelivered().is_empty() => Outcome::Partial,
+            Ok(_) => Outcome::Sent,
+        }
+    }
+
+    /// Its exit code: 0 only when every recipient got it or it was queued; for a partial
+    /// delivery, the decisive code of its recipients' errors.
+    fn code(&self) -> Exit {
+        match &self.result {
+            Err(_) if self.invalid => Exit::Usage,
+            Err(error) => Exit::of(error),
+            Ok(_) => Exit::combined(
+                self.undelivered()
+                    .into_iter()
+                    .map(|(_, _, why)| Exit::of(why)),
+            ),
+        }
+    }
 }
 
 pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failure> {
@@ -92,24 +159,24 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
             let from = from.clone();
             let to = to.clone();
             async move {
-                let name = file.display().to_string();
-                let result = match read(file).await {
-                    Ok(raw) => match envelope(&raw, from, to) {
-                        Ok(envelope) => mailer.send_raw(&envelope, &raw).await,
-                        Err(error) => Err(error),
-                    },
+                let file_name = file.display().to_string();
+                let prepared = match read(file).await {
+                    Ok(raw) => envelope(&raw, from, to).map(|envelope| (raw, envelope)),
                     Err(error) => Err(error),
                 };
-                let outcome = match &result {
-                    Ok(receipt) if receipt.is_queued() => Outcome::Queued,
-                    Ok(_) => Outcome::Sent,
-                    Err(error) if Exit::of(error) == Exit::Refused => Outcome::Refused,
-                    Err(_) => Outcome::Failed,
-                };
-                Answer {
-                    file: name,
-                    outcome,
-                    result,
+                match prepared {
+                    Ok((raw, envelope)) => Answer {
+                        file: file_name,
+                        result: mailer
+                            .send_raw(&envelope, &without_blind_copies(&raw))
+                            .await,
+                        invalid: false,
+                    },
+                    Err(error) => Answer {
+                        file: file_name,
+                        result: Err(error),
+                        invalid: true,
+                    },
                 }
             }
         })
@@ -125,17 +192,16 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
     }
     bar.finish_and_clear();
 
-    let count = |outcome| answers.iter().filter(|a| a.outcome == outcome).count();
-    let (sent, queued, refused, failed) = (
+    let count = |outcome| answers.iter().filter(|a| a.outcome() == outcome).count();
+    let (sent, queued, refused, failed, partial, invalid) = (
         count(Outcome::Sent),
         count(Outcome::Queued),
         count(Outcome::Refused),
         count(Outcome::Failed),
+        count(Outcome::Partial),
+        count(Outcome::Invalid),
     );
-    let code = Exit::combined(answers.iter().map(|answer| match &answer.result {
-        Ok(_) => Exit::Ok,
-        Err(error) => Exit::of(error),
-    }));
+    let code = Exit::combined(answers.iter().map(Answer::code));
     if out.json {
         out.json(&json!({
             "type": "summary",
@@ -144,66 +210,115 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
             "queued": queued,
             "refused": refused,
             "failed": failed,
+            "partial": partial,
+            "invalid": invalid,
             "exit_code": code as u8,
         }));
         return Ok(code);
     }
     if total == 1
-        && let Some(Answer {
-            result: Ok(receipt),
-            ..
-        }) = answers.first()
+        && let Some(
+            answer @ Answer {
+                result: Ok(receipt),
+                ..
+            },
+        ) = answers.first()
     {
-        out.line(&match receipt.is_queued() {
-            true => format!(
-                "queued in the outbox as {}",
-                receipt.message_id().unwrap_or("?")
-            ),
-            false => format!(
-                "sent by {} as {}",
-                receipt.transport(),
-                receipt.message_id().unwrap_or("?")
-            ),
-        });
+        out.line(&where_it_went(receipt, answer.undelivered().len()));
     }
     out.line(&format!(
-        "{total} message{}: {sent} sent, {queued} queued, {refused} refused, {failed} failed",
+        "{total} message{}: {sent} sent, {queued} queued, {refused} refused, {failed} failed, \
+         {partial} partly sent, {invalid} invalid",
         if total == 1 { "" } else { "s" }
     ));
-    let failures: Vec<Vec<String>> = answers
-        .iter()
-        .filter_map(|answer| {
-            let error = answer.result.as_ref().err()?;
-            Some(vec![
-                answer.file.clone(),
-                answer.outcome.word().to_owned(),
-                error.code().to_owned(),
-                error.to_string(),
-            ])
-        })
-        .collect();
-    if !failures.is_empty() {
+    let rows = failure_rows(&answers);
+    if !rows.is_empty() {
         out.line("");
-        out.table(&["file", "outcome", "code", "error"], failures);
+        out.table(&["file", "recipient", "outcome", "code", "error"], rows);
     }
     Ok(code)
 }
 
-fn line(answer: &Answer) -> serde_json::Value {
+/// Where a lone message went: its provider and id, and how many of its recipients got it
+/// when some did not.
+fn where_it_went(receipt: &Receipt, undelivered: usize) -> String {
+    let id = receipt.message_id().unwrap_or("?");
+    if receipt.is_queued() {
+        return format!("queued in the outbox as {id}");
+    }
+    let mut text = format!("sent by {} as {id}", receipt.transport());
+    if undelivered > 0 {
+        text.push_str(&format!(
+            ", not to {undelivered} recipient{}",
+            if undelivered == 1 { "" } else { "s" }
+        ));
+    }
+    text
+}
+
+/// A row per message that failed whole (its recipient `all`) and per recipient that did not
+/// get a message the provider took for others.
+fn failure_rows(answers: &[Answer]) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for answer in answers {
+        let outcome = answer.outcome();
+        if let Err(error) = &answer.result {
+            rows.push(vec![
+                answer.file.clone(),
+                "all".to_owned(),
+                outcome.word().to_owned(),
+                error.code().to_owned(),
+                error.to_string(),
+            ]);
+        }
+        for (how, to, why) in answer.undelivered() {
+            rows.push(vec![
+                answer.file.clone(),
+                to.to_string(),
+                how.to_owned(),
+                why.code().to_owned(),
+                why.to_string(),
+            ]);
+        }
+    }
+    rows
+}
+
+fn line(answer: &Answer) -> Value {
     match &answer.result {
-        Ok(receipt) => json!({
-            "type": "message",
-            "file": answer.file,
-            "outcome": answer.outcome.word(),
-            "transport": receipt.transport(),
-            "message_id": receipt.message_id(),
-            "response": receipt.response(),
-            "attempts": receipt.attempts(),
-        }),
+        Ok(receipt) => {
+            let undelivered = answer.undelivered();
+            let list = |wanted: &str| {
+                undelivered
+                    .iter()
+                    .filter(|(how, _, _)| *how == wanted)
+                    .map(|(_, to, why)| {
+                        json!({
+                            "recipient": to.to_string(),
+                            "code": why.code(),
+                            "category": why.category().as_str(),
+                            "error": why.to_string(),
+                        })
+                    })
+                    .collect::<Vec<Value>>()
+            };
+            json!({
+                "type": "message",
+                "file": answer.file,
+                "outcome": answer.outcome().word(),
+                "transport": receipt.transport(),
+                "message_id": receipt.message_id(),
+                "response": receipt.response(),
+                "attempts": receipt.attempts(),
+                "refused": list(UNDELIVERED[0]),
+                "deferred": list(UNDELIVERED[1]),
+                "maybe_delivered": list(UNDELIVERED[2]),
+            })
+        }
         Err(error) => json!({
             "type": "message",
             "file": answer.file,
-            "outcome": answer.outcome.word(),
+            "outcome": answer.outcome().word(),
             "transport": error.transport(),
             "code": error.code(),
             "category": error.category().as_str(),
@@ -243,41 +358,102 @@ fn address(flag: &str, text: &str) -> Result<Address, Failure> {
         .map_err(|error| Failure::usage(format!("{flag} {text:?} is not an address: {error}")))
 }
 
+/// `raw` as it leaves: without its `Bcc:` and `Resent-Bcc:` fields (any case, each with the
+/// lines folded into it), as lettre leaves `Bcc` out when it formats a message; the blind
+/// copies are in the envelope only. The body is left as it is.
+fn without_blind_copies(raw: &[u8]) -> Cow<'_, [u8]> {
+    let mut kept = Vec::with_capacity(raw.len());
+    let mut dropping = false;
+    let mut dropped_any = false;
+    let mut in_header = true;
+    for line in raw.split_inclusive(|byte| *byte == b'\n') {
+        if in_header {
+            if line == b"\n" || line == b"\r\n" {
+                in_header = false;
+                dropping = false;
+            } else if line.starts_with(b" ") || line.starts_with(b"\t") {
+                // A folded line continues the field before it.
+            } else {
+                dropping = is_blind_copy_field(line);
+            }
+        }
+        if dropping {
+            dropped_any = true;
+        } else {
+            kept.extend_from_slice(line);
+        }
+    }
+    if dropped_any {
+        Cow::Owned(kept)
+    } else {
+        Cow::Borrowed(raw)
+    }
+}
+
+/// Whether a field's first line is a `Bcc:` or `Resent-Bcc:` (RFC 5322's obsolete syntax
+/// allows white space before the colon).
+fn is_blind_copy_field(line: &[u8]) -> bool {
+    let Some(colon) = line.iter().position(|byte| *byte == b':') else {
+        return false;
+    };
+    let name = line[..colon].trim_ascii_end();
+    name.eq_ignore_ascii_case(b"bcc") || name.eq_ignore_ascii_case(b"resent-bcc")
+}
+
 /// The envelope of a raw message: `from` or its `From` (else `Sender`), and `to` or its
-/// `To`, `Cc` and `Bcc`.
+/// `To`, `Cc` and `Bcc`, every such field counted. A resent message (one with `Resent-To`,
+/// `Resent-Cc` or `Resent-Bcc`) goes to those instead, from its `Resent-Sender` or
+/// `Resent-From` where it has one, as sendmail and Postfix read it.
 fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envelope, SendError> {
     let bad = |why: String| SendError::new(Category::InvalidMessage, "cli.bad_message", why);
     let parsed = mail_parser::MessageParser::default()
         .parse(raw)
         .ok_or_else(|| bad("not a message: no header could be read".to_owned()))?;
-    let addresses = |list: Option<&mail_parser::Address<'_>>| -> Vec<String> {
-        list.map(|list| {
-            list.iter()
-                .filter_map(|addr| addr.address().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
+    let addresses = |names: &[HeaderName<'static>]| -> Vec<String> {
+        names
+            .iter()
+            .flat_map(|name| parsed.header_values(name.clone()))
+            .filter_map(|value| value.as_address())
+            .flat_map(|list| list.iter())
+            .filter_map(|addr| addr.address().map(str::to_owned))
+            .collect()
     };
+    let resent_to = addresses(&[
+        HeaderName::ResentTo,
+        HeaderName::ResentCc,
+        HeaderName::ResentBcc,
+    ]);
+    let resent = !resent_to.is_empty();
     let from = match from {
         Some(from) => Some(from),
-        None => addresses(parsed.from())
-            .into_iter()
-            .chain(addresses(parsed.sender()))
-            .next()
-            .map(|text| Address::from_str(&text).map_err(|e| bad(format!("From {text:?}: {e}"))))
-            .transpose()?,
+        None => {
+            let mut senders = Vec::new();
+            if resent {
+                senders = addresses(&[HeaderName::ResentSender, HeaderName::ResentFrom]);
+            }
+            senders.extend(addresses(&[HeaderName::From, HeaderName::Sender]));
+            senders
+                .into_iter()
+                .next()
+                .map(|text| {
+                    Address::from_str(&text).map_err(|e| bad(format!("sender {text:?}: {e}")))
+                })
+                .transpose()?
+        }
     };
-    let to = if to.is_empty() {
-        let mut all = addresses(parsed.to());
-        all.extend(addresses(parsed.cc()));
-        all.extend(addresses(parsed.bcc()));
+    let to = if !to.is_empty() {
+        to
+    } else {
+        let all = if resent {
+            resent_to
+        } else {
+            addresses(&[HeaderName::To, HeaderName::Cc, HeaderName::Bcc])
+        };
         all.iter()
             .map(|text| {
                 Address::from_str(text).map_err(|e| bad(format!("recipient {text:?}: {e}")))
             })
             .collect::<Result<Vec<_>, _>>()?
-    } else {
-        to
     };
     if to.is_empty() {
         return Err(bad(
@@ -291,7 +467,10 @@ fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envel
 mod tests {
     use mail_breaker::{Category, Receipt, SendError};
 
-    use super::{Answer, Outcome, address, envelope, is_stdin, line, shows_a_bar};
+    use super::{
+        Answer, Outcome, address, envelope, failure_rows, is_stdin, line, shows_a_bar,
+        where_it_went, without_blind_copies,
+    };
     use crate::exit::Exit;
 
     const RAW: &[u8] = b"From: App <app@example.com>\r\nTo: a@example.org\r\n\
@@ -306,11 +485,16 @@ mod tests {
         let words = [
             Outcome::Sent,
             Outcome::Queued,
+            Outcome::Partial,
             Outcome::Refused,
             Outcome::Failed,
+            Outcome::Invalid,
         ]
         .map(Outcome::word);
-        assert_eq!(words, ["sent", "queued", "refused", "failed"]);
+        assert_eq!(
+            words,
+            ["sent", "queued", "partial", "refused", "failed", "invalid"]
+        );
     }
 
     #[test]
@@ -380,8 +564,8 @@ mod tests {
     fn each_messages_json_line_says_how_it_ended_and_through_what() {
         let sent = line(&Answer {
             file: "a.eml".to_owned(),
-            outcome: Outcome::Sent,
             result: Ok(Receipt::new("smtp://relay:587")),
+            invalid: false,
         });
         assert_eq!(sent["type"], "message");
         assert_eq!(sent["file"], "a.eml");
@@ -389,7 +573,7 @@ mod tests {
         assert_eq!(sent["transport"], "smtp://relay:587");
         let refused = line(&Answer {
             file: "b.eml".to_owned(),
-            outcome: Outcome::Refused,
+            invalid: false,
             result: Err(SendError::new(
                 Category::Rejected,
                 "smtp.550",
@@ -399,5 +583,214 @@ mod tests {
         assert_eq!(refused["outcome"], "refused");
         assert_eq!(refused["code"], "smtp.550");
         assert_eq!(refused["category"], "rejected");
+    }
+    fn error(category: Category, code: &str) -> SendError {
+        SendError::new(category, code, "test")
+    }
+
+    fn to(text: &str) -> lettre::Address {
+        address("--to", text).unwrap()
+    }
+
+    fn sent(receipt: Receipt) -> Answer {
+        Answer {
+            file: "m.eml".to_owned(),
+            result: Ok(receipt),
+            invalid: false,
+        }
+    }
+
+    #[test]
+    fn a_message_delivered_to_some_recipients_names_each_other_one_with_how_it_did_not_go() {
+        let receipt = Receipt::new("smtp://relay:25")
+            .with_rejected_recipient(
+                to("gone@example.org"),
+                error(Category::Rejected, "smtp.550"),
+            )
+            .with_deferred_recipient(
+                to("later@example.org"),
+                error(Category::ServerError, "smtp.450"),
+            )
+            .with_maybe_delivered_recipient(
+                to("lost@example.org"),
+                error(Category::Timeout, "smtp.timeout"),
+            );
+        let answer = sent(receipt);
+        assert_eq!(answer.outcome(), Outcome::Partial);
+        assert_eq!(answer.code(), Exit::Down, "what may still go decides");
+        let rows = failure_rows(std::slice::from_ref(&answer));
+        let named: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|row| (row[1].as_str(), row[2].as_str(), row[3].as_str()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("gone@example.org", "refused", "smtp.550"),
+                ("later@example.org", "deferred", "smtp.450"),
+                ("lost@example.org", "maybe delivered", "smtp.timeout"),
+            ]
+        );
+        let json = line(&answer);
+        assert_eq!(json["outcome"], "partial");
+        assert_eq!(json["refused"][0]["recipient"], "gone@example.org");
+        assert_eq!(json["deferred"][0]["code"], "smtp.450");
+        assert_eq!(json["maybe_delivered"][0]["recipient"], "lost@example.org");
+        assert_eq!(json["maybe_delivered"][0]["category"], "timeout");
+    }
+
+    #[test]
+    fn a_message_every_recipient_got_or_that_was_queued_exits_0() {
+        let delivered = sent(Receipt::new("smtp://relay:25"));
+        assert_eq!(
+            (delivered.outcome(), delivered.code()),
+            (Outcome::Sent, Exit::Ok)
+        );
+        assert!(failure_rows(&[delivered]).is_empty());
+        let queued = sent(Receipt::new("outbox").queued());
+        assert_eq!(
+            (queued.outcome(), queued.code()),
+            (Outcome::Queued, Exit::Ok)
+        );
+    }
+
+    #[test]
+    fn a_message_with_only_a_refused_recipient_beside_delivered_ones_exits_3() {
+        let answer = sent(Receipt::new("smtp://relay:25").with_rejected_recipient(
+            to("gone@example.org"),
+            error(Category::Rejected, "smtp.550"),
+        ));
+        assert_eq!(
+            (answer.outcome(), answer.code()),
+            (Outcome::Partial, Exit::Refused)
+        );
+    }
+
+    #[test]
+    fn a_file_that_could_not_be_read_or_parsed_is_invalid_and_exits_2() {
+        let answer = Answer {
+            file: "gone.eml".to_owned(),
+            result: Err(error(Category::InvalidMessage, "cli.unreadable")),
+            invalid: true,
+        };
+        assert_eq!(
+            (answer.outcome(), answer.code()),
+            (Outcome::Invalid, Exit::Usage)
+        );
+        let refused_by_the_provider = Answer {
+            invalid: false,
+            ..answer
+        };
+        assert_eq!(refused_by_the_provider.code(), Exit::Refused);
+        assert_eq!(refused_by_the_provider.outcome(), Outcome::Refused);
+        let down = Answer {
+            file: "m.eml".to_owned(),
+            result: Err(error(Category::Network, "smtp.network")),
+            invalid: false,
+        };
+        assert_eq!((down.outcome(), down.code()), (Outcome::Failed, Exit::Down));
+        let rows = failure_rows(&[down]);
+        assert_eq!(rows[0][..4], ["m.eml", "all", "failed", "smtp.network"]);
+    }
+
+    #[test]
+    fn a_lone_message_says_where_it_went_and_to_how_many_it_did_not() {
+        let receipt = Receipt::new("smtp://relay:25").with_message_id("Q1");
+        assert_eq!(where_it_went(&receipt, 0), "sent by smtp://relay:25 as Q1");
+        assert_eq!(
+            where_it_went(&receipt, 1),
+            "sent by smtp://relay:25 as Q1, not to 1 recipient"
+        );
+        assert_eq!(
+            where_it_went(&receipt, 2),
+            "sent by smtp://relay:25 as Q1, not to 2 recipients"
+        );
+        let queued = Receipt::new("outbox").with_message_id("7").queued();
+        assert_eq!(where_it_went(&queued, 0), "queued in the outbox as 7");
+    }
+
+    #[test]
+    fn no_blind_copy_field_leaves_in_any_case_or_folding_and_the_rest_is_kept_byte_for_byte() {
+        let raw = b"From: a@example.com\r\nBCC: x@example.org\r\nTo: b@example.org\r\n\
+            bcc : y@example.org,\r\n z@example.org\r\n\tw@example.org\r\nResent-bcc: v@example.org\r\n\
+            X-Bcc-Note: kept\r\nSubject: hi\r\n\r\nBcc: body\r\n \tfolded-looking body\r\n";
+        let kept = without_blind_copies(raw);
+        assert_eq!(
+            String::from_utf8_lossy(&kept),
+            "From: a@example.com\r\nTo: b@example.org\r\nX-Bcc-Note: kept\r\nSubject: hi\r\n\
+             \r\nBcc: body\r\n \tfolded-looking body\r\n"
+        );
+    }
+
+    #[test]
+    fn a_message_with_bare_line_feeds_loses_its_blind_copies_too() {
+        let raw = b"To: b@example.org\nBcc: x@example.org,\n  y@example.org\nSubject: hi\n\nbody\n";
+        assert_eq!(
+            &*without_blind_copies(raw),
+            b"To: b@example.org\nSubject: hi\n\nbody\n"
+        );
+    }
+
+    #[test]
+    fn a_message_without_blind_copies_is_sent_as_it_is() {
+        let raw = b"To: b@example.org\r\nSubject: hi\r\n\r\nbody";
+        assert!(matches!(
+            without_blind_copies(raw),
+            std::borrow::Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn every_to_cc_and_bcc_field_is_in_the_envelope_not_only_the_first() {
+        let raw = b"From: a@example.com\r\nTo: t1@example.org\r\nTo: t2@example.org\r\n\
+            Cc: c1@example.org\r\nBcc: b1@example.org\r\nBCC: b2@example.org\r\n\r\nbody";
+        let envelope = envelope(raw, None, Vec::new()).unwrap();
+        let mut all = addresses(&envelope);
+        all.sort();
+        assert_eq!(
+            all,
+            [
+                "b1@example.org",
+                "b2@example.org",
+                "c1@example.org",
+                "t1@example.org",
+                "t2@example.org"
+            ]
+        );
+    }
+
+    #[test]
+    fn a_resent_message_goes_from_and_to_its_resent_fields() {
+        let raw = b"Resent-From: ops@example.com\r\nResent-To: again@example.org\r\n\
+            Resent-Cc: also@example.org\r\nResent-Bcc: quiet@example.org\r\n\
+            From: app@example.com\r\nTo: first@example.org\r\n\r\nbody";
+        let resent = envelope(raw, None, Vec::new()).unwrap();
+        assert_eq!(
+            resent.from().map(ToString::to_string).as_deref(),
+            Some("ops@example.com")
+        );
+        assert_eq!(
+            addresses(&resent),
+            ["again@example.org", "also@example.org", "quiet@example.org"]
+        );
+        let sender = b"Resent-Sender: desk@example.com\r\nResent-From: ops@example.com\r\n\
+            Resent-To: again@example.org\r\nFrom: app@example.com\r\n\r\nbody";
+        let by_its_sender = envelope(sender, None, Vec::new()).unwrap();
+        assert_eq!(
+            by_its_sender.from().map(ToString::to_string).as_deref(),
+            Some("desk@example.com")
+        );
+    }
+
+    #[test]
+    fn resent_fields_without_a_resent_recipient_leave_the_original_envelope() {
+        let raw = b"Resent-From: ops@example.com\r\nFrom: app@example.com\r\n\
+            To: first@example.org\r\n\r\nbody";
+        let envelope = envelope(raw, None, Vec::new()).unwrap();
+        assert_eq!(
+            envelope.from().map(ToString::to_string).as_deref(),
+            Some("app@example.com")
+        );
+        assert_eq!(addresses(&envelope), ["first@example.org"]);
     }
 }
