@@ -1243,6 +1243,151 @@ fn outbox_commands_without_an_outbox_exit_2_and_say_how_to_add_one() {
 }
 
 // ---------------------------------------------------------------------------------------
+// text from outside (messages, databases, servers) reaches no terminal raw
+
+/// Text that takes over a terminal: OSC 52 (writes the clipboard) ended by BEL, a CSI that
+/// clears the screen, the C1 CSI (U+009B), a right-to-left override, a bidi isolate and DEL.
+const HOSTILE: &str = "\u{1b}]52;c;aGVsbG8=\u{7}\u{1b}[2J\u{9b}31m\u{202e}fdp.exe\u{2066}\u{7f}end";
+
+/// Whether a terminal acts on `c`: C0 (but the line feed the output is made of), DEL, C1,
+/// and the bidirectional controls.
+fn acts_on_a_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n')
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// Checks that `output` printed no control character raw, and that it showed the hostile
+/// text escaped (so it was not dropped either).
+fn assert_shown_escaped(output: &Output, what: &str) {
+    for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        let raw: Vec<char> = text.chars().filter(|c| acts_on_a_terminal(*c)).collect();
+        assert!(
+            raw.is_empty(),
+            "{what} printed {raw:?} raw on {stream}: {text:?}"
+        );
+    }
+    let all = format!("{}{}", stdout(output), stderr(output));
+    assert!(
+        all.contains(r"\u{1b}]52;c;aGVsbG8=\u{7}") && all.contains(r"\u{202e}fdp.exe"),
+        "{what} shows the text, escaped: {all}"
+    );
+}
+
+/// An SQLite outbox in `dir` holding one dead letter whose subject decodes to [`HOSTILE`],
+/// with a header holding it raw and a last error (a server's reply) holding it too.
+fn outbox_with_a_hostile_dead_letter(dir: &Path) -> i64 {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(HOSTILE);
+    let raw = format!(
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: =?UTF-8?B?{encoded}?=\r\n\
+         X-Raw: {HOSTILE}\r\n\r\nbody\r\n"
+    );
+    read_outbox(dir, async |outbox| {
+        let envelope = mail_breaker::Envelope::new(
+            Some("app@example.com".parse().expect("an address")),
+            vec!["user@example.org".parse().expect("an address")],
+        )
+        .expect("an envelope");
+        let id = outbox
+            .enqueue_raw(&envelope, raw.as_bytes())
+            .await
+            .expect("queued");
+        let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+            SendError::new(Category::Rejected, "smtp.550", format!("5.1.1 {HOSTILE}"))
+        });
+        outbox.worker(refusing).drain().await.expect("drained");
+        i64::from(id)
+    })
+}
+
+#[test]
+fn outbox_dead_and_show_print_a_hostile_subject_header_and_error_escaped() {
+    let dir = scratch("cli_hostile_dead_letter");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    for args in [
+        &["outbox", "dead", "--dsn", &dsn][..],
+        &["outbox", "show", &id, "--dsn", &dsn][..],
+    ] {
+        let output = run(args);
+        assert_eq!(code(&output), 0, "{args:?}: {}", stderr(&output));
+        assert_shown_escaped(&output, &format!("{args:?}"));
+    }
+    let table = stdout(&run(&["outbox", "show", &id, "--dsn", &dsn]));
+    assert!(
+        table
+            .lines()
+            .any(|line| line.trim_start().starts_with("subject") && line.contains(r"\u{9b}31m")),
+        "show names the decoded subject, escaped: {table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_json_escapes_every_control_and_keeps_the_text_whole_for_scripts() {
+    let dir = scratch("cli_hostile_dead_letter_json");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let dead = run(&["outbox", "dead", "--json", "--dsn", &dsn]);
+    let shown = run(&["outbox", "show", &id, "--json", "--dsn", &dsn]);
+    for (output, what) in [(&dead, "dead --json"), (&shown, "show --json")] {
+        let text = stdout(output);
+        let raw: Vec<char> = text.chars().filter(|c| acts_on_a_terminal(*c)).collect();
+        assert!(raw.is_empty(), "{what} printed {raw:?} raw: {text:?}");
+    }
+    assert_eq!(json(&dead)["dead"][0]["subject"], HOSTILE);
+    assert_eq!(json(&shown)["subject"], HOSTILE);
+    assert_eq!(json(&shown)["error"]["message"], format!("5.1.1 {HOSTILE}"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server that refuses every recipient with a reply holding [`HOSTILE`].
+fn hostile_server() -> (tokio::runtime::Runtime, RawSmtp) {
+    scripted_server(|command, _| match command {
+        "RCPT" => Answer::Say(format!("550 5.1.1 {HOSTILE}\r\n").into_bytes()),
+        other => Answer::healthy(other),
+    })
+}
+
+#[test]
+fn send_and_test_print_a_hostile_server_reply_escaped() {
+    let (_runtime, server) = hostile_server();
+    let dir = scratch("cli_hostile_reply");
+    let file = eml(
+        &dir,
+        "one.eml",
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: hi\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    for args in [
+        &["send", &file, "--dsn", &dsn][..],
+        &["test", "--to", "user@example.org", "--dsn", &dsn][..],
+        &["test", "--to", "user@example.org", "--dsn", &dsn, "-vv"][..],
+    ] {
+        let output = run(args);
+        assert_eq!(
+            code(&output),
+            3,
+            "{args:?}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert_shown_escaped(&output, &format!("{args:?}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
 // secrets, help, completions, the build
 
 #[test]

@@ -1,5 +1,6 @@
 //! What the crate logs while a command runs: recorded for `test`'s trace and for `breakers`
-//! (a store that did not answer), and with `--verbose` written to stderr, secrets as `***`.
+//! (a store that did not answer), and with `--verbose` written to stderr, secrets as `***`
+//! and controls escaped.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -140,12 +141,23 @@ impl Write for Redacting {
     }
 }
 
+impl Redacting {
+    /// The line as it is written: secrets hidden, then every control escaped but the line
+    /// feed that ends it (a server's reply in a field is text from outside).
+    fn shown(&self) -> String {
+        let text = String::from_utf8_lossy(&self.buffer);
+        let text = self.secrets.redact(&text);
+        let (line, end) = match text.strip_suffix('\n') {
+            Some(line) => (line, "\n"),
+            None => (&*text, ""),
+        };
+        format!("{}{end}", crate::output::for_terminal(line))
+    }
+}
+
 impl Drop for Redacting {
     fn drop(&mut self) {
-        let text = String::from_utf8_lossy(&self.buffer);
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(self.secrets.redact(&text).as_bytes());
+        let _ = std::io::stderr().lock().write_all(self.shown().as_bytes());
     }
 }
 
