@@ -1440,6 +1440,120 @@ fn no_printed_byte_holds_the_dsns_password_or_api_key() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// Passwords with the characters a URL's user part takes as they are but that end a word
+/// elsewhere (`,` `'` `)` `(` `;` `!` `*` `=` `&` `$` `+`), and with those it takes only
+/// percent-encoded (space, `"`, `@`, `/`, `%`, `\`, UTF-8).
+const HARD_PASSWORDS: [&str; 4] = [
+    "pa,ss'wo)rd",
+    "(se;cr!t*=&$+)",
+    "a b\"c@d/e%f\\g",
+    "mötley-crüe ✓ \u{202e}x",
+];
+
+/// `password` in a URL's user part: what RFC 3986 allows there kept, the rest percent-encoded.
+fn in_userinfo(password: &str) -> String {
+    let mut encoded = String::new();
+    for byte in password.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Every form of `password` that must not be printed: as it is, percent-encoded as in the
+/// DSN, percent-encoded whole, and as JSON writes it.
+fn forms_of(password: &str) -> Vec<String> {
+    let whole: String = password.bytes().map(|b| format!("%{b:02X}")).collect();
+    let json = serde_json::to_string(password).expect("a JSON string");
+    vec![
+        password.to_owned(),
+        in_userinfo(password),
+        whole,
+        json.trim_matches('"').to_owned(),
+    ]
+}
+
+/// Each way the command's arguments can be wrong, with `dsn` in them.
+fn wrong_arguments(dsn: &str) -> Vec<Vec<String>> {
+    let dsn_equals = format!("--dsn={dsn}");
+    let dns_equals = format!("--dns={dsn}");
+    let shapes: Vec<Vec<&str>> = vec![
+        vec!["check", "--dsn", dsn, "--no-such-option"],
+        vec!["check", dsn],
+        vec![dsn],
+        vec![&dsn_equals, "chek"],
+        vec!["--dns", dsn, "check"],
+        vec![&dns_equals, "check"],
+        vec!["send", "--concurrency", dsn, "x.eml"],
+        vec!["check", "--dsn", dsn, "--config", "x.toml"],
+        vec!["check", "--dsn", dsn, "--dsn", dsn],
+        vec!["outbox", "show", dsn, "--dsn", dsn],
+        vec!["completions", dsn],
+        vec!["--dsn", dsn],
+        vec!["test", "--dsn", dsn],
+        vec!["test", "--to", dsn, "--dsn", dsn],
+        vec!["send", "--to", dsn, "x.eml", "--dsn", "smtp://127.0.0.1:1"],
+        vec![
+            "send",
+            "--from",
+            dsn,
+            "x.eml",
+            "--dsn",
+            "smtp://127.0.0.1:1",
+        ],
+        vec!["--config", dsn, "check"],
+        vec!["check", "--json", "--config", dsn],
+    ];
+    shapes
+        .into_iter()
+        .map(|shape| shape.into_iter().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn no_wrong_argument_prints_a_password_with_commas_quotes_parentheses_or_utf8_in_any_form() {
+    for password in HARD_PASSWORDS {
+        let dsn = format!("smtp://mailer:{}@127.0.0.1:1", in_userinfo(password));
+        for args in wrong_arguments(&dsn) {
+            let output = mail_breaker()
+                .args(&args)
+                .timeout(Duration::from_secs(60))
+                .output()
+                .expect("runs");
+            assert_ne!(code(&output), 0, "{args:?}");
+            let printed = format!("{}{}", stdout(&output), stderr(&output));
+            for form in forms_of(password) {
+                assert!(
+                    !printed.contains(&form),
+                    "{args:?} printed {form:?}: {printed}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error_that_prints_no_password() {
+    use std::os::unix::ffi::OsStrExt;
+    let password = HARD_PASSWORDS[0];
+    let dsn = format!("smtp://mailer:{}@127.0.0.1:1", in_userinfo(password));
+    let output = mail_breaker()
+        .arg("check")
+        .arg(std::ffi::OsStr::from_bytes(b"--dsn=\xff"))
+        .arg(&dsn)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    let printed = format!("{}{}", stdout(&output), stderr(&output));
+    for form in forms_of(password) {
+        assert!(!printed.contains(&form), "printed {form:?}: {printed}");
+    }
+}
+
 #[test]
 fn the_help_of_every_command_exits_0_and_the_top_one_lists_the_exit_codes() {
     let commands: [&[&str]; 16] = [

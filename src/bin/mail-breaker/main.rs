@@ -19,6 +19,7 @@ mod stack;
 mod test_message;
 mod trace;
 
+use std::ffi::OsString;
 use std::path::PathBuf;
 use std::process::ExitCode;
 use std::sync::Arc;
@@ -95,34 +96,61 @@ enum Command {
 }
 
 fn main() -> ExitCode {
-    let args: Vec<String> = std::env::args().collect();
-    let cli = match Cli::try_parse_from(&args) {
+    // `args_os`: an argument that is not UTF-8 is clap's usage error, not a panic.
+    let args: Vec<OsString> = std::env::args_os().collect();
+    // Every argument may hold a secret (a DSN given where clap or the command quotes it).
+    let argv = Secrets::from_texts(texts(&args).iter().map(String::as_str));
+    let cli = match parse(&args, &argv) {
         Ok(cli) => cli,
-        Err(error) => {
-            // clap's message may quote an argument; a DSN given there may hold a password.
-            let secrets = Secrets::from_texts(args.iter().map(String::as_str));
-            let text = error.render().to_string();
-            let shown = secrets.redact(&text);
-            if error.use_stderr() {
-                eprint!("{shown}");
+        Err(refusal) => {
+            if refusal.on_stderr {
+                eprint!("{}", refusal.text);
             } else {
-                print!("{shown}");
+                print!("{}", refusal.text);
             }
-            return ExitCode::from(u8::try_from(error.exit_code()).unwrap_or(2));
+            return ExitCode::from(refusal.code);
         }
     };
-    let code = run(cli);
+    let code = run(cli, argv);
     ExitCode::from(code as u8)
 }
 
-fn run(cli: Cli) -> Exit {
+/// The arguments as text, for finding their secrets (a byte that is not UTF-8 as U+FFFD).
+fn texts(args: &[OsString]) -> Vec<String> {
+    args.iter()
+        .map(|arg| arg.to_string_lossy().into_owned())
+        .collect()
+}
+
+/// What clap answers to arguments it refuses (or to `--help`): its text, secrets hidden and
+/// controls escaped, where it goes, and the exit code.
+struct Refusal {
+    text: String,
+    on_stderr: bool,
+    code: u8,
+}
+
+fn parse(args: &[OsString], secrets: &Secrets) -> Result<Cli, Refusal> {
+    Cli::try_parse_from(args).map_err(|error| {
+        // clap's message may quote an argument; a DSN given there may hold a password.
+        let rendered = error.render().to_string();
+        let text = output::lines_for_terminal(&secrets.redact(&rendered));
+        Refusal {
+            text,
+            on_stderr: error.use_stderr(),
+            code: u8::try_from(error.exit_code()).unwrap_or(2),
+        }
+    })
+}
+
+fn run(cli: Cli, argv: Secrets) -> Exit {
     if let Command::Completions(args) = &cli.command {
         return completions::print(args);
     }
     let source = stack::Source::from_args(cli.dsn.clone(), cli.config.clone());
     let secrets = Arc::new(match &source {
-        Ok(source) => Secrets::from_source(source),
-        Err(_) => Secrets::default(),
+        Ok(source) => argv.with(&Secrets::from_source(source)),
+        Err(_) => argv,
     });
     let out = Out::new(cli.json, Arc::clone(&secrets));
     let recorder = trace::init(cli.verbose, Arc::clone(&secrets));

@@ -58,15 +58,17 @@ impl Secrets {
         }
         let mut words: Vec<String> = Vec::new();
         for secret in found {
-            if secret.starts_with("${") {
+            if is_a_reference(&secret) {
                 continue;
             }
             let decoded = percent_decode(&secret);
             for form in [
-                secret.clone(),
-                decoded.clone(),
                 json_escaped(&secret),
                 json_escaped(&decoded),
+                percent_encoded(&decoded, |byte| !is_userinfo(byte)),
+                percent_encoded(&decoded, |byte| !is_unreserved(byte)),
+                secret,
+                decoded,
             ] {
                 if form.chars().count() >= SHORTEST && !words.contains(&form) {
                     words.push(form);
@@ -75,6 +77,17 @@ impl Secrets {
         }
         words.sort_by_key(|word| std::cmp::Reverse(word.len()));
         Secrets { words }
+    }
+
+    /// The secrets of both.
+    pub fn with(mut self, other: &Secrets) -> Secrets {
+        for word in &other.words {
+            if !self.words.contains(word) {
+                self.words.push(word.clone());
+            }
+        }
+        self.words.sort_by_key(|word| std::cmp::Reverse(word.len()));
+        self
     }
 
     /// `text` with every secret as `***`.
@@ -94,6 +107,11 @@ impl Secrets {
 
 /// The user part of each URL in `text`: its password, and its user name too unless the
 /// scheme's user part is a user (`smtp://user:pass@`).
+///
+/// The user part runs to an `@`, and may hold every sub-delimiter as it is (`,` `'` `(` `)`
+/// `;` `!` …), so the authority is read up to what no user part holds unescaped (white
+/// space, `/ ? #`, a double quote); each `@` in it may end the user part (a password with
+/// an unescaped `@` is read by some parsers), and each reading's secrets are hidden.
 fn url_secrets(text: &str, found: &mut Vec<String>) {
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -105,12 +123,13 @@ fn url_secrets(text: &str, found: &mut Vec<String>) {
             .into_iter()
             .rev()
             .collect();
+        let user_is_a_key = !USER_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str());
         let after = &rest[at + 3..];
         let end = after
-            .find(|c: char| c.is_whitespace() || "/?#)\"',".contains(c))
+            .find(|c: char| c.is_whitespace() || c.is_control() || "/?#\"<>\\".contains(c))
             .unwrap_or(after.len());
         let authority = &after[..end];
-        if let Some(userinfo_end) = authority.rfind('@') {
+        for (userinfo_end, _) in authority.match_indices('@') {
             let userinfo = &authority[..userinfo_end];
             let (user, password) = match userinfo.split_once(':') {
                 Some((user, password)) => (user, Some(password)),
@@ -119,12 +138,11 @@ fn url_secrets(text: &str, found: &mut Vec<String>) {
             if let Some(password) = password.filter(|p| !p.is_empty()) {
                 found.push(password.to_owned());
             }
-            let scheme = scheme.to_ascii_lowercase();
-            if !USER_SCHEMES.contains(&scheme.as_str()) && !user.is_empty() {
+            if user_is_a_key && !user.is_empty() {
                 found.push(user.to_owned());
             }
         }
-        rest = &after[end.min(after.len())..];
+        rest = &after[end..];
     }
 }
 
@@ -137,12 +155,15 @@ fn named_secrets(text: &str, found: &mut Vec<String>) {
     // Query options: `name=value` after `?` or `&`.
     for piece in text.split(['?', '&']).skip(1) {
         if let Some((name, value)) = piece.split_once('=') {
+            // A value may hold `)` and `'` (a DSN's group and a TOML string end with them
+            // too): both readings are hidden.
             let value: &str = value
-                .split(|c: char| c.is_whitespace() || "&)\"'".contains(c))
+                .split(|c: char| c.is_whitespace() || "&\"".contains(c))
                 .next()
                 .unwrap_or_default();
             if secret_name(name) && !value.is_empty() {
                 found.push(value.to_owned());
+                found.push(value.trim_end_matches([')', '\'']).to_owned());
             }
         }
     }
@@ -177,6 +198,40 @@ fn environment_secrets(text: &str, found: &mut Vec<String>) {
         }
         rest = &after[end..];
     }
+}
+
+/// Whether `secret` is a reference to the environment (`${NAME}`), whose value is the secret
+/// (see [`environment_secrets`]), rather than a secret that starts with `${`.
+fn is_a_reference(secret: &str) -> bool {
+    secret
+        .strip_prefix("${")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .is_some_and(|name| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+/// RFC 3986's unreserved characters: what no encoder escapes.
+fn is_unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-._~".contains(&byte)
+}
+
+/// What a URL's user part holds unescaped: the unreserved characters and sub-delimiters.
+fn is_userinfo(byte: u8) -> bool {
+    is_unreserved(byte) || b"!$&'()*+,;=".contains(&byte)
+}
+
+/// `text` with each byte `escape` says percent-encoded, as URL libraries write it (`%2C`).
+fn percent_encoded(text: &str, escape: impl Fn(u8) -> bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if escape(byte) {
+            out.push_str(&format!("%{byte:02X}"));
+        } else {
+            out.push(char::from(byte));
+        }
+    }
+    out
 }
 
 fn percent_decode(text: &str) -> String {
@@ -275,5 +330,18 @@ mod tests {
         assert_eq!(percent_decode("ab%4"), "ab%4");
         assert_eq!(percent_decode("ab%"), "ab%");
         assert_eq!(percent_decode("%zz"), "%zz");
+    }
+    #[test]
+    fn a_password_with_commas_quotes_and_parentheses_is_hidden_whole() {
+        // All of `,` `'` `(` `)` `;` `!` `*` are sub-delims: a URL's user part holds them as
+        // they are.
+        let secrets = Secrets::from_texts([
+            "failover(smtp://u:pa,ss'wo)rd@relay:587 smtp://v:(x;y!z*)@backup)",
+            "--dsn=smtp://w:it's,(me)@relay",
+        ]);
+        assert_eq!(
+            secrets.redact("pa,ss'wo)rd (x;y!z*) it's,(me)"),
+            "*** *** ***"
+        );
     }
 }
