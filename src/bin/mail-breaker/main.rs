@@ -191,3 +191,162 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use std::ffi::OsString;
+
+    use proptest::prelude::*;
+
+    use super::{Secrets, parse, texts};
+
+    /// `password` in a URL's user part: what RFC 3986 allows there kept, the rest
+    /// percent-encoded.
+    fn in_userinfo(password: &str) -> String {
+        let mut encoded = String::new();
+        for byte in password.bytes() {
+            if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&byte) {
+                encoded.push(char::from(byte));
+            } else {
+                encoded.push_str(&format!("%{byte:02X}"));
+            }
+        }
+        encoded
+    }
+
+    /// The forms of `password` no output may hold: as it is, as the DSN writes it, every
+    /// byte percent-encoded (upper and lower case), and as JSON writes it.
+    fn forms_of(password: &str) -> Vec<String> {
+        let upper: String = password.bytes().map(|b| format!("%{b:02X}")).collect();
+        let lower: String = password.bytes().map(|b| format!("%{b:02x}")).collect();
+        let json = serde_json::to_string(password).unwrap_or_default();
+        vec![
+            password.to_owned(),
+            in_userinfo(password),
+            upper,
+            lower,
+            json.trim_matches('"').to_owned(),
+        ]
+    }
+
+    /// Every way the arguments can fail clap's parsing with `dsn` among them.
+    fn refused_arguments(dsn: &str) -> Vec<Vec<String>> {
+        let dsn_equals = format!("--dsn={dsn}");
+        let dns_equals = format!("--dns={dsn}");
+        let to_equals = format!("--to={dsn}");
+        let shapes: Vec<Vec<&str>> = vec![
+            vec!["check", "--dsn", dsn, "--no-such-option"],
+            vec!["check", dsn],
+            vec![dsn],
+            vec![dsn, "check"],
+            vec![&dsn_equals, "chek"],
+            vec!["--dns", dsn, "check"],
+            vec![&dns_equals, "check"],
+            vec!["check", &dns_equals],
+            vec!["send", "--concurrency", dsn, "x.eml"],
+            vec!["send", "--concurrency", "0", "--dsn", dsn, "x.eml"],
+            vec!["send", "--dsn", dsn],
+            vec!["check", "--dsn", dsn, "--config", "x.toml"],
+            vec!["check", "--config", dsn, "--dsn", dsn],
+            vec!["check", "--dsn", dsn, "--dsn", dsn],
+            vec!["check", "--dsn"],
+            vec!["outbox", "show", dsn, "--dsn", dsn],
+            vec!["outbox", "requeue", dsn],
+            vec!["outbox", "requeue", "1", "--all", "--dsn", dsn],
+            vec!["outbox", dsn],
+            vec!["outbox", "dead", "--limit", dsn],
+            vec!["breakers", "isolate", "--dsn", dsn],
+            vec!["breakers", dsn, "x"],
+            vec!["completions", dsn],
+            vec!["--dsn", dsn],
+            vec!["--dsn", dsn, "-vvv", "check", "--json", "--json"],
+            vec!["test", "--dsn", dsn],
+            vec!["test", &to_equals, "--to", dsn],
+            vec!["serve", "--listen", dsn],
+            vec!["serve", "--dsn", dsn, "--allow-host"],
+        ];
+        shapes
+            .into_iter()
+            .map(|shape| {
+                std::iter::once("mail-breaker")
+                    .chain(shape)
+                    .map(str::to_owned)
+                    .collect()
+            })
+            .collect()
+    }
+
+    /// What `mail-breaker ARGS` prints when clap refuses its arguments (`None`: they parse).
+    fn refusal_of(args: &[String]) -> Option<String> {
+        let args: Vec<OsString> = args.iter().map(OsString::from).collect();
+        let secrets = Secrets::from_texts(texts(&args).iter().map(String::as_str));
+        parse(&args, &secrets).err().map(|refusal| refusal.text)
+    }
+
+    /// A password of 8 to 24 characters: printable ASCII, or any printable UTF-8. (`${NAME}`
+    /// is not a password but a reference to the environment, whose value is hidden.)
+    fn password() -> impl Strategy<Value = String> {
+        prop_oneof!["[ -~]{8,24}", "[ -~\\PC]{8,24}"]
+            .prop_filter("a reference to the environment", |p| {
+                !(p.starts_with("${") && p.ends_with('}'))
+            })
+    }
+
+    proptest! {
+        #![proptest_config(ProptestConfig::with_cases(128))]
+
+        #[test]
+        fn no_refused_argument_shows_a_password_in_any_form(password in password()) {
+            let dsn = format!("smtp://mailer:{}@relay.example.com:587", in_userinfo(&password));
+            for args in refused_arguments(&dsn) {
+                let Some(text) = refusal_of(&args) else {
+                    prop_assert!(false, "{args:?} parsed");
+                    continue;
+                };
+                for form in forms_of(&password) {
+                    prop_assert!(!text.contains(&form), "{args:?} shows {form:?}: {text}");
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn each_refused_argument_shape_is_a_usage_error_that_shows_the_argument_starred() {
+        let dsn = "smtp://mailer:pa,ss'wo)rd@relay.example.com:587";
+        let text =
+            refusal_of(&["mail-breaker".into(), "check".into(), dsn.into()]).unwrap_or_default();
+        assert!(
+            text.contains("'smtp://mailer:***@relay.example.com:587'"),
+            "{text}"
+        );
+        for args in refused_arguments(dsn) {
+            let os: Vec<OsString> = args.iter().map(OsString::from).collect();
+            let code = parse(&os, &Secrets::default()).err().map(|r| r.code);
+            assert_eq!(code, Some(2), "{args:?}");
+        }
+    }
+
+    #[cfg(unix)]
+    #[test]
+    fn an_argument_that_is_not_utf8_is_refused_as_a_usage_error() {
+        use std::os::unix::ffi::OsStringExt;
+        let args = vec![
+            OsString::from("mail-breaker"),
+            OsString::from("check"),
+            OsString::from_vec(b"--dsn=\xff".to_vec()),
+        ];
+        let refusal = parse(&args, &Secrets::default()).err();
+        assert_eq!(refusal.map(|r| (r.code, r.on_stderr)), Some((2, true)));
+    }
+
+    #[test]
+    fn help_is_no_refusal_of_the_arguments_and_goes_to_stdout() {
+        let args = [OsString::from("mail-breaker"), OsString::from("--help")];
+        let refusal = parse(&args, &Secrets::default()).err();
+        assert_eq!(
+            refusal.as_ref().map(|r| (r.code, r.on_stderr)),
+            Some((0, false))
+        );
+        assert!(refusal.is_some_and(|r| r.text.contains("Exit codes:")));
+    }
+}

@@ -373,4 +373,63 @@ mod tests {
             assert_eq!(human_duration(duration), written, "{duration:?}");
         }
     }
+    #[test]
+    fn every_c0_del_c1_and_bidi_control_is_shown_escaped_and_the_rest_as_it_is() {
+        let hostile =
+            "a\u{1b}]52;c;x\u{7}b\r\n\tc\u{7f}\u{80}\u{9b}\u{9f}\u{202a}\u{202e}\u{2066}\u{2069}d";
+        assert_eq!(
+            for_terminal(hostile),
+            r"a\u{1b}]52;c;x\u{7}b\r\n\tc\u{7f}\u{80}\u{9b}\u{9f}\u{202a}\u{202e}\u{2066}\u{2069}d"
+        );
+        // Their neighbours are text: U+00A0, U+2029, U+202F, U+206A, and the rest of UTF-8.
+        let text = "é ✓ \u{a0}\u{2029}\u{202f}\u{206a} \\u{1b} 日本";
+        assert!(matches!(for_terminal(text), Cow::Borrowed(_)), "{text}");
+    }
+
+    #[test]
+    fn lines_keep_their_line_feeds_and_escape_every_other_control() {
+        assert_eq!(
+            lines_for_terminal("one\u{1b}[2J\ntwo\r\n"),
+            "one\\u{1b}[2J\ntwo\\r\n"
+        );
+    }
+
+    #[test]
+    fn a_message_on_a_terminal_is_its_lines_with_their_controls_escaped() {
+        assert_eq!(
+            raw_for_terminal("Subject: \u{1b}[2J\r\nX: \u{9b}1m\n\r\nbody"),
+            "Subject: \\u{1b}[2J\nX: \\u{9b}1m\n\nbody\n"
+        );
+    }
+
+    #[test]
+    fn json_writes_del_c1_and_bidi_controls_as_unicode_escapes_and_means_the_same() {
+        let value = json!({ "subject": "\u{1b}]52\u{7f}\u{9b}\u{202e}\u{2069}x" });
+        let shown = json_for_terminal(&value.to_string()).into_owned();
+        assert_eq!(shown, r#"{"subject":"\u001b]52\u007f\u009b\u202e\u2069x"}"#);
+        assert_eq!(serde_json::from_str::<Value>(&shown).unwrap(), value);
+        let pretty = serde_json::to_string_pretty(&value).unwrap();
+        let read: Value = serde_json::from_str(&json_for_terminal(&pretty)).unwrap();
+        assert_eq!(read, value, "the white space between tokens is kept");
+        assert!(matches!(
+            json_for_terminal(r#"{"a":"b"}"#),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn a_tables_cells_have_their_controls_escaped_and_keep_their_colours() {
+        let rows = || vec![vec!["\u{1b}[2Jsubject\n".to_owned(), "down".to_owned()]];
+        let plain = out(false).render(&["subject", "state"], rows()).join("\n");
+        assert_eq!(
+            plain,
+            " SUBJECT             STATE\n \\u{1b}[2Jsubject\\n  down"
+        );
+        let coloured = out(true).render(&["subject", "state"], rows()).join("\n");
+        assert!(!coloured.contains("\u{1b}[2J"), "{coloured:?}");
+        assert!(
+            coloured.contains("\u{1b}["),
+            "the state's colour: {coloured:?}"
+        );
+    }
 }

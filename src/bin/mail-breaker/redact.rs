@@ -344,4 +344,64 @@ mod tests {
             "*** *** ***"
         );
     }
+    #[test]
+    fn a_password_is_hidden_as_url_libraries_percent_encode_it_too() {
+        let secrets = Secrets::from_texts(["smtp://u:it's%20m%C3%A9,(x)@relay"]);
+        let shown = secrets.redact(
+            "it's mé,(x) | it's%20m%C3%A9,(x) | it%27s%20m%C3%A9%2C%28x%29 | \"it's mé,(x)\"",
+        );
+        assert_eq!(shown, "*** | *** | *** | \"***\"");
+    }
+
+    #[test]
+    fn each_at_sign_may_end_the_user_part_and_each_reading_is_hidden() {
+        let secrets = Secrets::from_texts(["smtp://u:abc@def@relay postmark://KEY@x@default"]);
+        assert_eq!(secrets.redact("abc@def abc KEY@x KEY"), "*** *** *** ***");
+    }
+
+    #[test]
+    fn a_user_part_ends_at_white_space_a_slash_a_query_or_a_quote() {
+        let secrets = Secrets::from_texts([
+            "smtp://relay/x@y smtp://relay?from=a@b smtp://relay#f@g url = \"smtp://h\" x = \"p@q\"",
+        ]);
+        assert_eq!(
+            secrets.redact("relay x y from a b f g h p q"),
+            "relay x y from a b f g h p q"
+        );
+    }
+
+    #[test]
+    fn a_secret_query_value_is_hidden_with_and_without_the_parenthesis_or_quote_after_it() {
+        let secrets = Secrets::from_texts([
+            "failover(smtp://h?oauth2.client_secret=s3cr)t)",
+            "url = 'smtp://h?token=t0ken'",
+        ]);
+        assert_eq!(
+            secrets.redact("s3cr)t) s3cr)t t0ken' t0ken"),
+            "*** *** *** ***"
+        );
+    }
+
+    #[test]
+    fn only_a_whole_reference_to_the_environment_is_not_a_secret() {
+        assert!(is_a_reference("${SMTP_PASSWORD}"));
+        assert!(!is_a_reference("${}"));
+        assert!(!is_a_reference("${A}bc"));
+        assert!(!is_a_reference("${A B}"));
+        let secrets = Secrets::from_texts(["smtp://u:${SMTP_PASSWORD}@h smtp://v:${x-y}z@h"]);
+        assert_eq!(
+            secrets.redact("${SMTP_PASSWORD} ${x-y}z"),
+            "${SMTP_PASSWORD} ***"
+        );
+    }
+
+    #[test]
+    fn the_secrets_of_two_texts_together_are_hidden_longest_first() {
+        let argv = Secrets::from_texts(["smtp://u:secret@h"]);
+        let source = Secrets::from_texts(["smtp://u:secret-longer@h"]);
+        let both = argv.with(&source);
+        assert_eq!(both.redact("secret-longer secret"), "*** ***");
+        let count = both.words.len();
+        assert_eq!(both.clone().with(&both).words.len(), count, "no word twice");
+    }
 }

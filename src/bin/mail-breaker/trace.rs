@@ -233,4 +233,20 @@ mod tests {
         assert_eq!(line.buffer, b"half a line\n");
         std::mem::take(&mut line.buffer);
     }
+    #[test]
+    fn a_log_line_is_written_with_its_secrets_starred_and_its_controls_escaped() {
+        let line = |text: &str| Redacting {
+            secrets: Arc::new(Secrets::from_texts(["smtp://u:hunter2@relay"])),
+            buffer: text.as_bytes().to_vec(),
+        };
+        let mut logged = line("reply=\"550 \u{1b}]52;c;x\u{7}\nforged\" pass=hunter2\n");
+        assert_eq!(
+            logged.shown(),
+            "reply=\"550 \\u{1b}]52;c;x\\u{7}\\nforged\" pass=***\n"
+        );
+        std::mem::take(&mut logged.buffer);
+        let mut unended = line("no line feed \u{9b}");
+        assert_eq!(unended.shown(), "no line feed \\u{9b}");
+        std::mem::take(&mut unended.buffer);
+    }
 }
