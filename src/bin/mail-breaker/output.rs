@@ -48,11 +48,11 @@ impl Out {
         let _ = writeln!(stdout, "{shown}");
     }
 
-    /// Lines on stderr: notes for people beside the data. Each line feed ends a line; every
-    /// other control is escaped.
+    /// A line on stderr: a note for people beside the data, its controls (line feeds
+    /// included: an error may quote a server) escaped.
     pub fn note(&self, text: &str) {
         let shown = self.secrets.redact(text);
-        let _ = writeln!(std::io::stderr().lock(), "{}", lines_for_terminal(&shown));
+        let _ = writeln!(std::io::stderr().lock(), "{}", for_terminal(&shown));
     }
 
     /// One JSON document (or one JSON line) on stdout, every control escaped (see
@@ -159,7 +159,7 @@ pub fn for_terminal(text: &str) -> Cow<'_, str> {
 }
 
 /// `text` line by line through [`for_terminal`]: its line feeds end lines, and every other
-/// control is escaped (for the command's own notes and clap's messages, which span lines).
+/// control is escaped (for clap's messages, which span lines).
 pub fn lines_for_terminal(text: &str) -> String {
     text.split('\n')
         .map(for_terminal)
