@@ -823,6 +823,57 @@ fn send_with_a_recipient_deferred_beside_one_refused_names_both_and_exits_4() {
 }
 
 #[test]
+fn send_with_an_outbox_queues_a_deferred_recipient_names_it_as_queued_and_exits_0() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_deferred_queued");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, later@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        server.port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(
+        code(&output),
+        0,
+        "every recipient delivered or queued: {}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    let row = text
+        .lines()
+        .find(|line| line.contains("later@example.org"))
+        .unwrap_or_else(|| panic!("a row names the deferred recipient: {text}"));
+    assert!(
+        row.contains("deferred, queued") && row.contains("smtp.450"),
+        "{row}"
+    );
+    let queued = read_outbox(&dir, async |outbox| {
+        let stats = outbox.stats().await.expect("stats");
+        let ids = outbox.dead_letters(10).await.expect("dead").len();
+        (stats.queued, ids)
+    });
+    assert_eq!(queued, (1, 0), "the deferred recipient waits in the outbox");
+
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 0, "{}", stdout(&output));
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(first["deferred"][0]["queued"], true, "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn send_of_a_file_that_cannot_be_read_or_parsed_exits_2() {
     let dir = scratch("cli_send_bad_file");
     let dsn = format!("smtp://127.0.0.1:{}", closed_port());

@@ -5,7 +5,8 @@
 //! than one message, then a summary (sent, queued, refused, failed, partly sent, invalid) and
 //! a row per recipient that did not get the message; with `--json`, one JSON line per message
 //! and a last line with the summary. The exit code is 0 only when every recipient of every
-//! message was delivered or queued.
+//! message was delivered or queued (a deferred recipient is queued when the stack has an
+//! outbox, which keeps the message for it).
 
 use std::borrow::Cow;
 use std::path::PathBuf;
@@ -22,6 +23,10 @@ use serde_json::{Value, json};
 use crate::exit::{Exit, Failure};
 use crate::output::Out;
 use crate::stack::Stack;
+use crate::trace::Recorder;
+
+/// What the outbox logs when it could not keep a message for its deferred recipients.
+const DEFERRED_NOT_KEPT: &str = "outbox.deferred_not_kept";
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -72,31 +77,57 @@ impl Outcome {
     }
 }
 
-/// How a message's recipient did not get it, in the words the table and the JSON use.
-const UNDELIVERED: [&str; 3] = ["refused", "deferred", "maybe delivered"];
+/// How a recipient did not get a message the provider took for others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missed {
+    /// Refused for good (a 5xx to its `RCPT TO`).
+    Refused,
+    /// Refused for now (a 4xx); `queued` when the outbox keeps the message for it.
+    Deferred { queued: bool },
+    /// The data went out and no answer came: it may have the message.
+    MaybeDelivered,
+}
+
+impl Missed {
+    fn word(self) -> &'static str {
+        match self {
+            Missed::Refused => "refused",
+            Missed::Deferred { queued: false } => "deferred",
+            Missed::Deferred { queued: true } => "deferred, queued",
+            Missed::MaybeDelivered => "maybe delivered",
+        }
+    }
+}
 
 struct Answer {
     file: String,
     result: Result<Receipt, SendError>,
     /// The file could not be read or parsed, so nothing was sent.
     invalid: bool,
+    /// The outbox kept the message for its deferred recipients (the stack has one, and
+    /// none failed to keep during the run).
+    deferred_queued: bool,
 }
 
 impl Answer {
     /// The recipients that did not get the message although the provider took it for others:
-    /// how ([`UNDELIVERED`]), who, and why.
-    fn undelivered(&self) -> Vec<(&'static str, &Address, &SendError)> {
+    /// how, who, and why.
+    fn undelivered(&self) -> Vec<(Missed, &Address, &SendError)> {
         let Ok(receipt) = &self.result else {
             return Vec::new();
         };
         let lists = [
-            receipt.rejected_recipients(),
-            receipt.deferred_recipients(),
-            receipt.maybe_delivered_recipients(),
+            (Missed::Refused, receipt.rejected_recipients()),
+            (
+                Missed::Deferred {
+                    queued: self.deferred_queued,
+                },
+                receipt.deferred_recipients(),
+            ),
+            (Missed::MaybeDelivered, receipt.maybe_delivered_recipients()),
         ];
-        UNDELIVERED
+        lists
             .into_iter()
-            .zip(lists)
             .flat_map(|(how, list)| list.iter().map(move |(to, why)| (how, to, why)))
             .collect()
     }
@@ -118,16 +149,22 @@ impl Answer {
         match &self.result {
             Err(_) if self.invalid => Exit::Usage,
             Err(error) => Exit::of(error),
-            Ok(_) => Exit::combined(
-                self.undelivered()
-                    .into_iter()
-                    .map(|(_, _, why)| Exit::of(why)),
-            ),
+            Ok(_) => Exit::combined(self.undelivered().into_iter().map(
+                |(how, _, why)| match how {
+                    Missed::Deferred { queued: true } => Exit::Ok,
+                    _ => Exit::of(why),
+                },
+            )),
         }
     }
 }
 
-pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failure> {
+pub async fn run(
+    stack: &Stack,
+    out: &Out,
+    recorder: &Recorder,
+    args: SendArgs,
+) -> Result<Exit, Failure> {
     let from = args
         .from
         .as_deref()
@@ -171,11 +208,13 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
                             .send_raw(&envelope, &without_blind_copies(&raw))
                             .await,
                         invalid: false,
+                        deferred_queued: false,
                     },
                     Err(error) => Answer {
                         file: file_name,
                         result: Err(error),
                         invalid: true,
+                        deferred_queued: false,
                     },
                 }
             }
@@ -183,7 +222,12 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
         .buffer_unordered(usize::from(args.concurrency));
     futures::pin_mut!(sends);
     let mut answers = Vec::with_capacity(total);
-    while let Some(answer) = sends.next().await {
+    // The outbox keeps a message for its deferred recipients once the send is done, and
+    // only logs when it cannot: any such log during the run counts against every message.
+    let has_outbox = mailer.outbox().is_some();
+    recorder.start();
+    while let Some(mut answer) = sends.next().await {
+        answer.deferred_queued = has_outbox && !recorder.saw(DEFERRED_NOT_KEPT);
         bar.inc(1);
         if out.json {
             bar.suspend(|| out.json(&line(&answer)));
@@ -191,6 +235,7 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
         answers.push(answer);
     }
     bar.finish_and_clear();
+    recorder.take();
 
     let count = |outcome| answers.iter().filter(|a| a.outcome() == outcome).count();
     let (sent, queued, refused, failed, partial, invalid) = (
@@ -275,7 +320,7 @@ fn failure_rows(answers: &[Answer]) -> Vec<Vec<String>> {
             rows.push(vec![
                 answer.file.clone(),
                 to.to_string(),
-                how.to_owned(),
+                how.word().to_owned(),
                 why.code().to_owned(),
                 why.to_string(),
             ]);
@@ -288,17 +333,21 @@ fn line(answer: &Answer) -> Value {
     match &answer.result {
         Ok(receipt) => {
             let undelivered = answer.undelivered();
-            let list = |wanted: &str| {
+            let list = |wanted: fn(Missed) -> bool| {
                 undelivered
                     .iter()
-                    .filter(|(how, _, _)| *how == wanted)
-                    .map(|(_, to, why)| {
-                        json!({
+                    .filter(|(how, _, _)| wanted(*how))
+                    .map(|(how, to, why)| {
+                        let mut entry = json!({
                             "recipient": to.to_string(),
                             "code": why.code(),
                             "category": why.category().as_str(),
                             "error": why.to_string(),
-                        })
+                        });
+                        if let Missed::Deferred { queued } = how {
+                            entry["queued"] = json!(queued);
+                        }
+                        entry
                     })
                     .collect::<Vec<Value>>()
             };
@@ -310,9 +359,9 @@ fn line(answer: &Answer) -> Value {
                 "message_id": receipt.message_id(),
                 "response": receipt.response(),
                 "attempts": receipt.attempts(),
-                "refused": list(UNDELIVERED[0]),
-                "deferred": list(UNDELIVERED[1]),
-                "maybe_delivered": list(UNDELIVERED[2]),
+                "refused": list(|how| how == Missed::Refused),
+                "deferred": list(|how| matches!(how, Missed::Deferred { .. })),
+                "maybe_delivered": list(|how| how == Missed::MaybeDelivered),
             })
         }
         Err(error) => json!({
@@ -566,6 +615,7 @@ mod tests {
             file: "a.eml".to_owned(),
             result: Ok(Receipt::new("smtp://relay:587")),
             invalid: false,
+            deferred_queued: false,
         });
         assert_eq!(sent["type"], "message");
         assert_eq!(sent["file"], "a.eml");
@@ -574,6 +624,7 @@ mod tests {
         let refused = line(&Answer {
             file: "b.eml".to_owned(),
             invalid: false,
+            deferred_queued: false,
             result: Err(SendError::new(
                 Category::Rejected,
                 "smtp.550",
@@ -597,6 +648,7 @@ mod tests {
             file: "m.eml".to_owned(),
             result: Ok(receipt),
             invalid: false,
+            deferred_queued: false,
         }
     }
 
@@ -672,6 +724,7 @@ mod tests {
             file: "gone.eml".to_owned(),
             result: Err(error(Category::InvalidMessage, "cli.unreadable")),
             invalid: true,
+            deferred_queued: false,
         };
         assert_eq!(
             (answer.outcome(), answer.code()),
@@ -687,6 +740,7 @@ mod tests {
             file: "m.eml".to_owned(),
             result: Err(error(Category::Network, "smtp.network")),
             invalid: false,
+            deferred_queued: false,
         };
         assert_eq!((down.outcome(), down.code()), (Outcome::Failed, Exit::Down));
         let rows = failure_rows(&[down]);
@@ -792,5 +846,41 @@ mod tests {
             Some("app@example.com")
         );
         assert_eq!(addresses(&envelope), ["first@example.org"]);
+    }
+    #[test]
+    fn a_deferred_recipient_the_outbox_keeps_is_named_as_queued_and_exits_0() {
+        let receipt = Receipt::new("smtp://relay:25").with_deferred_recipient(
+            to("later@example.org"),
+            error(Category::ServerError, "smtp.450"),
+        );
+        let kept = Answer {
+            deferred_queued: true,
+            ..sent(receipt.clone())
+        };
+        assert_eq!((kept.outcome(), kept.code()), (Outcome::Partial, Exit::Ok));
+        let rows = failure_rows(std::slice::from_ref(&kept));
+        assert_eq!(
+            rows[0][1..4],
+            ["later@example.org", "deferred, queued", "smtp.450"]
+        );
+        assert_eq!(line(&kept)["deferred"][0]["queued"], true);
+        let not_kept = sent(receipt);
+        assert_eq!(not_kept.code(), Exit::Down);
+        assert_eq!(failure_rows(&[not_kept])[0][2], "deferred");
+        let refused_beside = Answer {
+            deferred_queued: true,
+            ..sent(
+                Receipt::new("smtp://relay:25")
+                    .with_deferred_recipient(
+                        to("later@example.org"),
+                        error(Category::ServerError, "smtp.450"),
+                    )
+                    .with_rejected_recipient(
+                        to("gone@example.org"),
+                        error(Category::Rejected, "smtp.550"),
+                    ),
+            )
+        };
+        assert_eq!(refused_beside.code(), Exit::Refused);
     }
 }

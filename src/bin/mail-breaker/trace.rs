@@ -46,6 +46,15 @@ impl Recorder {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), Vec::new()));
     }
 
+    /// Whether an event named `name` was recorded since `start`; recording goes on.
+    pub fn saw(&self, name: &str) -> bool {
+        self.0
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .as_ref()
+            .is_some_and(|(_, events)| events.iter().any(|event| event.name == name))
+    }
+
     /// What was recorded since `start`; recording stops.
     pub fn take(&self) -> Vec<Recorded> {
         self.0
@@ -248,5 +257,21 @@ mod tests {
         let mut unended = line("no line feed \u{9b}");
         assert_eq!(unended.shown(), "no line feed \\u{9b}");
         std::mem::take(&mut unended.buffer);
+    }
+    #[test]
+    fn an_event_seen_since_start_is_told_without_stopping_the_recording() {
+        let recorder = Recorder::default();
+        logged(&recorder, || {
+            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
+        });
+        recorder.start();
+        assert!(!recorder.saw("outbox.deferred_not_kept"), "before start");
+        logged(&recorder, || {
+            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
+        });
+        assert!(recorder.saw("outbox.deferred_not_kept"));
+        assert!(!recorder.saw("outbox.queued_deferred"));
+        assert_eq!(recorder.take().len(), 1, "still recording after saw");
+        assert!(!recorder.saw("outbox.deferred_not_kept"), "after take");
     }
 }
