@@ -40,6 +40,7 @@ Exit codes:
   4  provider down or timed out (breaker open, connection refused, 4xx, no answer)
   5  authentication or configuration refused at the provider
   6  rate limited
+Several failures at once exit with the decisive one: 4, then 6, 5, 2, 3, then 1.
 
 The stack is read from --dsn, --config FILE.toml, or the MAILER_DSN variable, as the
 application's Mailer reads it. Passwords, API keys and tokens are shown as ***.";
