@@ -1402,6 +1402,50 @@ fn outbox_json_escapes_every_control_and_keeps_the_text_whole_for_scripts() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn outbox_show_raw_escapes_the_controls_on_a_terminal_and_gives_the_bytes_to_a_pipe() {
+    let dir = scratch("cli_hostile_raw");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let piped = run(&["outbox", "show", &id, "--raw", "--dsn", &dsn]);
+    assert!(
+        stdout(&piped).contains(&format!("X-Raw: {HOSTILE}\r\n")),
+        "a pipe gets the bytes: {:?}",
+        stdout(&piped)
+    );
+    // `script` runs the command on a pseudo-terminal, as a person at a terminal would.
+    let on_a_terminal = std::process::Command::new("script")
+        .args(["-q", "-e", "-c"])
+        .arg(format!("{BIN} outbox show {id} --raw --dsn '{dsn}'"))
+        .arg("/dev/null")
+        .env_remove("MAILER_DSN")
+        .stdin(Stdio::null())
+        .output();
+    let Ok(output) = on_a_terminal else {
+        report_skip("SKIPPED outbox_show_raw_escapes...: no `script` to give it a terminal");
+        return;
+    };
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let text = stdout(&output);
+    let raw: Vec<char> = text
+        .chars()
+        .filter(|c| acts_on_a_terminal(*c) && *c != '\r')
+        .collect();
+    assert!(
+        raw.is_empty(),
+        "printed {raw:?} raw on a terminal: {text:?}"
+    );
+    assert!(
+        text.contains(r"X-Raw: \u{1b}]52;c;aGVsbG8=\u{7}"),
+        "{text:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// A server that refuses every recipient with a reply holding [`HOSTILE`].
 fn hostile_server() -> (tokio::runtime::Runtime, RawSmtp) {
     scripted_server(|command, _| match command {
