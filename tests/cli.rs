@@ -874,6 +874,61 @@ fn send_with_an_outbox_queues_a_deferred_recipient_names_it_as_queued_and_exits_
 }
 
 #[test]
+fn send_names_a_deferred_recipient_the_outbox_could_not_keep_as_deferred_and_exits_4() {
+    let test = "cli_send_deferred_not_kept";
+    if std::process::Command::new("sqlite3")
+        .arg("-version")
+        .output()
+        .is_err()
+    {
+        report_skip(&format!(
+            "SKIPPED {test}: no sqlite3 to break the outbox with"
+        ));
+        return;
+    }
+    let dir = scratch(test);
+    let database = dir.join("outbox.db");
+    // The server defers `later@` and, before it answers, drops the outbox's tables: the
+    // message is delivered to `ok@`, and the outbox cannot keep it for `later@`.
+    let breaking = database.clone();
+    let (_runtime, server) = scripted_server(move |command, line| match command {
+        "RCPT" if line.contains("later@") => {
+            let dropped = std::process::Command::new("sqlite3")
+                .arg(&breaking)
+                .arg("DROP TABLE mail_breaker_outbox_body; DROP TABLE mail_breaker_outbox;")
+                .output();
+            assert!(
+                dropped.is_ok_and(|o| o.status.success()),
+                "the tables dropped"
+            );
+            Answer::Say(b"450 4.2.0 Greylisted\r\n".to_vec())
+        }
+        other => Answer::healthy(other),
+    });
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, later@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        server.port(),
+        database.display()
+    );
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 4, "{}{}", stdout(&output), stderr(&output));
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(first["deferred"][0]["queued"], false, "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
 fn send_of_a_file_that_cannot_be_read_or_parsed_exits_2() {
     let dir = scratch("cli_send_bad_file");
     let dsn = format!("smtp://127.0.0.1:{}", closed_port());
@@ -1443,6 +1498,20 @@ fn outbox_show_raw_escapes_the_controls_on_a_terminal_and_gives_the_bytes_to_a_p
         text.contains(r"X-Raw: \u{1b}]52;c;aGVsbG8=\u{7}"),
         "{text:?}"
     );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failure_on_stderr_shows_the_controls_of_what_it_quotes_escaped() {
+    let dir = scratch("cli_hostile_note");
+    let file = dir.join(format!("{HOSTILE}.toml"));
+    let output = mail_breaker()
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert_shown_escaped(&output, "a configuration file's name");
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -777,11 +777,12 @@ mod tests {
     }
 
     #[test]
-    fn a_message_with_bare_line_feeds_loses_its_blind_copies_too() {
-        let raw = b"To: b@example.org\nBcc: x@example.org,\n  y@example.org\nSubject: hi\n\nbody\n";
+    fn a_message_with_bare_line_feeds_and_a_last_bcc_field_loses_it_and_keeps_its_body() {
+        let raw = b"To: b@example.org\nSubject: hi\nBcc: x@example.org,\n  y@example.org\n\nbody\n";
         assert_eq!(
             &*without_blind_copies(raw),
-            b"To: b@example.org\nSubject: hi\n\nbody\n"
+            b"To: b@example.org\nSubject: hi\n\nbody\n",
+            "the empty line after a last Bcc field still ends the header"
         );
     }
 
