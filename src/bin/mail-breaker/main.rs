@@ -350,4 +350,19 @@ mod tests {
         );
         assert!(refusal.is_some_and(|r| r.text.contains("Exit codes:")));
     }
+
+    #[test]
+    fn a_refused_argument_is_quoted_with_its_controls_escaped_and_the_lines_kept() {
+        let text = refusal_of(&[
+            "mail-breaker".into(),
+            "check".into(),
+            "\u{1b}]52;c;eA==\u{7}\u{9b}2J".into(),
+        ])
+        .unwrap_or_default();
+        // clap's plain text already drops the ANSI sequences it knows (OSC, CSI by ESC [),
+        // not the C1 CSI.
+        assert!(text.contains(r"'\u{9b}2J'"), "{text}");
+        assert!(!text.contains(['\u{1b}', '\u{7}', '\u{9b}']), "{text:?}");
+        assert!(text.lines().count() > 2, "clap's lines stay lines: {text}");
+    }
 }
