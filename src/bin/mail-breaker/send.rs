@@ -28,6 +28,34 @@ use crate::trace::Recorder;
 /// What the outbox logs when it could not keep a message for its deferred recipients.
 const DEFERRED_NOT_KEPT: &str = "outbox.deferred_not_kept";
 
+/// Whether the outbox kept the messages for their deferred recipients. It keeps a message
+/// before the send answers, and only logs when it cannot: the log of a message not kept is
+/// recorded before its answer comes, but answers come in any order, and the log does not say
+/// which message it was. So from the first such log on, every message counts as not kept.
+struct Kept<'r> {
+    recorder: &'r Recorder,
+    has_outbox: bool,
+    failed: bool,
+}
+
+impl<'r> Kept<'r> {
+    /// Starts recording what the outbox logs.
+    fn new(has_outbox: bool, recorder: &'r Recorder) -> Kept<'r> {
+        recorder.start();
+        Kept {
+            recorder,
+            has_outbox,
+            failed: false,
+        }
+    }
+
+    /// Whether the message whose answer just came was kept for its deferred recipients.
+    fn so_far(&mut self) -> bool {
+        self.failed |= self.recorder.saw(DEFERRED_NOT_KEPT);
+        self.has_outbox && !self.failed
+    }
+}
+
 #[derive(Debug, Args)]
 pub struct SendArgs {
     /// The messages: .eml files (RFC 5322, headers and body), or `-` for one on stdin. Their
@@ -104,8 +132,7 @@ struct Answer {
     result: Result<Receipt, SendError>,
     /// The file could not be read or parsed, so nothing was sent.
     invalid: bool,
-    /// The outbox kept the message for its deferred recipients (the stack has one, and
-    /// none failed to keep during the run).
+    /// The outbox kept the message for its deferred recipients (see [`Kept`]).
     deferred_queued: bool,
 }
 
@@ -222,12 +249,9 @@ pub async fn run(
         .buffer_unordered(usize::from(args.concurrency));
     futures::pin_mut!(sends);
     let mut answers = Vec::with_capacity(total);
-    // The outbox keeps a message for its deferred recipients once the send is done, and
-    // only logs when it cannot: any such log during the run counts against every message.
-    let has_outbox = mailer.outbox().is_some();
-    recorder.start();
+    let mut kept = Kept::new(mailer.outbox().is_some(), recorder);
     while let Some(mut answer) = sends.next().await {
-        answer.deferred_queued = has_outbox && !recorder.saw(DEFERRED_NOT_KEPT);
+        answer.deferred_queued = kept.so_far();
         bar.inc(1);
         if out.json {
             bar.suspend(|| out.json(&line(&answer)));
@@ -516,11 +540,14 @@ fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envel
 mod tests {
     use mail_breaker::{Category, Receipt, SendError};
 
+    use tracing_subscriber::prelude::*;
+
     use super::{
-        Answer, Outcome, address, envelope, failure_rows, is_stdin, line, shows_a_bar,
+        Answer, Kept, Outcome, address, envelope, failure_rows, is_stdin, line, shows_a_bar,
         where_it_went, without_blind_copies,
     };
     use crate::exit::Exit;
+    use crate::trace::Recorder;
 
     const RAW: &[u8] = b"From: App <app@example.com>\r\nTo: a@example.org\r\n\
         Cc: b@example.org\r\nBcc: c@example.org\r\nSubject: hi\r\n\r\nbody\r\n";
@@ -883,5 +910,24 @@ mod tests {
             )
         };
         assert_eq!(refused_beside.code(), Exit::Refused);
+    }
+    #[test]
+    fn from_the_first_message_the_outbox_could_not_keep_none_counts_as_kept() {
+        let recorder = Recorder::default();
+        let log = |name: &'static str| {
+            let subscriber = tracing_subscriber::registry().with(recorder.clone());
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(target: "mail_breaker::outbox", "{}", name);
+            });
+        };
+        let mut kept = Kept::new(true, &recorder);
+        log("outbox.queued_deferred");
+        assert!(kept.so_far());
+        log("outbox.deferred_not_kept");
+        assert!(!kept.so_far());
+        assert!(!kept.so_far(), "and no later one either");
+        let mut no_outbox = Kept::new(false, &recorder);
+        assert!(!no_outbox.so_far());
+        recorder.take();
     }
 }
