@@ -2,13 +2,15 @@
 //! reading the same DSN or TOML as the application's [`Mailer`](mail_breaker::config::Mailer).
 //!
 //! Built with the crate's `cli` feature: `cargo install mail-breaker --features cli`.
-//! Each command group is a module: `test_message` (`test`), `check`, `send`, `breakers`,
-//! `outbox`, `serve`, `completions`. Everything printed goes through [`output::Out`], which shows
-//! every password, key and token of the configuration as `***`.
+//! Each command group is a module: `test_message` (`test`), `check`, `send` (which reads each
+//! file with `eml`), `breakers`, `outbox`, `serve`, `completions`. Everything printed goes
+//! through [`output::Out`], which shows every password, key and token of the configuration as
+//! `***`.
 
 mod breakers;
 mod check;
 mod completions;
+mod eml;
 mod exit;
 mod outbox;
 mod output;
