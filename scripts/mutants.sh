@@ -105,9 +105,9 @@ tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --t
 # (slow); the router tests speak for the page.
 files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/credential.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
 tests[admin]="--lib --test=admin --test=redis_store"
-# The command: what it prints, its exit codes, and what it hides; what it opens, and whom
-# `serve` lets in.
-files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs src/bin/mail-breaker/stack.rs src/bin/mail-breaker/serve.rs src/bin/mail-breaker/tls.rs"
+# The command: what it prints, its exit codes, and what it hides; how it reads a message;
+# what it opens, and whom `serve` lets in.
+files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/eml.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs src/bin/mail-breaker/stack.rs src/bin/mail-breaker/serve.rs src/bin/mail-breaker/tls.rs"
 tests[cli]="--bins --test=cli --test=cli_serve"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then

@@ -18,6 +18,7 @@ use mail_breaker::{Category, LettreTransport, SendError};
 use serde_json::Value;
 use support::aiosmtpd::{self, Aiosmtpd, Mechanisms};
 use support::postgres::PostgresServer;
+use support::raw_smtp::{Answer, RawSmtp};
 use support::redis::RedisServer;
 use support::servers::{free_port, report_skip};
 use support::smtp_sink::SmtpSink;
@@ -596,6 +597,362 @@ fn send_to_a_provider_that_is_down_counts_each_as_failed_and_exits_4() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// A scripted SMTP server in this process (see `support::raw_smtp`), answering each command
+/// with `answer(name, line)`, and the runtime that serves it while the command runs.
+fn scripted_server(
+    answer: impl Fn(&str, &str) -> Answer + Send + Sync + 'static,
+) -> (tokio::runtime::Runtime, RawSmtp) {
+    let runtime = runtime();
+    let server = runtime.block_on(RawSmtp::start_reading_lines(
+        b"220 raw.test ESMTP\r\n".to_vec(),
+        answer,
+    ));
+    (runtime, server)
+}
+
+/// The addresses of the `RCPT TO` commands `server` read, in order.
+fn recipients_asked(server: &RawSmtp) -> Vec<String> {
+    server
+        .commands()
+        .iter()
+        .filter_map(|line| {
+            let rest = line
+                .get(..8)?
+                .eq_ignore_ascii_case("RCPT TO:")
+                .then(|| &line[8..])?;
+            let address = rest.trim().trim_start_matches('<');
+            Some(address.split('>').next().unwrap_or_default().to_owned())
+        })
+        .collect()
+}
+
+/// The header section of a message's data (up to its first empty line), and its body.
+fn header_and_body(data: &[u8]) -> (String, String) {
+    let text = String::from_utf8_lossy(data).into_owned();
+    match text.split_once("\r\n\r\n") {
+        Some((header, body)) => (header.to_owned(), body.to_owned()),
+        None => (text, String::new()),
+    }
+}
+
+/// Writes `text` as `name` in `dir`; its path as a string.
+fn eml(dir: &Path, name: &str, text: &str) -> String {
+    let path = dir.join(name);
+    std::fs::write(&path, text).expect("an .eml file");
+    path.to_str().expect("a UTF-8 path").to_owned()
+}
+
+#[test]
+fn send_keeps_blind_copies_in_the_envelope_and_sends_no_bcc_field_in_any_case_or_folding() {
+    let (_runtime, server) = scripted_server(|command, _| Answer::healthy(command));
+    let dir = scratch("cli_send_bcc");
+    let file = eml(
+        &dir,
+        "bcc.eml",
+        "From: app@example.com\r\nTo: seen@example.org\r\nBCC: upper@example.org\r\n\
+         Subject: blind copies\r\nbcc: first@example.org,\r\n second@example.org,\r\n\
+         \tthird@example.org\r\nX-Kept: yes\r\n\r\nBcc: a body line that says Bcc is kept\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}{}", stdout(&output), stderr(&output));
+    let hidden = [
+        "upper@example.org",
+        "first@example.org",
+        "second@example.org",
+        "third@example.org",
+    ];
+    let mut asked = recipients_asked(&server);
+    asked.sort();
+    let mut expected: Vec<String> = hidden.iter().map(|a| (*a).to_owned()).collect();
+    expected.push("seen@example.org".to_owned());
+    expected.sort();
+    assert_eq!(asked, expected, "every blind copy is still a recipient");
+    let data = server.data();
+    assert!(!data.is_empty(), "the message went out");
+    for copy in &data {
+        let (header, body) = header_and_body(copy);
+        assert!(
+            !header.to_ascii_lowercase().contains("bcc"),
+            "a copy that left carries Bcc:\n{header}"
+        );
+        for address in hidden {
+            assert!(
+                !String::from_utf8_lossy(copy).contains(address),
+                "{address} is in the bytes sent:\n{header}"
+            );
+        }
+        assert!(header.contains("X-Kept: yes"), "{header}");
+        assert!(header.contains("To: seen@example.org"), "{header}");
+        assert!(
+            body.starts_with("Bcc: a body line that says Bcc is kept"),
+            "{body}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_of_a_resent_message_goes_to_its_resent_recipients_and_sends_no_resent_bcc_field() {
+    let (_runtime, server) = scripted_server(|command, _| Answer::healthy(command));
+    let dir = scratch("cli_send_resent_bcc");
+    let file = eml(
+        &dir,
+        "resent.eml",
+        "Resent-From: ops@example.com\r\nResent-To: again@example.org\r\n\
+         RESENT-BCC: quiet@example.org,\r\n  hush@example.org\r\n\
+         From: app@example.com\r\nTo: first@example.org\r\nSubject: resent\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}{}", stdout(&output), stderr(&output));
+    let mut asked = recipients_asked(&server);
+    asked.sort();
+    assert_eq!(
+        asked,
+        ["again@example.org", "hush@example.org", "quiet@example.org"],
+        "a resent message goes to its Resent- recipients, blind ones included"
+    );
+    for copy in server.data() {
+        let (header, _) = header_and_body(&copy);
+        let lower = header.to_ascii_lowercase();
+        assert!(!lower.contains("bcc"), "{header}");
+        assert!(
+            !lower.contains("quiet@") && !lower.contains("hush@"),
+            "{header}"
+        );
+        assert!(header.contains("Resent-To: again@example.org"), "{header}");
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server that accepts every recipient but `refused@` (550) and `later@` (450).
+fn refusing_some_recipients() -> (tokio::runtime::Runtime, RawSmtp) {
+    scripted_server(|command, line| match command {
+        "RCPT" if line.contains("refused@") => {
+            Answer::Say(b"550 5.1.1 No such user here\r\n".to_vec())
+        }
+        "RCPT" if line.contains("later@") => Answer::Say(b"450 4.2.0 Greylisted\r\n".to_vec()),
+        other => Answer::healthy(other),
+    })
+}
+
+#[test]
+fn send_delivered_to_some_recipients_names_each_refused_one_and_exits_3() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_partly_refused");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, refused@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(code(&output), 3, "{}{}", stdout(&output), stderr(&output));
+    let text = stdout(&output);
+    let row = text
+        .lines()
+        .find(|line| line.contains("refused@example.org"))
+        .unwrap_or_else(|| panic!("a row names the refused recipient: {text}"));
+    assert!(row.contains("refused") && row.contains("smtp.550"), "{row}");
+    assert!(!text.contains("1 sent,"), "not reported as sent: {text}");
+
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 3, "{}", stdout(&output));
+    let lines: Vec<Value> = stdout(&output)
+        .lines()
+        .map(|line| serde_json::from_str(line).expect("a JSON line"))
+        .collect();
+    assert_eq!(lines[0]["outcome"], "partial", "{}", lines[0]);
+    assert_eq!(lines[0]["refused"][0]["recipient"], "refused@example.org");
+    assert_eq!(lines[0]["refused"][0]["code"], "smtp.550");
+    let summary = lines.last().expect("a summary");
+    assert_eq!(
+        (&summary["sent"], &summary["partial"]),
+        (&serde_json::json!(0), &serde_json::json!(1)),
+        "{summary}"
+    );
+    assert_eq!(summary["exit_code"], 3, "{summary}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_with_a_recipient_deferred_beside_one_refused_names_both_and_exits_4() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_partly_deferred");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, refused@example.org\r\n\
+         Cc: later@example.org\r\nSubject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(
+        code(&output),
+        4,
+        "a temporary refusal beside a permanent one may still go: {}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    for (address, word, code) in [
+        ("refused@example.org", "refused", "smtp.550"),
+        ("later@example.org", "deferred", "smtp.450"),
+    ] {
+        let row = text
+            .lines()
+            .find(|line| line.contains(address))
+            .unwrap_or_else(|| panic!("a row names {address}: {text}"));
+        assert!(row.contains(word) && row.contains(code), "{row}");
+    }
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(
+        first["refused"][0]["recipient"], "refused@example.org",
+        "{first}"
+    );
+    assert_eq!(code(&output), 4);
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_with_an_outbox_queues_a_deferred_recipient_names_it_as_queued_and_exits_0() {
+    let (_runtime, server) = refusing_some_recipients();
+    let dir = scratch("cli_send_deferred_queued");
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, later@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        server.port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&["send", &file, "--dsn", &dsn]);
+    assert_eq!(
+        code(&output),
+        0,
+        "every recipient delivered or queued: {}{}",
+        stdout(&output),
+        stderr(&output)
+    );
+    let text = stdout(&output);
+    let row = text
+        .lines()
+        .find(|line| line.contains("later@example.org"))
+        .unwrap_or_else(|| panic!("a row names the deferred recipient: {text}"));
+    assert!(
+        row.contains("deferred, queued") && row.contains("smtp.450"),
+        "{row}"
+    );
+    let queued = read_outbox(&dir, async |outbox| {
+        let stats = outbox.stats().await.expect("stats");
+        let ids = outbox.dead_letters(10).await.expect("dead").len();
+        (stats.queued, ids)
+    });
+    assert_eq!(queued, (1, 0), "the deferred recipient waits in the outbox");
+
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 0, "{}", stdout(&output));
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(first["deferred"][0]["queued"], true, "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_names_a_deferred_recipient_the_outbox_could_not_keep_as_deferred_and_exits_4() {
+    let test = "cli_send_deferred_not_kept";
+    if std::process::Command::new("sqlite3")
+        .arg("-version")
+        .output()
+        .is_err()
+    {
+        report_skip(&format!(
+            "SKIPPED {test}: no sqlite3 to break the outbox with"
+        ));
+        return;
+    }
+    let dir = scratch(test);
+    let database = dir.join("outbox.db");
+    // The server defers `later@` and, before it answers, drops the outbox's tables: the
+    // message is delivered to `ok@`, and the outbox cannot keep it for `later@`.
+    let breaking = database.clone();
+    let (_runtime, server) = scripted_server(move |command, line| match command {
+        "RCPT" if line.contains("later@") => {
+            let dropped = std::process::Command::new("sqlite3")
+                .arg(&breaking)
+                .arg("DROP TABLE mail_breaker_outbox_body; DROP TABLE mail_breaker_outbox;")
+                .output();
+            assert!(
+                dropped.is_ok_and(|o| o.status.success()),
+                "the tables dropped"
+            );
+            Answer::Say(b"450 4.2.0 Greylisted\r\n".to_vec())
+        }
+        other => Answer::healthy(other),
+    });
+    let file = eml(
+        &dir,
+        "partly.eml",
+        "From: app@example.com\r\nTo: ok@example.org, later@example.org\r\n\
+         Subject: partly\r\n\r\nbody\r\n",
+    );
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        server.port(),
+        database.display()
+    );
+    let output = run(&["send", &file, "--dsn", &dsn, "--json"]);
+    assert_eq!(code(&output), 4, "{}{}", stdout(&output), stderr(&output));
+    let first: Value = serde_json::from_str(stdout(&output).lines().next().unwrap_or_default())
+        .expect("a JSON line");
+    assert_eq!(
+        first["deferred"][0]["recipient"], "later@example.org",
+        "{first}"
+    );
+    assert_eq!(first["deferred"][0]["queued"], false, "{first}");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn send_of_a_file_that_cannot_be_read_or_parsed_exits_2() {
+    let dir = scratch("cli_send_bad_file");
+    let dsn = format!("smtp://127.0.0.1:{}", closed_port());
+    let missing = dir.join("missing.eml");
+    let missing = missing.to_str().expect("a UTF-8 path");
+    let no_recipient = eml(
+        &dir,
+        "nobody.eml",
+        "From: app@example.com\r\nSubject: to nobody\r\n\r\nbody\r\n",
+    );
+    for file in [missing, no_recipient.as_str()] {
+        let output = run(&["send", file, "--dsn", &dsn]);
+        assert_eq!(
+            code(&output),
+            2,
+            "{file}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert!(stdout(&output).contains(file), "{}", stdout(&output));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox holding three dead letters (refused by a provider), with their ids.
 fn outbox_with_dead_letters(dir: &Path) -> Vec<i64> {
     runtime().block_on(async {
@@ -1107,6 +1464,209 @@ fn outbox_purge_of_a_message_that_is_not_dead_needs_queued() {
 }
 
 // ---------------------------------------------------------------------------------------
+// text from outside (messages, databases, servers) reaches no terminal raw
+
+/// Text that takes over a terminal: OSC 52 (writes the clipboard) ended by BEL, a CSI that
+/// clears the screen, the C1 CSI (U+009B), a right-to-left override, a bidi isolate and DEL.
+const HOSTILE: &str = "\u{1b}]52;c;aGVsbG8=\u{7}\u{1b}[2J\u{9b}31m\u{202e}fdp.exe\u{2066}\u{7f}end";
+
+/// Whether a terminal acts on `c`: C0 (but the line feed the output is made of), DEL, C1,
+/// and the bidirectional controls.
+fn acts_on_a_terminal(c: char) -> bool {
+    (c.is_control() && c != '\n')
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// Checks that `output` printed no control character raw, and that it showed the hostile
+/// text escaped (so it was not dropped either).
+fn assert_shown_escaped(output: &Output, what: &str) {
+    for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+        let text = String::from_utf8_lossy(bytes);
+        let raw: Vec<char> = text.chars().filter(|c| acts_on_a_terminal(*c)).collect();
+        assert!(
+            raw.is_empty(),
+            "{what} printed {raw:?} raw on {stream}: {text:?}"
+        );
+    }
+    let all = format!("{}{}", stdout(output), stderr(output));
+    assert!(
+        all.contains(r"\u{1b}]52;c;aGVsbG8=\u{7}") && all.contains(r"\u{202e}fdp.exe"),
+        "{what} shows the text, escaped: {all}"
+    );
+}
+
+/// An SQLite outbox in `dir` holding one dead letter whose subject decodes to [`HOSTILE`],
+/// with a header holding it raw and a last error (a server's reply) holding it too.
+fn outbox_with_a_hostile_dead_letter(dir: &Path) -> i64 {
+    use base64::Engine as _;
+    let encoded = base64::engine::general_purpose::STANDARD.encode(HOSTILE);
+    let raw = format!(
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: =?UTF-8?B?{encoded}?=\r\n\
+         X-Raw: {HOSTILE}\r\n\r\nbody\r\n"
+    );
+    read_outbox(dir, async |outbox| {
+        let envelope = mail_breaker::Envelope::new(
+            Some("app@example.com".parse().expect("an address")),
+            vec!["user@example.org".parse().expect("an address")],
+        )
+        .expect("an envelope");
+        let id = outbox
+            .enqueue_raw(&envelope, raw.as_bytes())
+            .await
+            .expect("queued");
+        let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+            SendError::new(Category::Rejected, "smtp.550", format!("5.1.1 {HOSTILE}"))
+        });
+        outbox.worker(refusing).drain().await.expect("drained");
+        i64::from(id)
+    })
+}
+
+#[test]
+fn outbox_dead_and_show_print_a_hostile_subject_header_and_error_escaped() {
+    let dir = scratch("cli_hostile_dead_letter");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    for args in [
+        &["outbox", "dead", "--dsn", &dsn][..],
+        &["outbox", "show", &id, "--dsn", &dsn][..],
+    ] {
+        let output = run(args);
+        assert_eq!(code(&output), 0, "{args:?}: {}", stderr(&output));
+        assert_shown_escaped(&output, &format!("{args:?}"));
+    }
+    let table = stdout(&run(&["outbox", "show", &id, "--dsn", &dsn]));
+    assert!(
+        table
+            .lines()
+            .any(|line| line.trim_start().starts_with("subject") && line.contains(r"\u{9b}31m")),
+        "show names the decoded subject, escaped: {table}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_json_escapes_every_control_and_keeps_the_text_whole_for_scripts() {
+    let dir = scratch("cli_hostile_dead_letter_json");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let dead = run(&["outbox", "dead", "--json", "--dsn", &dsn]);
+    let shown = run(&["outbox", "show", &id, "--json", "--dsn", &dsn]);
+    for (output, what) in [(&dead, "dead --json"), (&shown, "show --json")] {
+        let text = stdout(output);
+        let raw: Vec<char> = text.chars().filter(|c| acts_on_a_terminal(*c)).collect();
+        assert!(raw.is_empty(), "{what} printed {raw:?} raw: {text:?}");
+    }
+    assert_eq!(json(&dead)["dead"][0]["subject"], HOSTILE);
+    assert_eq!(json(&shown)["subject"], HOSTILE);
+    assert_eq!(json(&shown)["error"]["message"], format!("5.1.1 {HOSTILE}"));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn outbox_show_raw_escapes_the_controls_on_a_terminal_and_gives_the_bytes_to_a_pipe() {
+    let dir = scratch("cli_hostile_raw");
+    let id = outbox_with_a_hostile_dead_letter(&dir).to_string();
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let piped = run(&["outbox", "show", &id, "--raw", "--dsn", &dsn]);
+    assert!(
+        stdout(&piped).contains(&format!("X-Raw: {HOSTILE}\r\n")),
+        "a pipe gets the bytes: {:?}",
+        stdout(&piped)
+    );
+    // `script` runs the command on a pseudo-terminal, as a person at a terminal would.
+    let on_a_terminal = std::process::Command::new("script")
+        .args(["-q", "-e", "-c"])
+        .arg(format!("{BIN} outbox show {id} --raw --dsn '{dsn}'"))
+        .arg("/dev/null")
+        .env_remove("MAILER_DSN")
+        .stdin(Stdio::null())
+        .output();
+    let Ok(output) = on_a_terminal else {
+        report_skip("SKIPPED outbox_show_raw_escapes...: no `script` to give it a terminal");
+        return;
+    };
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let text = stdout(&output);
+    let raw: Vec<char> = text
+        .chars()
+        .filter(|c| acts_on_a_terminal(*c) && *c != '\r')
+        .collect();
+    assert!(
+        raw.is_empty(),
+        "printed {raw:?} raw on a terminal: {text:?}"
+    );
+    assert!(
+        text.contains(r"X-Raw: \u{1b}]52;c;aGVsbG8=\u{7}"),
+        "{text:?}"
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn a_failure_on_stderr_shows_the_controls_of_what_it_quotes_escaped() {
+    let dir = scratch("cli_hostile_note");
+    let file = dir.join(format!("{HOSTILE}.toml"));
+    let output = mail_breaker()
+        .args(["check", "--config"])
+        .arg(&file)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    assert_shown_escaped(&output, "a configuration file's name");
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// A server that refuses every recipient with a reply holding [`HOSTILE`].
+fn hostile_server() -> (tokio::runtime::Runtime, RawSmtp) {
+    scripted_server(|command, _| match command {
+        "RCPT" => Answer::Say(format!("550 5.1.1 {HOSTILE}\r\n").into_bytes()),
+        other => Answer::healthy(other),
+    })
+}
+
+#[test]
+fn send_and_test_print_a_hostile_server_reply_escaped() {
+    let (_runtime, server) = hostile_server();
+    let dir = scratch("cli_hostile_reply");
+    let file = eml(
+        &dir,
+        "one.eml",
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: hi\r\n\r\nbody\r\n",
+    );
+    let dsn = format!("smtp://127.0.0.1:{}", server.port());
+    for args in [
+        &["send", &file, "--dsn", &dsn][..],
+        &["test", "--to", "user@example.org", "--dsn", &dsn][..],
+        &["test", "--to", "user@example.org", "--dsn", &dsn, "-vv"][..],
+    ] {
+        let output = run(args);
+        assert_eq!(
+            code(&output),
+            3,
+            "{args:?}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert_shown_escaped(&output, &format!("{args:?}"));
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+// ---------------------------------------------------------------------------------------
 // secrets, help, completions, the build
 
 #[test]
@@ -1157,6 +1717,120 @@ fn no_printed_byte_holds_the_dsns_password_or_api_key() {
         .expect("runs");
     assert_no_secret(&help, &["--help with MAILER_DSN set"]);
     let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// Passwords with the characters a URL's user part takes as they are but that end a word
+/// elsewhere (`,` `'` `)` `(` `;` `!` `*` `=` `&` `$` `+`), and with those it takes only
+/// percent-encoded (space, `"`, `@`, `/`, `%`, `\`, UTF-8).
+const HARD_PASSWORDS: [&str; 4] = [
+    "pa,ss'wo)rd",
+    "(se;cr!t*=&$+)",
+    "a b\"c@d/e%f\\g",
+    "mötley-crüe ✓ \u{202e}x",
+];
+
+/// `password` in a URL's user part: what RFC 3986 allows there kept, the rest percent-encoded.
+fn in_userinfo(password: &str) -> String {
+    let mut encoded = String::new();
+    for byte in password.bytes() {
+        if byte.is_ascii_alphanumeric() || b"-._~!$&'()*+,;=".contains(&byte) {
+            encoded.push(char::from(byte));
+        } else {
+            encoded.push_str(&format!("%{byte:02X}"));
+        }
+    }
+    encoded
+}
+
+/// Every form of `password` that must not be printed: as it is, percent-encoded as in the
+/// DSN, percent-encoded whole, and as JSON writes it.
+fn forms_of(password: &str) -> Vec<String> {
+    let whole: String = password.bytes().map(|b| format!("%{b:02X}")).collect();
+    let json = serde_json::to_string(password).expect("a JSON string");
+    vec![
+        password.to_owned(),
+        in_userinfo(password),
+        whole,
+        json.trim_matches('"').to_owned(),
+    ]
+}
+
+/// Each way the command's arguments can be wrong, with `dsn` in them.
+fn wrong_arguments(dsn: &str) -> Vec<Vec<String>> {
+    let dsn_equals = format!("--dsn={dsn}");
+    let dns_equals = format!("--dns={dsn}");
+    let shapes: Vec<Vec<&str>> = vec![
+        vec!["check", "--dsn", dsn, "--no-such-option"],
+        vec!["check", dsn],
+        vec![dsn],
+        vec![&dsn_equals, "chek"],
+        vec!["--dns", dsn, "check"],
+        vec![&dns_equals, "check"],
+        vec!["send", "--concurrency", dsn, "x.eml"],
+        vec!["check", "--dsn", dsn, "--config", "x.toml"],
+        vec!["check", "--dsn", dsn, "--dsn", dsn],
+        vec!["outbox", "show", dsn, "--dsn", dsn],
+        vec!["completions", dsn],
+        vec!["--dsn", dsn],
+        vec!["test", "--dsn", dsn],
+        vec!["test", "--to", dsn, "--dsn", dsn],
+        vec!["send", "--to", dsn, "x.eml", "--dsn", "smtp://127.0.0.1:1"],
+        vec![
+            "send",
+            "--from",
+            dsn,
+            "x.eml",
+            "--dsn",
+            "smtp://127.0.0.1:1",
+        ],
+        vec!["--config", dsn, "check"],
+        vec!["check", "--json", "--config", dsn],
+    ];
+    shapes
+        .into_iter()
+        .map(|shape| shape.into_iter().map(str::to_owned).collect())
+        .collect()
+}
+
+#[test]
+fn no_wrong_argument_prints_a_password_with_commas_quotes_parentheses_or_utf8_in_any_form() {
+    for password in HARD_PASSWORDS {
+        let dsn = format!("smtp://mailer:{}@127.0.0.1:1", in_userinfo(password));
+        for args in wrong_arguments(&dsn) {
+            let output = mail_breaker()
+                .args(&args)
+                .timeout(Duration::from_secs(60))
+                .output()
+                .expect("runs");
+            assert_ne!(code(&output), 0, "{args:?}");
+            let printed = format!("{}{}", stdout(&output), stderr(&output));
+            for form in forms_of(password) {
+                assert!(
+                    !printed.contains(&form),
+                    "{args:?} printed {form:?}: {printed}"
+                );
+            }
+        }
+    }
+}
+
+#[cfg(unix)]
+#[test]
+fn an_argument_that_is_not_utf8_is_a_usage_error_that_prints_no_password() {
+    use std::os::unix::ffi::OsStrExt;
+    let password = HARD_PASSWORDS[0];
+    let dsn = format!("smtp://mailer:{}@127.0.0.1:1", in_userinfo(password));
+    let output = mail_breaker()
+        .arg("check")
+        .arg(std::ffi::OsStr::from_bytes(b"--dsn=\xff"))
+        .arg(&dsn)
+        .output()
+        .expect("runs");
+    assert_eq!(code(&output), 2, "{}", stderr(&output));
+    let printed = format!("{}{}", stdout(&output), stderr(&output));
+    for form in forms_of(password) {
+        assert!(!printed.contains(&form), "printed {form:?}: {printed}");
+    }
 }
 
 #[test]

@@ -24,17 +24,14 @@ pub enum Exit {
 
 impl Exit {
     /// The code for a send that ended with `error`. A pool every member of which failed
-    /// (`pool.exhausted`) takes its members' code when they all agree (every member refused
-    /// the credentials: 5), else "down".
+    /// (`pool.exhausted`) takes the [decisive](Exit::combined) code of its members' failures
+    /// (every member refused the credentials: 5; one down beside one refusing: 4).
     pub fn of(error: &SendError) -> Exit {
         let causes = error.causes();
-        if !causes.is_empty() {
-            let first = Exit::of(&causes[0]);
-            if causes.iter().all(|cause| Exit::of(cause) == first) {
-                return first;
-            }
+        if causes.is_empty() {
+            return Exit::of_category(error.category());
         }
-        Exit::of_category(error.category())
+        Exit::combined(causes.iter().map(Exit::of))
     }
 
     fn of_category(category: Category) -> Exit {
@@ -50,17 +47,28 @@ impl Exit {
         }
     }
 
-    /// The code for several outcomes: `Ok` when all were, the one code when every failure
-    /// agrees, else `Other`.
+    /// The code for several outcomes: `Ok` when all were, else the decisive failure's. First
+    /// what may still go if tried again (down: 4, then rate limited: 6), since a temporary
+    /// refusal beside a permanent one means the job is not over; then what an operator must
+    /// fix before anything goes (the provider's setup: 5, the command's input: 2); then a
+    /// refusal (3), which no retry changes; then anything else (1).
     pub fn combined(codes: impl IntoIterator<Item = Exit>) -> Exit {
-        let mut failed = codes.into_iter().filter(|code| *code != Exit::Ok);
-        let Some(first) = failed.next() else {
-            return Exit::Ok;
-        };
-        if failed.all(|code| code == first) {
-            first
-        } else {
-            Exit::Other
+        codes
+            .into_iter()
+            .max_by_key(|code| code.weight())
+            .unwrap_or(Exit::Ok)
+    }
+
+    /// How decisive a code is among others: the larger, the more (see [`combined`](Exit::combined)).
+    fn weight(self) -> u8 {
+        match self {
+            Exit::Ok => 0,
+            Exit::Other => 1,
+            Exit::Refused => 2,
+            Exit::Usage => 3,
+            Exit::Setup => 4,
+            Exit::RateLimited => 5,
+            Exit::Down => 6,
         }
     }
 }
@@ -124,12 +132,12 @@ mod tests {
     }
 
     #[test]
-    fn a_pool_whose_members_failed_differently_exits_with_its_own_code() {
+    fn a_pool_whose_members_failed_differently_exits_with_the_decisive_code() {
         let exhausted = error(Category::ServiceUnavailable).with_causes(vec![
-            error(Category::Authentication),
             error(Category::Rejected),
+            error(Category::Authentication),
         ]);
-        assert_eq!(Exit::of(&exhausted), Exit::Down);
+        assert_eq!(Exit::of(&exhausted), Exit::Setup);
     }
 
     #[test]
@@ -149,5 +157,38 @@ mod tests {
         for (category, exit) in cases {
             assert_eq!(Exit::of(&error(category)), exit, "{category:?}");
         }
+    }
+    #[test]
+    fn a_temporary_failure_beside_a_permanent_one_is_decisive_since_it_may_still_go() {
+        assert_eq!(Exit::combined([Exit::Refused, Exit::Down]), Exit::Down);
+        assert_eq!(
+            Exit::combined([Exit::RateLimited, Exit::Refused]),
+            Exit::RateLimited
+        );
+        let exhausted = error(Category::ServiceUnavailable).with_causes(vec![
+            error(Category::Rejected),
+            error(Category::RateLimited),
+        ]);
+        assert_eq!(Exit::of(&exhausted), Exit::RateLimited);
+    }
+
+    #[test]
+    fn the_decisive_code_is_what_may_still_go_then_what_an_operator_fixes_then_a_refusal() {
+        let order = [
+            Exit::Down,
+            Exit::RateLimited,
+            Exit::Setup,
+            Exit::Usage,
+            Exit::Refused,
+            Exit::Other,
+        ];
+        for (rank, decisive) in order.iter().enumerate() {
+            for weaker in &order[rank + 1..] {
+                assert_eq!(Exit::combined([*weaker, *decisive, Exit::Ok]), *decisive);
+                assert_eq!(Exit::combined([*decisive, *weaker]), *decisive);
+            }
+        }
+        assert_eq!(Exit::combined([Exit::Ok, Exit::Ok]), Exit::Ok);
+        assert_eq!(Exit::combined([]), Exit::Ok);
     }
 }

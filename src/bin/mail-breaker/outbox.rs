@@ -1,5 +1,6 @@
 //! `mail-breaker outbox stats|dead|show ID|requeue ID|requeue --all|purge ID|drain`: the
-//! outbox read and operated through `Outbox`'s own methods (nothing reads its tables).
+//! outbox read and operated through `Outbox`'s own methods (nothing reads its tables). What
+//! a message or an error holds is shown through [`Out`], which escapes its controls.
 
 use std::time::Duration;
 
@@ -33,7 +34,8 @@ enum Action {
     Show {
         /// Its id in the outbox (as `dead` lists it).
         id: i64,
-        /// Print the message itself, byte for byte, instead.
+        /// Print the message itself, byte for byte, instead (on a terminal, each line with
+        /// its control characters escaped).
         #[arg(long)]
         raw: bool,
     },
@@ -231,6 +233,7 @@ async fn show(outbox: &Outbox, out: &Out, id: OutboxId, raw: bool) -> Result<Exi
                 .map_or_else(|| "<>".to_owned(), ToString::to_string),
         ],
         vec!["to".to_owned(), recipients(&message.envelope)],
+        vec!["subject".to_owned(), subject(&message).unwrap_or_default()],
         vec!["attempts".to_owned(), message.attempts.to_string()],
         vec![
             "queued".to_owned(),

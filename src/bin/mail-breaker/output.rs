@@ -1,6 +1,10 @@
 //! Everything the command prints: tables for people (aligned, coloured only on a terminal
-//! without `NO_COLOR`), JSON for scripts, every secret as `***`.
+//! without `NO_COLOR`), JSON for scripts, every secret as `***`, and every control character
+//! of the text shown escaped (see [`for_terminal`]): subjects, headers, errors and replies
+//! come from messages, databases and servers, and a terminal acts on what they hold.
 
+use std::borrow::Cow;
+use std::fmt::Write as _;
 use std::io::{IsTerminal, Write};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
@@ -30,29 +34,44 @@ impl Out {
         }
     }
 
-    /// A line on stdout.
+    /// A line on stdout, its controls (line feeds included) escaped.
     pub fn line(&self, text: &str) {
+        let shown = self.secrets.redact(text);
+        self.write_line(&for_terminal(&shown));
+    }
+
+    /// Writes a line on stdout as it is (secrets still hidden): for lines already escaped.
+    fn write_line(&self, text: &str) {
         let shown = self.secrets.redact(text);
         let mut stdout = std::io::stdout().lock();
         // A closed pipe (`| head`) is not worth a panic.
         let _ = writeln!(stdout, "{shown}");
     }
 
-    /// A line on stderr: notes for people beside the data.
+    /// A line on stderr: a note for people beside the data, its controls (line feeds
+    /// included: an error may quote a server) escaped.
     pub fn note(&self, text: &str) {
         let shown = self.secrets.redact(text);
-        let _ = writeln!(std::io::stderr().lock(), "{shown}");
+        let _ = writeln!(std::io::stderr().lock(), "{}", for_terminal(&shown));
     }
 
-    /// One JSON document (or one JSON line) on stdout.
+    /// One JSON document (or one JSON line) on stdout, every control escaped (see
+    /// [`json_for_terminal`]).
     pub fn json(&self, value: &Value) {
-        self.line(&value.to_string());
+        let text = value.to_string();
+        self.write_line(&json_for_terminal(&self.secrets.redact(&text)));
     }
 
-    /// Raw bytes on stdout, as they are (`outbox show --raw`).
+    /// Raw bytes on stdout, as they are (`outbox show --raw`), for a file or a pipe. On a
+    /// terminal each line is shown with its controls escaped instead.
     pub fn raw(&self, bytes: &[u8]) {
         let mut stdout = std::io::stdout().lock();
-        let _ = stdout.write_all(bytes);
+        if stdout.is_terminal() {
+            let text = String::from_utf8_lossy(bytes);
+            let _ = stdout.write_all(raw_for_terminal(&text).as_bytes());
+        } else {
+            let _ = stdout.write_all(bytes);
+        }
         let _ = stdout.flush();
     }
 
@@ -75,11 +94,12 @@ impl Out {
     /// on a terminal.
     pub fn table(&self, header: &[&str], rows: Vec<Vec<String>>) {
         for line in self.render(header, rows) {
-            self.line(&line);
+            self.write_line(&line);
         }
     }
 
-    /// The lines of [`table`](Out::table), secrets already starred.
+    /// The lines of [`table`](Out::table), secrets already starred and each cell's controls
+    /// escaped (the only escapes left are the table's own colours).
     fn render(&self, header: &[&str], rows: Vec<Vec<String>>) -> Vec<String> {
         let mut table = Table::new();
         table.load_style(presets::NOTHING);
@@ -92,7 +112,7 @@ impl Out {
         for row in rows {
             table.add_row(row.into_iter().map(|text| {
                 let colour = state_colour(&text);
-                let cell = Cell::new(self.secrets.redact(&text));
+                let cell = Cell::new(for_terminal(&self.secrets.redact(&text)));
                 match colour {
                     Some(colour) if self.colour => cell.fg(colour),
                     _ => cell,
@@ -105,6 +125,79 @@ impl Out {
             .map(|line| line.trim_end().to_owned())
             .collect()
     }
+}
+
+/// Whether a terminal acts on `c` rather than show it: the C0 controls, DEL, the C1 controls
+/// (U+0080 to U+009F; U+009B is CSI) and the bidirectional controls (U+202A to U+202E,
+/// U+2066 to U+2069), which reorder what follows them.
+fn acts_on_a_terminal(c: char) -> bool {
+    c.is_control()
+        || ('\u{202a}'..='\u{202e}').contains(&c)
+        || ('\u{2066}'..='\u{2069}').contains(&c)
+}
+
+/// `text` as a terminal shows it without acting on it: each control character (see
+/// [`acts_on_a_terminal`]) escaped, as `\n`, `\r`, `\t` or `\u{1b}`. Everything the command
+/// prints goes through it: the one place that decides what reaches a terminal.
+pub fn for_terminal(text: &str) -> Cow<'_, str> {
+    if !text.chars().any(acts_on_a_terminal) {
+        return Cow::Borrowed(text);
+    }
+    let mut shown = String::with_capacity(text.len() + 8);
+    for c in text.chars() {
+        match c {
+            '\n' => shown.push_str("\\n"),
+            '\r' => shown.push_str("\\r"),
+            '\t' => shown.push_str("\\t"),
+            c if acts_on_a_terminal(c) => {
+                let _ = write!(shown, "\\u{{{:x}}}", u32::from(c));
+            }
+            c => shown.push(c),
+        }
+    }
+    Cow::Owned(shown)
+}
+
+/// `text` line by line through [`for_terminal`]: its line feeds end lines, and every other
+/// control is escaped (for clap's messages, which span lines).
+pub fn lines_for_terminal(text: &str) -> String {
+    text.split('\n')
+        .map(for_terminal)
+        .collect::<Vec<_>>()
+        .join("\n")
+}
+
+/// A message's bytes on a terminal: its lines (CRLF or LF) through [`for_terminal`].
+fn raw_for_terminal(text: &str) -> String {
+    let mut shown = String::with_capacity(text.len());
+    for line in text.split_inclusive('\n') {
+        let line = line.strip_suffix('\n').unwrap_or(line);
+        let line = line.strip_suffix('\r').unwrap_or(line);
+        shown.push_str(&for_terminal(line));
+        shown.push('\n');
+    }
+    shown
+}
+
+/// A JSON text with the controls serde_json leaves as they are (DEL, C1, bidirectional) written
+/// as `\u` escapes: the same JSON value for a script, nothing a terminal acts on. Outside its
+/// strings a JSON text holds only ASCII punctuation, letters and spaces, so each such
+/// character is inside a string, where `\uXXXX` means it.
+pub fn json_for_terminal(json: &str) -> Cow<'_, str> {
+    if !json.chars().any(acts_on_a_terminal) {
+        return Cow::Borrowed(json);
+    }
+    let mut shown = String::with_capacity(json.len() + 8);
+    for c in json.chars() {
+        // White space between tokens stays; inside a string serde_json escaped it already.
+        if acts_on_a_terminal(c) && !matches!(c, '\n' | '\r' | '\t') {
+            // All of them are in the Basic Multilingual Plane: one `\uXXXX` each.
+            let _ = write!(shown, "\\u{:04x}", u32::from(c));
+        } else {
+            shown.push(c);
+        }
+    }
+    Cow::Owned(shown)
 }
 
 /// Colour only on a terminal, and never with `NO_COLOR` set to anything (`no_color`: its
@@ -279,5 +372,64 @@ mod tests {
         for (duration, written) in cases {
             assert_eq!(human_duration(duration), written, "{duration:?}");
         }
+    }
+    #[test]
+    fn every_c0_del_c1_and_bidi_control_is_shown_escaped_and_the_rest_as_it_is() {
+        let hostile =
+            "a\u{1b}]52;c;x\u{7}b\r\n\tc\u{7f}\u{80}\u{9b}\u{9f}\u{202a}\u{202e}\u{2066}\u{2069}d";
+        assert_eq!(
+            for_terminal(hostile),
+            r"a\u{1b}]52;c;x\u{7}b\r\n\tc\u{7f}\u{80}\u{9b}\u{9f}\u{202a}\u{202e}\u{2066}\u{2069}d"
+        );
+        // Their neighbours are text: U+00A0, U+2029, U+202F, U+206A, and the rest of UTF-8.
+        let text = "é ✓ \u{a0}\u{2029}\u{202f}\u{206a} \\u{1b} 日本";
+        assert!(matches!(for_terminal(text), Cow::Borrowed(_)), "{text}");
+    }
+
+    #[test]
+    fn lines_keep_their_line_feeds_and_escape_every_other_control() {
+        assert_eq!(
+            lines_for_terminal("one\u{1b}[2J\ntwo\r\n"),
+            "one\\u{1b}[2J\ntwo\\r\n"
+        );
+    }
+
+    #[test]
+    fn a_message_on_a_terminal_is_its_lines_with_their_controls_escaped() {
+        assert_eq!(
+            raw_for_terminal("Subject: \u{1b}[2J\r\nX: \u{9b}1m\n\r\nbody"),
+            "Subject: \\u{1b}[2J\nX: \\u{9b}1m\n\nbody\n"
+        );
+    }
+
+    #[test]
+    fn json_writes_del_c1_and_bidi_controls_as_unicode_escapes_and_means_the_same() {
+        let value = json!({ "subject": "\u{1b}]52\u{7f}\u{9b}\u{202e}\u{2069}x" });
+        let shown = json_for_terminal(&value.to_string()).into_owned();
+        assert_eq!(shown, r#"{"subject":"\u001b]52\u007f\u009b\u202e\u2069x"}"#);
+        assert_eq!(serde_json::from_str::<Value>(&shown).unwrap(), value);
+        let pretty = serde_json::to_string_pretty(&value).unwrap();
+        let read: Value = serde_json::from_str(&json_for_terminal(&pretty)).unwrap();
+        assert_eq!(read, value, "the white space between tokens is kept");
+        assert!(matches!(
+            json_for_terminal(r#"{"a":"b"}"#),
+            Cow::Borrowed(_)
+        ));
+    }
+
+    #[test]
+    fn a_tables_cells_have_their_controls_escaped_and_keep_their_colours() {
+        let rows = || vec![vec!["\u{1b}[2Jsubject\n".to_owned(), "down".to_owned()]];
+        let plain = out(false).render(&["subject", "state"], rows()).join("\n");
+        assert_eq!(
+            plain,
+            " SUBJECT             STATE\n \\u{1b}[2Jsubject\\n  down"
+        );
+        let coloured = out(true).render(&["subject", "state"], rows()).join("\n");
+        assert!(!coloured.contains("\u{1b}[2J"), "{coloured:?}");
+        assert!(
+            coloured.contains("\u{1b}["),
+            "the state's colour: {coloured:?}"
+        );
     }
 }

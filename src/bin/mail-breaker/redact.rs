@@ -58,15 +58,17 @@ impl Secrets {
         }
         let mut words: Vec<String> = Vec::new();
         for secret in found {
-            if secret.starts_with("${") {
+            if is_a_reference(&secret) {
                 continue;
             }
             let decoded = percent_decode(&secret);
             for form in [
-                secret.clone(),
-                decoded.clone(),
                 json_escaped(&secret),
                 json_escaped(&decoded),
+                percent_encoded(&decoded, |byte| !is_userinfo(byte)),
+                percent_encoded(&decoded, |byte| !is_unreserved(byte)),
+                secret,
+                decoded,
             ] {
                 if form.chars().count() >= SHORTEST && !words.contains(&form) {
                     words.push(form);
@@ -75,6 +77,17 @@ impl Secrets {
         }
         words.sort_by_key(|word| std::cmp::Reverse(word.len()));
         Secrets { words }
+    }
+
+    /// The secrets of both.
+    pub fn with(mut self, other: &Secrets) -> Secrets {
+        for word in &other.words {
+            if !self.words.contains(word) {
+                self.words.push(word.clone());
+            }
+        }
+        self.words.sort_by_key(|word| std::cmp::Reverse(word.len()));
+        self
     }
 
     /// `text` with every secret as `***`.
@@ -94,6 +107,11 @@ impl Secrets {
 
 /// The user part of each URL in `text`: its password, and its user name too unless the
 /// scheme's user part is a user (`smtp://user:pass@`).
+///
+/// The user part runs to an `@`, and may hold every sub-delimiter as it is (`,` `'` `(` `)`
+/// `;` `!` …), so the authority is read up to what no user part holds unescaped (white
+/// space, `/ ? #`, a double quote); each `@` in it may end the user part (a password with
+/// an unescaped `@` is read by some parsers), and each reading's secrets are hidden.
 fn url_secrets(text: &str, found: &mut Vec<String>) {
     let mut rest = text;
     while let Some(at) = rest.find("://") {
@@ -105,12 +123,13 @@ fn url_secrets(text: &str, found: &mut Vec<String>) {
             .into_iter()
             .rev()
             .collect();
+        let user_is_a_key = !USER_SCHEMES.contains(&scheme.to_ascii_lowercase().as_str());
         let after = &rest[at + 3..];
         let end = after
-            .find(|c: char| c.is_whitespace() || "/?#)\"',".contains(c))
+            .find(|c: char| c.is_whitespace() || c.is_control() || "/?#\"<>\\".contains(c))
             .unwrap_or(after.len());
         let authority = &after[..end];
-        if let Some(userinfo_end) = authority.rfind('@') {
+        for (userinfo_end, _) in authority.match_indices('@') {
             let userinfo = &authority[..userinfo_end];
             let (user, password) = match userinfo.split_once(':') {
                 Some((user, password)) => (user, Some(password)),
@@ -119,12 +138,12 @@ fn url_secrets(text: &str, found: &mut Vec<String>) {
             if let Some(password) = password.filter(|p| !p.is_empty()) {
                 found.push(password.to_owned());
             }
-            let scheme = scheme.to_ascii_lowercase();
-            if !USER_SCHEMES.contains(&scheme.as_str()) && !user.is_empty() {
+            // An empty user is no secret: shorter than SHORTEST, it is dropped.
+            if user_is_a_key {
                 found.push(user.to_owned());
             }
         }
-        rest = &after[end.min(after.len())..];
+        rest = &after[end..];
     }
 }
 
@@ -137,12 +156,15 @@ fn named_secrets(text: &str, found: &mut Vec<String>) {
     // Query options: `name=value` after `?` or `&`.
     for piece in text.split(['?', '&']).skip(1) {
         if let Some((name, value)) = piece.split_once('=') {
+            // A value may hold `)` and `'` (a DSN's group and a TOML string end with them
+            // too): both readings are hidden.
             let value: &str = value
-                .split(|c: char| c.is_whitespace() || "&)\"'".contains(c))
+                .split(|c: char| c.is_whitespace() || "&\"".contains(c))
                 .next()
                 .unwrap_or_default();
             if secret_name(name) && !value.is_empty() {
                 found.push(value.to_owned());
+                found.push(value.trim_end_matches([')', '\'']).to_owned());
             }
         }
     }
@@ -177,6 +199,40 @@ fn environment_secrets(text: &str, found: &mut Vec<String>) {
         }
         rest = &after[end..];
     }
+}
+
+/// Whether `secret` is a reference to the environment (`${NAME}`), whose value is the secret
+/// (see [`environment_secrets`]), rather than a secret that starts with `${`.
+fn is_a_reference(secret: &str) -> bool {
+    secret
+        .strip_prefix("${")
+        .and_then(|rest| rest.strip_suffix('}'))
+        .is_some_and(|name| {
+            !name.is_empty() && name.bytes().all(|b| b.is_ascii_alphanumeric() || b == b'_')
+        })
+}
+
+/// RFC 3986's unreserved characters: what no encoder escapes.
+fn is_unreserved(byte: u8) -> bool {
+    byte.is_ascii_alphanumeric() || b"-._~".contains(&byte)
+}
+
+/// What a URL's user part holds unescaped: the unreserved characters and sub-delimiters.
+fn is_userinfo(byte: u8) -> bool {
+    is_unreserved(byte) || b"!$&'()*+,;=".contains(&byte)
+}
+
+/// `text` with each byte `escape` says percent-encoded, as URL libraries write it (`%2C`).
+fn percent_encoded(text: &str, escape: impl Fn(u8) -> bool) -> String {
+    let mut out = String::with_capacity(text.len());
+    for byte in text.bytes() {
+        if escape(byte) {
+            out.push_str(&format!("%{byte:02X}"));
+        } else {
+            out.push(char::from(byte));
+        }
+    }
+    out
 }
 
 fn percent_decode(text: &str) -> String {
@@ -275,5 +331,82 @@ mod tests {
         assert_eq!(percent_decode("ab%4"), "ab%4");
         assert_eq!(percent_decode("ab%"), "ab%");
         assert_eq!(percent_decode("%zz"), "%zz");
+    }
+    #[test]
+    fn a_password_with_commas_quotes_and_parentheses_is_hidden_whole() {
+        // All of `,` `'` `(` `)` `;` `!` `*` are sub-delims: a URL's user part holds them as
+        // they are.
+        let secrets = Secrets::from_texts([
+            "failover(smtp://u:pa,ss'wo)rd@relay:587 smtp://v:(x;y!z*)@backup)",
+            "--dsn=smtp://w:it's,(me)@relay",
+        ]);
+        assert_eq!(
+            secrets.redact("pa,ss'wo)rd (x;y!z*) it's,(me)"),
+            "*** *** ***"
+        );
+    }
+    #[test]
+    fn a_password_is_hidden_as_url_libraries_percent_encode_it_too() {
+        let secrets = Secrets::from_texts(["smtp://u:it's%20m%C3%A9,(x)@relay"]);
+        let shown = secrets.redact(
+            "it's mé,(x) | it's%20m%C3%A9,(x) | it%27s%20m%C3%A9%2C%28x%29 | \"it's mé,(x)\"",
+        );
+        assert_eq!(shown, "*** | *** | *** | \"***\"");
+    }
+
+    #[test]
+    fn each_at_sign_may_end_the_user_part_and_each_reading_is_hidden() {
+        let secrets = Secrets::from_texts(["smtp://u:abc@def@relay postmark://KEY@x@default"]);
+        assert_eq!(secrets.redact("abc@def abc KEY@x KEY"), "*** *** *** ***");
+    }
+
+    #[test]
+    fn a_user_part_ends_at_white_space_a_control_a_slash_a_query_a_fragment_or_a_quote() {
+        let secrets = Secrets::from_texts([
+            "smtp://relay/a:bcd@e smtp://relay?a:bcd@e smtp://relay#a:bcd@e",
+            "smtp://relay\u{1}a:bcd@e smtp://relay\"a:bcd@e smtp://h<a:bcd@e smtp://h\\a:bcd@e",
+        ]);
+        assert!(secrets.words.is_empty(), "{:?}", secrets.words);
+    }
+
+    #[test]
+    fn a_password_written_percent_encoded_whole_is_hidden_as_a_user_part_holds_it_too() {
+        let secrets = Secrets::from_texts(["smtp://u:it%27s%20m%C3%A9%2C%28x%29@relay"]);
+        assert_eq!(secrets.redact("it's%20m%C3%A9,(x)"), "***");
+    }
+
+    #[test]
+    fn a_secret_query_value_is_hidden_with_and_without_the_parenthesis_or_quote_after_it() {
+        let secrets = Secrets::from_texts([
+            "failover(smtp://h?oauth2.client_secret=s3cr)t)",
+            "url = 'smtp://h?token=t0ken'",
+        ]);
+        assert_eq!(
+            secrets.redact("s3cr)t) s3cr)t t0ken' t0ken"),
+            "*** *** *** ***"
+        );
+    }
+
+    #[test]
+    fn only_a_whole_reference_to_the_environment_is_not_a_secret() {
+        assert!(is_a_reference("${SMTP_PASSWORD}"));
+        assert!(!is_a_reference("${}"));
+        assert!(!is_a_reference("${A}bc"));
+        assert!(!is_a_reference("${A B}"));
+        let secrets = Secrets::from_texts(["smtp://u:${SMTP_PASSWORD}@h smtp://v:${x-y}z@h"]);
+        assert_eq!(
+            secrets.redact("${SMTP_PASSWORD} ${x-y}z"),
+            "${SMTP_PASSWORD} ***"
+        );
+    }
+
+    #[test]
+    fn the_secrets_of_two_texts_together_are_hidden_longest_first() {
+        let argv = Secrets::from_texts(["smtp://u:secret@h"]);
+        let source = Secrets::from_texts(["smtp://u:secret-longer@h"]);
+        let both = argv.with(&source);
+        assert_eq!(both.redact("secret-longer secret"), "*** ***");
+        let count = both.words.len();
+        assert_eq!(both.clone().with(&both).words.len(), count, "no word twice");
     }
 }

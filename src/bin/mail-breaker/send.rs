@@ -1,8 +1,12 @@
-//! `mail-breaker send FILE.eml... | -`: raw messages through the stack, each as it is. The
-//! envelope comes from the headers (`From`; `To`, `Cc` and `Bcc`) unless `--from`/`--to` say
-//! otherwise. A progress bar on more than one message, then a summary (sent, queued,
-//! refused, failed) and a row per failure; with `--json`, one JSON line per message and a
-//! last line with the summary.
+//! `mail-breaker send FILE.eml... | -`: raw messages through the stack. The envelope comes
+//! from the headers (`From`; `To`, `Cc` and `Bcc`, or a resent message's `Resent-To`,
+//! `Resent-Cc` and `Resent-Bcc`) unless `--from`/`--to` say otherwise; the blind copies' fields
+//! never leave (as lettre leaves them out when it formats a message). A progress bar on more
+//! than one message, then a summary (sent, queued, refused, failed, partly sent, invalid) and
+//! a row per recipient that did not get the message; with `--json`, one JSON line per message
+//! and a last line with the summary. The exit code is 0 only when every recipient of every
+//! message was delivered or queued (a deferred recipient is queued when the stack has an
+//! outbox, which keeps the message for it).
 
 use std::path::PathBuf;
 use std::str::FromStr;
@@ -11,22 +15,58 @@ use clap::Args;
 use futures::StreamExt;
 use indicatif::{ProgressBar, ProgressStyle};
 use lettre::Address;
-use mail_breaker::{Category, Envelope, Receipt, SendError, Transport};
-use serde_json::json;
+use mail_breaker::{Category, Receipt, SendError, Transport};
+use serde_json::{Value, json};
 
+use crate::eml::{envelope, without_blind_copies};
 use crate::exit::{Exit, Failure};
 use crate::output::Out;
 use crate::stack::Stack;
+use crate::trace::Recorder;
+
+/// What the outbox logs when it could not keep a message for its deferred recipients.
+const DEFERRED_NOT_KEPT: &str = "outbox.owed_not_kept";
+
+/// Whether the outbox kept the messages for their deferred recipients. It keeps a message
+/// before the send answers, and only logs when it cannot: the log of a message not kept is
+/// recorded before its answer comes, but answers come in any order, and the log does not say
+/// which message it was. So from the first such log on, every message counts as not kept.
+struct Kept<'r> {
+    recorder: &'r Recorder,
+    has_outbox: bool,
+    failed: bool,
+}
+
+impl<'r> Kept<'r> {
+    /// Starts recording what the outbox logs.
+    fn new(has_outbox: bool, recorder: &'r Recorder) -> Kept<'r> {
+        recorder.start();
+        Kept {
+            recorder,
+            has_outbox,
+            failed: false,
+        }
+    }
+
+    /// Whether the message whose answer just came was kept for its deferred recipients.
+    fn so_far(&mut self) -> bool {
+        self.failed |= self.recorder.saw(DEFERRED_NOT_KEPT);
+        self.has_outbox && !self.failed
+    }
+}
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
-    /// The messages: .eml files (RFC 5322, headers and body), or `-` for one on stdin.
+    /// The messages: .eml files (RFC 5322, headers and body), or `-` for one on stdin. Their
+    /// `Bcc:` and `Resent-Bcc:` fields are taken out before they leave.
     #[arg(required = true, value_name = "FILE.eml")]
     files: Vec<PathBuf>,
-    /// The envelope's sender, instead of the message's `From`.
+    /// The envelope's sender, instead of the message's `From` (a resent message's
+    /// `Resent-Sender` or `Resent-From`).
     #[arg(long, value_name = "ADDR")]
     from: Option<String>,
-    /// The envelope's recipients, instead of the message's `To`, `Cc` and `Bcc` (repeat it).
+    /// The envelope's recipients, instead of the message's `To`, `Cc` and `Bcc` (a resent
+    /// message's `Resent-To`, `Resent-Cc` and `Resent-Bcc`). Repeat it.
     #[arg(long, value_name = "ADDR")]
     to: Vec<String>,
     /// Messages in flight at once.
@@ -37,10 +77,18 @@ pub struct SendArgs {
 /// How one message ended.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Outcome {
+    /// Delivered to every recipient.
     Sent,
+    /// Kept in the outbox for every recipient.
     Queued,
+    /// Delivered to some recipients, not to others (refused, deferred, maybe delivered).
+    Partial,
+    /// Refused whole.
     Refused,
+    /// Not sent: the provider down, the credentials refused, …
     Failed,
+    /// The file could not be read, or is not a message the command can send: nothing left.
+    Invalid,
 }
 
 impl Outcome {
@@ -48,19 +96,101 @@ impl Outcome {
         match self {
             Outcome::Sent => "sent",
             Outcome::Queued => "queued",
+            Outcome::Partial => "partial",
             Outcome::Refused => "refused",
             Outcome::Failed => "failed",
+            Outcome::Invalid => "invalid",
+        }
+    }
+}
+
+/// How a recipient did not get a message the provider took for others.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Missed {
+    /// Refused for good (a 5xx to its `RCPT TO`).
+    Refused,
+    /// Refused for now (a 4xx); `queued` when the outbox keeps the message for it.
+    Deferred { queued: bool },
+    /// The data went out and no answer came: it may have the message.
+    MaybeDelivered,
+}
+
+impl Missed {
+    fn word(self) -> &'static str {
+        match self {
+            Missed::Refused => "refused",
+            Missed::Deferred { queued: false } => "deferred",
+            Missed::Deferred { queued: true } => "deferred, queued",
+            Missed::MaybeDelivered => "maybe delivered",
         }
     }
 }
 
 struct Answer {
     file: String,
-    outcome: Outcome,
     result: Result<Receipt, SendError>,
+    /// The file could not be read or parsed, so nothing was sent.
+    invalid: bool,
+    /// The outbox kept the message for its deferred recipients (see [`Kept`]).
+    deferred_queued: bool,
 }
 
-pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failure> {
+impl Answer {
+    /// The recipients that did not get the message although the provider took it for others:
+    /// how, who, and why.
+    fn undelivered(&self) -> Vec<(Missed, &Address, &SendError)> {
+        let Ok(receipt) = &self.result else {
+            return Vec::new();
+        };
+        let lists = [
+            (Missed::Refused, receipt.rejected_recipients()),
+            (
+                Missed::Deferred {
+                    queued: self.deferred_queued,
+                },
+                receipt.deferred_recipients(),
+            ),
+            (Missed::MaybeDelivered, receipt.maybe_delivered_recipients()),
+        ];
+        lists
+            .into_iter()
+            .flat_map(|(how, list)| list.iter().map(move |(to, why)| (how, to, why)))
+            .collect()
+    }
+
+    fn outcome(&self) -> Outcome {
+        match &self.result {
+            Err(_) if self.invalid => Outcome::Invalid,
+            Err(error) if Exit::of(error) == Exit::Refused => Outcome::Refused,
+            Err(_) => Outcome::Failed,
+            Ok(receipt) if receipt.is_queued() => Outcome::Queued,
+            Ok(_) if !self.undelivered().is_empty() => Outcome::Partial,
+            Ok(_) => Outcome::Sent,
+        }
+    }
+
+    /// Its exit code: 0 only when every recipient got it or it was queued; for a partial
+    /// delivery, the decisive code of its recipients' errors.
+    fn code(&self) -> Exit {
+        match &self.result {
+            Err(_) if self.invalid => Exit::Usage,
+            Err(error) => Exit::of(error),
+            Ok(_) => Exit::combined(self.undelivered().into_iter().map(
+                |(how, _, why)| match how {
+                    Missed::Deferred { queued: true } => Exit::Ok,
+                    _ => Exit::of(why),
+                },
+            )),
+        }
+    }
+}
+
+pub async fn run(
+    stack: &Stack,
+    out: &Out,
+    recorder: &Recorder,
+    args: SendArgs,
+) -> Result<Exit, Failure> {
     let from = args
         .from
         .as_deref()
@@ -92,31 +222,35 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
             let from = from.clone();
             let to = to.clone();
             async move {
-                let name = file.display().to_string();
-                let result = match read(file).await {
-                    Ok(raw) => match envelope(&raw, from, to) {
-                        Ok(envelope) => mailer.send_raw(&envelope, &raw).await,
-                        Err(error) => Err(error),
-                    },
+                let file_name = file.display().to_string();
+                let prepared = match read(file).await {
+                    Ok(raw) => envelope(&raw, from, to).map(|envelope| (raw, envelope)),
                     Err(error) => Err(error),
                 };
-                let outcome = match &result {
-                    Ok(receipt) if receipt.is_queued() => Outcome::Queued,
-                    Ok(_) => Outcome::Sent,
-                    Err(error) if Exit::of(error) == Exit::Refused => Outcome::Refused,
-                    Err(_) => Outcome::Failed,
-                };
-                Answer {
-                    file: name,
-                    outcome,
-                    result,
+                match prepared {
+                    Ok((raw, envelope)) => Answer {
+                        file: file_name,
+                        result: mailer
+                            .send_raw(&envelope, &without_blind_copies(&raw))
+                            .await,
+                        invalid: false,
+                        deferred_queued: false,
+                    },
+                    Err(error) => Answer {
+                        file: file_name,
+                        result: Err(error),
+                        invalid: true,
+                        deferred_queued: false,
+                    },
                 }
             }
         })
         .buffer_unordered(usize::from(args.concurrency));
     futures::pin_mut!(sends);
     let mut answers = Vec::with_capacity(total);
-    while let Some(answer) = sends.next().await {
+    let mut kept = Kept::new(mailer.outbox().is_some(), recorder);
+    while let Some(mut answer) = sends.next().await {
+        answer.deferred_queued = kept.so_far();
         bar.inc(1);
         if out.json {
             bar.suspend(|| out.json(&line(&answer)));
@@ -124,18 +258,18 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
         answers.push(answer);
     }
     bar.finish_and_clear();
+    recorder.take();
 
-    let count = |outcome| answers.iter().filter(|a| a.outcome == outcome).count();
-    let (sent, queued, refused, failed) = (
+    let count = |outcome| answers.iter().filter(|a| a.outcome() == outcome).count();
+    let (sent, queued, refused, failed, partial, invalid) = (
         count(Outcome::Sent),
         count(Outcome::Queued),
         count(Outcome::Refused),
         count(Outcome::Failed),
+        count(Outcome::Partial),
+        count(Outcome::Invalid),
     );
-    let code = Exit::combined(answers.iter().map(|answer| match &answer.result {
-        Ok(_) => Exit::Ok,
-        Err(error) => Exit::of(error),
-    }));
+    let code = Exit::combined(answers.iter().map(Answer::code));
     if out.json {
         out.json(&json!({
             "type": "summary",
@@ -144,66 +278,119 @@ pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failu
             "queued": queued,
             "refused": refused,
             "failed": failed,
+            "partial": partial,
+            "invalid": invalid,
             "exit_code": code as u8,
         }));
         return Ok(code);
     }
     if total == 1
-        && let Some(Answer {
-            result: Ok(receipt),
-            ..
-        }) = answers.first()
+        && let Some(
+            answer @ Answer {
+                result: Ok(receipt),
+                ..
+            },
+        ) = answers.first()
     {
-        out.line(&match receipt.is_queued() {
-            true => format!(
-                "queued in the outbox as {}",
-                receipt.message_id().unwrap_or("?")
-            ),
-            false => format!(
-                "sent by {} as {}",
-                receipt.transport(),
-                receipt.message_id().unwrap_or("?")
-            ),
-        });
+        out.line(&where_it_went(receipt, answer.undelivered().len()));
     }
     out.line(&format!(
-        "{total} message{}: {sent} sent, {queued} queued, {refused} refused, {failed} failed",
+        "{total} message{}: {sent} sent, {queued} queued, {refused} refused, {failed} failed, \
+         {partial} partly sent, {invalid} invalid",
         if total == 1 { "" } else { "s" }
     ));
-    let failures: Vec<Vec<String>> = answers
-        .iter()
-        .filter_map(|answer| {
-            let error = answer.result.as_ref().err()?;
-            Some(vec![
-                answer.file.clone(),
-                answer.outcome.word().to_owned(),
-                error.code().to_owned(),
-                error.to_string(),
-            ])
-        })
-        .collect();
-    if !failures.is_empty() {
+    let rows = failure_rows(&answers);
+    if !rows.is_empty() {
         out.line("");
-        out.table(&["file", "outcome", "code", "error"], failures);
+        out.table(&["file", "recipient", "outcome", "code", "error"], rows);
     }
     Ok(code)
 }
 
-fn line(answer: &Answer) -> serde_json::Value {
+/// Where a lone message went: its provider and id, and how many of its recipients got it
+/// when some did not.
+fn where_it_went(receipt: &Receipt, undelivered: usize) -> String {
+    let id = receipt.message_id().unwrap_or("?");
+    if receipt.is_queued() {
+        return format!("queued in the outbox as {id}");
+    }
+    let mut text = format!("sent by {} as {id}", receipt.transport());
+    if undelivered > 0 {
+        text.push_str(&format!(
+            ", not to {undelivered} recipient{}",
+            if undelivered == 1 { "" } else { "s" }
+        ));
+    }
+    text
+}
+
+/// A row per message that failed whole (its recipient `all`) and per recipient that did not
+/// get a message the provider took for others.
+fn failure_rows(answers: &[Answer]) -> Vec<Vec<String>> {
+    let mut rows = Vec::new();
+    for answer in answers {
+        let outcome = answer.outcome();
+        if let Err(error) = &answer.result {
+            rows.push(vec![
+                answer.file.clone(),
+                "all".to_owned(),
+                outcome.word().to_owned(),
+                error.code().to_owned(),
+                error.to_string(),
+            ]);
+        }
+        for (how, to, why) in answer.undelivered() {
+            rows.push(vec![
+                answer.file.clone(),
+                to.to_string(),
+                how.word().to_owned(),
+                why.code().to_owned(),
+                why.to_string(),
+            ]);
+        }
+    }
+    rows
+}
+
+fn line(answer: &Answer) -> Value {
     match &answer.result {
-        Ok(receipt) => json!({
-            "type": "message",
-            "file": answer.file,
-            "outcome": answer.outcome.word(),
-            "transport": receipt.transport(),
-            "message_id": receipt.message_id(),
-            "response": receipt.response(),
-            "attempts": receipt.attempts(),
-        }),
+        Ok(receipt) => {
+            let undelivered = answer.undelivered();
+            let list = |wanted: fn(Missed) -> bool| {
+                undelivered
+                    .iter()
+                    .filter(|(how, _, _)| wanted(*how))
+                    .map(|(how, to, why)| {
+                        let mut entry = json!({
+                            "recipient": to.to_string(),
+                            "code": why.code(),
+                            "category": why.category().as_str(),
+                            "error": why.to_string(),
+                        });
+                        if let Missed::Deferred { queued } = how {
+                            entry["queued"] = json!(queued);
+                        }
+                        entry
+                    })
+                    .collect::<Vec<Value>>()
+            };
+            json!({
+                "type": "message",
+                "file": answer.file,
+                "outcome": answer.outcome().word(),
+                "transport": receipt.transport(),
+                "message_id": receipt.message_id(),
+                "response": receipt.response(),
+                "attempts": receipt.attempts(),
+                "refused": list(|how| how == Missed::Refused),
+                "deferred": list(|how| matches!(how, Missed::Deferred { .. })),
+                "maybe_delivered": list(|how| how == Missed::MaybeDelivered),
+            })
+        }
         Err(error) => json!({
             "type": "message",
             "file": answer.file,
-            "outcome": answer.outcome.word(),
+            "outcome": answer.outcome().word(),
             "transport": error.transport(),
             "code": error.code(),
             "category": error.category().as_str(),
@@ -243,117 +430,33 @@ fn address(flag: &str, text: &str) -> Result<Address, Failure> {
         .map_err(|error| Failure::usage(format!("{flag} {text:?} is not an address: {error}")))
 }
 
-/// The envelope of a raw message: `from` or its `From` (else `Sender`), and `to` or its
-/// `To`, `Cc` and `Bcc`.
-fn envelope(raw: &[u8], from: Option<Address>, to: Vec<Address>) -> Result<Envelope, SendError> {
-    let bad = |why: String| SendError::new(Category::InvalidMessage, "cli.bad_message", why);
-    let parsed = mail_parser::MessageParser::default()
-        .parse(raw)
-        .ok_or_else(|| bad("not a message: no header could be read".to_owned()))?;
-    let addresses = |list: Option<&mail_parser::Address<'_>>| -> Vec<String> {
-        list.map(|list| {
-            list.iter()
-                .filter_map(|addr| addr.address().map(str::to_owned))
-                .collect()
-        })
-        .unwrap_or_default()
-    };
-    let from = match from {
-        Some(from) => Some(from),
-        None => addresses(parsed.from())
-            .into_iter()
-            .chain(addresses(parsed.sender()))
-            .next()
-            .map(|text| Address::from_str(&text).map_err(|e| bad(format!("From {text:?}: {e}"))))
-            .transpose()?,
-    };
-    let to = if to.is_empty() {
-        let mut all = addresses(parsed.to());
-        all.extend(addresses(parsed.cc()));
-        all.extend(addresses(parsed.bcc()));
-        all.iter()
-            .map(|text| {
-                Address::from_str(text).map_err(|e| bad(format!("recipient {text:?}: {e}")))
-            })
-            .collect::<Result<Vec<_>, _>>()?
-    } else {
-        to
-    };
-    if to.is_empty() {
-        return Err(bad(
-            "no recipient: the message has no To, Cc or Bcc (or give --to)".to_owned(),
-        ));
-    }
-    Envelope::new(from, to).map_err(|error| bad(error.to_string()))
-}
-
 #[cfg(test)]
 mod tests {
     use mail_breaker::{Category, Receipt, SendError};
 
-    use super::{Answer, Outcome, address, envelope, is_stdin, line, shows_a_bar};
+    use tracing_subscriber::prelude::*;
+
+    use super::{
+        Answer, Kept, Outcome, address, failure_rows, is_stdin, line, shows_a_bar, where_it_went,
+    };
     use crate::exit::Exit;
-
-    const RAW: &[u8] = b"From: App <app@example.com>\r\nTo: a@example.org\r\n\
-        Cc: b@example.org\r\nBcc: c@example.org\r\nSubject: hi\r\n\r\nbody\r\n";
-
-    fn addresses(envelope: &mail_breaker::Envelope) -> Vec<String> {
-        envelope.to().iter().map(ToString::to_string).collect()
-    }
+    use crate::trace::Recorder;
 
     #[test]
     fn each_outcome_is_written_as_its_word() {
         let words = [
             Outcome::Sent,
             Outcome::Queued,
+            Outcome::Partial,
             Outcome::Refused,
             Outcome::Failed,
+            Outcome::Invalid,
         ]
         .map(Outcome::word);
-        assert_eq!(words, ["sent", "queued", "refused", "failed"]);
-    }
-
-    #[test]
-    fn the_envelope_is_the_messages_from_and_its_to_cc_and_bcc() {
-        let envelope = envelope(RAW, None, Vec::new()).unwrap();
         assert_eq!(
-            envelope.from().map(ToString::to_string).as_deref(),
-            Some("app@example.com")
+            words,
+            ["sent", "queued", "partial", "refused", "failed", "invalid"]
         );
-        assert_eq!(
-            addresses(&envelope),
-            ["a@example.org", "b@example.org", "c@example.org"]
-        );
-    }
-
-    #[test]
-    fn without_a_from_the_sender_is_the_envelopes_sender() {
-        let raw = b"Sender: ops@example.com\r\nTo: a@example.org\r\n\r\nbody\r\n";
-        let envelope = envelope(raw, None, Vec::new()).unwrap();
-        assert_eq!(
-            envelope.from().map(ToString::to_string).as_deref(),
-            Some("ops@example.com")
-        );
-    }
-
-    #[test]
-    fn from_and_to_given_on_the_command_line_replace_the_headers() {
-        let from = address("--from", "bounce@example.com").unwrap();
-        let to = vec![address("--to", "only@example.net").unwrap()];
-        let envelope = envelope(RAW, Some(from), to).unwrap();
-        assert_eq!(
-            envelope.from().map(ToString::to_string).as_deref(),
-            Some("bounce@example.com")
-        );
-        assert_eq!(addresses(&envelope), ["only@example.net"]);
-    }
-
-    #[test]
-    fn a_message_without_a_recipient_is_an_invalid_message() {
-        let raw = b"From: app@example.com\r\nSubject: hi\r\n\r\nbody\r\n";
-        let error = envelope(raw, None, Vec::new()).unwrap_err();
-        assert_eq!(error.category(), Category::InvalidMessage);
-        assert_eq!(error.code(), "cli.bad_message");
     }
 
     #[test]
@@ -380,8 +483,9 @@ mod tests {
     fn each_messages_json_line_says_how_it_ended_and_through_what() {
         let sent = line(&Answer {
             file: "a.eml".to_owned(),
-            outcome: Outcome::Sent,
             result: Ok(Receipt::new("smtp://relay:587")),
+            invalid: false,
+            deferred_queued: false,
         });
         assert_eq!(sent["type"], "message");
         assert_eq!(sent["file"], "a.eml");
@@ -389,7 +493,8 @@ mod tests {
         assert_eq!(sent["transport"], "smtp://relay:587");
         let refused = line(&Answer {
             file: "b.eml".to_owned(),
-            outcome: Outcome::Refused,
+            invalid: false,
+            deferred_queued: false,
             result: Err(SendError::new(
                 Category::Rejected,
                 "smtp.550",
@@ -399,5 +504,188 @@ mod tests {
         assert_eq!(refused["outcome"], "refused");
         assert_eq!(refused["code"], "smtp.550");
         assert_eq!(refused["category"], "rejected");
+    }
+    fn error(category: Category, code: &str) -> SendError {
+        SendError::new(category, code, "test")
+    }
+
+    fn to(text: &str) -> lettre::Address {
+        address("--to", text).unwrap()
+    }
+
+    fn sent(receipt: Receipt) -> Answer {
+        Answer {
+            file: "m.eml".to_owned(),
+            result: Ok(receipt),
+            invalid: false,
+            deferred_queued: false,
+        }
+    }
+
+    #[test]
+    fn a_message_delivered_to_some_recipients_names_each_other_one_with_how_it_did_not_go() {
+        let receipt = Receipt::new("smtp://relay:25")
+            .with_rejected_recipient(
+                to("gone@example.org"),
+                error(Category::Rejected, "smtp.550"),
+            )
+            .with_deferred_recipient(
+                to("later@example.org"),
+                error(Category::ServerError, "smtp.450"),
+            )
+            .with_maybe_delivered_recipient(
+                to("lost@example.org"),
+                error(Category::Timeout, "smtp.timeout"),
+            );
+        let answer = sent(receipt);
+        assert_eq!(answer.outcome(), Outcome::Partial);
+        assert_eq!(answer.code(), Exit::Down, "what may still go decides");
+        let rows = failure_rows(std::slice::from_ref(&answer));
+        let named: Vec<(&str, &str, &str)> = rows
+            .iter()
+            .map(|row| (row[1].as_str(), row[2].as_str(), row[3].as_str()))
+            .collect();
+        assert_eq!(
+            named,
+            [
+                ("gone@example.org", "refused", "smtp.550"),
+                ("later@example.org", "deferred", "smtp.450"),
+                ("lost@example.org", "maybe delivered", "smtp.timeout"),
+            ]
+        );
+        let json = line(&answer);
+        assert_eq!(json["outcome"], "partial");
+        assert_eq!(json["refused"][0]["recipient"], "gone@example.org");
+        assert_eq!(json["deferred"][0]["code"], "smtp.450");
+        assert_eq!(json["maybe_delivered"][0]["recipient"], "lost@example.org");
+        assert_eq!(json["maybe_delivered"][0]["category"], "timeout");
+    }
+
+    #[test]
+    fn a_message_every_recipient_got_or_that_was_queued_exits_0() {
+        let delivered = sent(Receipt::new("smtp://relay:25"));
+        assert_eq!(
+            (delivered.outcome(), delivered.code()),
+            (Outcome::Sent, Exit::Ok)
+        );
+        assert!(failure_rows(&[delivered]).is_empty());
+        let queued = sent(Receipt::new("outbox").queued());
+        assert_eq!(
+            (queued.outcome(), queued.code()),
+            (Outcome::Queued, Exit::Ok)
+        );
+    }
+
+    #[test]
+    fn a_message_with_only_a_refused_recipient_beside_delivered_ones_exits_3() {
+        let answer = sent(Receipt::new("smtp://relay:25").with_rejected_recipient(
+            to("gone@example.org"),
+            error(Category::Rejected, "smtp.550"),
+        ));
+        assert_eq!(
+            (answer.outcome(), answer.code()),
+            (Outcome::Partial, Exit::Refused)
+        );
+    }
+
+    #[test]
+    fn a_file_that_could_not_be_read_or_parsed_is_invalid_and_exits_2() {
+        let answer = Answer {
+            file: "gone.eml".to_owned(),
+            result: Err(error(Category::InvalidMessage, "cli.unreadable")),
+            invalid: true,
+            deferred_queued: false,
+        };
+        assert_eq!(
+            (answer.outcome(), answer.code()),
+            (Outcome::Invalid, Exit::Usage)
+        );
+        let refused_by_the_provider = Answer {
+            invalid: false,
+            ..answer
+        };
+        assert_eq!(refused_by_the_provider.code(), Exit::Refused);
+        assert_eq!(refused_by_the_provider.outcome(), Outcome::Refused);
+        let down = Answer {
+            file: "m.eml".to_owned(),
+            result: Err(error(Category::Network, "smtp.network")),
+            invalid: false,
+            deferred_queued: false,
+        };
+        assert_eq!((down.outcome(), down.code()), (Outcome::Failed, Exit::Down));
+        let rows = failure_rows(&[down]);
+        assert_eq!(rows[0][..4], ["m.eml", "all", "failed", "smtp.network"]);
+    }
+
+    #[test]
+    fn a_lone_message_says_where_it_went_and_to_how_many_it_did_not() {
+        let receipt = Receipt::new("smtp://relay:25").with_message_id("Q1");
+        assert_eq!(where_it_went(&receipt, 0), "sent by smtp://relay:25 as Q1");
+        assert_eq!(
+            where_it_went(&receipt, 1),
+            "sent by smtp://relay:25 as Q1, not to 1 recipient"
+        );
+        assert_eq!(
+            where_it_went(&receipt, 2),
+            "sent by smtp://relay:25 as Q1, not to 2 recipients"
+        );
+        let queued = Receipt::new("outbox").with_message_id("7").queued();
+        assert_eq!(where_it_went(&queued, 0), "queued in the outbox as 7");
+    }
+
+    #[test]
+    fn a_deferred_recipient_the_outbox_keeps_is_named_as_queued_and_exits_0() {
+        let receipt = Receipt::new("smtp://relay:25").with_deferred_recipient(
+            to("later@example.org"),
+            error(Category::ServerError, "smtp.450"),
+        );
+        let kept = Answer {
+            deferred_queued: true,
+            ..sent(receipt.clone())
+        };
+        assert_eq!((kept.outcome(), kept.code()), (Outcome::Partial, Exit::Ok));
+        let rows = failure_rows(std::slice::from_ref(&kept));
+        assert_eq!(
+            rows[0][1..4],
+            ["later@example.org", "deferred, queued", "smtp.450"]
+        );
+        assert_eq!(line(&kept)["deferred"][0]["queued"], true);
+        let not_kept = sent(receipt);
+        assert_eq!(not_kept.code(), Exit::Down);
+        assert_eq!(failure_rows(&[not_kept])[0][2], "deferred");
+        let refused_beside = Answer {
+            deferred_queued: true,
+            ..sent(
+                Receipt::new("smtp://relay:25")
+                    .with_deferred_recipient(
+                        to("later@example.org"),
+                        error(Category::ServerError, "smtp.450"),
+                    )
+                    .with_rejected_recipient(
+                        to("gone@example.org"),
+                        error(Category::Rejected, "smtp.550"),
+                    ),
+            )
+        };
+        assert_eq!(refused_beside.code(), Exit::Refused);
+    }
+    #[test]
+    fn from_the_first_message_the_outbox_could_not_keep_none_counts_as_kept() {
+        let recorder = Recorder::default();
+        let log = |name: &'static str| {
+            let subscriber = tracing_subscriber::registry().with(recorder.clone());
+            tracing::subscriber::with_default(subscriber, || {
+                tracing::error!(target: "mail_breaker::outbox", "{}", name);
+            });
+        };
+        let mut kept = Kept::new(true, &recorder);
+        log("outbox.queued_owed");
+        assert!(kept.so_far());
+        log("outbox.owed_not_kept");
+        assert!(!kept.so_far());
+        assert!(!kept.so_far(), "and no later one either");
+        let mut no_outbox = Kept::new(false, &recorder);
+        assert!(!no_outbox.so_far());
+        recorder.take();
     }
 }

@@ -127,8 +127,9 @@ pub async fn run(
         .collect();
     out.line("");
     out.table(&["member", "before", "after"], rows);
+    out.line("");
     out.line(&format!(
-        "\ntook {}; exit {}",
+        "took {}; exit {}",
         human_duration(elapsed),
         code as u8
     ));

@@ -1,5 +1,6 @@
 //! What the crate logs while a command runs: recorded for `test`'s trace and for `breakers`
-//! (a store that did not answer), and with `--verbose` written to stderr, secrets as `***`.
+//! (a store that did not answer), and with `--verbose` written to stderr, secrets as `***`
+//! and controls escaped.
 
 use std::io::Write;
 use std::sync::{Arc, Mutex, PoisonError};
@@ -43,6 +44,19 @@ type Recording = Option<(Instant, Vec<Recorded>)>;
 impl Recorder {
     pub fn start(&self) {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), Vec::new()));
+    }
+
+    /// Whether an event named `name` was recorded since `start` or the last look. Recording
+    /// goes on, and the events looked at are let go: a long run (`send` of many files)
+    /// keeps none of them.
+    pub fn saw(&self, name: &str) -> bool {
+        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
+        let Some((_, events)) = guard.as_mut() else {
+            return false;
+        };
+        let seen = events.iter().any(|event| event.name == name);
+        events.clear();
+        seen
     }
 
     /// What was recorded since `start`; recording stops.
@@ -140,12 +154,23 @@ impl Write for Redacting {
     }
 }
 
+impl Redacting {
+    /// The line as it is written: secrets hidden, then every control escaped but the line
+    /// feed that ends it (a server's reply in a field is text from outside).
+    fn shown(&self) -> String {
+        let text = String::from_utf8_lossy(&self.buffer);
+        let text = self.secrets.redact(&text);
+        let (line, end) = match text.strip_suffix('\n') {
+            Some(line) => (line, "\n"),
+            None => (&*text, ""),
+        };
+        format!("{}{end}", crate::output::for_terminal(line))
+    }
+}
+
 impl Drop for Redacting {
     fn drop(&mut self) {
-        let text = String::from_utf8_lossy(&self.buffer);
-        let _ = std::io::stderr()
-            .lock()
-            .write_all(self.secrets.redact(&text).as_bytes());
+        let _ = std::io::stderr().lock().write_all(self.shown().as_bytes());
     }
 }
 
@@ -220,5 +245,47 @@ mod tests {
         line.flush().unwrap();
         assert_eq!(line.buffer, b"half a line\n");
         std::mem::take(&mut line.buffer);
+    }
+    #[test]
+    fn a_log_line_is_written_with_its_secrets_starred_and_its_controls_escaped() {
+        let line = |text: &str| Redacting {
+            secrets: Arc::new(Secrets::from_texts(["smtp://u:hunter2@relay"])),
+            buffer: text.as_bytes().to_vec(),
+        };
+        let mut logged = line("reply=\"550 \u{1b}]52;c;x\u{7}\nforged\" pass=hunter2\n");
+        assert_eq!(
+            logged.shown(),
+            "reply=\"550 \\u{1b}]52;c;x\\u{7}\\nforged\" pass=***\n"
+        );
+        std::mem::take(&mut logged.buffer);
+        let mut unended = line("no line feed \u{9b}");
+        assert_eq!(unended.shown(), "no line feed \\u{9b}");
+        std::mem::take(&mut unended.buffer);
+    }
+    #[test]
+    fn an_event_seen_since_the_last_look_is_told_and_let_go_without_stopping_the_recording() {
+        let recorder = Recorder::default();
+        logged(&recorder, || {
+            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
+        });
+        recorder.start();
+        assert!(!recorder.saw("outbox.deferred_not_kept"), "before start");
+        logged(&recorder, || {
+            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
+        });
+        assert!(recorder.saw("outbox.deferred_not_kept"));
+        assert!(
+            !recorder.saw("outbox.deferred_not_kept"),
+            "the events looked at are let go"
+        );
+        logged(&recorder, || {
+            tracing::debug!(target: "mail_breaker::outbox", "outbox.queued_deferred");
+        });
+        assert!(!recorder.saw("outbox.deferred_not_kept"));
+        logged(&recorder, || {
+            tracing::debug!(target: "mail_breaker::outbox", "outbox.queued_deferred");
+        });
+        assert_eq!(recorder.take().len(), 1, "still recording after a look");
+        assert!(!recorder.saw("outbox.queued_deferred"), "after take");
     }
 }
