@@ -306,12 +306,12 @@ impl Gate {
         }
     }
 
-    /// Whether a send's result counts only by whether it failed: no slow calls to time, no
-    /// metrics to tell. A send let go by a breaker closed with nothing counted then holds
-    /// only its permit (see [`LocalSend`](super::future::LocalSend)).
+    /// Whether a send's result counts only by whether it failed: no slow calls to time. A
+    /// send let go by a breaker closed with nothing counted then holds only its permit, and
+    /// under the `metrics` feature when it went (see [`LocalSend`](super::future::LocalSend)).
     #[inline]
     pub(crate) fn counts_plainly(&self) -> bool {
-        self.slow_call.is_none() && !recording::TIMES_SENDS && !recording::COUNTS_SENDS
+        self.slow_call.is_none()
     }
 
     /// When a send let go now started, read only if slow calls or metrics need it.

@@ -29,8 +29,19 @@ use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 /// Whether a send needs its start time read even when slow calls do not count.
 pub(crate) const TIMES_SENDS: bool = crate::metrics::ENABLED;
 
-/// Whether [`Recording::send_finished`] counts each send's outcome.
-pub(crate) const COUNTS_SENDS: bool = crate::metrics::ENABLED;
+/// When a send let go on the breaker's clean path went: read only under the `metrics`
+/// feature, for the send's histogram; nothing without it.
+#[cfg(feature = "metrics")]
+pub(crate) type CleanStart = Instant;
+#[cfg(not(feature = "metrics"))]
+pub(crate) type CleanStart = ();
+
+/// The time a send let go on the clean path goes, if metrics need it.
+#[inline]
+pub(crate) fn clean_start() -> CleanStart {
+    #[cfg(feature = "metrics")]
+    return Instant::now();
+}
 
 /// A breaker's metrics: the handles it keeps, shared by its gate and the reporter of the
 /// changes its store learns of late. Nothing without the `metrics` feature.
@@ -192,6 +203,15 @@ impl Recording {
                 }
             }
         }
+    }
+
+    /// A send let go on the clean path (closed, nothing counted, no slow calls) has its
+    /// answer, counted as `outcome`; it went at `started`.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn clean_finished(&self, transport: &str, outcome: Outcome, started: CleanStart) {
+        #[cfg(feature = "metrics")]
+        self.send_finished(transport, Some(outcome), Some(started));
     }
 
     /// The breaker of `transport` changed state.
