@@ -319,7 +319,7 @@ impl Transport for EveryOther {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let fail = self.sends.fetch_add(1, Ordering::Relaxed) % 2 == 0;
+        let fail = self.sends.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
         Immediate { fail }.send_raw(envelope, raw).await
     }
 }
