@@ -4,7 +4,11 @@
 //!
 //! The transport answers at once, so every figure above the bare one is the guard's own cost.
 //! Groups:
-//! - `closed`: one send on one task; `open`: a refusal.
+//! - `closed`: one send on one task; `open`: a refusal. Built with the `metrics` feature,
+//!   these two groups also hold `breaker_prometheus`: a breaker whose handles were taken
+//!   from the Prometheus exporter's recorder (built as the `prometheus` example builds it,
+//!   its upkeep run every 5 s as the exporter's own task would, never rendered), so that it
+//!   records every send there; `breaker` is then the feature without a recorder.
 //! - `scaling_<n>`: n tasks on an n-worker runtime sending through one shared guard, for n =
 //!   1, 2, 4, … up to the machine's cores; the figure is the time per send of each task.
 //! - `domains`: one send under `Scope::RecipientDomain` with 100,000 domains cycling through
@@ -70,13 +74,56 @@ fn current_thread() -> Runtime {
         .expect("a Tokio runtime")
 }
 
+/// The Prometheus exporter's recorder, as the `prometheus` example builds it (the send time
+/// in buckets), with its upkeep run every 5 s on a thread of its own, as `install` would run
+/// it: the histograms' values are drained there, not kept for ever.
+#[cfg(feature = "metrics")]
+fn prometheus() -> &'static metrics_exporter_prometheus::PrometheusRecorder {
+    use metrics_exporter_prometheus::{Matcher, PrometheusBuilder};
+    static RECORDER: std::sync::OnceLock<&'static metrics_exporter_prometheus::PrometheusRecorder> =
+        std::sync::OnceLock::new();
+    RECORDER.get_or_init(|| {
+        let recorder = PrometheusBuilder::new()
+            .set_buckets_for_metric(
+                Matcher::Full(mail_breaker::metrics::SEND_SECONDS.to_owned()),
+                &[
+                    0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0,
+                ],
+            )
+            .expect("valid buckets")
+            .build_recorder();
+        let handle = recorder.handle();
+        std::thread::spawn(move || {
+            loop {
+                std::thread::sleep(Duration::from_secs(5));
+                handle.run_upkeep();
+            }
+        });
+        Box::leak(Box::new(recorder))
+    })
+}
+
 /// The one-task groups: `closed` over a transport that delivers, `open` over one that fails.
 fn one_task(c: &mut Criterion, group: &str, inner: fn() -> Immediate) {
     let rt = current_thread();
     let message = message();
     let bare = inner();
     let guards = Guards::over(inner);
+    // Its first sends under the recorder, set for this thread only: the breaker takes its
+    // handles there and keeps them, as one built before `install` and first used after it.
+    #[cfg(feature = "metrics")]
+    let recorded = CircuitBreakerTransport::new(inner());
+    #[cfg(feature = "metrics")]
+    metrics::with_local_recorder(prometheus(), || {
+        rt.block_on(async {
+            for _ in 0..10 {
+                let _ = recorded.send(&message).await;
+            }
+        })
+    });
     if inner().fail {
+        #[cfg(feature = "metrics")]
+        assert_eq!(recorded.state(), mail_breaker::State::Open);
         rt.block_on(async {
             for _ in 0..10 {
                 let _ = guards.breaker.send(&message).await;
@@ -101,6 +148,11 @@ fn one_task(c: &mut Criterion, group: &str, inner: fn() -> Immediate) {
     group.bench_function("breaker", |b| {
         b.to_async(&rt)
             .iter(|| async { black_box(guards.breaker.send(&message).await) })
+    });
+    #[cfg(feature = "metrics")]
+    group.bench_function("breaker_prometheus", |b| {
+        b.to_async(&rt)
+            .iter(|| async { black_box(recorded.send(&message).await) })
     });
     group.bench_function("failsafe_inline", |b| {
         b.to_async(&rt).iter(|| async {

@@ -3,6 +3,11 @@
 //! the application installs (Prometheus, StatsD, ...). Without the feature nothing is
 //! recorded and nothing of it is compiled into the send path.
 //!
+//! Each breaker, pool member, retry and rate limiter takes the handle of a series from the
+//! recorder at its first use and keeps it, so that a send costs an atomic add per series:
+//! install the recorder before the first send (building the stack before it is fine). The
+//! [operating chapter](crate::guide::operating) says more.
+//!
 //! | name | kind | labels | what it counts |
 //! | --- | --- | --- | --- |
 //! | [`mail_breaker_sends_total`](SENDS_TOTAL) | counter | `transport`, `outcome` | sends through a breaker, by how the breaker took them |

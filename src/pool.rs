@@ -120,6 +120,37 @@ struct Member {
     priority: u32,
     /// Set while the member is passed over for having answered that it cannot work.
     skip: Skip,
+    /// The pool's moves on from this member, counted under the `metrics` feature.
+    failovers: Failovers,
+}
+
+/// The handle of [`POOL_FAILOVERS_TOTAL`](crate::metrics::POOL_FAILOVERS_TOTAL) for one
+/// member, taken at its first failover and kept (see [`crate::handles`]); nothing without the
+/// `metrics` feature.
+#[derive(Default)]
+struct Failovers {
+    #[cfg(feature = "metrics")]
+    counter: crate::handles::Named<::metrics::Counter>,
+}
+
+impl Failovers {
+    /// `pool` moved on from this member, named `from` now.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn record(&self, pool: &str, from: &str) {
+        #[cfg(feature = "metrics")]
+        self.counter.record(
+            from,
+            |from| {
+                ::metrics::counter!(
+                    crate::metrics::POOL_FAILOVERS_TOTAL,
+                    "pool" => pool.to_owned(),
+                    "from" => from.to_owned()
+                )
+            },
+            |counter| counter.increment(1),
+        );
+    }
 }
 
 /// How long a member that answered `Authentication` or `Configuration` is passed over: its
@@ -287,7 +318,10 @@ impl PoolTransport {
         let order = self.order();
         for (tried, &index) in order.iter().enumerate() {
             let Member {
-                transport, skip, ..
+                transport,
+                skip,
+                failovers,
+                ..
             } = &self.members[index];
             let member = &**transport;
             let answer = match skip.refusal(member.name()) {
@@ -306,7 +340,7 @@ impl PoolTransport {
                         "pool.failover"
                     );
                     if tried + 1 < order.len() {
-                        record_failover(&self.name, member.name());
+                        failovers.record(&self.name, member.name());
                     }
                     errors.push(error);
                 }
@@ -485,7 +519,8 @@ impl<'a> Stages<'a> for Failover<'a> {
                 if stage + 1 >= self.count() {
                     Verdict::Answer(Err(self.pool.exhausted(std::mem::take(errors))))
                 } else {
-                    record_failover(&self.pool.name, self.name(stage));
+                    let from = member.transport.name();
+                    member.failovers.record(&self.pool.name, from);
                     Verdict::Next {
                         error,
                         not_before: None,
@@ -519,6 +554,7 @@ impl PoolBuilder {
             transport: Box::new(member),
             priority,
             skip: Skip::default(),
+            failovers: Failovers::default(),
         });
         self
     }
@@ -599,18 +635,4 @@ fn names_and_priorities(members: &[Member]) -> Vec<(&str, u32)> {
         .iter()
         .map(|member| (member.transport.name(), member.priority))
         .collect()
-}
-
-/// `pool` moved on from its member `from`: counted under the `metrics` feature
-/// ([`POOL_FAILOVERS_TOTAL`](crate::metrics::POOL_FAILOVERS_TOTAL)).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_failover(pool: &str, from: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(
-        crate::metrics::POOL_FAILOVERS_TOTAL,
-        "pool" => pool.to_owned(),
-        "from" => from.to_owned()
-    )
-    .increment(1);
 }

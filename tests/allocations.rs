@@ -2,18 +2,20 @@
 //! of this test binary alone. A count is stable where a time is not: a change that adds an
 //! allocation to the hot path fails here, on any machine, under any load.
 //!
-//! The counts are those of the default build. The `metrics` feature records each send through
-//! the `metrics` facade, whose labels allocate, so under `--all-features` this binary is
-//! empty; `.ci/run` runs it on its own with the default features.
-#![cfg(not(feature = "metrics"))]
+//! The counts are the same with the `metrics` feature and without it: with it, each test
+//! first installs a recorder whose handles are atomics (its own recording allocates
+//! nothing), so that a send records through handles the breaker, the pool and the retry
+//! took at their first send and kept. `.ci/run` runs this binary with the default features,
+//! and again with every feature in the whole suite.
 
 use std::alloc::{GlobalAlloc, Layout, System};
 use std::cell::Cell;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::time::Duration;
 
 use mail_breaker::{
-    Category, CircuitBreakerTransport, Envelope, Message, Receipt, Scope, SendError, State,
-    Transport,
+    Backoff, Category, CircuitBreakerTransport, Envelope, Message, PoolTransport, Receipt,
+    RetryTransport, Scope, SendError, State, Transport,
 };
 
 /// Counts the allocations of the thread that makes them, so that tests running beside each
@@ -133,6 +135,7 @@ const ROUNDS: u64 = 1_000;
 /// The allocations of one `send_raw` of each envelope through `transport`, averaged over
 /// [`ROUNDS`] rounds after one round to warm up; the thread's own count, on one thread.
 fn per_send(transport: &dyn Transport, envelopes: &[Envelope]) -> f64 {
+    recorder::install();
     let runtime = tokio::runtime::Builder::new_current_thread()
         .enable_time()
         .build()
@@ -179,6 +182,10 @@ fn a_closed_send_allocates_only_the_breakers_own_future() {
     let sent = per_send(&breaker, &[envelope_to("user@example.org")]);
     assert_eq!(breaker.state(), State::Closed);
     assert_eq!(sent - bare(), 1.0, "{sent} allocations per closed send");
+    recorder::saw_at_least(
+        "mail_breaker_sends_total{transport=immediate,outcome=success}",
+        ROUNDS,
+    );
 }
 
 #[test]
@@ -194,6 +201,7 @@ fn a_closed_send_over_a_transport_that_gives_its_future_unboxed_allocates_no_mor
 
 #[test]
 fn a_refusal_allocates_only_the_breakers_own_future() {
+    recorder::install();
     let breaker = CircuitBreakerTransport::new(Immediate { fail: true });
     let envelope = [envelope_to("user@example.org")];
     let runtime = tokio::runtime::Builder::new_current_thread()
@@ -208,10 +216,15 @@ fn a_refusal_allocates_only_the_breakers_own_future() {
     assert_eq!(breaker.state(), State::Open);
     let refused = per_send(&breaker, &envelope);
     assert_eq!(refused, 1.0, "{refused} allocations per refusal");
+    recorder::saw_at_least(
+        "mail_breaker_sends_total{transport=immediate,outcome=refused}",
+        ROUNDS,
+    );
 }
 
 #[test]
 fn a_send_to_a_tracked_domain_allocates_only_the_breakers_own_future() {
+    recorder::install();
     let breaker = CircuitBreakerTransport::builder(Switch)
         .scope(Scope::RecipientDomain)
         .build()
@@ -275,6 +288,7 @@ fn a_send_to_a_domain_the_breaker_does_not_track_allocates_only_the_breakers_own
 
 #[test]
 fn failing_domains_churning_through_a_full_map_allocate_no_keys() {
+    recorder::install();
     let breaker = domain_breaker(Immediate { fail: true }, 100);
     // 1,000 domains of one length through 100 places, one failure each (too few to open a
     // breaker): every send forgets one and keeps a new one in the forgotten one's buffer.
@@ -291,4 +305,210 @@ fn failing_domains_churning_through_a_full_map_allocate_no_keys() {
         1.0,
         "{failed} allocations per failed send of a new domain"
     );
+}
+
+/// Fails every other send (the first, the third, ...): retried once, each send delivers.
+struct EveryOther {
+    sends: AtomicU64,
+}
+
+#[async_trait::async_trait]
+impl Transport for EveryOther {
+    fn name(&self) -> &str {
+        "every-other"
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let fail = self.sends.fetch_add(1, Ordering::Relaxed).is_multiple_of(2);
+        Immediate { fail }.send_raw(envelope, raw).await
+    }
+}
+
+/// A pool of two breakers: `first` (which never opens) and a member that delivers.
+fn pool_over(first: Immediate) -> PoolTransport {
+    let first = CircuitBreakerTransport::builder(first)
+        .failure_threshold(u32::MAX)
+        .build()
+        .expect("a valid breaker");
+    let second = CircuitBreakerTransport::new(Unboxed);
+    PoolTransport::builder()
+        .name("outbound")
+        .add(first, 1)
+        .add(second, 2)
+        .build()
+        .expect("a pool with members")
+}
+
+#[test]
+fn a_send_through_a_retry_around_a_pool_of_breakers_allocates_only_their_futures_and_the_order() {
+    let stack = RetryTransport::new(pool_over(Immediate { fail: false }));
+    let sent = per_send(&stack, &[envelope_to("user@example.org")]);
+    // The retry's future, the pool's future and its order of members, the breaker's future.
+    assert_eq!(
+        sent - bare(),
+        4.0,
+        "{sent} allocations per send through the stack"
+    );
+    recorder::saw_at_least(
+        "mail_breaker_sends_total{transport=immediate,outcome=success}",
+        ROUNDS,
+    );
+}
+
+#[test]
+fn a_send_that_fails_over_allocates_only_the_futures_the_order_and_the_first_members_error() {
+    let pool = pool_over(Immediate { fail: true });
+    let sent = per_send(&pool, &[envelope_to("user@example.org")]);
+    assert_eq!(
+        sent, FAILED_OVER,
+        "{sent} allocations per send that fails over"
+    );
+    recorder::saw_at_least(
+        "mail_breaker_pool_failovers_total{pool=outbound,from=immediate}",
+        ROUNDS,
+    );
+}
+
+/// The allocations of a send that fails over, as the default build (which records nothing)
+/// counted them: the pool's future, its order of members and its list of errors, the first
+/// breaker's future, its transport's future and error, the second breaker's future, its
+/// transport's future and receipt.
+const FAILED_OVER: f64 = 9.0;
+
+#[test]
+fn a_send_retried_once_allocates_only_the_futures_and_the_first_tries_error() {
+    let retrying = RetryTransport::builder(EveryOther {
+        sends: AtomicU64::new(0),
+    })
+    .backoff(Backoff::constant(Duration::ZERO))
+    .build()
+    .expect("valid settings");
+    let sent = per_send(&retrying, &[envelope_to("user@example.org")]);
+    assert_eq!(sent, RETRIED, "{sent} allocations per send retried once");
+    recorder::saw_at_least("mail_breaker_retries_total{transport=every-other}", ROUNDS);
+}
+
+/// The allocations of a send retried once, as the default build counted them: the retry's
+/// future, and each try's future with its error or receipt, and what the retry's wait and
+/// its error's clone for the log take.
+const RETRIED: f64 = 8.0;
+
+/// The recorder of the `metrics` build: every handle an atomic, registered once per series.
+#[cfg(feature = "metrics")]
+mod recorder {
+    use std::collections::HashMap;
+    use std::sync::atomic::{AtomicU64, Ordering};
+    use std::sync::{Arc, Mutex, Once, PoisonError};
+
+    use metrics::{
+        Counter, CounterFn, Gauge, GaugeFn, Histogram, HistogramFn, Key, KeyName, Metadata,
+        Recorder, SharedString, Unit,
+    };
+
+    /// One series: a counter's count, a gauge's value (as `f64` bits), or how many values
+    /// a histogram took.
+    #[derive(Default)]
+    struct Series(AtomicU64);
+
+    impl CounterFn for Series {
+        fn increment(&self, value: u64) {
+            self.0.fetch_add(value, Ordering::Relaxed);
+        }
+
+        fn absolute(&self, value: u64) {
+            self.0.fetch_max(value, Ordering::Relaxed);
+        }
+    }
+
+    impl GaugeFn for Series {
+        fn increment(&self, value: f64) {
+            let _ = self
+                .0
+                .fetch_update(Ordering::Relaxed, Ordering::Relaxed, |bits| {
+                    Some((f64::from_bits(bits) + value).to_bits())
+                });
+        }
+
+        fn decrement(&self, value: f64) {
+            GaugeFn::increment(self, -value);
+        }
+
+        fn set(&self, value: f64) {
+            self.0.store(value.to_bits(), Ordering::Relaxed);
+        }
+    }
+
+    impl HistogramFn for Series {
+        fn record(&self, _value: f64) {
+            self.0.fetch_add(1, Ordering::Relaxed);
+        }
+    }
+
+    /// The series by `name{label=value,...}`.
+    #[derive(Default)]
+    struct Atomics {
+        series: Mutex<HashMap<String, Arc<Series>>>,
+    }
+
+    impl Atomics {
+        fn series(&self, key: &Key) -> Arc<Series> {
+            let labels: Vec<String> = key
+                .labels()
+                .map(|label| format!("{}={}", label.key(), label.value()))
+                .collect();
+            let name = format!("{}{{{}}}", key.name(), labels.join(","));
+            let mut series = self.series.lock().unwrap_or_else(PoisonError::into_inner);
+            Arc::clone(series.entry(name).or_default())
+        }
+    }
+
+    impl Recorder for Atomics {
+        fn describe_counter(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_gauge(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+        fn describe_histogram(&self, _: KeyName, _: Option<Unit>, _: SharedString) {}
+
+        fn register_counter(&self, key: &Key, _: &Metadata<'_>) -> Counter {
+            Counter::from_arc(self.series(key))
+        }
+
+        fn register_gauge(&self, key: &Key, _: &Metadata<'_>) -> Gauge {
+            Gauge::from_arc(self.series(key))
+        }
+
+        fn register_histogram(&self, key: &Key, _: &Metadata<'_>) -> Histogram {
+            Histogram::from_arc(self.series(key))
+        }
+    }
+
+    static RECORDER: std::sync::OnceLock<&'static Atomics> = std::sync::OnceLock::new();
+    static INSTALLED: Once = Once::new();
+
+    /// Installs the recorder for the whole binary, before the test's first send.
+    pub fn install() {
+        INSTALLED.call_once(|| {
+            let recorder: &'static Atomics = Box::leak(Box::default());
+            metrics::set_global_recorder(recorder).expect("the only recorder");
+            let _ = RECORDER.set(recorder);
+        });
+    }
+
+    /// Asserts that `series` counted at least `count`: the sends above were recorded.
+    pub fn saw_at_least(series: &str, count: u64) {
+        let recorder = RECORDER.get().expect("the recorder, installed");
+        let seen = recorder
+            .series
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .get(series)
+            .map_or(0, |series| series.0.load(Ordering::Relaxed));
+        assert!(seen >= count, "{series} counted {seen}, not {count}");
+    }
+}
+
+/// Without the `metrics` feature nothing is recorded: nothing to install, nothing to read.
+#[cfg(not(feature = "metrics"))]
+mod recorder {
+    pub fn install() {}
+
+    pub fn saw_at_least(_series: &str, _count: u64) {}
 }

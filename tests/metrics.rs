@@ -625,3 +625,309 @@ fn describe_gives_every_metric_its_description_and_the_durations_their_unit() {
         );
     }
 }
+
+/// Every series recorded, with its value: counters and gauges as written, histograms as the
+/// list of their values, so that a comparison sees a series too many as well as one wrong.
+fn every_series(recorded: &mut Recorded) -> Vec<(Series, String)> {
+    recorded.read();
+    let counters = recorded
+        .counters
+        .iter()
+        .map(|(series, count)| (series.clone(), count.to_string()));
+    let gauges = recorded
+        .gauges
+        .iter()
+        .map(|(series, value)| (series.clone(), value.to_string()));
+    let histograms = recorded
+        .histograms
+        .iter()
+        .map(|(series, values)| (series.clone(), format!("{values:?}")));
+    let mut every: Vec<_> = counters.chain(gauges).chain(histograms).collect();
+    every.sort();
+    every
+}
+
+/// `(series, value)` as `every_series` gives it.
+fn expect(kind: MetricKind, name: &str, labels: &[(&str, &str)], value: &str) -> (Series, String) {
+    (series(kind, name, labels), value.to_owned())
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_send_of_each_outcome_records_every_metric_with_its_name_labels_and_value() {
+    use mail_breaker::metrics::{RATE_PER_SECOND, RATE_REFUSED_TOTAL, RATE_WAIT_SECONDS};
+    use mail_breaker::{RateLimitTransport, SendError};
+    use metrics_util::MetricKind::{Counter, Gauge, Histogram};
+    let (mut recorded, _guard) = Recorded::start();
+
+    // A success, a failure that opens, a refusal: a pool moves on from the refused member.
+    let primary = Scripted::new("primary");
+    primary.then([Reply::Ok, down_for(Duration::from_secs(2))]);
+    let backup = Scripted::new("backup");
+    let breaker_of = |inner: &Scripted| {
+        CircuitBreakerTransport::builder(inner.clone())
+            .failure_threshold(1)
+            .reset_timeout(RESET)
+            .build()
+            .expect("valid settings")
+    };
+    let pool = PoolTransport::builder()
+        .name("outbound")
+        .add(breaker_of(&primary), 1)
+        .add(breaker_of(&backup), 2)
+        .build()
+        .expect("a pool with members");
+    pool.send(&message()).await.expect("primary delivers");
+    pool.send(&message()).await.expect("backup delivers");
+    pool.send(&message()).await.expect("backup delivers");
+
+    // Sent without leave in shadow mode: ignored.
+    let shadowed = CircuitBreakerTransport::builder(Scripted::answering(
+        "shadowed",
+        Reply::fail(Category::Network),
+    ))
+    .failure_threshold(1)
+    .shadow(true)
+    .build()
+    .expect("valid settings");
+    for _ in 0..2 {
+        shadowed.send(&message()).await.expect_err("down");
+    }
+
+    // A retry, then one the budget refuses.
+    let budget = Arc::new(RetryBudget::new(20, 5, 10).expect("a valid budget"));
+    let retrying = RetryTransport::builder(Scripted::answering(
+        "retried",
+        Reply::fail(Category::ServerError),
+    ))
+    .max_attempts(5)
+    .backoff(Backoff::constant(Duration::from_secs(1)))
+    .budget(budget)
+    .build()
+    .expect("valid settings");
+    retrying.send(&message()).await.expect_err("throttled");
+
+    // A wait, a throttle that halves the rate, a refusal.
+    let ses = Scripted::new("ses");
+    ses.then([
+        Reply::Ok,
+        Reply::Err(SendError::new(
+            Category::RateLimited,
+            "ses.throttling",
+            "slow down",
+        )),
+    ]);
+    let limited = RateLimitTransport::builder(ses)
+        .name("paced")
+        .per_second(10.0)
+        .max_wait(Duration::from_millis(150))
+        .adaptive(true)
+        .build()
+        .expect("valid settings");
+    limited.send(&message()).await.expect("delivered");
+    let _ = limited.send(&message()).await;
+    limited.send(&message()).await.expect_err("no slot in time");
+
+    let primary_closed_open = [("transport", "primary"), ("from", "closed"), ("to", "open")];
+    let shadowed_closed_open = [
+        ("transport", "shadowed"),
+        ("from", "closed"),
+        ("to", "open"),
+    ];
+    let mut expected = vec![
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "primary"), ("outcome", "success")],
+            "1",
+        ),
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "primary"), ("outcome", "failure")],
+            "1",
+        ),
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "primary"), ("outcome", "refused")],
+            "1",
+        ),
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "backup"), ("outcome", "success")],
+            "2",
+        ),
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "shadowed"), ("outcome", "failure")],
+            "1",
+        ),
+        expect(
+            Counter,
+            SENDS_TOTAL,
+            &[("transport", "shadowed"), ("outcome", "ignored")],
+            "1",
+        ),
+        expect(Counter, TRANSITIONS_TOTAL, &primary_closed_open, "1"),
+        expect(Counter, TRANSITIONS_TOTAL, &shadowed_closed_open, "1"),
+        expect(Gauge, OPEN, &[("transport", "primary")], "1"),
+        expect(Gauge, OPEN, &[("transport", "shadowed")], "1"),
+        expect(
+            Histogram,
+            SEND_SECONDS,
+            &[("transport", "primary")],
+            "[0.0, 2.0]",
+        ),
+        expect(
+            Histogram,
+            SEND_SECONDS,
+            &[("transport", "backup")],
+            "[0.0, 0.0]",
+        ),
+        expect(
+            Histogram,
+            SEND_SECONDS,
+            &[("transport", "shadowed")],
+            "[0.0, 0.0]",
+        ),
+        expect(
+            Counter,
+            POOL_FAILOVERS_TOTAL,
+            &[("pool", "outbound"), ("from", "primary")],
+            "2",
+        ),
+        expect(Counter, RETRIES_TOTAL, &[("transport", "retried")], "1"),
+        expect(
+            Counter,
+            RETRIES_THROTTLED_TOTAL,
+            &[("transport", "retried")],
+            "1",
+        ),
+        expect(
+            Histogram,
+            RATE_WAIT_SECONDS,
+            &[("transport", "paced")],
+            "[0.0, 0.1]",
+        ),
+        expect(Gauge, RATE_PER_SECOND, &[("transport", "paced")], "5"),
+        expect(Counter, RATE_REFUSED_TOTAL, &[("transport", "paced")], "1"),
+    ];
+    expected.sort();
+    assert_eq!(every_series(&mut recorded), expected);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_recorder_installed_after_the_stack_was_built_receives_its_metrics() {
+    use mail_breaker::metrics::{RATE_PER_SECOND, RATE_WAIT_SECONDS};
+    let primary = Scripted::answering("primary", Reply::fail(Category::Network));
+    let backup = Scripted::new("backup");
+    backup.then([Reply::fail(Category::Network)]);
+    let stack = RetryTransport::builder(
+        PoolTransport::builder()
+            .name("outbound")
+            .add(breaker(&primary), 1)
+            .add(breaker(&backup), 2)
+            .build()
+            .expect("a pool with members"),
+    )
+    .backoff(Backoff::constant(Duration::from_secs(1)))
+    .build()
+    .expect("valid settings");
+    let limited = mail_breaker::RateLimitTransport::builder(Scripted::new("ses"))
+        .name("paced")
+        .per_second(10.0)
+        .build()
+        .expect("valid settings");
+
+    let (mut recorded, _guard) = Recorded::start();
+    stack
+        .send(&message())
+        .await
+        .expect("the backup's second try delivers");
+    limited.send(&message()).await.expect("delivered");
+
+    assert_eq!(recorded.sends("primary", "failure"), 2);
+    assert_eq!(recorded.sends("backup", "failure"), 1);
+    assert_eq!(recorded.sends("backup", "success"), 1);
+    assert_eq!(
+        recorded.counter(
+            POOL_FAILOVERS_TOTAL,
+            &[("pool", "outbound"), ("from", "primary")]
+        ),
+        2
+    );
+    assert_eq!(
+        recorded.counter(RETRIES_TOTAL, &[("transport", "outbound")]),
+        1
+    );
+    assert_eq!(
+        recorded.histogram(RATE_WAIT_SECONDS, &[("transport", "paced")]),
+        [0.0]
+    );
+    assert_eq!(
+        recorded.gauge(RATE_PER_SECOND, &[("transport", "paced")]),
+        10.0,
+        "the rate, set at the limiter's first send under the recorder"
+    );
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_breaker_keeps_recording_into_the_recorder_its_first_send_found() {
+    let provider = Scripted::new("primary");
+    let breaker = breaker(&provider);
+    let (mut first, first_guard) = Recorded::start();
+    breaker.send(&message()).await.expect("delivered");
+    drop(first_guard);
+
+    let (mut later, _guard) = Recorded::start();
+    breaker.send(&message()).await.expect("delivered");
+
+    assert_eq!(first.sends("primary", "success"), 2);
+    assert_eq!(later.sends("primary", "success"), 0);
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_transport_renamed_after_its_first_send_is_counted_under_its_new_name() {
+    let (mut recorded, _guard) = Recorded::start();
+    let mut breaker = breaker(&Scripted::answering(
+        "before",
+        Reply::fail(Category::Network),
+    ));
+    breaker.send(&message()).await.expect_err("down");
+    // The breaker's key is the transport's name: "after" starts its own count of three.
+    breaker.inner_mut().rename("after");
+    for _ in 0..4 {
+        let _ = breaker.send(&message()).await;
+    }
+    let mut retrying = RetryTransport::builder(Scripted::answering(
+        "before",
+        Reply::fail(Category::Network),
+    ))
+    .max_attempts(2)
+    .backoff(Backoff::constant(Duration::from_secs(1)))
+    .build()
+    .expect("valid settings");
+    retrying.send(&message()).await.expect_err("down");
+    retrying.inner_mut().rename("after");
+    retrying.send(&message()).await.expect_err("down");
+
+    assert_eq!(recorded.sends("before", "failure"), 1);
+    assert_eq!(recorded.sends("after", "failure"), 3);
+    assert_eq!(recorded.sends("after", "refused"), 1);
+    assert_eq!(recorded.transitions("after", State::Closed, State::Open), 1);
+    assert_eq!(recorded.gauge(OPEN, &[("transport", "after")]), 1.0);
+    assert_eq!(
+        recorded.histogram(SEND_SECONDS, &[("transport", "after")]),
+        [0.0, 0.0, 0.0]
+    );
+    assert_eq!(
+        recorded.counter(RETRIES_TOTAL, &[("transport", "before")]),
+        1
+    );
+    assert_eq!(
+        recorded.counter(RETRIES_TOTAL, &[("transport", "after")]),
+        1
+    );
+}

@@ -6,6 +6,7 @@ use std::time::Duration;
 use super::CircuitBreakerTransport;
 use super::events::{self, Listener, StateChange};
 use super::gate::{FailurePredicate, Gate};
+use super::recording::Recording;
 use super::scope::Scope;
 use crate::error::{at_least_one, non_zero_duration};
 use crate::machine::Rules;
@@ -241,8 +242,10 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
         };
         let transport_name: Arc<str> = Arc::from(self.inner.name());
         let history = Arc::new(events::History::new(&counting));
+        let recording = Recording::new(&transport_name);
         let late = events::reporter(
             self.listener.clone(),
+            recording.clone(),
             Arc::clone(&transport_name),
             self.shadow,
             Arc::clone(&history),
@@ -263,6 +266,7 @@ impl<T: Transport> CircuitBreakerBuilder<T> {
                 is_failure: self.is_failure,
                 listener: self.listener,
                 transport_name,
+                recording,
                 late,
                 shadow: self.shadow,
                 slow_call: self.slow_call,

@@ -5,6 +5,7 @@ use std::panic::{AssertUnwindSafe, catch_unwind};
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::SystemTime;
 
+use super::recording::Recording;
 use crate::machine::{Counting, State, Transition, Transitions};
 use crate::store::Reporter;
 
@@ -148,6 +149,7 @@ impl History {
 /// they are logged, remembered and told to the listener like any other.
 pub(crate) fn reporter(
     listener: Option<Listener>,
+    recording: Recording,
     transport: Arc<str>,
     shadow: bool,
     history: Arc<History>,
@@ -155,6 +157,7 @@ pub(crate) fn reporter(
     Reporter::new(move |key, transitions| {
         announce(
             listener.as_ref(),
+            &recording,
             &transport,
             key,
             transitions,
@@ -164,12 +167,13 @@ pub(crate) fn reporter(
     })
 }
 
-/// Logs each change, remembers it in `history` (`None` when the caller remembered it with its
-/// own reason), and tells the listener, which may panic without stopping anything.
+/// Logs and records each change, remembers it in `history` (`None` when the caller remembered
+/// it with its own reason), and tells the listener, which may panic without stopping anything.
 ///
 /// In shadow mode each change also says, once, what the breaker would now refuse.
 pub(crate) fn announce(
     listener: Option<&Listener>,
+    recording: &Recording,
     transport: &str,
     key: &str,
     transitions: Transitions,
@@ -177,7 +181,7 @@ pub(crate) fn announce(
     history: Option<&History>,
 ) {
     for transition in transitions.iter() {
-        super::recording::transition(transport, transition);
+        recording.transition(transport, transition);
         if let Some(history) = history {
             history.changed(key, transition);
         }

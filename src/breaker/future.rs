@@ -12,6 +12,7 @@ use std::task::{Context, Poll};
 
 use super::BoxedSend;
 use super::gate::{Gate, HeldBack, Unspent, attempted};
+use super::recording::{CleanStart, clean_start};
 use crate::machine::{Outcome, Permit};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
@@ -64,8 +65,9 @@ enum Held<'a> {
     /// row, on a gate that counts a result only by whether it failed: a permit that is never
     /// a probe's, so there is nothing to give back if the send is dropped, and a success
     /// changes nothing unless another result came first. The common case, kept to one word
-    /// read before and, for a success, one after.
-    Clean(&'a FirstKey, Permit),
+    /// read before and, for a success, one after; with the `metrics` feature, also when the
+    /// send went, for its histogram (nothing without it).
+    Clean(&'a FirstKey, Permit, CleanStart),
     /// Any other leave: the breaker and its permit, given back if the send is dropped.
     Counted(LocalBreaker<'a>, Unspent<'a>),
 }
@@ -128,7 +130,7 @@ where
         && gate.counts_plainly()
         && let Some(permit) = first.clean_permit()
     {
-        return Ok(Leave::One(make, Held::Clean(first, permit)));
+        return Ok(Leave::One(make, Held::Clean(first, permit, clean_start())));
     }
     let decision = breaker.acquire(&key, &gate.rules);
     match gate.admitted(transport, key, decision) {
@@ -177,11 +179,13 @@ where
         }
         match this.held {
             Held::Nothing => {}
-            Held::Clean(first, permit) => {
+            Held::Clean(first, permit, started) => {
                 let outcome = match result {
                     Err(error) if (gate.is_failure)(error) => Outcome::Failure,
                     _ => Outcome::Success,
                 };
+                gate.recording
+                    .clean_finished(this.transport, outcome, *started);
                 let transitions = first.record(&gate.rules, *permit, outcome);
                 if !transitions.is_empty() {
                     gate.announce(this.transport, first.key(), transitions);

@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::{History, Listener, announce};
-use super::recording;
+use super::recording::{self, Recording};
 use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::store::{BreakerStore, MemoryStore, Reporter};
@@ -29,6 +29,8 @@ pub(crate) struct Gate {
     /// The guarded transport's name when the breaker was built, shared by every refusal so
     /// that refusing allocates nothing.
     pub(crate) transport_name: Arc<str>,
+    /// The handles its metrics are recorded through (nothing without the `metrics` feature).
+    pub(crate) recording: Recording,
     /// Tells the listener and the logs of changes the store learns of after a call returned.
     pub(crate) late: Reporter,
     /// Counts and changes state, but never refuses a send.
@@ -245,6 +247,7 @@ impl Gate {
         if !transitions.is_empty() {
             announce(
                 self.listener.as_ref(),
+                &self.recording,
                 transport,
                 key,
                 transitions,
@@ -256,7 +259,7 @@ impl Gate {
 
     /// The answer to a send the breaker held back.
     pub(crate) fn refusal(&self, transport: &str, held: HeldBack) -> SendError {
-        recording::send_refused(transport);
+        self.recording.send_refused(transport);
         let error = match held.retry_after {
             Some(retry_after) => SendError::fixed(
                 Category::ServiceUnavailable,
@@ -308,12 +311,12 @@ impl Gate {
         }
     }
 
-    /// Whether a send's result counts only by whether it failed: no slow calls to time, no
-    /// metrics to tell. A send let go by a breaker closed with nothing counted then holds
-    /// only its permit (see [`LocalSend`](super::future::LocalSend)).
+    /// Whether a send's result counts only by whether it failed: no slow calls to time. A
+    /// send let go by a breaker closed with nothing counted then holds only its permit, and
+    /// under the `metrics` feature when it went (see [`LocalSend`](super::future::LocalSend)).
     #[inline]
     pub(crate) fn counts_plainly(&self) -> bool {
-        self.slow_call.is_none() && !recording::TIMES_SENDS && !recording::COUNTS_SENDS
+        self.slow_call.is_none()
     }
 
     /// When a send let go now started, read only if slow calls or metrics need it.
@@ -343,7 +346,9 @@ impl Ticket<'_> {
         }
         let outcome = gate.outcome(result, self.started);
         let counted = self.unspent().any(|(_, permit)| permit.is_some());
-        recording::send_finished(transport, counted.then_some(outcome), self.started);
+        let counted = counted.then_some(outcome);
+        gate.recording
+            .send_finished(transport, counted, self.started);
         for (key, permit) in self.unspent() {
             if let Some(granted) = *permit {
                 gate.report(transport, key, granted, outcome).await;
@@ -400,7 +405,7 @@ impl Unspent<'_> {
         let counted = self
             .permit
             .map(|permit| (permit, self.gate.outcome(result, self.started)));
-        recording::send_finished(
+        self.gate.recording.send_finished(
             self.transport,
             counted.map(|(_, outcome)| outcome),
             self.started,

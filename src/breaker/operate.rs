@@ -118,7 +118,16 @@ impl<T: Transport> CircuitBreakerTransport<T> {
         if !transitions.is_empty() {
             let listener = gate.listener.as_ref();
             let transport = self.inner.name();
-            super::events::announce(listener, transport, key, transitions, gate.shadow, None);
+            let recording = &gate.recording;
+            super::events::announce(
+                listener,
+                recording,
+                transport,
+                key,
+                transitions,
+                gate.shadow,
+                None,
+            );
         }
     }
 }

@@ -1,72 +1,237 @@
 //! What a breaker records through the [`metrics`](https://docs.rs/metrics) facade, under the
 //! `metrics` feature: its sends by outcome, how long they took, and its changes of state
-//! (the names are in [`crate::metrics`]). Without the feature each call is empty.
+//! (the names are in [`crate::metrics`]). Without the feature [`Recording`] holds nothing
+//! and each call is empty.
+//!
+//! Each series is a handle the breaker takes at its first use and keeps (see
+//! [`crate::handles`]), labelled with the transport's name when the breaker was built: a
+//! send records through an atomic handle, with no label allocated, no key hashed and no
+//! recorder asked. A breaker per recipient domain keeps one set for all its domains, as its
+//! labels name the transport, never the domain.
 
+#[cfg(feature = "metrics")]
+use std::sync::Arc;
 #[cfg(feature = "metrics")]
 use std::time::Duration;
 
 use tokio::time::Instant;
 
 #[cfg(feature = "metrics")]
+use crate::handles::Kept;
+#[cfg(feature = "metrics")]
 use crate::machine::State;
 use crate::machine::{Outcome, Transition};
 #[cfg(feature = "metrics")]
 use crate::metrics::{OPEN, SEND_SECONDS, SENDS_TOTAL, TRANSITIONS_TOTAL};
+#[cfg(feature = "metrics")]
+use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
 
 /// Whether a send needs its start time read even when slow calls do not count.
 pub(crate) const TIMES_SENDS: bool = crate::metrics::ENABLED;
 
-/// Whether [`send_finished`] counts each send's outcome.
-pub(crate) const COUNTS_SENDS: bool = crate::metrics::ENABLED;
+/// When a send let go on the breaker's clean path went: read only under the `metrics`
+/// feature, for the send's histogram; nothing without it.
+#[cfg(feature = "metrics")]
+pub(crate) type CleanStart = Instant;
+#[cfg(not(feature = "metrics"))]
+pub(crate) type CleanStart = ();
 
-/// A breaker held a send back.
+/// The time a send let go on the clean path goes, if metrics need it.
 #[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn send_refused(transport: &str) {
+pub(crate) fn clean_start() -> CleanStart {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => "refused")
-        .increment(1);
+    return Instant::now();
 }
 
-/// A send a breaker let go has its answer: `counted` is how the breaker counted it (`None`:
-/// not at all), `started` when it went (read when [`TIMES_SENDS`]).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn send_finished(transport: &str, counted: Option<Outcome>, started: Option<Instant>) {
+/// A breaker's metrics: the handles it keeps, shared by its gate and the reporter of the
+/// changes its store learns of late. Nothing without the `metrics` feature.
+#[derive(Clone)]
+pub(crate) struct Recording {
     #[cfg(feature = "metrics")]
-    {
-        let outcome = match counted {
-            Some(Outcome::Success) => "success",
-            Some(Outcome::Failure) => "failure",
-            None => "ignored",
-        };
-        ::metrics::counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
-            .increment(1);
-        let took = started.map_or(Duration::ZERO, |started| started.elapsed());
-        ::metrics::histogram!(SEND_SECONDS, "transport" => transport.to_owned())
-            .record(took.as_secs_f64());
+    handles: Arc<Handles>,
+}
+
+/// The handles of one breaker, each taken at its first use.
+#[cfg(feature = "metrics")]
+struct Handles {
+    /// The transport's name when the breaker was built: every handle's `transport` label.
+    transport: Arc<str>,
+    /// `mail_breaker_sends_total`, one per outcome, in the order of [`OUTCOMES`].
+    sends: [Kept<Counter>; 4],
+    seconds: Kept<Histogram>,
+    /// `mail_breaker_transitions_total`, one per change, at `3 * from + to`.
+    transitions: [Kept<Counter>; 9],
+    open: Kept<Gauge>,
+}
+
+/// The `outcome` labels, by their place in [`Handles::sends`].
+#[cfg(feature = "metrics")]
+const OUTCOMES: [&str; 4] = ["success", "failure", "ignored", "refused"];
+#[cfg(feature = "metrics")]
+const REFUSED: usize = 3;
+
+/// The place of `counted`'s outcome in [`OUTCOMES`].
+#[cfg(feature = "metrics")]
+fn outcome_index(counted: Option<Outcome>) -> usize {
+    match counted {
+        Some(Outcome::Success) => 0,
+        Some(Outcome::Failure) => 1,
+        None => 2,
     }
 }
 
-/// A breaker of `transport` changed state.
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-pub(crate) fn transition(transport: &str, transition: Transition) {
-    #[cfg(feature = "metrics")]
-    {
+#[cfg(feature = "metrics")]
+fn state_index(state: State) -> usize {
+    match state {
+        State::Closed => 0,
+        State::Open => 1,
+        State::HalfOpen => 2,
+    }
+}
+
+#[cfg(feature = "metrics")]
+impl Handles {
+    fn sends(&self, outcome: usize) -> &Counter {
+        self.sends[outcome].get(|| {
+            let transport = Arc::clone(&self.transport);
+            counter!(SENDS_TOTAL, "transport" => transport, "outcome" => OUTCOMES[outcome])
+        })
+    }
+
+    fn seconds(&self) -> &Histogram {
+        self.seconds.get(|| {
+            let transport = Arc::clone(&self.transport);
+            histogram!(SEND_SECONDS, "transport" => transport)
+        })
+    }
+
+    fn transitions(&self, transition: Transition) -> &Counter {
         let Transition { from, to } = transition;
-        ::metrics::counter!(
-            TRANSITIONS_TOTAL,
-            "transport" => transport.to_owned(),
-            "from" => from.as_str(),
-            "to" => to.as_str()
-        )
-        .increment(1);
-        let open = ::metrics::gauge!(OPEN, "transport" => transport.to_owned());
-        match (from, to) {
-            (_, State::Open) => open.increment(1.0),
-            (State::Open, _) => open.decrement(1.0),
-            _ => {}
+        self.transitions[3 * state_index(from) + state_index(to)]
+            .get(|| transitions(&self.transport, transition))
+    }
+
+    fn open(&self) -> &Gauge {
+        self.open.get(|| open(&self.transport))
+    }
+}
+
+/// The handle of `mail_breaker_transitions_total` for `transition` of `transport`.
+#[cfg(feature = "metrics")]
+fn transitions(transport: &str, Transition { from, to }: Transition) -> Counter {
+    counter!(
+        TRANSITIONS_TOTAL,
+        "transport" => transport.to_owned(),
+        "from" => from.as_str(),
+        "to" => to.as_str()
+    )
+}
+
+/// The handle of `mail_breaker_open` for `transport`.
+#[cfg(feature = "metrics")]
+fn open(transport: &str) -> Gauge {
+    gauge!(OPEN, "transport" => transport.to_owned())
+}
+
+impl Recording {
+    /// The metrics of a breaker around `transport`, its name now.
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn new(transport: &std::sync::Arc<str>) -> Self {
+        Recording {
+            #[cfg(feature = "metrics")]
+            handles: Arc::new(Handles {
+                transport: Arc::clone(transport),
+                sends: Default::default(),
+                seconds: Kept::new(),
+                transitions: Default::default(),
+                open: Kept::new(),
+            }),
+        }
+    }
+
+    /// The kept handles, when `transport` is still the name they are labelled with; `None`
+    /// for a transport renamed through `inner_mut` since the breaker was built, whose
+    /// metrics are then taken for each call under its new name.
+    #[cfg(feature = "metrics")]
+    #[inline]
+    fn kept(&self, transport: &str) -> Option<&Handles> {
+        let handles = &*self.handles;
+        (*handles.transport == *transport).then_some(handles)
+    }
+
+    /// A breaker held a send back.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn send_refused(&self, transport: &str) {
+        #[cfg(feature = "metrics")]
+        match self.kept(transport) {
+            Some(handles) => handles.sends(REFUSED).increment(1),
+            None => counter!(
+                SENDS_TOTAL,
+                "transport" => transport.to_owned(),
+                "outcome" => OUTCOMES[REFUSED]
+            )
+            .increment(1),
+        }
+    }
+
+    /// A send the breaker let go has its answer: `counted` is how the breaker counted it
+    /// (`None`: not at all), `started` when it went (read when [`TIMES_SENDS`]).
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn send_finished(
+        &self,
+        transport: &str,
+        counted: Option<Outcome>,
+        started: Option<Instant>,
+    ) {
+        #[cfg(feature = "metrics")]
+        {
+            let outcome = outcome_index(counted);
+            let took = started.map_or(Duration::ZERO, |started| started.elapsed());
+            match self.kept(transport) {
+                Some(handles) => {
+                    handles.sends(outcome).increment(1);
+                    handles.seconds().record(took.as_secs_f64());
+                }
+                None => {
+                    let outcome = OUTCOMES[outcome];
+                    counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
+                        .increment(1);
+                    histogram!(SEND_SECONDS, "transport" => transport.to_owned())
+                        .record(took.as_secs_f64());
+                }
+            }
+        }
+    }
+
+    /// A send let go on the clean path (closed, nothing counted, no slow calls) has its
+    /// answer, counted as `outcome`; it went at `started`.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn clean_finished(&self, transport: &str, outcome: Outcome, started: CleanStart) {
+        #[cfg(feature = "metrics")]
+        self.send_finished(transport, Some(outcome), Some(started));
+    }
+
+    /// The breaker of `transport` changed state.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn transition(&self, transport: &str, transition: Transition) {
+        #[cfg(feature = "metrics")]
+        {
+            let moved = |count: &Counter, open: &Gauge| {
+                count.increment(1);
+                match (transition.from, transition.to) {
+                    (_, State::Open) => open.increment(1.0),
+                    (State::Open, _) => open.decrement(1.0),
+                    _ => {}
+                }
+            };
+            match self.kept(transport) {
+                Some(handles) => moved(handles.transitions(transition), handles.open()),
+                None => moved(&transitions(transport, transition), &open(transport)),
+            }
         }
     }
 }

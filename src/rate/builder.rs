@@ -194,7 +194,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             // Tokio's semaphore holds at most this many permits.
             .map(|places| Arc::new(Semaphore::new(places.min(Semaphore::MAX_PERMITS))));
         let name: Arc<str> = Arc::from(self.name.unwrap_or_else(|| self.inner.name().to_owned()));
-        super::record_per_second(&name, per_second);
+        super::Recorded::built(&name, per_second);
         let local = || LocalLimiter::new(per_second, self.burst, floor);
         #[cfg(feature = "redis")]
         let limiter = match &self.shared {
@@ -218,6 +218,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             max_wait: self.max_wait,
             adaptive: self.adaptive,
             per_recipient: self.per_recipient,
+            recorded: super::Recorded::default(),
         })
     }
 }

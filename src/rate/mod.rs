@@ -69,6 +69,8 @@ pub struct RateLimitTransport<T> {
     adaptive: bool,
     /// Each recipient costs a slot, not each message.
     per_recipient: bool,
+    /// Its metrics' handles, under the `metrics` feature.
+    recorded: Recorded,
 }
 
 impl<T: Transport> RateLimitTransport<T> {
@@ -142,7 +144,8 @@ impl<T: Transport> RateLimitTransport<T> {
                 if !wait.is_zero() {
                     tokio::time::sleep(wait).await;
                 }
-                record_wait(&self.name, queued.saturating_add(wait));
+                let waited = queued.saturating_add(wait);
+                self.recorded.wait(&self.name, waited, &self.limiter);
                 Ok(permit)
             }
             Slot::Refused { retry_after } => Err(self.refusal(Some(retry_after))),
@@ -150,7 +153,7 @@ impl<T: Transport> RateLimitTransport<T> {
     }
 
     fn refusal(&self, retry_after: Option<Duration>) -> SendError {
-        record_refused(&self.name);
+        self.recorded.refused(&self.name, &self.limiter);
         let error = match retry_after {
             Some(retry_after) => SendError::new(
                 Category::RateLimited,
@@ -188,7 +191,7 @@ impl<T: Transport> RateLimitTransport<T> {
             self.limiter.throttled().await;
             let now = self.limiter.per_second();
             tracing::info!(limiter = %self.name, per_second = now, "rate.throttled");
-            record_per_second(&self.name, now);
+            self.recorded.per_second(&self.name, now);
         }
     }
 }
@@ -255,32 +258,81 @@ impl<T: Transport> Transport for RateLimitTransport<T> {
 
 crate::transport::lettre_async_transport!(RateLimitTransport<T>, T);
 
-/// A send through the limiter `name` waited `waited` for its turn: recorded under the
-/// `metrics` feature ([`RATE_WAIT_SECONDS`](crate::metrics::RATE_WAIT_SECONDS)).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_wait(name: &str, waited: Duration) {
+/// The handles of a limiter's metrics, each taken at its first use and kept (see
+/// [`crate::handles`]), labelled with the limiter's name; nothing without the `metrics`
+/// feature.
+#[derive(Debug, Default)]
+struct Recorded {
     #[cfg(feature = "metrics")]
-    ::metrics::histogram!(crate::metrics::RATE_WAIT_SECONDS, "transport" => name.to_owned())
-        .record(waited.as_secs_f64());
+    wait: crate::handles::Kept<::metrics::Histogram>,
+    #[cfg(feature = "metrics")]
+    per_second: crate::handles::Kept<::metrics::Gauge>,
+    #[cfg(feature = "metrics")]
+    refused: crate::handles::Kept<::metrics::Counter>,
 }
 
-/// The limiter `name` allows `per_second` now: set under the `metrics` feature
-/// ([`RATE_PER_SECOND`](crate::metrics::RATE_PER_SECOND)).
-#[inline]
 #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_per_second(name: &str, per_second: f64) {
-    #[cfg(feature = "metrics")]
-    ::metrics::gauge!(crate::metrics::RATE_PER_SECOND, "transport" => name.to_owned())
-        .set(per_second);
-}
+impl Recorded {
+    /// The limiter `name` was built to allow `per_second`: set under the `metrics` feature
+    /// ([`RATE_PER_SECOND`](crate::metrics::RATE_PER_SECOND)) in the recorder installed now,
+    /// if any. No handle is kept: a recorder installed after the limiter was built has the
+    /// rate set at the limiter's first send.
+    fn built(name: &str, per_second: f64) {
+        #[cfg(feature = "metrics")]
+        ::metrics::gauge!(crate::metrics::RATE_PER_SECOND, "transport" => name.to_owned())
+            .set(per_second);
+    }
 
-/// The limiter `name` answered a send `rate.limited`: counted under the `metrics` feature
-/// ([`RATE_REFUSED_TOTAL`](crate::metrics::RATE_REFUSED_TOTAL)).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_refused(name: &str) {
+    /// A send through the limiter `name` waited `waited` for its turn: recorded under the
+    /// `metrics` feature ([`RATE_WAIT_SECONDS`](crate::metrics::RATE_WAIT_SECONDS)).
+    #[inline]
+    fn wait(&self, name: &Arc<str>, waited: Duration, limiter: &Limiter) {
+        #[cfg(feature = "metrics")]
+        self.wait
+            .get(|| {
+                self.first_use(name, limiter);
+                let name = Arc::clone(name);
+                ::metrics::histogram!(crate::metrics::RATE_WAIT_SECONDS, "transport" => name)
+            })
+            .record(waited.as_secs_f64());
+    }
+
+    /// The limiter `name` allows `per_second` now: set under the `metrics` feature
+    /// ([`RATE_PER_SECOND`](crate::metrics::RATE_PER_SECOND)).
+    #[inline]
+    fn per_second(&self, name: &Arc<str>, per_second: f64) {
+        #[cfg(feature = "metrics")]
+        self.rate(name).set(per_second);
+    }
+
+    /// The limiter `name` answered a send `rate.limited`: counted under the `metrics`
+    /// feature ([`RATE_REFUSED_TOTAL`](crate::metrics::RATE_REFUSED_TOTAL)).
+    #[inline]
+    fn refused(&self, name: &Arc<str>, limiter: &Limiter) {
+        #[cfg(feature = "metrics")]
+        self.refused
+            .get(|| {
+                self.first_use(name, limiter);
+                let name = Arc::clone(name);
+                ::metrics::counter!(crate::metrics::RATE_REFUSED_TOTAL, "transport" => name)
+            })
+            .increment(1);
+    }
+
+    /// The gauge of the rate, taken at its first use.
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(crate::metrics::RATE_REFUSED_TOTAL, "transport" => name.to_owned())
-        .increment(1);
+    fn rate(&self, name: &Arc<str>) -> &::metrics::Gauge {
+        self.per_second.get(|| {
+            let name = Arc::clone(name);
+            ::metrics::gauge!(crate::metrics::RATE_PER_SECOND, "transport" => name)
+        })
+    }
+
+    /// The limiter's first send (or refusal) under the recorder its handles are taken from:
+    /// the rate is set there, which a recorder installed after the limiter was built has
+    /// not seen.
+    #[cfg(feature = "metrics")]
+    fn first_use(&self, name: &Arc<str>, limiter: &Limiter) {
+        self.rate(name).set(limiter.per_second());
+    }
 }

@@ -105,6 +105,7 @@ impl<T> RetryBuilder<T> {
                 max_elapsed: self.max_elapsed,
                 budget: self.budget,
                 at_most_once: self.at_most_once,
+                recorded: super::Recorded::default(),
             },
         })
     }

@@ -194,7 +194,7 @@ impl<T: Transport> RetryTransport<T> {
             let Ok(envelope) = Envelope::new(from.cloned(), recipients) else {
                 break;
             };
-            record_retry(transport);
+            self.policy.recorded.retry(transport);
             tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
             attempt = attempt.saturating_add(1);
             match catch_panic(transport, self.inner.send_raw(&envelope, raw)).await {
@@ -264,6 +264,8 @@ pub(crate) struct Policy {
     pub(crate) budget: Option<Arc<RetryBudget>>,
     /// Maybe-delivered errors are answers, not retried.
     pub(crate) at_most_once: bool,
+    /// The retries it scheduled and those the budget refused, under the `metrics` feature.
+    pub(crate) recorded: Recorded,
 }
 
 impl Policy {
@@ -295,7 +297,7 @@ impl Policy {
         }
         match self.wait_before_retry(transport, &error, attempt, first_try) {
             Some(wait) => {
-                record_retry(transport);
+                self.recorded.retry(transport);
                 tracing::debug!(
                     transport = error.transport().unwrap_or_default(),
                     code = error.code(),
@@ -327,7 +329,7 @@ impl Policy {
             && budget.throttle_retry_attempt()
         {
             tracing::debug!(code = error.code(), "retry.throttled");
-            record_throttled(transport);
+            self.recorded.throttled(transport);
             return None;
         }
         let wait = self
@@ -444,25 +446,51 @@ impl<'a, T: Transport> Stages<'a> for Attempts<'a, T> {
     }
 }
 
-/// A retry through `transport` was scheduled: counted under the `metrics` feature
-/// ([`RETRIES_TOTAL`](crate::metrics::RETRIES_TOTAL)).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_retry(transport: &str) {
+/// The handles of a retry transport's counters, each taken at its first use and kept (see
+/// [`crate::handles`]), labelled with the inner transport's name; nothing without the
+/// `metrics` feature.
+#[derive(Debug, Default)]
+pub(crate) struct Recorded {
     #[cfg(feature = "metrics")]
-    ::metrics::counter!(crate::metrics::RETRIES_TOTAL, "transport" => transport.to_owned())
-        .increment(1);
+    retries: crate::handles::Named<::metrics::Counter>,
+    #[cfg(feature = "metrics")]
+    throttled: crate::handles::Named<::metrics::Counter>,
 }
 
-/// The retry budget refused a retry through `transport`: counted under the `metrics` feature
-/// ([`RETRIES_THROTTLED_TOTAL`](crate::metrics::RETRIES_THROTTLED_TOTAL)).
-#[inline]
-#[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
-fn record_throttled(transport: &str) {
-    #[cfg(feature = "metrics")]
-    ::metrics::counter!(
-        crate::metrics::RETRIES_THROTTLED_TOTAL,
-        "transport" => transport.to_owned()
-    )
-    .increment(1);
+impl Recorded {
+    /// A retry through `transport` was scheduled: counted under the `metrics` feature
+    /// ([`RETRIES_TOTAL`](crate::metrics::RETRIES_TOTAL)).
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn retry(&self, transport: &str) {
+        #[cfg(feature = "metrics")]
+        self.retries.record(
+            transport,
+            |transport| {
+                ::metrics::counter!(
+                    crate::metrics::RETRIES_TOTAL,
+                    "transport" => transport.to_owned()
+                )
+            },
+            |counter| counter.increment(1),
+        );
+    }
+
+    /// The retry budget refused a retry through `transport`: counted under the `metrics`
+    /// feature ([`RETRIES_THROTTLED_TOTAL`](crate::metrics::RETRIES_THROTTLED_TOTAL)).
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    fn throttled(&self, transport: &str) {
+        #[cfg(feature = "metrics")]
+        self.throttled.record(
+            transport,
+            |transport| {
+                ::metrics::counter!(
+                    crate::metrics::RETRIES_THROTTLED_TOTAL,
+                    "transport" => transport.to_owned()
+                )
+            },
+            |counter| counter.increment(1),
+        );
+    }
 }
