@@ -111,7 +111,7 @@ pub use receipt::{AcceptedTransaction, Category, Receipt, SendError};
 pub use retry::{Backoff, RetryBudget, RetryBuilder, RetryTransport};
 #[cfg(feature = "redis")]
 pub use store::RedisStore;
-pub use store::{BreakerStore, MemoryStore};
+pub use store::{BreakerStore, MemoryStore, Reach};
 pub use time::MAX_PROVIDER_WAIT;
 pub use transport::{Envelope, Message, MessageStream, ReceiptStream, Transport};
 

@@ -400,7 +400,11 @@ async fn a_post_with_the_token_isolates_the_member_its_percent_encoded_path_name
     let same_site = [("origin", "http://127.0.0.1:8025")];
     let response = call(&router, post(&path, &form, &same_site)).await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
-    assert_eq!(response.headers()[header::LOCATION], "/");
+    // The mailer's breakers are in its memory: the page is told the change reached it alone.
+    assert_eq!(
+        response.headers()[header::LOCATION],
+        "/?notice=isolated-here"
+    );
     assert!(
         mailer
             .breaker(&members.first)
@@ -420,6 +424,74 @@ async fn a_post_with_the_token_isolates_the_member_its_percent_encoded_path_name
     let breaker = mailer.breaker(&members.first).unwrap();
     assert!(!breaker.snapshot().await.is_isolated());
     assert_eq!(breaker.state(), State::Closed);
+}
+
+#[tokio::test]
+async fn an_isolate_or_reset_over_an_in_memory_store_is_said_to_reach_this_process_only() {
+    let dir = folder("this-process");
+    let (mailer, members) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    for action in ["isolate", "reset"] {
+        let path = format!("/breakers/{}/{action}", encoded(&members.first));
+        let response = call(&router, post(&path, &form, &[])).await;
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{action}");
+        let back = response.headers()[header::LOCATION]
+            .to_str()
+            .unwrap()
+            .to_owned();
+        assert!(
+            back.starts_with("/?"),
+            "{action}: a notice after the redirect: {back}"
+        );
+        let page = text(call(&router, get(&back)).await).await;
+        assert!(
+            page.contains("in this process only"),
+            "{action}: the page says the change reached this process alone: {page}"
+        );
+    }
+    // The page read on its own says nothing of a change.
+    let page = text(call(&router, get("/")).await).await;
+    assert!(!page.contains("in this process only"));
+}
+
+#[cfg(feature = "redis")]
+#[tokio::test]
+async fn an_isolate_or_reset_the_redis_store_cannot_take_is_503_with_why() {
+    // Nothing listens on the Redis port: the store decides locally from the start.
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?name=relay&redis=redis://127.0.0.1:{}/",
+        free_port(),
+        free_port()
+    );
+    let mailer = Arc::new(
+        Mailer::from_dsn(&dsn)
+            .unwrap()
+            .build_without_worker()
+            .await
+            .unwrap(),
+    );
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    for action in ["isolate", "reset"] {
+        let response = call(
+            &router,
+            post(&format!("/breakers/relay/{action}"), &form, &[]),
+        )
+        .await;
+        assert_eq!(
+            response.status(),
+            StatusCode::SERVICE_UNAVAILABLE,
+            "{action}"
+        );
+        let body = text(response).await;
+        assert!(
+            body.contains("Redis") && body.contains("this process only"),
+            "{action}: says why and what it did: {body}"
+        );
+    }
 }
 
 #[tokio::test]
@@ -762,7 +834,10 @@ async fn a_router_nested_under_a_path_posts_its_forms_and_sends_back_under_that_
     let form = format!("token={}", admin.token());
     let response = call(&app, post(&isolate, &form, &[])).await;
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
-    assert_eq!(response.headers()[header::LOCATION], "/ops/mail/");
+    assert_eq!(
+        response.headers()[header::LOCATION],
+        "/ops/mail/?notice=isolated-here"
+    );
     assert!(
         mailer
             .breaker(&members.first)

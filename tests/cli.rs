@@ -384,7 +384,7 @@ fn breakers_isolate_reaches_another_processes_breaker_through_redis_and_reset_un
 }
 
 #[test]
-fn breakers_on_the_in_memory_store_exit_2_and_say_they_reach_no_other_process() {
+fn breakers_on_the_in_memory_store_exit_2_and_say_they_reach_this_process_only() {
     let dsn = format!("smtp://127.0.0.1:{}?name=relay", closed_port());
     for args in [
         &["breakers", "--dsn", &dsn][..],
@@ -394,8 +394,32 @@ fn breakers_on_the_in_memory_store_exit_2_and_say_they_reach_no_other_process() 
         let output = run(args);
         assert_eq!(code(&output), 2, "{args:?}");
         assert!(
-            stderr(&output).contains("reaching no other process"),
+            stderr(&output).contains("this process only"),
             "{args:?}: {}",
+            stderr(&output)
+        );
+    }
+}
+
+#[test]
+fn breakers_isolate_or_reset_with_redis_down_exits_4_and_says_the_fleet_was_not_reached() {
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?name=relay&redis=redis://127.0.0.1:{}/",
+        closed_port(),
+        closed_port()
+    );
+    for action in ["isolate", "reset"] {
+        let output = run(&["breakers", action, "relay", "--dsn", &dsn]);
+        assert_eq!(
+            code(&output),
+            4,
+            "{action}: {}{}",
+            stdout(&output),
+            stderr(&output)
+        );
+        assert!(
+            stderr(&output).contains("this process only"),
+            "{action}: {}",
             stderr(&output)
         );
     }

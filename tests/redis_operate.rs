@@ -151,3 +151,38 @@ async fn with_redis_down_isolate_acts_on_this_process_and_never_fails() {
         .expect("reset in this process too");
     assert!(!store.is_shared());
 }
+
+#[tokio::test]
+async fn isolating_a_breaker_scoped_by_recipient_domain_refuses_a_domain_first_seen_after_it_in_every_process_until_reset()
+ {
+    let Some(server) = RedisServer::start("redis_isolate_by_domain") else {
+        return;
+    };
+    let (a_store, b_store) = (store(&server).await, store(&server).await);
+    let (a_inner, b_inner) = (Scripted::new("provider"), Scripted::new("provider"));
+    let by_domain = |inner: &Scripted, store: &Arc<RedisStore>| {
+        CircuitBreakerTransport::builder(inner.clone())
+            .scope(Scope::RecipientDomain)
+            .store(Arc::clone(store) as Arc<dyn BreakerStore>)
+            .build()
+            .expect("valid settings")
+    };
+    let (a, b) = (by_domain(&a_inner, &a_store), by_domain(&b_inner, &b_store));
+    a.isolate().await;
+
+    // Another process sharing the store, to a domain neither ever sent to.
+    let refused = b
+        .send(&message_to("x@first-seen-now.example"))
+        .await
+        .expect_err("isolated as a whole, in every process");
+    assert_eq!(refused.code(), "breaker.isolated");
+    assert_eq!(refused.retry_after(), None);
+    assert_eq!(b_inner.sends(), 0);
+
+    a.reset().await;
+    b.send(&message_to("x@first-seen-now.example"))
+        .await
+        .expect("the reset lifted it for every process and every domain");
+    assert_eq!(b_inner.sends(), 1);
+    assert!(a_store.is_shared() && b_store.is_shared());
+}

@@ -283,3 +283,25 @@ async fn a_flood_of_domains_that_succeed_keeps_the_count_of_one_that_fails() {
         .await;
     assert_eq!(breaker.state_of("flaky.example"), State::Open);
 }
+
+#[tokio::test]
+async fn isolating_a_breaker_scoped_by_recipient_domain_refuses_a_domain_first_seen_after_it_until_reset()
+ {
+    let inner = Scripted::new("p");
+    let breaker = by_domain(&inner, 3);
+    breaker.isolate().await;
+    let refused = breaker
+        .send(&message_to("x@first-seen-now.example"))
+        .await
+        .expect_err("isolated as a whole");
+    assert_eq!(refused.code(), "breaker.isolated");
+    assert_eq!(refused.retry_after(), None);
+    assert_eq!(inner.sends(), 0, "nothing reached the provider");
+
+    breaker.reset().await;
+    breaker
+        .send(&message_to("x@another-new.example"))
+        .await
+        .expect("reset lifts the isolation for every domain");
+    assert_eq!(inner.sends(), 1);
+}

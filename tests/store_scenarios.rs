@@ -17,6 +17,8 @@ use State::{Closed, HalfOpen, Open};
 
 const RESET: Duration = Duration::from_millis(400);
 const KEY: &str = "provider.example";
+/// The name of the breaker the key belongs to.
+const BREAKER: &str = "smtp://provider.example";
 
 /// One step of a scenario; permits are numbered in the order they were given.
 #[derive(Debug, Clone, Copy)]
@@ -44,6 +46,12 @@ enum Step {
     Isolated,
     /// An operator resets the breaker.
     Reset,
+    /// An operator isolates the whole breaker the key belongs to (DESIGN §19).
+    IsolateWhole,
+    /// An operator lifts the isolation of the whole breaker.
+    LiftWhole,
+    /// A send to a key of the same breaker never seen before, refused as isolated.
+    IsolatedElsewhere,
 }
 
 use Step::*;
@@ -102,7 +110,7 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
         let context = format!("step {at} ({step:?})");
         match *step {
             Send | Probe | Refused | RefusedOver(_) | Isolated => {
-                let (decision, changes) = store.acquire(KEY, rules, &late).await;
+                let (decision, changes) = store.acquire_in(BREAKER, KEY, rules, &late).await;
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
                 match (step, decision) {
                     (Send, Decision::Send(permit)) if !permit.is_probe() => permits.push(permit),
@@ -136,6 +144,21 @@ async fn run(store: &dyn BreakerStore, scenario: Scenario) {
             Reset => {
                 let changes = store.reset(KEY, rules, &late).await;
                 transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+            }
+            IsolateWhole => {
+                let reached = store.isolate_breaker(BREAKER).await;
+                assert!(reached.is_ok(), "{context}: {reached:?}");
+            }
+            LiftWhole => {
+                let reached = store.lift_isolation(BREAKER).await;
+                assert!(reached.is_ok(), "{context}: {reached:?}");
+            }
+            IsolatedElsewhere => {
+                let (decision, changes) = store
+                    .acquire_in(BREAKER, "first-seen-now.example", rules, &late)
+                    .await;
+                transitions.extend(changes.iter().map(|t| (t.from, t.to)));
+                assert_eq!(decision, Decision::Isolated, "{context}");
             }
             Is(expected) => {
                 let (state, changes) = store.state(KEY, rules);
@@ -358,6 +381,12 @@ scenarios! {
         rules: consecutive(1, 1),
         steps: &[Send, Result(0, FAIL), Wait(500), Probe, Isolate, Result(1, OK), Isolated],
         transitions: &[(Closed, Open), (Open, HalfOpen), (HalfOpen, Open)],
+    };
+    isolating_the_whole_breaker_refuses_every_key_also_one_first_seen_until_it_is_lifted: Scenario {
+        rules: consecutive(1, 1),
+        steps: &[Send, Result(0, OK), IsolateWhole, Isolated, IsolatedElsewhere, Wait(500),
+                 Isolated, Is(Closed), LiftWhole, Send, Result(1, FAIL), Is(Open)],
+        transitions: &[(Closed, Open)],
     };
     reset_closes_an_isolated_breaker: Scenario {
         rules: consecutive(1, 1),

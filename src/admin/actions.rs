@@ -11,6 +11,8 @@ use axum::response::{IntoResponse, Redirect, Response};
 
 use super::Shared;
 use super::guard;
+use super::page::Notice;
+use crate::Reach;
 use crate::outbox::OutboxId;
 
 /// A POST to a read-only page.
@@ -52,8 +54,16 @@ fn refused(
 
 /// Back to the page the form was on: the path this router is mounted at.
 fn back(original: &Uri, routed: &Uri) -> Response {
+    back_saying(original, routed, None)
+}
+
+/// Back to the page, which then shows `notice`, if any.
+fn back_saying(original: &Uri, routed: &Uri, notice: Option<Notice>) -> Response {
     let mount = super::mount_path(original.path(), routed.path());
-    Redirect::to(&format!("{mount}/")).into_response()
+    match notice {
+        Some(notice) => Redirect::to(&format!("{mount}/?{}", notice.query())).into_response(),
+        None => Redirect::to(&format!("{mount}/")).into_response(),
+    }
 }
 
 fn not_found(what: String) -> Response {
@@ -75,14 +85,35 @@ pub(crate) async fn on_breaker<const ISOLATE: bool>(
     let Some(breaker) = shared.mailer.breaker(&name) else {
         return not_found(format!("no member is named {name:?}"));
     };
-    if ISOLATE {
-        breaker.isolate().await;
-        tracing::info!(member = %name, "admin.breaker_isolated");
+    let reached = if ISOLATE {
+        breaker.try_isolate().await
     } else {
-        breaker.reset().await;
-        tracing::info!(member = %name, "admin.breaker_reset");
+        breaker.try_reset().await
+    };
+    match reached {
+        Ok(reach) => {
+            tracing::info!(member = %name, action, reach = %reach, "admin.breaker_changed");
+            // A change the rest of the fleet did not see is said on the page, not hidden
+            // behind a redirect that looks like every other.
+            let notice = match (reach, ISOLATE) {
+                (Reach::Fleet, _) => None,
+                (Reach::ThisProcess, true) => Some(Notice::IsolatedHere),
+                (Reach::ThisProcess, false) => Some(Notice::ResetHere),
+            };
+            back_saying(&original, &routed, notice)
+        }
+        Err(error) => {
+            tracing::warn!(member = %name, action, error = %error, "admin.failed");
+            (
+                StatusCode::SERVICE_UNAVAILABLE,
+                format!(
+                    "the breaker store could not be reached: {}\n",
+                    error.message()
+                ),
+            )
+                .into_response()
+        }
     }
-    back(&original, &routed)
 }
 
 /// Requeues (`REQUEUE`) or purges a dead letter.

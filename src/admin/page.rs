@@ -5,7 +5,7 @@
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use axum::extract::{OriginalUri, State};
+use axum::extract::{OriginalUri, RawQuery, State};
 use axum::http::{Uri, header};
 use axum::response::{IntoResponse, Response};
 use maud::{DOCTYPE, Markup, html};
@@ -63,6 +63,8 @@ svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(-
 .chart-scale { margin: .2rem 0; color: var(--muted); font-size: .8rem; }
 .key-queued { color: var(--half); } .key-dead { color: var(--open); } .key-sent { color: var(--closed); }
 .problem { color: var(--open); }
+.notice { background: var(--card); border: 1px solid var(--half); border-left: 6px solid var(--half);
+  border-radius: 8px; padding: .5rem .9rem; margin: .5rem 0; }
 @media (max-width: 600px) {
   table#dead thead { display: none; }
   table#dead tr { display: block; border-bottom: 1px solid var(--line); padding: .3rem 0; }
@@ -77,6 +79,7 @@ pub(crate) async fn show(
     State(shared): State<Arc<Shared>>,
     OriginalUri(original): OriginalUri,
     routed: Uri,
+    RawQuery(query): RawQuery,
 ) -> Response {
     let mount = super::mount_path(original.path(), routed.path()).to_owned();
     let breakers = read::breakers(&shared).await;
@@ -87,6 +90,7 @@ pub(crate) async fn show(
         shared: &shared,
         mount: &mount,
         now: SystemTime::now(),
+        notice: query.as_deref().and_then(Notice::from_query),
     };
     let markup = page.render(&breakers, &limiters, outbox, dead);
     (
@@ -105,12 +109,58 @@ pub(crate) async fn show(
         .into_response()
 }
 
+/// What an action tells the page it sends the browser back to (`?notice=...`): a fixed
+/// word, never text from the request, shown as one of the page's own sentences.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Notice {
+    /// An isolation that reached this process alone (a store in its memory).
+    IsolatedHere,
+    /// A reset that reached this process alone.
+    ResetHere,
+}
+
+impl Notice {
+    /// The query that carries this notice.
+    pub(crate) fn query(self) -> &'static str {
+        match self {
+            Notice::IsolatedHere => "notice=isolated-here",
+            Notice::ResetHere => "notice=reset-here",
+        }
+    }
+
+    /// The notice a page's query names, if it names one.
+    fn from_query(query: &str) -> Option<Notice> {
+        query.split('&').find_map(|pair| match pair {
+            "notice=isolated-here" => Some(Notice::IsolatedHere),
+            "notice=reset-here" => Some(Notice::ResetHere),
+            _ => None,
+        })
+    }
+
+    fn sentence(self) -> &'static str {
+        match self {
+            Notice::IsolatedHere => {
+                "Isolated in this process only: its breakers live in its own memory, so no \
+                 other process of the application saw the change. Share them through Redis \
+                 to act on the fleet."
+            }
+            Notice::ResetHere => {
+                "Reset in this process only: its breakers live in its own memory, so no other \
+                 process of the application saw the change. Share them through Redis to act \
+                 on the fleet."
+            }
+        }
+    }
+}
+
 /// One rendering of the page.
 struct Page<'a> {
     shared: &'a Shared,
     /// The path the router is mounted at (`""` at the root), before each action's path.
     mount: &'a str,
     now: SystemTime,
+    /// What the action that sent the browser here wants said.
+    notice: Option<Notice>,
 }
 
 impl Page<'_> {
@@ -138,6 +188,9 @@ impl Page<'_> {
                             "read at " (clock(self.now)) " UTC, again every " (REFRESH_SECONDS) " s"
                             @if self.shared.read_only { " · read-only" }
                         }
+                    }
+                    @if let Some(notice) = self.notice {
+                        p class="notice" role="status" { (notice.sentence()) }
                     }
                     h2 { "Breakers" }
                     div class="cards" id="breakers" {

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use super::BoxedSend;
 use super::gate::{Gate, HeldBack, Unspent, attempted};
 use super::recording::{CleanStart, clean_start};
-use crate::machine::{Outcome, Permit};
+use crate::machine::{Decision, Outcome, Permit, Transitions};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
 use crate::transport::unanswered;
@@ -126,13 +126,20 @@ where
         }
     };
     let mut breaker = memory.breaker_of(&key, &gate.rules);
-    if let LocalBreaker::First(first) = breaker
+    // One atomic read: isolated as a whole, every key is refused (DESIGN §19).
+    let isolated = memory.isolates_whole(transport);
+    if !isolated
+        && let LocalBreaker::First(first) = breaker
         && gate.counts_plainly()
         && let Some(permit) = first.clean_permit()
     {
         return Ok(Leave::One(make, Held::Clean(first, permit, clean_start())));
     }
-    let decision = breaker.acquire(&key, &gate.rules);
+    let decision = if isolated {
+        (Decision::Isolated, Transitions::NONE)
+    } else {
+        breaker.acquire(&key, &gate.rules)
+    };
     match gate.admitted(transport, key, decision) {
         Ok(unspent) => Ok(Leave::One(make, Held::Counted(breaker, unspent))),
         Err(held) => Err(held),

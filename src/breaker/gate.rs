@@ -84,7 +84,9 @@ impl Gate {
             Ok(key) => key,
             Err(many) => return Box::pin(self.guard_many(transport, many, send)).await,
         };
-        let decision = self.store.acquire(&key, &self.rules, &self.late).await;
+        let decision = (self.store)
+            .acquire_in(transport, &key, &self.rules, &self.late)
+            .await;
         let mut unspent = match self.admitted(transport, key, decision) {
             Ok(unspent) => unspent,
             Err(held) => return Err(self.refusal(transport, held)),
@@ -211,7 +213,9 @@ impl Gate {
 
     /// Leave to send for `key`: a permit, or none in shadow mode when the breaker would refuse.
     async fn acquire(&self, transport: &str, key: &str) -> Result<Option<Permit>, HeldBack> {
-        let (decision, transitions) = self.store.acquire(key, &self.rules, &self.late).await;
+        let (decision, transitions) = (self.store)
+            .acquire_in(transport, key, &self.rules, &self.late)
+            .await;
         self.announce(transport, key, transitions);
         match decision {
             Decision::Send(permit) => Ok(Some(permit)),

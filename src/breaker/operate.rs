@@ -5,8 +5,9 @@
 
 use super::CircuitBreakerTransport;
 use super::events::RecentChange;
-use crate::Transport;
 use crate::machine::{Snapshot, Transitions};
+use crate::store::Reach;
+use crate::{SendError, Transport};
 
 impl<T: Transport> CircuitBreakerTransport<T> {
     /// What the breaker under [`Scope::Transport`](crate::Scope::Transport) knows: its state,
@@ -79,7 +80,50 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     /// # });
     /// ```
     pub async fn isolate(&self) {
-        self.isolate_key(self.inner.name()).await
+        if let Err(error) = self.try_isolate().await {
+            tracing::warn!(
+                transport = self.inner.name(),
+                error = %error,
+                "breaker.isolate_partial: the isolation did not reach every process sharing the store"
+            );
+        }
+    }
+
+    /// [`isolate`](Self::isolate), saying what the change reached: [`Reach::Fleet`] when
+    /// every process sharing the store holds it (a `RedisStore` that answered),
+    /// [`Reach::ThisProcess`] when the store is this process's own memory, which no other
+    /// process reads. The error is the store's: a `RedisStore` that cannot be reached
+    /// (`store.unreachable`) has isolated the breaker in this process only, as `isolate`
+    /// does; a store of your own that cannot isolate a whole breaker changed nothing of it.
+    ///
+    /// Isolation holds the breaker as a whole (DESIGN §19), whatever its
+    /// [`Scope`](crate::Scope): under [`Scope::RecipientDomain`](crate::Scope::RecipientDomain)
+    /// a domain first seen after it is refused too, in every process sharing the store, until
+    /// [`reset`](Self::reset) or [`try_reset`](Self::try_reset).
+    ///
+    /// ```
+    /// use mail_breaker::{CircuitBreakerTransport, LettreTransport, Reach, Scope, Transport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// # let stub = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// # let message = lettre::Message::builder().from("a@example.com".parse().unwrap())
+    /// #     .to("b@new-domain.example".parse().unwrap()).body(String::from("hi")).unwrap();
+    /// let breaker = CircuitBreakerTransport::builder(stub)
+    ///     .scope(Scope::RecipientDomain)
+    ///     .build()
+    ///     .unwrap();
+    /// // The default store is this process's memory: the change reaches it alone.
+    /// assert_eq!(breaker.try_isolate().await.unwrap(), Reach::ThisProcess);
+    /// assert_eq!(breaker.send(&message).await.unwrap_err().code(), "breaker.isolated");
+    /// # });
+    /// ```
+    pub async fn try_isolate(&self) -> Result<Reach, SendError> {
+        let name = self.inner.name();
+        let whole = self.gate.store.isolate_breaker(name).await;
+        // The transport's own key too, so that its state and snapshot show the isolation
+        // and the listener hears it, as before.
+        self.isolate_key(name).await;
+        whole
     }
 
     /// Holds the breaker of `key` open until [`reset_key`](Self::reset_key).
@@ -92,7 +136,43 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     /// Closes the breaker under [`Scope::Transport`](crate::Scope::Transport), clears its
     /// counts and its open streak, and lifts an isolation.
     pub async fn reset(&self) {
-        self.reset_key(self.inner.name()).await
+        if let Err(error) = self.try_reset().await {
+            tracing::warn!(
+                transport = self.inner.name(),
+                error = %error,
+                "breaker.reset_partial: the reset did not reach every process sharing the store"
+            );
+        }
+    }
+
+    /// [`reset`](Self::reset), saying what the change reached, as
+    /// [`try_isolate`](Self::try_isolate) does. It lifts an isolation of the whole breaker
+    /// for every key, and closes the breaker under
+    /// [`Scope::Transport`](crate::Scope::Transport) (another key's breaker keeps its
+    /// counts: [`reset_key`](Self::reset_key) closes one).
+    ///
+    /// ```
+    /// use mail_breaker::{CircuitBreakerTransport, LettreTransport, Reach, Transport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+    /// # let stub = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+    /// # let message = lettre::Message::builder().from("a@example.com".parse().unwrap())
+    /// #     .to("b@example.org".parse().unwrap()).body(String::from("hi")).unwrap();
+    /// let breaker = CircuitBreakerTransport::new(stub);
+    /// breaker.isolate().await;
+    /// match breaker.try_reset().await {
+    ///     Ok(Reach::Fleet) => println!("reset for every process"),
+    ///     Ok(Reach::ThisProcess) => println!("reset in this process only"),
+    ///     Err(error) => eprintln!("not reset everywhere: {error}"),
+    /// }
+    /// assert!(breaker.send(&message).await.is_ok());
+    /// # });
+    /// ```
+    pub async fn try_reset(&self) -> Result<Reach, SendError> {
+        let name = self.inner.name();
+        let whole = self.gate.store.lift_isolation(name).await;
+        self.reset_key(name).await;
+        whole
     }
 
     /// Closes the breaker of `key`, clears its counts and lifts an isolation.

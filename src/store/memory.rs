@@ -62,6 +62,12 @@ pub struct MemoryStore {
     /// The first key decided on, when `max_keys` leaves room for it beside the map.
     first: OnceLock<FirstKey>,
     keeps_first_apart: bool,
+    /// The names of the breakers isolated as a whole (DESIGN §19): every key of theirs,
+    /// also one first seen later, is refused until the isolation is lifted.
+    isolated: Mutex<Vec<Box<str>>>,
+    /// How many names `isolated` holds, written under its lock: every send reads this one
+    /// word, and only while it is not 0 (an operator isolated something) looks further.
+    isolations: AtomicU64,
 }
 
 /// The first key's breaker, with a word that says when sending through it changes nothing.
@@ -108,7 +114,37 @@ impl MemoryStore {
             changes: AtomicU64::new(0),
             first: OnceLock::new(),
             keeps_first_apart,
+            isolated: Mutex::new(Vec::new()),
+            isolations: AtomicU64::new(0),
         }
+    }
+
+    /// Whether the breaker named `breaker` is isolated as a whole: one atomic read while
+    /// no breaker is.
+    #[inline]
+    pub(crate) fn isolates_whole(&self, breaker: &str) -> bool {
+        self.isolations.load(Ordering::Acquire) != 0 && self.names_isolated(breaker)
+    }
+
+    /// Looks for `breaker` among the names isolated: out of line, off the common path.
+    #[inline(never)]
+    fn names_isolated(&self, breaker: &str) -> bool {
+        lock(&self.isolated).iter().any(|name| **name == *breaker)
+    }
+
+    /// Isolates the breaker named `breaker` as a whole, or lifts that isolation.
+    pub(crate) fn isolate_whole(&self, breaker: &str, isolated: bool) {
+        let mut names = lock(&self.isolated);
+        let found = names.iter().position(|name| **name == *breaker);
+        match (isolated, found) {
+            (true, None) => names.push(breaker.into()),
+            (false, Some(at)) => {
+                names.swap_remove(at);
+            }
+            _ => {}
+        }
+        // Under the lock, after the change: a reader that sees 0 finds no name to look for.
+        self.isolations.store(names.len() as u64, Ordering::Release);
     }
 
     /// The first key's breaker if `key` is it; made from `key` if there is none yet and
@@ -587,6 +623,35 @@ impl BreakerStore for MemoryStore {
         _late: &'a Reporter,
     ) -> StoreFuture<'a, Transitions> {
         StoreFuture::ready(self.change(key, rules, Machine::isolate))
+    }
+
+    fn acquire_in<'a>(
+        &'a self,
+        breaker: &'a str,
+        key: &'a str,
+        rules: &'a Rules,
+        _late: &'a Reporter,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        if self.isolates_whole(breaker) {
+            return StoreFuture::ready((Decision::Isolated, Transitions::NONE));
+        }
+        StoreFuture::ready(self.acquire_now(key, rules))
+    }
+
+    fn isolate_breaker<'a>(
+        &'a self,
+        breaker: &'a str,
+    ) -> StoreFuture<'a, Result<super::Reach, crate::SendError>> {
+        self.isolate_whole(breaker, true);
+        StoreFuture::ready(Ok(super::Reach::ThisProcess))
+    }
+
+    fn lift_isolation<'a>(
+        &'a self,
+        breaker: &'a str,
+    ) -> StoreFuture<'a, Result<super::Reach, crate::SendError>> {
+        self.isolate_whole(breaker, false);
+        StoreFuture::ready(Ok(super::Reach::ThisProcess))
     }
 
     fn reset<'a>(

@@ -222,6 +222,50 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
         StoreFuture::ready(Transitions::NONE)
     }
 
+    /// [`acquire`](Self::acquire) for `key` of the breaker named `breaker` (its transport's
+    /// name), which also refuses with [`Decision::Isolated`] while that breaker is isolated
+    /// as a whole ([`isolate_breaker`](Self::isolate_breaker)), whatever the key: a key
+    /// first seen after the isolation is refused too. The breaker calls this one.
+    ///
+    /// The default knows no isolation of a whole breaker and asks `acquire`.
+    fn acquire_in<'a>(
+        &'a self,
+        breaker: &'a str,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        let _ = breaker;
+        self.acquire(key, rules, late)
+    }
+
+    /// Isolates the breaker named `breaker` as a whole: every key, also one first seen
+    /// later, is refused by [`acquire_in`](Self::acquire_in) until
+    /// [`lift_isolation`](Self::lift_isolation). Says what the change reached, or why the
+    /// store could not make it for everyone sharing it (a remote store then isolates in
+    /// this process, as it does for a key it cannot reach).
+    ///
+    /// The default cannot: an error, and nothing changes.
+    fn isolate_breaker<'a>(
+        &'a self,
+        breaker: &'a str,
+    ) -> StoreFuture<'a, Result<Reach, crate::SendError>> {
+        let _ = breaker;
+        StoreFuture::ready(Err(whole_breaker_unsupported(self)))
+    }
+
+    /// Lifts the isolation of the breaker named `breaker` as a whole, for every key. Says
+    /// what it reached, as [`isolate_breaker`](Self::isolate_breaker) does.
+    ///
+    /// The default cannot: an error, and nothing changes.
+    fn lift_isolation<'a>(
+        &'a self,
+        breaker: &'a str,
+    ) -> StoreFuture<'a, Result<Reach, crate::SendError>> {
+        let _ = breaker;
+        StoreFuture::ready(Err(whole_breaker_unsupported(self)))
+    }
+
     /// Closes the breaker of `key`, clears its counts and lifts its isolation: see
     /// [`Machine::reset`](crate::machine::Machine::reset). Returns the changes it made.
     ///
@@ -236,6 +280,53 @@ pub trait BreakerStore: Send + Sync + fmt::Debug {
         tracing::warn!(key, store = ?self, "store.reset_unsupported: this store cannot reset a breaker");
         StoreFuture::ready(Transitions::NONE)
     }
+}
+
+/// What an isolation or reset by hand reached
+/// ([`try_isolate`](crate::CircuitBreakerTransport::try_isolate),
+/// [`try_reset`](crate::CircuitBreakerTransport::try_reset)): every process sharing the
+/// store, or this one alone, whose breakers no other process reads.
+///
+/// ```
+/// use mail_breaker::{CircuitBreakerTransport, LettreTransport, Reach};
+/// # use lettre::transport::stub::AsyncStubTransport;
+/// # tokio::runtime::Builder::new_current_thread().enable_time().build().unwrap().block_on(async {
+/// # let stub = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!());
+/// // The default store lives in this process's memory.
+/// let breaker = CircuitBreakerTransport::new(stub);
+/// match breaker.try_isolate().await {
+///     Ok(Reach::Fleet) => println!("isolated for every process sharing the store"),
+///     Ok(Reach::ThisProcess) => println!("isolated in this process only"),
+///     Err(error) => println!("the store could not be reached: {error}"),
+/// }
+/// assert_eq!(breaker.try_reset().await.unwrap(), Reach::ThisProcess);
+/// # });
+/// ```
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Reach {
+    /// Every process that shares the store (a `RedisStore` that answered).
+    Fleet,
+    /// This process alone: its store is in its own memory.
+    ThisProcess,
+}
+
+impl fmt::Display for Reach {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(match self {
+            Reach::Fleet => "every process sharing the store",
+            Reach::ThisProcess => "this process only",
+        })
+    }
+}
+
+/// The error of a store that cannot isolate or reset a breaker as a whole.
+fn whole_breaker_unsupported<S: fmt::Debug + ?Sized>(store: &S) -> crate::SendError {
+    tracing::warn!(store = ?store, "store.isolate_unsupported: this store cannot isolate a breaker as a whole");
+    crate::SendError::fixed(
+        crate::Category::Configuration,
+        "store.unsupported",
+        "this breaker store cannot isolate or reset a breaker as a whole: nothing was changed",
+    )
 }
 
 /// Where a [`BreakerStore`] reports the changes of state that a call made but could not

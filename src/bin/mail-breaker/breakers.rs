@@ -7,13 +7,12 @@
 
 use clap::{Args, Subcommand};
 use mail_breaker::config::Mailer;
-use mail_breaker::{Snapshot, State};
+use mail_breaker::{Reach, Snapshot, State};
 use serde_json::{Value, json};
 
 use crate::exit::{Exit, Failure};
 use crate::output::{Out, human_duration};
 use crate::stack::Stack;
-use crate::trace::Recorder;
 
 #[derive(Debug, Args)]
 #[command(args_conflicts_with_subcommands = true)]
@@ -93,18 +92,13 @@ pub async fn states(mailer: &Mailer) -> Vec<Row> {
     rows
 }
 
-pub async fn run(
-    stack: &Stack,
-    out: &Out,
-    recorder: &Recorder,
-    args: BreakersArgs,
-) -> Result<Exit, Failure> {
+pub async fn run(stack: &Stack, out: &Out, args: BreakersArgs) -> Result<Exit, Failure> {
     let mailer = &stack.mailer;
     if !mailer.shares_breakers() {
         return Err(Failure::usage(
             "the breakers of this configuration live in each process's memory (no Redis \
-             store): this command would see and change only its own, reaching no other \
-             process. Add `redis=redis://HOST:6379/` to the DSN (or a [redis] table) so that \
+             store): this command would see and change its own, in this process only, \
+             reaching no other process. Add `redis=redis://HOST:6379/` to the DSN (or a [redis] table) so that \
              the fleet shares them.",
         ));
     }
@@ -124,35 +118,37 @@ pub async fn run(
             names.join(", ")
         )));
     };
-    recorder.start();
-    if isolate {
-        breaker.isolate().await;
+    let reached = if isolate {
+        breaker.try_isolate().await
     } else {
-        breaker.reset().await;
-    }
-    let unreached = recorder
-        .take()
-        .iter()
-        .any(|event| event.name.starts_with("store.redis_unreachable"));
-    if unreached {
-        return Err(Failure::new(
-            Exit::Down,
-            format!(
-                "Redis did not answer: {name} was {} in this process only, which now exits; \
-                 no other process saw the change. Check the redis setting and try again.",
-                if isolate { "isolated" } else { "reset" }
-            ),
-        ));
-    }
+        breaker.try_reset().await
+    };
+    let reach = match reached {
+        Ok(reach) => reach,
+        Err(error) => {
+            return Err(Failure::new(
+                Exit::Down,
+                format!(
+                    "{name}: {} This process now exits, so the change is gone with it. Check \
+                     the redis setting and try again.",
+                    error.message()
+                ),
+            ));
+        }
+    };
     let row = Row::of(&name, &breaker.snapshot().await);
     if out.json {
         out.json(&json!({
             "action": if isolate { "isolate" } else { "reset" },
+            "reach": match reach {
+                Reach::Fleet => "fleet",
+                Reach::ThisProcess => "this_process",
+            },
             "breaker": row.json(),
         }));
     } else {
         out.line(&format!(
-            "{name}: {} for every process sharing the store",
+            "{name}: {} for {reach}",
             if isolate {
                 "isolated (held open until `breakers reset`)"
             } else {

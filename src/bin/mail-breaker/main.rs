@@ -184,7 +184,7 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
             Command::Test(args) => test_message::run(&stack, &out, &recorder, args).await,
             Command::Check => check::run(&stack, &out).await,
             Command::Send(args) => send::run(&stack, &out, &recorder, args).await,
-            Command::Breakers(args) => breakers::run(&stack, &out, &recorder, args).await,
+            Command::Breakers(args) => breakers::run(&stack, &out, args).await,
             Command::Outbox(args) => outbox::run(&stack, &out, args).await,
             Command::Serve(args) => serve::run(stack, &out, args).await,
             Command::Completions(_) => Ok(Exit::Ok),

@@ -5,6 +5,9 @@
 -- KEYS[2]  the sorted set of the members whose failures are in the current count (score:
 --          the slice of the member's last failure under error-rate counting, else 0), under
 --          the same hash tag
+-- KEYS[3]  acquire only, optional: the flag that isolates the whole breaker the key belongs
+--          to (see isolation_name in script.rs); while it exists every key is refused as
+--          isolated, also one never written, and nothing else is read or written
 -- ARGV[1]  the call: acquire | record | release | isolate | reset | snapshot
 -- ARGV[2]  the calling member's name in the fleet
 -- ARGV[3..13]  the rules: counting (0 consecutive, 1 error rate), failure threshold,
@@ -240,6 +243,11 @@ local function with_transitions(reply)
 end
 
 local sent, period, probe, retry_after = 0, 0, 0, 0
+
+-- Isolated as a whole: refused as isolated, the key's own state left as it is (DESIGN §19).
+if call == 'acquire' and KEYS[3] and redis.call('EXISTS', KEYS[3]) == 1 then
+  return { 0, m.period, 0, -1, visible(m.phase) }
+end
 
 if call == 'acquire' then
   expire()

@@ -10,9 +10,9 @@ use ::redis::{RedisError, Script};
 
 use super::lru::BoundedMap;
 use super::memory::DEFAULT_MAX_KEYS;
-use super::{BreakerStore, MemoryStore, Reporter, StoreFuture};
+use super::{BreakerStore, MemoryStore, Reach, Reporter, StoreFuture};
 use crate::machine::{Decision, Outcome, Permit, Rules, Snapshot, Transitions};
-use crate::{ConfigError, State};
+use crate::{Category, ConfigError, SendError, State};
 
 mod connection;
 mod health;
@@ -576,7 +576,21 @@ impl RedisStore {
     /// One call of the script, within the timeout; notes whether Redis answered. An answer
     /// that comes after this call stopped waiting is settled through `late`.
     async fn ask(&self, key: &str, rules: &Rules, call: Call, late: &Reporter) -> Option<Reply> {
-        let remote = self.remote(key, call, rules);
+        self.ask_in(None, key, rules, call, late).await
+    }
+
+    /// [`ask`](Self::ask) for a key of the breaker named `breaker`, whose isolation as a
+    /// whole the script reads in the same call.
+    async fn ask_in(
+        &self,
+        breaker: Option<&str>,
+        key: &str,
+        rules: &Rules,
+        call: Call,
+        late: &Reporter,
+    ) -> Option<Reply> {
+        let mut remote = self.remote(key, call, rules);
+        remote.isolation = breaker.map(|breaker| script::isolation_name(&self.namespace, breaker));
         let result = match tokio::runtime::Handle::try_current() {
             Ok(runtime) => remote.start(&runtime, late.clone()).answer().await,
             Err(_) => remote.run_within_timeout().await,
@@ -602,6 +616,7 @@ impl RedisStore {
             key: key.to_owned(),
             name: script::key_name(&self.namespace, key),
             members: script::members_name(&self.namespace, key),
+            isolation: None,
             member: Arc::clone(&self.member),
             quorum: self.quorum,
             call,
@@ -632,8 +647,17 @@ impl RedisStore {
         self.seen.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    async fn acquire_locally(&self, key: &str, rules: &Rules) -> (Decision, Transitions) {
+    async fn acquire_locally(
+        &self,
+        breaker: Option<&str>,
+        key: &str,
+        rules: &Rules,
+    ) -> (Decision, Transitions) {
         self.local_decisions.fetch_add(1, Ordering::Relaxed);
+        // An isolation of the whole breaker this process made or saw holds here too.
+        if breaker.is_some_and(|breaker| self.local.isolates_whole(breaker)) {
+            return (Decision::Isolated, Transitions::NONE);
+        }
         self.start_locally(key, rules);
         let (decision, transitions) = self.local.acquire_now(key, rules);
         let decision = match decision {
@@ -682,16 +706,17 @@ fn local_permit(permit: Permit) -> Option<Permit> {
 impl RedisStore {
     async fn acquire_shared(
         &self,
+        breaker: Option<&str>,
         key: &str,
         rules: &Rules,
         late: &Reporter,
     ) -> (Decision, Transitions) {
         if self.health.should_ask()
-            && let Some(reply) = self.ask(key, rules, Call::Acquire, late).await
+            && let Some(reply) = self.ask_in(breaker, key, rules, Call::Acquire, late).await
         {
             return (reply.decision, reply.transitions);
         }
-        self.acquire_locally(key, rules).await
+        self.acquire_locally(breaker, key, rules).await
     }
 
     fn record_shared<'a>(
@@ -753,34 +778,28 @@ impl BreakerStore for RedisStore {
         rules: &'a Rules,
         late: &'a Reporter,
     ) -> StoreFuture<'a, (Decision, Transitions)> {
-        StoreFuture::pending(async move {
-            if !self.has_own_breaker() {
-                return self.acquire_shared(key, rules, late).await;
-            }
-            // The member's own breaker first: one it holds open costs no call to Redis.
-            let (own, changes) = self.own.acquire_now(key, rules);
-            late.report(key, changes);
-            let Decision::Send(own) = own else {
-                return (own, Transitions::NONE);
-            };
-            let mut own = OwnPermit {
-                store: self,
-                key,
-                rules,
-                late,
-                permit: Some(own),
-            };
-            let (shared, transitions) = self.acquire_shared(key, rules, late).await;
-            match (shared, own.permit.take()) {
-                (Decision::Send(shared), Some(own)) => {
-                    (Decision::Send(quorum::join(shared, own)), transitions)
-                }
-                (shared, own_permit) => {
-                    own.permit = own_permit; // refused by the fleet: dropping `own` frees it
-                    (shared, transitions)
-                }
-            }
-        })
+        StoreFuture::pending(self.acquire_for(None, key, rules, late))
+    }
+
+    fn acquire_in<'a>(
+        &'a self,
+        breaker: &'a str,
+        key: &'a str,
+        rules: &'a Rules,
+        late: &'a Reporter,
+    ) -> StoreFuture<'a, (Decision, Transitions)> {
+        StoreFuture::pending(self.acquire_for(Some(breaker), key, rules, late))
+    }
+
+    fn isolate_breaker<'a>(
+        &'a self,
+        breaker: &'a str,
+    ) -> StoreFuture<'a, Result<Reach, SendError>> {
+        StoreFuture::pending(self.whole_by_hand(breaker, true))
+    }
+
+    fn lift_isolation<'a>(&'a self, breaker: &'a str) -> StoreFuture<'a, Result<Reach, SendError>> {
+        StoreFuture::pending(self.whole_by_hand(breaker, false))
     }
 
     fn record<'a>(
@@ -892,6 +911,90 @@ impl BreakerStore for RedisStore {
             late.report(key, self.own.change(key, rules, |machine| machine.reset()));
         }
         StoreFuture::pending(self.by_hand(key, rules, Call::Reset, late))
+    }
+}
+
+impl RedisStore {
+    /// A decision for `key`, of the breaker named `breaker` when the caller says which.
+    async fn acquire_for(
+        &self,
+        breaker: Option<&str>,
+        key: &str,
+        rules: &Rules,
+        late: &Reporter,
+    ) -> (Decision, Transitions) {
+        if !self.has_own_breaker() {
+            return self.acquire_shared(breaker, key, rules, late).await;
+        }
+        // The member's own breaker first: one it holds open costs no call to Redis.
+        let (own, changes) = self.own.acquire_now(key, rules);
+        late.report(key, changes);
+        let Decision::Send(own) = own else {
+            return (own, Transitions::NONE);
+        };
+        let mut own = OwnPermit {
+            store: self,
+            key,
+            rules,
+            late,
+            permit: Some(own),
+        };
+        let (shared, transitions) = self.acquire_shared(breaker, key, rules, late).await;
+        match (shared, own.permit.take()) {
+            (Decision::Send(shared), Some(own)) => {
+                (Decision::Send(quorum::join(shared, own)), transitions)
+            }
+            (shared, own_permit) => {
+                own.permit = own_permit; // refused by the fleet: dropping `own` frees it
+                (shared, transitions)
+            }
+        }
+    }
+
+    /// Sets (`isolate`) or deletes the flag that isolates the breaker named `breaker` as a
+    /// whole, in Redis for every process, and in this process's fallback. With Redis silent
+    /// the change holds here alone, which the error says.
+    async fn whole_by_hand(&self, breaker: &str, isolate: bool) -> Result<Reach, SendError> {
+        self.local.isolate_whole(breaker, isolate);
+        let flag = script::isolation_name(&self.namespace, breaker);
+        let mut connection = self.connection.clone();
+        // No expiry: an isolation holds until it is lifted, however long that takes.
+        let command = if isolate {
+            ::redis::cmd("SET").arg(&flag).arg(1).to_owned()
+        } else {
+            ::redis::cmd("DEL").arg(&flag).to_owned()
+        };
+        // Asked even while Redis is thought silent: an operator's change is rare, and
+        // whether it reached the fleet is what the operator asks.
+        let answer = tokio::time::timeout(
+            self.timeout,
+            command.query_async::<::redis::Value>(&mut connection),
+        )
+        .await;
+        let failure = match answer {
+            Ok(Ok(_)) => {
+                self.health.answered(&self.namespace);
+                return Ok(Reach::Fleet);
+            }
+            Ok(Err(error)) => Failure::Redis(error),
+            Err(_) => Failure::Timeout(self.timeout),
+        };
+        self.health.failed(&self.namespace, &failure);
+        let done = if isolate { "isolated" } else { "reset" };
+        tracing::warn!(
+            namespace = %self.namespace,
+            breaker,
+            error = %failure,
+            "store.redis_unreachable: the breaker was {done} in this process only; other processes sharing it do not know"
+        );
+        Err(SendError::new(
+            Category::ServiceUnavailable,
+            "store.unreachable",
+            format!(
+                "Redis did not answer ({failure}): the breaker was {done} in this process only; \
+                 other processes sharing it do not know"
+            ),
+        ))
     }
 }
 

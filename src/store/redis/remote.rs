@@ -33,6 +33,8 @@ pub(super) struct RemoteCall {
     pub(super) name: String,
     /// The set of members beside it.
     pub(super) members: String,
+    /// For an acquire, the flag that isolates the whole breaker (DESIGN §19).
+    pub(super) isolation: Option<String>,
     /// This process's name in the fleet.
     pub(super) member: Arc<str>,
     pub(super) quorum: u32,
@@ -60,10 +62,36 @@ impl RemoteCall {
 
     /// The script's reply as it came, within `limit`.
     pub(super) async fn values(self, limit: Duration) -> Result<Vec<i64>, Failure> {
+        tokio::time::timeout(limit, self.values_now())
+            .await
+            .map_err(|_| Failure::Timeout(limit))?
+    }
+
+    async fn values_now(self) -> Result<Vec<i64>, Failure> {
         let mut connection = self.connection;
         let mut invocation = self.script.key(self.name);
+        invocation.key(self.members);
+        match (self.isolation, &mut connection) {
+            // One server: the script reads the flag in the same call, one round trip.
+            (Some(flag), Connection::Single(_)) => {
+                invocation.key(flag);
+            }
+            // A cluster keeps the flag on its own slot, which a script on the key's slot
+            // may not read: it is asked first, a round trip more while the fleet shares a
+            // cluster.
+            (Some(flag), Connection::Cluster(_)) => {
+                let isolated: i64 = ::redis::cmd("EXISTS")
+                    .arg(flag)
+                    .query_async(&mut connection)
+                    .await?;
+                if isolated == 1 {
+                    // Refused as isolated; the key's state, not read, is told as closed.
+                    return Ok(vec![0, 0, 0, -1, 0]);
+                }
+            }
+            (None, _) => {}
+        }
         invocation
-            .key(self.members)
             .arg(script::call_name(self.call))
             .arg(&*self.member);
         for argument in script::arguments(self.call, &self.rules, self.idle_expiry, self.quorum) {
@@ -72,9 +100,9 @@ impl RemoteCall {
         if let Some(now) = self.told_now {
             invocation.arg(now);
         }
-        tokio::time::timeout(limit, invocation.invoke_async(&mut connection))
+        invocation
+            .invoke_async(&mut connection)
             .await
-            .map_err(|_| Failure::Timeout(limit))?
             .map_err(Failure::from)
     }
 
@@ -92,6 +120,7 @@ impl RemoteCall {
     /// The release of `permit`, on the same key as this call.
     fn into_release(mut self, permit: Permit) -> RemoteCall {
         self.call = Call::Release(permit);
+        self.isolation = None;
         self
     }
 }

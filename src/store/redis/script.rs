@@ -35,6 +35,16 @@ pub(super) fn members_name(namespace: &str, key: &str) -> String {
     name
 }
 
+/// The name of the flag that isolates the breaker named `breaker` as a whole in
+/// `namespace` (DESIGN §19): beside the hash of its transport's key, under the same hash
+/// tag, and of a shape that [`key_of_name`] and [`namespace_pattern`] never take for a
+/// breaker.
+pub(super) fn isolation_name(namespace: &str, breaker: &str) -> String {
+    let mut name = key_name(namespace, breaker);
+    name.push_str(":isolated");
+    name
+}
+
 /// The name of the hash of the rate limiter `name` in `namespace`, escaped as a breaker's
 /// (a Redis Cluster keeps it on one node, under its own hash tag).
 pub(crate) fn rate_key(namespace: &str, name: &str) -> String {
@@ -321,6 +331,8 @@ mod tests {
         assert_eq!(namespace_pattern("a:b"), "mail-breaker:a%3Ab:{*}");
         // The set of members beside each hash is not taken for a breaker.
         assert_eq!(key_of_name("a:b", &members_name("a:b", "x")), None);
+        // Nor is the flag of a breaker isolated as a whole.
+        assert_eq!(key_of_name("a:b", &isolation_name("a:b", "x")), None);
     }
 
     #[test]
