@@ -1219,3 +1219,13 @@ async fn a_dead_letter_on_an_older_page_is_requeued_and_purged_by_its_id() {
     assert_eq!((stats.queued, stats.dead), (1, 248));
     assert!(outbox.message(ids[1].into()).await.unwrap().is_none());
 }
+
+#[tokio::test]
+async fn a_page_that_holds_the_oldest_dead_letter_links_to_no_older_page() {
+    let dir = folder("dead-last-page");
+    dead_letters(dir.path(), 100).await;
+    let (mailer, _) = mailer(dir.path()).await;
+    let page = text(call(&admin::router(mailer), get("/")).await).await;
+    assert_eq!(listed_ids(&page).len(), 100);
+    assert_eq!(older_link(&page), None, "a full page, and nothing older");
+}

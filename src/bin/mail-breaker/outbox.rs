@@ -283,25 +283,30 @@ async fn requeue(outbox: &Outbox, out: &Out, id: OutboxId) -> Result<Exit, Failu
 /// there are.
 const REQUEUE_BATCH: u32 = 500;
 
+/// The progress bar of `requeue --all` over `total` dead letters (on stderr, drawn only on a
+/// terminal); none under `--json`, whose reader is a script.
+fn requeue_bar(json: bool, total: u64) -> ProgressBar {
+    if json {
+        return ProgressBar::hidden();
+    }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} requeued ({eta})") {
+        bar.set_style(style);
+    }
+    bar
+}
+
 /// Requeues every dead letter, a page of [`REQUEUE_BATCH`] at a time, newest first, with a
 /// progress bar. Each letter is requeued in a statement of its own, so that an error stops
 /// the walk with everything before it done: the command then says how many it requeued (in
 /// `--json` too) and exits with the error's code. Running it again requeues the rest.
 async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
     let mut requeued: Vec<i64> = Vec::new();
-    let bar = ProgressBar::hidden();
+    let mut bar = ProgressBar::hidden();
     let stopped = 'walk: {
-        let total = match outbox.stats().await {
-            Ok(stats) => stats.dead,
+        match outbox.stats().await {
+            Ok(stats) => bar = requeue_bar(out.json, stats.dead),
             Err(error) => break 'walk Some(error),
-        };
-        if !out.json {
-            bar.set_draw_target(indicatif::ProgressDrawTarget::stderr());
-            bar.set_length(total);
-            if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} requeued ({eta})")
-            {
-                bar.set_style(style);
-            }
         }
         // The cursor, not the first page again: a letter that dies again while the walk
         // runs is not requeued twice, and the walk ends.
@@ -459,4 +464,15 @@ async fn drain(stack: &Stack, outbox: &Outbox, out: &Out) -> Result<Exit, Failur
         );
     }
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::requeue_bar;
+
+    #[test]
+    fn requeue_all_counts_toward_every_dead_letter_on_its_bar_and_shows_none_for_a_script() {
+        assert_eq!(requeue_bar(false, 1_200).length(), Some(1_200));
+        assert_eq!(requeue_bar(true, 1_200).length(), None);
+    }
 }
