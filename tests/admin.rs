@@ -1166,3 +1166,141 @@ async fn a_dead_letter_requeued_before_the_pages_purge_stays_queued() {
     assert_eq!(response.status(), StatusCode::NOT_FOUND);
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
+
+/// Puts `count` messages (subjects `dead 0`, `dead 1`, ...) among the dead letters of the
+/// outbox in `dir`; their ids, oldest first.
+async fn dead_letters(dir: &Path, count: usize) -> Vec<i64> {
+    let outbox = Outbox::sqlite(dir.join("outbox.db")).await.unwrap();
+    let messages: Vec<Message> = (0..count).map(|i| message(&format!("dead {i}"))).collect();
+    let ids = outbox.enqueue_many(&messages).await.unwrap();
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    outbox
+        .worker(refusing)
+        .concurrency(8)
+        .drain()
+        .await
+        .unwrap();
+    assert_eq!(outbox.stats().await.unwrap().dead, count as u64);
+    ids.into_iter().map(i64::from).collect()
+}
+
+/// The ids of the dead letters a page lists, in its order.
+fn listed_ids(page: &str) -> Vec<i64> {
+    page.split("data-id=\"")
+        .skip(1)
+        .map(|rest| rest[..rest.find('"').unwrap()].parse().unwrap())
+        .collect()
+}
+
+/// Where a page's "older" link goes, if it has one.
+fn older_link(page: &str) -> Option<String> {
+    let link = &page[page.find("class=\"older\"")?..];
+    let href = &link[link.find("href=\"")? + "href=\"".len()..];
+    Some(href[..href.find('"')?].replace("&amp;", "&"))
+}
+
+#[tokio::test]
+async fn the_page_lists_dead_letters_newest_first_and_links_each_page_to_the_older_one() {
+    let dir = folder("dead-pages");
+    let mut ids = dead_letters(dir.path(), 250).await;
+    ids.reverse();
+    let (mailer, _) = mailer(dir.path()).await;
+    let router = Router::new().nest("/ops/mail", admin::router(mailer));
+
+    let mut seen = Vec::new();
+    let mut pages = Vec::new();
+    let mut path = String::from("/ops/mail");
+    loop {
+        let response = call(&router, get(&path)).await;
+        assert_eq!(response.status(), StatusCode::OK, "{path}");
+        let page = text(response).await;
+        let listed = listed_ids(&page);
+        pages.push(listed.len());
+        seen.extend(listed);
+        match older_link(&page) {
+            Some(older) => {
+                assert_eq!(older, format!("/ops/mail?before={}", seen.last().unwrap()));
+                path = older;
+            }
+            None => break,
+        }
+    }
+    assert_eq!(pages, [100, 100, 50]);
+    assert_eq!(seen, ids, "every dead letter once, newest first");
+    let newest = text(call(&router, get(&path)).await).await;
+    assert!(newest.contains("dead 0"), "the oldest on the last page");
+    assert!(
+        newest.contains("href=\"/ops/mail\""),
+        "a link back to the newest"
+    );
+}
+
+#[tokio::test]
+async fn the_dead_letter_api_gives_the_page_before_and_limit_ask_for_and_refuses_a_wrong_one() {
+    let dir = folder("dead-api-pages");
+    let mut ids = dead_letters(dir.path(), 250).await;
+    ids.reverse();
+    let (mailer, _) = mailer(dir.path()).await;
+    let router = admin::router(mailer);
+    let id_list = |page: &Value| -> Vec<i64> {
+        page.as_array()
+            .unwrap()
+            .iter()
+            .map(|letter| letter["id"].as_i64().unwrap())
+            .collect()
+    };
+    assert_eq!(id_list(&json(&router, "/api/dead").await), ids[..100]);
+    assert_eq!(
+        id_list(&json(&router, "/api/dead?before=&limit=").await),
+        ids[..100]
+    );
+    let mut seen = Vec::new();
+    let mut path = String::from("/api/dead?limit=120");
+    loop {
+        let page = id_list(&json(&router, &path).await);
+        let Some(last) = page.last() else { break };
+        path = format!("/api/dead?before={last}&limit=120");
+        seen.extend(page);
+    }
+    assert_eq!(seen, ids);
+    let page = json(&router, &format!("/api/dead?before={}&limit=2", ids[9])).await;
+    assert_eq!(id_list(&page), ids[10..12]);
+    assert_eq!(page[0]["subject"], "dead 239");
+    for wrong in ["/api/dead?limit=1001", "/api/dead?before=x", "/?limit=-1"] {
+        let response = call(&router, get(wrong)).await;
+        assert_eq!(response.status(), StatusCode::BAD_REQUEST, "{wrong}");
+    }
+}
+
+#[tokio::test]
+async fn a_dead_letter_on_an_older_page_is_requeued_and_purged_by_its_id() {
+    let dir = folder("dead-older-actions");
+    let ids = dead_letters(dir.path(), 250).await;
+    let (mailer, _) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let first_page = listed_ids(&text(call(&router, get("/")).await).await);
+    assert!(!first_page.contains(&ids[0]) && !first_page.contains(&ids[1]));
+    let form = format!("token={}", admin.token());
+    for action in [
+        format!("/outbox/dead/{}/requeue", ids[0]),
+        format!("/outbox/dead/{}/purge", ids[1]),
+    ] {
+        let response = call(&router, post(&action, &form, &[])).await;
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{action}");
+    }
+    let outbox = mailer.outbox().unwrap();
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (1, 248));
+    assert!(outbox.message(ids[1].into()).await.unwrap().is_none());
+}
+
+#[tokio::test]
+async fn a_page_that_holds_the_oldest_dead_letter_links_to_no_older_page() {
+    let dir = folder("dead-last-page");
+    dead_letters(dir.path(), 100).await;
+    let (mailer, _) = mailer(dir.path()).await;
+    let page = text(call(&admin::router(mailer), get("/")).await).await;
+    assert_eq!(listed_ids(&page).len(), 100);
+    assert_eq!(older_link(&page), None, "a full page, and nothing older");
+}

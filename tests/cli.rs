@@ -1097,6 +1097,107 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+/// An SQLite outbox in `dir` holding `count` dead letters (refused by a provider).
+fn outbox_with_many_dead_letters(dir: &Path, count: usize) {
+    runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let messages: Vec<_> = (0..count)
+            .map(|n| {
+                lettre::Message::builder()
+                    .from("app@example.com".parse().expect("an address"))
+                    .to("user@example.org".parse().expect("an address"))
+                    .subject(format!("dead letter {n}"))
+                    .body(format!("body {n}"))
+                    .expect("a message")
+            })
+            .collect();
+        outbox.enqueue_many(&messages).await.expect("queued");
+        let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+            SendError::new(Category::Rejected, "smtp.550", "5.1.1 no such user")
+        });
+        outbox
+            .worker(refusing)
+            .concurrency(8)
+            .drain()
+            .await
+            .expect("drained");
+        assert_eq!(outbox.stats().await.expect("stats").dead, count as u64);
+    });
+}
+
+/// Makes the SQLite outbox in `dir` refuse to requeue once `queued` messages are queued, as
+/// a database that fails half way through would; `None` lets it requeue again.
+fn fail_requeues_past(dir: &Path, queued: Option<u64>) {
+    runtime().block_on(async {
+        let url = format!("sqlite://{}", dir.join("outbox.db").display());
+        let pool = sqlx::SqlitePool::connect(&url).await.expect("the file");
+        sqlx::query("DROP TRIGGER IF EXISTS test_fails_half_way")
+            .execute(&pool)
+            .await
+            .expect("dropped");
+        if let Some(queued) = queued {
+            sqlx::query(&format!(
+                "CREATE TRIGGER test_fails_half_way BEFORE UPDATE OF dead_at \
+                 ON mail_breaker_outbox WHEN NEW.dead_at IS NULL AND \
+                 (SELECT queued FROM mail_breaker_outbox_counts) >= {queued} \
+                 BEGIN SELECT RAISE(ABORT, 'the disk failed'); END"
+            ))
+            .execute(&pool)
+            .await
+            .expect("a trigger");
+        }
+        pool.close().await;
+    });
+}
+
+#[test]
+fn requeue_all_stopped_by_an_error_half_way_says_how_many_it_requeued_and_exits_non_zero() {
+    let dir = scratch("cli_requeue_all_half_way");
+    outbox_with_many_dead_letters(&dir, 1_500);
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let requeue_all = ["outbox", "requeue", "--all", "--dsn", &dsn];
+
+    // Past the first batch of 500, the database fails on the 601st.
+    fail_requeues_past(&dir, Some(600));
+    let output = run(&[&requeue_all[..], &["--json"]].concat());
+    assert_ne!(code(&output), 0, "{}", stdout(&output));
+    let answer = json(&output);
+    assert_eq!(answer["count"], 600, "{answer}");
+    assert_eq!(answer["requeued"].as_array().map(Vec::len), Some(600));
+    let message = answer["error"]["message"].as_str().unwrap_or_default();
+    assert!(message.contains("the disk failed"), "{answer}");
+    assert_eq!(answer["error"]["exit_code"], code(&output));
+
+    fail_requeues_past(&dir, Some(700));
+    let output = run(&requeue_all);
+    assert_ne!(code(&output), 0, "{}", stdout(&output));
+    assert!(
+        stdout(&output).contains("100 dead letters requeued before an error"),
+        "{}",
+        stdout(&output)
+    );
+    assert!(
+        stderr(&output).contains("the disk failed"),
+        "{}",
+        stderr(&output)
+    );
+
+    // The rest, over two batches, once the database works again.
+    fail_requeues_past(&dir, None);
+    let output = run(&[&requeue_all[..], &["--json"]].concat());
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(json(&output)["count"], 800);
+    let stats = read_outbox(&dir, async |outbox| outbox.stats().await.expect("stats"));
+    assert_eq!((stats.queued, stats.dead), (1_500, 0));
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 #[test]
 fn outbox_dead_and_show_read_a_postgres_outbox_as_they_read_an_sqlite_one() {
     let Some(server) = PostgresServer::start("cli_outbox_postgres") else {

@@ -5,7 +5,7 @@
 //! breaker ([`snapshot`](crate::CircuitBreakerTransport::snapshot) and
 //! [`recent_changes`](crate::CircuitBreakerTransport::recent_changes)), each limiter
 //! ([`Mailer::limiters`]), the outbox's [`stats`](crate::Outbox::stats) and
-//! [`dead_letters`](crate::Outbox::dead_letters). The chart of the last hour is drawn from
+//! [`dead_letters_page`](crate::Outbox::dead_letters_page). The chart of the last hour is drawn from
 //! `stats` read every 15 seconds by this process while the router lives, and from
 //! [`sent_here`](crate::Outbox::sent_here): what this process's own workers delivered in
 //! each period (workers in other processes are not counted).
@@ -15,6 +15,7 @@
 //! | --- | --- |
 //! | `GET /` | the page (HTML, refreshes itself every 5 s) |
 //! | `GET /api/breakers`, `/api/limiters`, `/api/outbox`, `/api/dead` | the same data as JSON |
+//! | `GET /?before=ID`, `GET /api/dead?before=ID&limit=N` | the dead letters older than `ID`, newest first (`N` up to 1000, 100 by default): the page's "older" link carries the last one's id |
 //! | `POST /breakers/{name}/isolate`, `POST /breakers/{name}/reset` | hold a member's breaker open, or close it |
 //! | `POST /outbox/dead/{id}/requeue`, `POST /outbox/dead/{id}/purge` | send a dead letter again, or delete it |
 //!

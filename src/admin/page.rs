@@ -13,7 +13,7 @@ use percent_encoding::{NON_ALPHANUMERIC, utf8_percent_encode};
 
 use super::Shared;
 use super::chart;
-use super::read::{self, Breaker, Dead, Limiter, Outbox};
+use super::read::{self, Breaker, DeadLetters, DeadPage, Limiter, Outbox};
 
 /// How often the page reloads itself, in seconds.
 pub(crate) const REFRESH_SECONDS: u32 = 5;
@@ -65,6 +65,8 @@ svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(-
 .problem { color: var(--open); }
 .notice { background: var(--card); border: 1px solid var(--half); border-left: 6px solid var(--half);
   border-radius: 8px; padding: .5rem .9rem; margin: .5rem 0; }
+nav.pages { display: flex; gap: 1rem; margin: .5rem 0; }
+nav.pages a { color: var(--fg); }
 @media (max-width: 600px) {
   table#dead thead { display: none; }
   table#dead tr { display: block; border-bottom: 1px solid var(--line); padding: .3rem 0; }
@@ -74,23 +76,29 @@ svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(-
 }
 "#;
 
-/// `GET /`: the page.
+/// `GET /`: the page; `?before=ID` lists the dead letters older than `ID` (the cursor the
+/// page's "older" link carries), and 400 for a query that is no page.
 pub(crate) async fn show(
     State(shared): State<Arc<Shared>>,
     OriginalUri(original): OriginalUri,
     routed: Uri,
     RawQuery(query): RawQuery,
 ) -> Response {
+    let dead_page = match DeadPage::from_query(query.as_deref()) {
+        Ok(page) => page,
+        Err(why) => return read::bad_query(&why),
+    };
     let mount = super::mount_path(original.path(), routed.path()).to_owned();
     let breakers = read::breakers(&shared).await;
     let limiters = read::limiters(&shared);
     let outbox = read::outbox(&shared).await;
-    let dead = read::dead(&shared).await;
+    let dead = read::dead(&shared, dead_page).await;
     let page = Page {
         shared: &shared,
         mount: &mount,
         now: SystemTime::now(),
         notice: query.as_deref().and_then(Notice::from_query),
+        dead_page,
     };
     let markup = page.render(&breakers, &limiters, outbox, dead);
     (
@@ -161,6 +169,8 @@ struct Page<'a> {
     now: SystemTime,
     /// What the action that sent the browser here wants said.
     notice: Option<Notice>,
+    /// Which dead letters are listed.
+    dead_page: DeadPage,
 }
 
 impl Page<'_> {
@@ -169,7 +179,7 @@ impl Page<'_> {
         breakers: &[Breaker],
         limiters: &[Limiter],
         outbox: Option<Result<Outbox, crate::SendError>>,
-        dead: Option<Result<Vec<Dead>, crate::SendError>>,
+        dead: Option<Result<DeadLetters, crate::SendError>>,
     ) -> Markup {
         html! {
             (DOCTYPE)
@@ -310,42 +320,80 @@ impl Page<'_> {
         }
     }
 
-    fn dead(&self, dead: Result<Vec<Dead>, crate::SendError>) -> Markup {
+    fn dead(&self, dead: Result<DeadLetters, crate::SendError>) -> Markup {
         html! {
             @match dead {
                 Err(error) => p class="problem" { "The outbox did not answer: " (error.message()) },
-                Ok(dead) if dead.is_empty() => p class="muted" { "None." },
-                Ok(dead) => div class="table" {
-                    table id="dead" {
-                        thead { tr {
-                            th { "to" } th { "subject" } th { "attempts" } th { "last error" } th { "died" }
-                            @if !self.shared.read_only { th {} }
-                        } }
-                        tbody {
-                            @for letter in &dead {
-                                tr data-id=(letter.id) {
-                                    td data-label="to" { div { @for (i, to) in letter.recipients.iter().enumerate() {
-                                        @if i > 0 { br; } (to)
-                                    } } }
-                                    td data-label="subject" { div class="subject" { @match &letter.subject {
-                                        Some(subject) => (subject),
-                                        None => span class="muted" { "(none)" },
-                                    } } }
-                                    td data-label="attempts" { (letter.attempts) }
-                                    td class="error" data-label="last error" { div { code { (letter.code) } " " (letter.message) } }
-                                    td class="when" data-label="died" { (self.ago(letter.died_at_ms)) }
-                                    @if !self.shared.read_only {
-                                        td data-label="" { div {
-                                            (self.form(&format!("outbox/dead/{}/requeue", letter.id), "Requeue", false))
-                                            (self.form(&format!("outbox/dead/{}/purge", letter.id), "Purge", true))
-                                        } }
-                                    }
+                Ok(dead) => {
+                    @if dead.letters.is_empty() {
+                        p class="muted" { @if self.dead_page.before.is_some() { "None older." } @else { "None." } }
+                    } @else {
+                        (self.dead_table(&dead))
+                    }
+                    (self.dead_pages(dead.older))
+                }
+            }
+        }
+    }
+
+    /// Links to the newest dead letters (from an older page) and to the next older page.
+    fn dead_pages(&self, older: Option<crate::outbox::OutboxId>) -> Markup {
+        html! {
+            @if self.dead_page.before.is_some() || older.is_some() {
+                nav class="pages" id="dead-pages" {
+                    @if self.dead_page.before.is_some() {
+                        a class="newest" href=(self.page_path()) { "← newest" }
+                    }
+                    @if let Some(older) = older {
+                        a class="older" href=(format!("{}?before={older}", self.page_path())) { "older →" }
+                    }
+                }
+            }
+        }
+    }
+
+    fn dead_table(&self, dead: &DeadLetters) -> Markup {
+        html! {
+            div class="table" {
+                table id="dead" {
+                    thead { tr {
+                        th { "to" } th { "subject" } th { "attempts" } th { "last error" } th { "died" }
+                        @if !self.shared.read_only { th {} }
+                    } }
+                    tbody {
+                        @for letter in &dead.letters {
+                            tr data-id=(letter.id) {
+                                td data-label="to" { div { @for (i, to) in letter.recipients.iter().enumerate() {
+                                    @if i > 0 { br; } (to)
+                                } } }
+                                td data-label="subject" { div class="subject" { @match &letter.subject {
+                                    Some(subject) => (subject),
+                                    None => span class="muted" { "(none)" },
+                                } } }
+                                td data-label="attempts" { (letter.attempts) }
+                                td class="error" data-label="last error" { div { code { (letter.code) } " " (letter.message) } }
+                                td class="when" data-label="died" { (self.ago(letter.died_at_ms)) }
+                                @if !self.shared.read_only {
+                                    td data-label="" { div {
+                                        (self.form(&format!("outbox/dead/{}/requeue", letter.id), "Requeue", false))
+                                        (self.form(&format!("outbox/dead/{}/purge", letter.id), "Purge", true))
+                                    } }
                                 }
                             }
                         }
                     }
                 }
             }
+        }
+    }
+
+    /// The page's own path: the mount path itself (a router nested at `/ops/mail` answers
+    /// `/ops/mail`, and not `/ops/mail/`), or `/` at the root.
+    fn page_path(&self) -> &str {
+        if self.mount.is_empty() {
+            "/"
+        } else {
+            self.mount
         }
     }
 

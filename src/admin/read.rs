@@ -5,7 +5,7 @@ use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
 use axum::Json;
-use axum::extract::State;
+use axum::extract::{RawQuery, State};
 use axum::http::StatusCode;
 use axum::response::{IntoResponse, Response};
 use serde::Serialize;
@@ -15,8 +15,11 @@ use super::chart::{self, Sample};
 use crate::State as BreakerState;
 use crate::outbox::OutboxId;
 
-/// The most dead letters the page lists.
+/// How many dead letters a page lists, and `/api/dead` gives unless asked for another number.
 pub(crate) const DEAD_SHOWN: u32 = 100;
+
+/// The most dead letters one read of `/api/dead` gives.
+pub(crate) const DEAD_MOST: u32 = 1_000;
 
 /// How many of a breaker's last changes are shown.
 const CHANGES_SHOWN: usize = 5;
@@ -220,16 +223,84 @@ pub(crate) async fn outbox(shared: &Shared) -> Option<Result<Outbox, crate::Send
     }))
 }
 
-/// The dead letters, those dead longest first, with their subjects.
-pub(crate) async fn dead(shared: &Shared) -> Option<Result<Vec<Dead>, crate::SendError>> {
+/// Which dead letters a page shows: up to `limit` of those below `before`, newest first
+/// (`?before=ID&limit=N`, each optional; an empty value is no value).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) struct DeadPage {
+    pub before: Option<OutboxId>,
+    pub limit: u32,
+}
+
+impl DeadPage {
+    /// The newest page.
+    pub(crate) const NEWEST: DeadPage = DeadPage {
+        before: None,
+        limit: DEAD_SHOWN,
+    };
+
+    /// The page a request's query asks for; why not, for a value that is no id or count, or
+    /// a limit above [`DEAD_MOST`]. Other fields are left alone.
+    pub(crate) fn from_query(query: Option<&str>) -> Result<DeadPage, String> {
+        let mut page = DeadPage::NEWEST;
+        for pair in query.unwrap_or_default().split('&') {
+            let (name, value) = pair.split_once('=').unwrap_or((pair, ""));
+            let value = percent_encoding::percent_decode_str(value).decode_utf8_lossy();
+            let value = value.trim();
+            if value.is_empty() {
+                continue;
+            }
+            match name {
+                "before" => {
+                    let id: i64 = value
+                        .parse()
+                        .map_err(|_| format!("before: {value:?} is not a dead letter's id"))?;
+                    page.before = Some(OutboxId::from(id));
+                }
+                "limit" => {
+                    page.limit = value
+                        .parse()
+                        .ok()
+                        .filter(|limit| *limit <= DEAD_MOST)
+                        .ok_or_else(|| {
+                            format!("limit: {value:?} is not a count from 0 to {DEAD_MOST}")
+                        })?;
+                }
+                _ => {}
+            }
+        }
+        Ok(page)
+    }
+}
+
+/// A page of dead letters, and the cursor of the page after it when there is one.
+#[derive(Debug)]
+pub(crate) struct DeadLetters {
+    pub letters: Vec<Dead>,
+    /// The `before` of the next (older) page; `None` when this page holds the oldest.
+    pub older: Option<OutboxId>,
+}
+
+/// A page of dead letters, newest first, with their subjects.
+pub(crate) async fn dead(
+    shared: &Shared,
+    page: DeadPage,
+) -> Option<Result<DeadLetters, crate::SendError>> {
     let outbox = shared.mailer.outbox()?;
-    let letters = match outbox.dead_letters(DEAD_SHOWN).await {
+    // One more than shown: whether an older page exists, without a count.
+    let read = page.limit.saturating_add(1);
+    let mut letters = match outbox.dead_letters_page(page.before, read).await {
         Ok(letters) => letters,
         Err(error) => return Some(Err(error)),
     };
+    let older = if letters.len() > page.limit as usize {
+        letters.truncate(page.limit as usize);
+        letters.last().map(|last| last.id)
+    } else {
+        None
+    };
     // A subject that cannot be read is shown as missing, not as a failed page.
     let heads = outbox
-        .dead_letter_heads(DEAD_SHOWN)
+        .dead_letter_heads(page.before, page.limit)
         .await
         .unwrap_or_default();
     let subject_of = |id: OutboxId| {
@@ -238,7 +309,7 @@ pub(crate) async fn dead(shared: &Shared) -> Option<Result<Vec<Dead>, crate::Sen
             .find(|(head, _)| *head == id)
             .and_then(|(_, raw)| subject(raw))
     };
-    Some(Ok(letters
+    let letters = letters
         .into_iter()
         .map(|letter| Dead {
             id: i64::from(letter.id),
@@ -257,7 +328,8 @@ pub(crate) async fn dead(shared: &Shared) -> Option<Result<Vec<Dead>, crate::Sen
             transport: letter.error.transport().map(str::to_owned),
             died_at_ms: epoch_ms(letter.at),
         })
-        .collect()))
+        .collect();
+    Some(Ok(DeadLetters { letters, older }))
 }
 
 /// The decoded `Subject` of a message's head.
@@ -289,20 +361,71 @@ pub(crate) async fn outbox_json(State(shared): State<Arc<Shared>>) -> Response {
     }
 }
 
-/// The dead letters; `[]` when the mailer has no outbox.
-pub(crate) async fn dead_json(State(shared): State<Arc<Shared>>) -> Response {
-    match dead(&shared).await {
+/// A page of dead letters (`?before=ID&limit=N`), newest first: the last one's id is the
+/// `before` of the next page, and an empty page the end; `[]` when the mailer has no outbox,
+/// 400 for a query that is no page.
+pub(crate) async fn dead_json(
+    State(shared): State<Arc<Shared>>,
+    RawQuery(query): RawQuery,
+) -> Response {
+    let page = match DeadPage::from_query(query.as_deref()) {
+        Ok(page) => page,
+        Err(why) => return bad_query(&why),
+    };
+    match dead(&shared, page).await {
         None => Json(Vec::<Dead>::new()).into_response(),
-        Some(Ok(dead)) => Json(dead).into_response(),
+        Some(Ok(dead)) => Json(dead.letters).into_response(),
         Some(Err(error)) => unavailable(&error),
     }
+}
+
+/// A query the dead letters' page or API cannot read: 400, and why.
+pub(crate) fn bad_query(why: &str) -> Response {
+    let body = serde_json::json!({ "error": { "code": "admin.bad_query", "message": why } });
+    (StatusCode::BAD_REQUEST, Json(body)).into_response()
 }
 
 #[cfg(test)]
 mod tests {
     use std::time::{Duration, UNIX_EPOCH};
 
-    use super::{backed_off, epoch_ms, millis};
+    use super::{DEAD_MOST, DeadPage, backed_off, epoch_ms, millis};
+    use crate::outbox::OutboxId;
+
+    #[test]
+    fn a_dead_letters_query_gives_its_cursor_and_limit_and_an_empty_value_is_none() {
+        let page = |query| DeadPage::from_query(query);
+        assert_eq!(page(None), Ok(DeadPage::NEWEST));
+        assert_eq!(page(Some("")), Ok(DeadPage::NEWEST));
+        assert_eq!(page(Some("before=&limit=")), Ok(DeadPage::NEWEST));
+        assert_eq!(
+            page(Some("before=42&limit=7&other=x")),
+            Ok(DeadPage {
+                before: Some(OutboxId::from(42)),
+                limit: 7
+            })
+        );
+        assert_eq!(
+            page(Some("limit=1000")).map(|page| page.limit),
+            Ok(DEAD_MOST)
+        );
+        assert_eq!(page(Some("limit=0")).map(|page| page.limit), Ok(0));
+    }
+
+    #[test]
+    fn a_dead_letters_query_with_no_id_or_a_limit_past_the_most_is_refused_saying_which() {
+        for query in [
+            "before=x",
+            "before=1.5",
+            "limit=-1",
+            "limit=1001",
+            "limit=ten",
+        ] {
+            let why = DeadPage::from_query(Some(query)).expect_err(query);
+            let name = query.split('=').next().unwrap_or_default();
+            assert!(why.starts_with(name), "{query}: {why}");
+        }
+    }
 
     #[test]
     fn a_limiter_backed_off_by_the_share_of_its_rate_it_gave_up() {

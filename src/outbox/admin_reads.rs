@@ -11,11 +11,12 @@ use crate::SendError;
 /// How much of a message is read for its headers: a subject lies well within it.
 const HEAD_BYTES: i64 = 16 * 1024;
 
-/// The heads of the oldest `?2` dead letters on SQLite, `?1` bytes of each.
+/// The heads, `?1` bytes of each, of the `?3` dead letters below id `?2` on SQLite: the page
+/// `DEAD_LETTERS_PAGE` reads, from the same index.
 pub(crate) const SQLITE_HEADS: &str = "SELECT id, (SELECT substr(raw, 1, ?1) FROM mail_breaker_outbox_body AS body \
        WHERE body.id = mail_breaker_outbox.id) \
-     FROM mail_breaker_outbox \
-     WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT ?2";
+     FROM mail_breaker_outbox INDEXED BY mail_breaker_outbox_dead_by_id \
+     WHERE dead_at IS NOT NULL AND id < ?2 ORDER BY id DESC LIMIT ?3";
 
 /// The database behind an outbox, for the reads in this file.
 pub(crate) enum Database<'a> {
@@ -25,16 +26,20 @@ pub(crate) enum Database<'a> {
 }
 
 impl Outbox {
-    /// The first bytes of each dead letter's message (its headers), up to `limit`, in the
-    /// order of [`dead_letters`](Outbox::dead_letters); empty for a backend without a table.
+    /// The first bytes of each dead letter's message (its headers), for the page
+    /// [`dead_letters_page`](Outbox::dead_letters_page) reads with the same `before` and
+    /// `limit`; empty for a backend without a table.
     pub(crate) async fn dead_letter_heads(
         &self,
+        before: Option<OutboxId>,
         limit: u32,
     ) -> Result<Vec<(OutboxId, Vec<u8>)>, SendError> {
         let read = |e| database_error("reading the dead letters' headers", e);
+        let before = before.map_or(i64::MAX, i64::from);
         let rows = match self.backend().database() {
             Some(Database::Sqlite(pool)) => sqlx::query(SQLITE_HEADS)
                 .bind(HEAD_BYTES)
+                .bind(before)
                 .bind(limit)
                 .fetch_all(pool)
                 .await
@@ -45,9 +50,10 @@ impl Outbox {
             #[cfg(feature = "postgres")]
             Some(Database::Postgres(pool)) => sqlx::query(
                 "SELECT id, substring(raw FROM 1 FOR $1) FROM mail_breaker_outbox \
-                 WHERE dead_at IS NOT NULL ORDER BY dead_at, id LIMIT $2",
+                 WHERE dead_at IS NOT NULL AND id < $2 ORDER BY id DESC LIMIT $3",
             )
             .bind(i32::try_from(HEAD_BYTES).unwrap_or(i32::MAX))
+            .bind(before)
             .bind(i64::from(limit))
             .fetch_all(pool)
             .await
@@ -99,7 +105,7 @@ mod tests {
             .finish(&[(claimed[0].claim, dead)])
             .await
             .expect("written");
-        let heads = outbox.dead_letter_heads(10).await.expect("read");
+        let heads = outbox.dead_letter_heads(None, 10).await.expect("read");
         assert_eq!(heads, [(id, b"Subject: gone\r\n\r\nbody".to_vec())]);
     }
 }

@@ -197,6 +197,14 @@ pub(crate) trait Backend: Send + Sync + Debug {
     /// The dead letters, oldest death first.
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError>;
 
+    /// Up to `limit` dead letters whose ids are below `before` (all of them for `None`),
+    /// highest id first, in one statement reading an index of the dead letters' ids alone.
+    async fn dead_letters_page(
+        &self,
+        before: Option<OutboxId>,
+        limit: u32,
+    ) -> Result<Vec<DeadRow>, SendError>;
+
     /// Makes a dead message due now again, as if enqueued now (age, attempts and panics
     /// start afresh; its error kept); whether it was dead.
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError>;

@@ -367,6 +367,46 @@ impl Outbox {
             .collect()
     }
 
+    /// A page of dead letters, newest first: up to `limit` of those whose ids are below
+    /// `before` (from the newest for `None`). The last one's id is the cursor of the next
+    /// page; an empty page is the end. Newest is by id, the order messages entered the
+    /// outbox, so a page is the same whatever dies or is requeued meanwhile: a letter that
+    /// dies during a walk is on a page already read (or a later one), and none is read twice.
+    /// One statement, on an index of the dead letters alone: a page reads none of the queue.
+    ///
+    /// ```
+    /// use mail_breaker::outbox::Outbox;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = std::env::temp_dir().join(format!("outbox-dead-page-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+    /// let mut before = None;
+    /// loop {
+    ///     let page = outbox.dead_letters_page(before, 500).await?;
+    ///     let Some(last) = page.last() else { break };
+    ///     for letter in &page {
+    ///         println!("{}: {}", letter.id, letter.error);
+    ///     }
+    ///     before = Some(last.id);
+    /// }
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), mail_breaker::SendError>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn dead_letters_page(
+        &self,
+        before: Option<OutboxId>,
+        limit: u32,
+    ) -> Result<Vec<DeadLetter>, SendError> {
+        self.backend
+            .dead_letters_page(before, limit)
+            .await?
+            .into_iter()
+            .map(record::DeadRow::read)
+            .collect()
+    }
+
     /// Makes a dead letter due again now, as if enqueued now: its age (for `max_age`) and
     /// its attempt count start afresh; its last error is kept until the next answer.
     /// `Ok(false)` when `id` is not a dead letter.

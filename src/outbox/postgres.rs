@@ -22,7 +22,7 @@ use crate::SendError;
 /// version on the same page, no index entry written), for which every page keeps half its
 /// room (`fillfactor`). A claim written as `due_at = lease_until` wrote two index entries per
 /// row, and nearly four times the WAL (565 bytes a message in a drain, against 152).
-const SCHEMA: [&str; 3] = [
+const SCHEMA: [&str; 4] = [
     "CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
         id BIGINT GENERATED ALWAYS AS IDENTITY PRIMARY KEY,
         sender TEXT,
@@ -44,6 +44,10 @@ const SCHEMA: [&str; 3] = [
         ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL",
     "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
         ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL",
+    // The dead letters' ids alone, for their pages (`dead_letters_page`): the primary key's
+    // order would walk every queued row between two dead ones.
+    "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead_by_id
+        ON mail_breaker_outbox (id) WHERE dead_at IS NOT NULL",
 ];
 
 /// A table made before `lease_until` gets it, and its pages' room for HOT updates. Its rows
@@ -141,6 +145,13 @@ const INSERT: &str = concat!(
     now_ms!(),
     ") RETURNING id"
 );
+
+/// The `$2` dead letters below id `$1`, newest first, without their bodies: a page of them,
+/// read from the index of the dead letters' ids (`mail_breaker_outbox_dead_by_id`).
+pub(crate) const DEAD_LETTERS_PAGE: &str = "SELECT id, sender, recipients, attempts, dead_at, \
+       error_category, error_code, error_message, error_transport \
+     FROM mail_breaker_outbox WHERE dead_at IS NOT NULL AND id < $1 \
+     ORDER BY id DESC LIMIT $2";
 
 /// A dead letter of its own for some recipients (`$2`) of row `$1` (DESIGN §19): the row's
 /// sender, body, times and attempts, dead at the database's now with the error `$3`..`$6`.
@@ -699,24 +710,21 @@ impl Backend for PostgresBackend {
         let rows = on_pool!(self, |connection| statement.fetch_all(connection))
             .await
             .map_err(|e| database_error("reading the dead letters", e))?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadRow {
-                    id: row.try_get(0)?,
-                    sender: row.try_get(1)?,
-                    recipients: row.try_get(2)?,
-                    attempts: i64::from(row.try_get::<i32, _>(3)?),
-                    dead_at: row.try_get(4)?,
-                    error: StoredError {
-                        category: row.try_get(5)?,
-                        code: row.try_get(6)?,
-                        message: row.try_get(7)?,
-                        transport: row.try_get(8)?,
-                    },
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| database_error("reading the dead letters", e))
+        dead_rows(&rows)
+    }
+
+    async fn dead_letters_page(
+        &self,
+        before: Option<OutboxId>,
+        limit: u32,
+    ) -> Result<Vec<DeadRow>, SendError> {
+        let statement = sqlx::query(DEAD_LETTERS_PAGE)
+            .bind(before.map_or(i64::MAX, |id| id.0))
+            .bind(i64::from(limit));
+        let rows = on_pool!(self, |connection| statement.fetch_all(connection))
+            .await
+            .map_err(|e| database_error("reading the dead letters", e))?;
+        dead_rows(&rows)
     }
 
     async fn requeue(&self, id: OutboxId, _now: Millis) -> Result<bool, SendError> {
@@ -777,6 +785,28 @@ fn enqueue_error(error: sqlx::Error) -> SendError {
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
 /// (parameters 3 to 8).
+/// Dead letters as `dead_letters` and `DEAD_LETTERS_PAGE` read them.
+fn dead_rows(rows: &[sqlx::postgres::PgRow]) -> Result<Vec<DeadRow>, SendError> {
+    rows.iter()
+        .map(|row| {
+            Ok(DeadRow {
+                id: row.try_get(0)?,
+                sender: row.try_get(1)?,
+                recipients: row.try_get(2)?,
+                attempts: i64::from(row.try_get::<i32, _>(3)?),
+                dead_at: row.try_get(4)?,
+                error: StoredError {
+                    category: row.try_get(5)?,
+                    code: row.try_get(6)?,
+                    message: row.try_get(7)?,
+                    transport: row.try_get(8)?,
+                },
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(|e| database_error("reading the dead letters", e))
+}
+
 /// Writes `part` as a dead letter of its own, copied from row `id`.
 async fn copy_dead(
     connection: &mut PgConnection,

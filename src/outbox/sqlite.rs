@@ -65,6 +65,8 @@ CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead
     ON mail_breaker_outbox (dead_at, id) WHERE dead_at IS NOT NULL;
 CREATE INDEX IF NOT EXISTS mail_breaker_outbox_waiting
     ON mail_breaker_outbox (enqueued_at) WHERE dead_at IS NULL;
+CREATE INDEX IF NOT EXISTS mail_breaker_outbox_dead_by_id
+    ON mail_breaker_outbox (id) WHERE dead_at IS NOT NULL;
 ";
 
 /// Whether the table lacks its kept counts (issue 50): made, with the triggers that keep them,
@@ -191,6 +193,14 @@ const DEAD_LETTERS: &str = "SELECT id, sender, recipients, attempts, dead_at, \
        error_category, error_code, error_message, error_transport \
      FROM mail_breaker_outbox WHERE dead_at IS NOT NULL \
      ORDER BY dead_at, id LIMIT ?1";
+
+/// The `?2` dead letters below id `?1`, newest first, without their bodies: a page of them.
+/// The index of dead ids alone, named, so that a page never walks the queued rows between
+/// two dead ones (as the primary key's order would).
+pub(crate) const DEAD_LETTERS_PAGE: &str = "SELECT id, sender, recipients, attempts, dead_at, \
+       error_category, error_code, error_message, error_transport \
+     FROM mail_breaker_outbox INDEXED BY mail_breaker_outbox_dead_by_id \
+     WHERE dead_at IS NOT NULL AND id < ?1 ORDER BY id DESC LIMIT ?2";
 
 /// A dead letter queued again at `?2`, as if enqueued then.
 const REQUEUE: &str = "UPDATE mail_breaker_outbox SET dead_at = NULL, leased = 0, due_at = ?2, \
@@ -626,24 +636,21 @@ impl Backend for SqliteBackend {
             .fetch_all(&self.pool)
             .await
             .map_err(|e| database_error("reading the dead letters", e))?;
-        rows.iter()
-            .map(|row| {
-                Ok(DeadRow {
-                    id: row.try_get(0)?,
-                    sender: row.try_get(1)?,
-                    recipients: row.try_get(2)?,
-                    attempts: row.try_get(3)?,
-                    dead_at: row.try_get(4)?,
-                    error: StoredError {
-                        category: row.try_get(5)?,
-                        code: row.try_get(6)?,
-                        message: row.try_get(7)?,
-                        transport: row.try_get(8)?,
-                    },
-                })
-            })
-            .collect::<Result<_, sqlx::Error>>()
-            .map_err(|e| database_error("reading the dead letters", e))
+        dead_rows(&rows)
+    }
+
+    async fn dead_letters_page(
+        &self,
+        before: Option<OutboxId>,
+        limit: u32,
+    ) -> Result<Vec<DeadRow>, SendError> {
+        let rows = sqlx::query(DEAD_LETTERS_PAGE)
+            .bind(before.map_or(i64::MAX, |id| id.0))
+            .bind(limit)
+            .fetch_all(&self.pool)
+            .await
+            .map_err(|e| database_error("reading the dead letters", e))?;
+        dead_rows(&rows)
     }
 
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
@@ -723,6 +730,28 @@ fn renew_sql(count: usize) -> String {
 
 /// Binds the time, the error and the narrowed recipients of a `Dead` or `Retry` update
 /// (parameters 3 to 8).
+/// Dead letters as `DEAD_LETTERS` and `DEAD_LETTERS_PAGE` read them.
+fn dead_rows(rows: &[sqlx::sqlite::SqliteRow]) -> Result<Vec<DeadRow>, SendError> {
+    rows.iter()
+        .map(|row| {
+            Ok(DeadRow {
+                id: row.try_get(0)?,
+                sender: row.try_get(1)?,
+                recipients: row.try_get(2)?,
+                attempts: row.try_get(3)?,
+                dead_at: row.try_get(4)?,
+                error: StoredError {
+                    category: row.try_get(5)?,
+                    code: row.try_get(6)?,
+                    message: row.try_get(7)?,
+                    transport: row.try_get(8)?,
+                },
+            })
+        })
+        .collect::<Result<_, sqlx::Error>>()
+        .map_err(|e| database_error("reading the dead letters", e))
+}
+
 /// Writes `part` as a dead letter of its own, copied from row `id`.
 async fn copy_dead(
     connection: &mut sqlx::SqliteConnection,
@@ -933,12 +962,13 @@ mod tests {
             (NEXT_DUE.into(), 0),
             (STATS.into(), 1),
             (DEAD_LETTERS.into(), 1),
+            (DEAD_LETTERS_PAGE.into(), 2),
             (REQUEUE.into(), 2),
             (PURGE.into(), 1),
             (super::super::inspect::SQLITE_MESSAGE.into(), 1),
         ];
         #[cfg(feature = "admin")]
-        statements.push((super::super::admin_reads::SQLITE_HEADS.into(), 2));
+        statements.push((super::super::admin_reads::SQLITE_HEADS.into(), 3));
         statements
     }
 
@@ -959,6 +989,33 @@ mod tests {
                 .collect();
             assert!(queue_scans.is_empty(), "{sql}\n{queue_scans:?}");
         }
+    }
+
+    /// The steps of the plan of `sql`, its `parameters` all 1.
+    async fn plan(backend: &SqliteBackend, sql: &str, parameters: usize) -> Vec<String> {
+        let sql = format!("EXPLAIN QUERY PLAN {sql}");
+        let mut plan = sqlx::query(&sql);
+        for _ in 0..parameters {
+            plan = plan.bind(1_i64);
+        }
+        plan.fetch_all(&backend.pool)
+            .await
+            .expect("a plan")
+            .iter()
+            .map(|step| step.get::<String, _>(3))
+            .collect()
+    }
+
+    #[tokio::test]
+    async fn a_page_of_dead_letters_reads_the_index_of_dead_ids_alone_and_no_queued_row() {
+        let backend = backlog("dead-page-plan", 10_000).await;
+        let page = "SEARCH mail_breaker_outbox USING INDEX mail_breaker_outbox_dead_by_id (id<?)";
+        assert_eq!(plan(&backend, DEAD_LETTERS_PAGE, 2).await, [page]);
+        #[cfg(feature = "admin")]
+        assert_eq!(
+            plan(&backend, super::super::admin_reads::SQLITE_HEADS, 3).await[0],
+            page
+        );
     }
 
     /// The stats as `OutboxStats` defines them, counted from the rows: queued, not dead; due,

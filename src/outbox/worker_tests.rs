@@ -240,6 +240,13 @@ impl Backend for Counting {
     async fn dead_letters(&self, limit: u32) -> Result<Vec<DeadRow>, SendError> {
         self.inner.dead_letters(limit).await
     }
+    async fn dead_letters_page(
+        &self,
+        before: Option<OutboxId>,
+        limit: u32,
+    ) -> Result<Vec<DeadRow>, SendError> {
+        self.inner.dead_letters_page(before, limit).await
+    }
     async fn requeue(&self, id: OutboxId, now: Millis) -> Result<bool, SendError> {
         self.inner.requeue(id, now).await
     }
@@ -854,6 +861,13 @@ impl Backend for StuckWrites {
         Ok(OutboxStats::default())
     }
     async fn dead_letters(&self, _limit: u32) -> Result<Vec<DeadRow>, SendError> {
+        Ok(Vec::new())
+    }
+    async fn dead_letters_page(
+        &self,
+        _before: Option<OutboxId>,
+        _limit: u32,
+    ) -> Result<Vec<DeadRow>, SendError> {
         Ok(Vec::new())
     }
     async fn requeue(&self, _id: OutboxId, _now: Millis) -> Result<bool, SendError> {

@@ -1065,6 +1065,63 @@ pub async fn a_dead_letter_requeued_before_its_purge_stays_queued(outbox: Outbox
     assert_eq!((stats.queued, stats.dead), (1, 0), "the requeued mail kept");
 }
 
+/// 250 dead letters among queued mail, read 100 at a time: each page holds the next ids
+/// below its cursor, newest first, and no queued message; every dead letter is read once.
+pub async fn dead_letters_page_reads_every_dead_letter_newest_first_below_its_cursor(
+    outbox: Outbox,
+) {
+    let first = outbox.enqueue_many(&numbered_messages(250)).await.unwrap();
+    let refusing = Scripted::answering("refusing", Reply::fail(Category::Rejected));
+    quick(&outbox, refusing)
+        .concurrency(8)
+        .drain()
+        .await
+        .unwrap();
+    // Queued mail on either side of the dead letters' ids, and a requeued hole among them.
+    let later = outbox.enqueue_many(&numbered_messages(20)).await.unwrap();
+    assert!(outbox.requeue(first[100]).await.unwrap());
+    let mut dead: Vec<_> = first
+        .iter()
+        .copied()
+        .filter(|id| *id != first[100])
+        .collect();
+    dead.reverse();
+
+    let mut read = Vec::new();
+    let mut pages = Vec::new();
+    let mut before = None;
+    loop {
+        let page = outbox.dead_letters_page(before, 100).await.unwrap();
+        let Some(last) = page.last() else { break };
+        before = Some(last.id);
+        pages.push(page.len());
+        read.extend(page.iter().map(|letter| letter.id));
+    }
+    assert_eq!(pages, [100, 100, 49]);
+    assert_eq!(read, dead, "every dead letter once, newest first");
+    assert!(
+        read.iter()
+            .all(|id| !later.contains(id) && *id != first[100])
+    );
+    let below = outbox.dead_letters_page(Some(dead[0]), 2).await.unwrap();
+    assert_eq!(
+        below.iter().map(|letter| letter.id).collect::<Vec<_>>(),
+        dead[1..3],
+        "the cursor's own id is not read again"
+    );
+    let letter = &below[0];
+    assert_eq!(letter.error.category(), Category::Rejected);
+    assert_eq!(letter.attempts, 1);
+    assert!(outbox.dead_letters_page(None, 0).await.unwrap().is_empty());
+    assert!(
+        outbox
+            .dead_letters_page(Some(dead[248]), 100)
+            .await
+            .unwrap()
+            .is_empty()
+    );
+}
+
 pub async fn enqueue_many_answers_each_messages_id_in_order(outbox: Outbox) {
     let ids = outbox
         .enqueue_many(&numbered_messages(1_200))
@@ -1442,6 +1499,7 @@ macro_rules! all_outbox_rules {
             send_or_queue_answers_a_delivery_as_delivered,
             queue_only_queues_every_message,
             purge_deletes_a_message_queued_or_dead,
+            dead_letters_page_reads_every_dead_letter_newest_first_below_its_cursor,
             purge_dead_deletes_a_dead_letter_and_never_a_message_still_queued,
             a_dead_letter_requeued_before_its_purge_stays_queued,
             stats_say_how_long_the_oldest_message_has_waited,

@@ -282,24 +282,94 @@ async fn requeue(outbox: &Outbox, out: &Out, id: OutboxId) -> Result<Exit, Failu
     Ok(Exit::Ok)
 }
 
-async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
-    let letters = outbox.dead_letters(u32::MAX).await.map_err(reading)?;
-    let mut requeued = Vec::with_capacity(letters.len());
-    for letter in letters {
-        if outbox.requeue(letter.id).await.map_err(reading)? {
-            requeued.push(i64::from(letter.id));
-        }
+/// How many dead letters `requeue --all` reads at a time: memory stays bounded however many
+/// there are.
+const REQUEUE_BATCH: u32 = 500;
+
+/// The progress bar of `requeue --all` over `total` dead letters (on stderr, drawn only on a
+/// terminal); none under `--json`, whose reader is a script.
+fn requeue_bar(json: bool, total: u64) -> ProgressBar {
+    if json {
+        return ProgressBar::hidden();
     }
+    let bar = ProgressBar::new(total);
+    if let Ok(style) = ProgressStyle::with_template("{bar:40} {pos}/{len} requeued ({eta})") {
+        bar.set_style(style);
+    }
+    bar
+}
+
+/// Requeues every dead letter, a page of [`REQUEUE_BATCH`] at a time, newest first, with a
+/// progress bar. Each letter is requeued in a statement of its own, so that an error stops
+/// the walk with everything before it done: the command then says how many it requeued (in
+/// `--json` too) and exits with the error's code. Running it again requeues the rest.
+async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
+    let mut requeued: Vec<i64> = Vec::new();
+    let mut bar = ProgressBar::hidden();
+    let stopped = 'walk: {
+        match outbox.stats().await {
+            Ok(stats) => bar = requeue_bar(out.json, stats.dead),
+            Err(error) => break 'walk Some(error),
+        }
+        // The cursor, not the first page again: a letter that dies again while the walk
+        // runs is not requeued twice, and the walk ends.
+        let mut before = None;
+        loop {
+            let page = match outbox.dead_letters_page(before, REQUEUE_BATCH).await {
+                Ok(page) => page,
+                Err(error) => break 'walk Some(error),
+            };
+            let Some(last) = page.last() else {
+                break 'walk None;
+            };
+            before = Some(last.id);
+            for letter in &page {
+                match outbox.requeue(letter.id).await {
+                    Ok(true) => {
+                        requeued.push(i64::from(letter.id));
+                        bar.inc(1);
+                    }
+                    // Requeued or purged by someone else since the page was read.
+                    Ok(false) => {}
+                    Err(error) => break 'walk Some(error),
+                }
+            }
+        }
+    };
+    bar.finish_and_clear();
+    let count = requeued.len();
+    let done = format!(
+        "{count} dead letter{} requeued",
+        if count == 1 { "" } else { "s" }
+    );
+    let Some(error) = stopped else {
+        if out.json {
+            out.json(&json!({ "requeued": requeued, "count": count }));
+        } else {
+            out.line(&format!("{done}: due now"));
+        }
+        return Ok(Exit::Ok);
+    };
+    let failure = reading(error);
     if out.json {
-        out.json(&json!({ "requeued": requeued }));
+        out.json(&json!({
+            "requeued": requeued,
+            "count": count,
+            "error": {
+                "message": failure.message,
+                "setting": failure.setting,
+                "exit_code": failure.code as u8,
+            },
+        }));
     } else {
-        out.line(&format!(
-            "{} dead letter{} requeued: due now",
-            requeued.len(),
-            if requeued.len() == 1 { "" } else { "s" }
+        out.line(&format!("{done} before an error: due now"));
+        out.note(&format!(
+            "mail-breaker: {}; the rest are still dead: `outbox requeue --all` again \
+             requeues them",
+            failure.message
         ));
     }
-    Ok(Exit::Ok)
+    Ok(failure.code)
 }
 
 /// Deletes a dead letter, or with `queued` any message. Without it a message requeued since
@@ -397,4 +467,15 @@ async fn drain(stack: &Stack, outbox: &Outbox, out: &Out) -> Result<Exit, Failur
         );
     }
     Ok(code)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::requeue_bar;
+
+    #[test]
+    fn requeue_all_counts_toward_every_dead_letter_on_its_bar_and_shows_none_for_a_script() {
+        assert_eq!(requeue_bar(false, 1_200).length(), Some(1_200));
+        assert_eq!(requeue_bar(true, 1_200).length(), None);
+    }
 }
