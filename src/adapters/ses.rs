@@ -317,6 +317,9 @@ impl Transport for SesTransport {
             .map_err(|_| {
                 self.configuration_error("ses.build", "the raw message could not be built")
             })?;
+        // Handed to the client: a deadline's cut from now on may leave the message with SES
+        // (DESIGN §19).
+        crate::deadline::may_have_reached();
         let output = self
             .client
             .send_email()

@@ -322,6 +322,9 @@ impl<P: Provider> Transport for HttpTransport<P> {
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let tag = |error: SendError| error.with_transport(&self.name);
         let call = self.provider.send_call(envelope, raw).map_err(tag)?;
+        // Handed to the client: a deadline's cut from now on may leave the message with the
+        // provider (DESIGN §19).
+        crate::deadline::may_have_reached();
         let answer = self.call(call).await.map_err(tag)?;
         if !answer.is_success() {
             return Err(tag(self.failure(&answer)));
