@@ -127,10 +127,11 @@ pub(crate) fn current() -> Option<Instant> {
     DEADLINE.try_with(|s| s.at).ok()
 }
 
-/// Whether a wait of `wait` starting now would end past the deadline: then it is not
-/// started, and the layer answers its last error at once. `false` without a deadline.
+/// Whether a wait of `wait` starting now would end at the deadline or past it: then it is
+/// not started (the try after it would be cut at once), and the layer answers its last
+/// error at once. `false` without a deadline.
 pub(crate) fn would_pass(wait: Duration) -> bool {
-    current().is_some_and(|at| crate::time::later(Instant::now(), wait) > at)
+    current().is_some_and(|at| crate::time::later(Instant::now(), wait) >= at)
 }
 
 /// Whether the deadline has come (`false` without one).
@@ -310,11 +311,13 @@ mod tests {
         let verdict = scope(in_a_second(), async {
             (
                 would_pass(Duration::from_secs(2)),
+                would_pass(Duration::from_secs(1)),
                 would_pass(Duration::from_millis(500)),
             )
         })
         .await;
-        assert_eq!(verdict, Ok((true, false)));
+        // A wait ending at the deadline itself leaves its next try no time: not started.
+        assert_eq!(verdict, Ok((true, true, false)));
         assert!(!would_pass(Duration::MAX));
     }
 

@@ -239,12 +239,16 @@ impl SmtpTransport {
         crate::deadline::not_reached();
         let progress = Progress::default();
         let attempt = self.transaction_on_pool(pool, envelope, raw, &progress);
-        match tokio::time::timeout_at(deadline, attempt).await {
+        let result = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             // The cut-off transaction's connection was dropped with it, and so closed; what
             // its earlier transactions delivered is kept.
             Err(_elapsed) => progress.cut_off(&self.name, self.timed_out()),
-        }
+        };
+        // Answered: a deadline's cut from now on (in a layer above, still at work) does not
+        // take this try for one in flight.
+        crate::deadline::try_answered(&result);
+        result
     }
 
     /// Takes a connection, idle or fresh, runs the transaction on it, and hands the connection
