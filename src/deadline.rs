@@ -61,6 +61,7 @@ enum Progress {
 }
 
 /// A send cut at its deadline.
+#[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the worker's
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) struct Cut {
     /// A try in flight at the cut may have reached the provider (or an earlier try's
@@ -72,6 +73,7 @@ pub(crate) struct Cut {
 /// nest: the inner one's deadline is the earlier of both, and what it learnt of its tries
 /// is passed to the outer one. `Err(Cut)` says whether the cut send may have reached the
 /// provider.
+#[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the worker's
 pub(crate) async fn scope<F: Future>(deadline: Instant, send: F) -> Result<F::Output, Cut> {
     let at = current().map_or(deadline, |outer| outer.min(deadline));
     let state = Scope {
@@ -134,15 +136,10 @@ pub(crate) fn would_pass(wait: Duration) -> bool {
     current().is_some_and(|at| crate::time::later(Instant::now(), wait) >= at)
 }
 
-/// Whether the deadline has come (`false` without one).
-#[allow(dead_code)]
-pub(crate) fn has_passed() -> bool {
-    current().is_some_and(|at| at <= Instant::now())
-}
-
 /// `wait` bounded by the deadline: its output, or `on_cut()`'s once the deadline comes
 /// first. Without a deadline, `wait` as it is. For waits of unknown length; `on_cut`
 /// answers not-attempted with the last error the layer holds.
+#[cfg_attr(not(feature = "smtp"), allow(dead_code))] // the SMTP client's (and OAuth's)
 pub(crate) async fn bounded<F, T>(wait: F, on_cut: impl FnOnce() -> T) -> T
 where
     F: Future<Output = T>,
@@ -181,12 +178,24 @@ pub(crate) fn try_answered(result: &Result<Receipt, SendError>) {
 
 /// A transport that knows where its try is says nothing of it has gone yet: called when
 /// its try starts (before it waits for a connection).
+#[cfg_attr(not(feature = "smtp"), allow(dead_code))] // the SMTP client's
 pub(crate) fn not_reached() {
     set_in_flight(Progress::NotReached);
 }
 
 /// A transport's try may have reached the provider: the SMTP client wrote `DATA` or
 /// `BDAT`, an HTTP or SES adapter handed its request to the client.
+#[cfg_attr(
+    not(any(
+        feature = "smtp",
+        feature = "ses",
+        feature = "postmark",
+        feature = "resend",
+        feature = "sendgrid",
+        feature = "mailgun"
+    )),
+    allow(dead_code)
+)] // the SMTP client's, SES's and the HTTP adapters'
 pub(crate) fn may_have_reached() {
     set_in_flight(Progress::MayHaveReached);
 }
@@ -196,6 +205,7 @@ fn set_in_flight(progress: Progress) {
 }
 
 /// Whether a cut now may throw away a message the provider has.
+#[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the worker's
 fn reached() -> bool {
     DEADLINE
         .try_with(|s| s.answered_reached.get() || s.in_flight.get() != Progress::NotReached)
