@@ -284,6 +284,49 @@ mod tests {
     }
 
     #[tokio::test(start_paused = true)]
+    async fn the_next_try_through_a_transport_that_marks_nothing_is_cut_as_maybe_reached() {
+        let cut = scope(in_a_second(), async {
+            not_reached();
+            try_answered(&Err(SendError::new(
+                crate::Category::ServerError,
+                "smtp.451",
+                "later",
+            )));
+            try_begins();
+            std::future::pending::<()>().await
+        })
+        .await;
+        assert_eq!(
+            cut,
+            Err(Cut {
+                may_have_reached: true
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_outer_scope_cut_after_an_inner_one_delivered_is_cut_as_maybe_reached() {
+        let at = in_a_second();
+        let cut = scope(at, async {
+            let inner = scope(at + Duration::from_secs(1), async {
+                try_answered(&Ok(Receipt::new("inner")));
+            })
+            .await;
+            assert_eq!(inner, Ok(()));
+            // The next try, stuck before it sent anything: the delivery above still counts.
+            not_reached();
+            std::future::pending::<()>().await
+        })
+        .await;
+        assert_eq!(
+            cut,
+            Err(Cut {
+                may_have_reached: true
+            })
+        );
+    }
+
+    #[tokio::test(start_paused = true)]
     async fn a_try_that_answered_maybe_delivered_counts_at_the_cut_for_good() {
         let cut = scope(in_a_second(), async {
             try_answered(&Err(SendError::new(
