@@ -42,7 +42,7 @@
 //!
 //! | floor | modules | what stands there |
 //! |---|---|---|
-//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `metrics`, `handles`, `sync`, `inline`, `panicked` | the breaker's state machine, the [`Transport`] trait, answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, the metrics' names and the handles each room keeps to record them |
+//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked` | the breaker's state machine, the [`Transport`] trait, answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline, the metrics' names and the handles each room keeps to record them |
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
 //! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate` | transports around transports: failover and round robin, retries, rate limits |
@@ -60,6 +60,7 @@ pub mod admin;
 pub mod breaker;
 mod cascade;
 pub mod config;
+mod deadline;
 mod error;
 pub mod guide;
 #[cfg(feature = "metrics")]

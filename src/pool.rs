@@ -326,7 +326,14 @@ impl PoolTransport {
             let member = &**transport;
             let answer = match skip.refusal(member.name()) {
                 Some(skipped) => Err(skipped),
-                None => catch_panic(member.name(), send(member)).await,
+                None => {
+                    // Each member's try is its own: what an earlier one did (and answered)
+                    // is not what the one in flight at a deadline's cut did.
+                    crate::deadline::try_begins();
+                    let answer = catch_panic(member.name(), send(member)).await;
+                    crate::deadline::try_answered(&answer);
+                    answer
+                }
             };
             match answer {
                 Ok(receipt) => return Ok(receipt),

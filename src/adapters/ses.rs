@@ -298,15 +298,9 @@ impl SesTransport {
         }
         None
     }
-}
 
-#[async_trait::async_trait]
-impl Transport for SesTransport {
-    fn name(&self) -> &str {
-        &self.name
-    }
-
-    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+    /// One `SendEmail` call and its answer.
+    async fn send_once(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let recipients = envelope.to().iter().map(ToString::to_string).collect();
         let destination = Destination::builder()
             .set_to_addresses(Some(recipients))
@@ -317,6 +311,9 @@ impl Transport for SesTransport {
             .map_err(|_| {
                 self.configuration_error("ses.build", "the raw message could not be built")
             })?;
+        // Handed to the client: a deadline's cut from now on may leave the message with SES
+        // (DESIGN §19).
+        crate::deadline::may_have_reached();
         let output = self
             .client
             .send_email()
@@ -332,6 +329,21 @@ impl Transport for SesTransport {
             Some(id) => receipt.with_message_id(id),
             None => receipt,
         })
+    }
+}
+
+#[async_trait::async_trait]
+impl Transport for SesTransport {
+    fn name(&self) -> &str {
+        &self.name
+    }
+
+    async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let result = self.send_once(envelope, raw).await;
+        // Answered: a deadline's cut from now on (in a layer above, still at work) does not
+        // take this try for one in flight (DESIGN §19).
+        crate::deadline::try_answered(&result);
+        result
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

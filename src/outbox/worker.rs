@@ -151,9 +151,15 @@ impl<T: Transport + 'static> Worker<T> {
     }
 
     /// The longest a send may take (default three quarters of the [`lease`](Self::lease);
-    /// it must be shorter than the lease). A send still running then is dropped and answered
-    /// as a timeout (`outbox.send_timeout`), which may have reached the provider: it is sent
-    /// again, or dead as maybe delivered under [`at_most_once`](Self::at_most_once). No send
+    /// it must be shorter than the lease). It is a deadline the whole stack sees: a retry or
+    /// a rate limiter that would wait past it answers at once with what it holds, a wait for
+    /// a connection is cut there as not attempted. A send still running then is dropped and
+    /// answered as a timeout (`outbox.send_timeout`), maybe delivered only if a try in
+    /// flight may have reached the provider (the crate's SMTP client wrote `DATA` or `BDAT`,
+    /// an HTTP or SES adapter handed over its request, or a transport that says nothing of
+    /// its progress, such as lettre's or an application's own, was under way): then it is
+    /// sent again, or dead as maybe delivered under [`at_most_once`](Self::at_most_once). See
+    /// the guide's outbox chapter, "The send timeout is a deadline". No send
     /// starts with less than this left of its message's lease; messages held ahead of their
     /// sends have their leases renewed (or given back) first. So a message's lease never
     /// runs out while this worker holds it, and the time between the two is left to write
@@ -590,9 +596,11 @@ impl<T: Transport + 'static> Worker<T> {
                     let send = crate::panicked::catch_panic(name, async {
                         transport.send_raw(&envelope, &message.raw).await
                     });
-                    match tokio::time::timeout(send_timeout, send).await {
+                    // The deadline every layer of the stack sees (DESIGN §19).
+                    let deadline = later(Instant::now(), send_timeout);
+                    match crate::deadline::scope(deadline, send).await {
                         Ok(answer) => answer,
-                        Err(_) => Err(send_timed_out(send_timeout, name)),
+                        Err(cut) => Err(send_timed_out(send_timeout, name, cut)),
                     }
                 }
                 Err(corrupt) => Err(corrupt),
@@ -609,9 +617,22 @@ impl<T: Transport + 'static> Worker<T> {
     }
 }
 
-/// The answer to a send dropped at `send_timeout`. The worker cannot tell whether its data
-/// had gone, so it may have reached the provider: maybe delivered.
-fn send_timed_out(send_timeout: Duration, transport: &str) -> SendError {
+/// The answer to a send dropped at `send_timeout`: maybe delivered only when a try in flight
+/// at the cut may have reached the provider (or the cut threw away a delivery), as the
+/// layers below said through the deadline's scope; else a timeout that sent nothing (the
+/// stack was only waiting: a connection, a turn), counted as an attempt.
+fn send_timed_out(send_timeout: Duration, transport: &str, cut: crate::deadline::Cut) -> SendError {
+    if !cut.may_have_reached {
+        return SendError::new(
+            Category::Timeout,
+            "outbox.send_timeout",
+            format!(
+                "the send took longer than the worker's send_timeout of {send_timeout:?} and \
+                 was dropped before any of it reached the provider"
+            ),
+        )
+        .with_transport(transport);
+    }
     SendError::new(
         Category::Timeout,
         "outbox.send_timeout",

@@ -964,3 +964,51 @@ async fn past_its_shutdown_timeout_a_worker_awaits_the_write_under_way_without_s
         "nothing more started"
     );
 }
+
+/// Says its try has not reached the provider, then waits for ever: a transport stuck before
+/// it wrote anything (DESIGN §19).
+struct StuckBeforeSending;
+
+#[async_trait::async_trait]
+impl Transport for StuckBeforeSending {
+    fn name(&self) -> &str {
+        "stuck"
+    }
+    async fn send_raw(
+        &self,
+        _envelope: &lettre::address::Envelope,
+        _raw: &[u8],
+    ) -> Result<Receipt, SendError> {
+        crate::deadline::not_reached();
+        std::future::pending().await
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_send_cut_before_any_of_it_reached_the_provider_is_a_timeout_not_maybe_delivered() {
+    let (outbox, _counts) = counted_outbox("cut-unsent").await;
+    let ids = outbox.enqueue_many(&messages(1)).await.expect("enqueued");
+    outbox
+        .worker(StuckBeforeSending)
+        .lease(Duration::from_millis(400))
+        .send_timeout(Duration::from_millis(200))
+        .backoff(Backoff::constant(Duration::from_secs(3_600)))
+        .at_most_once()
+        .drain()
+        .await
+        .expect("drained");
+    let stats = outbox.stats().await.expect("stats");
+    assert_eq!(
+        (stats.queued, stats.dead),
+        (1, 0),
+        "sent again later, not dead"
+    );
+    let stored = outbox.message(ids[0]).await.expect("read").expect("kept");
+    let error = stored.error.expect("the cut's error");
+    assert_eq!(error.code(), "outbox.send_timeout", "{error}");
+    assert!(!error.is_maybe_delivered(), "{error}");
+    assert_eq!(
+        stored.attempts, 1,
+        "a cut is an attempt, though nothing went"
+    );
+}

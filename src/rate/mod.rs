@@ -26,8 +26,9 @@ pub const RATE_LIMITED: &str = "rate.limited";
 /// A [`Transport`] that sends at most at a provider's rate: `per_second` on average,
 /// `burst` at once, at most `max_in_flight` under way.
 ///
-/// - A send waits for its slot, up to [`max_wait`](RateLimitBuilder::max_wait). One that
-///   cannot have a slot within it is answered at once with a `RateLimited` error coded
+/// - A send waits for its slot, up to [`max_wait`](RateLimitBuilder::max_wait), and never
+///   past the deadline of the send it is part of (an outbox worker's `send_timeout`). One
+///   that cannot have a slot within it is answered at once with a `RateLimited` error coded
 ///   `rate.limited`, its [`retry_after`](SendError::retry_after) the time its slot would
 ///   come past the wait; it never trips a breaker, and nothing was sent.
 /// - [Adaptive](RateLimitBuilder::adaptive): each `RateLimited` answer from the provider
@@ -123,11 +124,13 @@ impl<T: Transport> RateLimitTransport<T> {
         cost: u32,
     ) -> Result<Option<tokio::sync::OwnedSemaphorePermit>, SendError> {
         // The clock is read only where a wait must be measured: the limiter reads it once.
+        // No wait passes the deadline of the send this is part of (DESIGN §19): a slot
+        // further off is refused now, as one past max_wait is, and nothing is sent.
+        let max_wait = self.max_wait_within_deadline();
         let (permit, queued) = match &self.in_flight {
             Some(places) => {
                 let asked = Instant::now();
-                match tokio::time::timeout(self.max_wait, Arc::clone(places).acquire_owned()).await
-                {
+                match tokio::time::timeout(max_wait, Arc::clone(places).acquire_owned()).await {
                     Ok(Ok(permit)) => (Some(permit), asked.elapsed()),
                     // A semaphore this transport owns is never closed.
                     Ok(Err(_)) | Err(_) => return Err(self.refusal(None)),
@@ -137,7 +140,7 @@ impl<T: Transport> RateLimitTransport<T> {
         };
         match self
             .limiter
-            .reserve(self.max_wait.saturating_sub(queued), cost)
+            .reserve(max_wait.saturating_sub(queued), cost)
             .await
         {
             Slot::After(wait) => {
@@ -152,6 +155,16 @@ impl<T: Transport> RateLimitTransport<T> {
         }
     }
 
+    /// `max_wait`, or the time left before the deadline of the send under way if shorter.
+    fn max_wait_within_deadline(&self) -> Duration {
+        match crate::deadline::current() {
+            Some(at) => self
+                .max_wait
+                .min(at.saturating_duration_since(Instant::now())),
+            None => self.max_wait,
+        }
+    }
+
     fn refusal(&self, retry_after: Option<Duration>) -> SendError {
         self.recorded.refused(&self.name, &self.limiter);
         let error = match retry_after {
@@ -159,7 +172,8 @@ impl<T: Transport> RateLimitTransport<T> {
                 Category::RateLimited,
                 RATE_LIMITED,
                 format!(
-                    "the rate limit has no slot within max_wait ({:?}): nothing was sent",
+                    "the rate limit has no slot within max_wait ({:?}) or the send's deadline: \
+                     nothing was sent",
                     self.max_wait
                 ),
             )
@@ -168,7 +182,8 @@ impl<T: Transport> RateLimitTransport<T> {
                 Category::RateLimited,
                 RATE_LIMITED,
                 format!(
-                    "max_in_flight sends stayed under way for max_wait ({:?}): nothing was sent",
+                    "max_in_flight sends stayed under way for max_wait ({:?}) or until the \
+                     send's deadline: nothing was sent",
                     self.max_wait
                 ),
             ),

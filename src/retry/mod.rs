@@ -28,8 +28,10 @@ pub use builder::RetryBuilder;
 ///   [`retry_after`](SendError::retry_after), so a `breaker.open` or `pool.exhausted` error
 ///   is never retried before the breaker would let it through.
 /// - It gives up, returning the last error at once, after `max_attempts` tries, when that
-///   wait would end past `max_elapsed` from the first try, or when the
-///   [`RetryBudget`] throttles retries.
+///   wait would end past `max_elapsed` from the first try or past the deadline of the send
+///   it is part of (an outbox worker's `send_timeout`), or when the [`RetryBudget`]
+///   throttles retries. Deferred recipients it would wait for then stay listed as deferred
+///   in the receipt it answers.
 /// - Built with [`at_most_once`](RetryBuilder::at_most_once), it returns an error marked
 ///   [`is_maybe_delivered`](SendError::is_maybe_delivered) as it is: the provider may hold
 ///   the message, and a retry could deliver it twice. By default it retries such errors.
@@ -132,10 +134,12 @@ impl<T: Transport> RetryTransport<T> {
         // refusal, whatever the last try met (a breaker the first try's failure opened).
         let mut reached = false;
         loop {
+            crate::deadline::try_begins();
             let result = catch_panic(self.inner.name(), send()).await;
             reached |= result
                 .as_ref()
                 .is_err_and(|error| !error.is_not_attempted());
+            crate::deadline::try_answered(&result);
             match self
                 .policy
                 .judge(self.inner.name(), attempt, first_try, result, false)
@@ -197,7 +201,10 @@ impl<T: Transport> RetryTransport<T> {
             self.policy.recorded.retry(transport);
             tokio::time::sleep_until(crate::time::later(Instant::now(), wait)).await;
             attempt = attempt.saturating_add(1);
-            match catch_panic(transport, self.inner.send_raw(&envelope, raw)).await {
+            crate::deadline::try_begins();
+            let answered = catch_panic(transport, self.inner.send_raw(&envelope, raw)).await;
+            crate::deadline::try_answered(&answered);
+            match answered {
                 Ok(mut answer) => {
                     if let Some(budget) = &self.policy.budget {
                         budget.on_success();
@@ -343,6 +350,16 @@ impl Policy {
                 code = error.code(),
                 wait_ms = wait.as_millis() as u64,
                 "retry.out_of_time"
+            );
+            return None;
+        }
+        // A wait that would end past the send's deadline is not started (DESIGN §19): the
+        // caller answers the last error, or the receipt it holds, now.
+        if crate::deadline::would_pass(wait) {
+            tracing::debug!(
+                code = error.code(),
+                wait_ms = wait.as_millis() as u64,
+                "retry.past_deadline"
             );
             return None;
         }

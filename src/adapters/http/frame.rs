@@ -301,6 +301,37 @@ impl<P: Provider> HttpTransport<P> {
         self.client.send(P::NAME, request).await
     }
 
+    /// One send: the call, and its answer read.
+    async fn send_once(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        let tag = |error: SendError| error.with_transport(&self.name);
+        let call = self.provider.send_call(envelope, raw).map_err(tag)?;
+        // Handed to the client: a deadline's cut from now on may leave the message with the
+        // provider (DESIGN §19).
+        crate::deadline::may_have_reached();
+        let answer = self.call(call).await.map_err(tag)?;
+        if !answer.is_success() {
+            return Err(tag(self.failure(&answer)));
+        }
+        let receipt = Receipt::new(&self.name);
+        if answer.cut_off {
+            tracing::warn!(
+                transport = %self.name,
+                status = answer.status,
+                "the provider took the message, but its answer was cut off: no message id"
+            );
+            return Ok(receipt);
+        }
+        match self.provider.sent(&answer) {
+            Sent::Delivered(Some(id)) => Ok(receipt.with_message_id(id)),
+            Sent::Delivered(None) => {
+                tracing::warn!(transport = %self.name, "the provider took the message but gave no message id");
+                Ok(receipt)
+            }
+            Sent::Refused => Err(tag(self.failure(&answer))),
+            Sent::Foreign => Err(tag(self.unexpected(&answer))),
+        }
+    }
+
     /// An error answer as a [`SendError`], sorted by the provider's table without the key in
     /// sight, and left out where the key got through anyway (in a form no redaction knew).
     fn failure(&self, answer: &Answer) -> SendError {
@@ -352,30 +383,11 @@ impl<P: Provider> Transport for HttpTransport<P> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let tag = |error: SendError| error.with_transport(&self.name);
-        let call = self.provider.send_call(envelope, raw).map_err(tag)?;
-        let answer = self.call(call).await.map_err(tag)?;
-        if !answer.is_success() {
-            return Err(tag(self.failure(&answer)));
-        }
-        let receipt = Receipt::new(&self.name);
-        if answer.cut_off {
-            tracing::warn!(
-                transport = %self.name,
-                status = answer.status,
-                "the provider took the message, but its answer was cut off: no message id"
-            );
-            return Ok(receipt);
-        }
-        match self.provider.sent(&answer) {
-            Sent::Delivered(Some(id)) => Ok(receipt.with_message_id(id)),
-            Sent::Delivered(None) => {
-                tracing::warn!(transport = %self.name, "the provider took the message but gave no message id");
-                Ok(receipt)
-            }
-            Sent::Refused => Err(tag(self.failure(&answer))),
-            Sent::Foreign => Err(tag(self.unexpected(&answer))),
-        }
+        let result = self.send_once(envelope, raw).await;
+        // Answered: a deadline's cut from now on (in a layer above, still at work) does not
+        // take this try for one in flight (DESIGN §19).
+        crate::deadline::try_answered(&result);
+        result
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

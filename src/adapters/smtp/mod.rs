@@ -234,14 +234,21 @@ impl SmtpTransport {
         raw: &[u8],
         deadline: Instant,
     ) -> Result<Receipt, SendError> {
+        // This client says where its try is: nothing of it has gone until it writes DATA or
+        // BDAT (DESIGN §19), so a deadline's cut before then is not maybe-delivered.
+        crate::deadline::not_reached();
         let progress = Progress::default();
         let attempt = self.transaction_on_pool(pool, envelope, raw, &progress);
-        match tokio::time::timeout_at(deadline, attempt).await {
+        let result = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             // The cut-off transaction's connection was dropped with it, and so closed; what
             // its earlier transactions delivered is kept.
             Err(_elapsed) => progress.cut_off(&self.name, self.timed_out()),
-        }
+        };
+        // Answered: a deadline's cut from now on (in a layer above, still at work) does not
+        // take this try for one in flight.
+        crate::deadline::try_answered(&result);
+        result
     }
 
     /// Takes a connection, idle or fresh, runs the transaction on it, and hands the connection
@@ -254,8 +261,11 @@ impl SmtpTransport {
         raw: &[u8],
         progress: &Progress,
     ) -> Result<Receipt, SendError> {
-        let _turn = pool.turn().await?;
-        let (mut connection, mut reused) = pool.checkout().await?;
+        // Waits of unknown length: bounded by the send's deadline, and cut there as not
+        // attempted (nothing of the message went).
+        let _turn = crate::deadline::bounded(pool.turn(), || Err(self.past_deadline())).await?;
+        let (mut connection, mut reused) =
+            crate::deadline::bounded(pool.checkout(), || Err(self.past_deadline())).await?;
         loop {
             let ending =
                 transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
@@ -283,11 +293,27 @@ impl SmtpTransport {
                         login.refused(&token).await;
                     }
                     drop(connection);
-                    (connection, reused) = pool.checkout().await?;
+                    // The stale connection took nothing: the try has not reached the server.
+                    crate::deadline::not_reached();
+                    (connection, reused) =
+                        crate::deadline::bounded(pool.checkout(), || Err(self.past_deadline()))
+                            .await?;
                 }
                 Ending::NotBegun(error) => return Err(error),
             }
         }
+    }
+
+    /// The answer of a send whose deadline (an outbox worker's `send_timeout`) came while it
+    /// waited for a connection: its turn, or a connect. Nothing of the message went.
+    fn past_deadline(&self) -> SendError {
+        SendError::fixed(
+            Category::Timeout,
+            "smtp.deadline",
+            "the send's deadline came while it waited for a connection; nothing was sent",
+        )
+        .with_transport(&self.name)
+        .not_attempted()
     }
 
     /// Checks a connection of the pool, within its turn: an idle one answers NOOP, else a

@@ -377,6 +377,9 @@ impl Transaction<'_> {
             } else {
                 commands.data();
             }
+            // DATA or BDAT goes in this write: a deadline's cut from now on may leave the
+            // message with the server (DESIGN §19).
+            crate::deadline::may_have_reached();
             connection
                 .write(&commands.take())
                 .await
@@ -500,6 +503,7 @@ impl Transaction<'_> {
             if let Some(end) = nothing_to_deliver {
                 return Ok(end);
             }
+            crate::deadline::may_have_reached();
             write(connection, Commands::new().bdat_last(self.raw))
                 .await
                 .map_err(End::Broken)?;
@@ -524,6 +528,7 @@ impl Transaction<'_> {
             if let Some(end) = nothing_to_deliver {
                 return Ok(end);
             }
+            crate::deadline::may_have_reached();
             write(connection, Commands::new().data())
                 .await
                 .map_err(End::Broken)?;
