@@ -281,12 +281,15 @@ impl OAuthMechanism {
     }
 }
 
-/// A token kept until a minute before it expires, fetched once for all who ask at once.
+/// A token kept until a minute before it expires, fetched once for all who ask at once: the
+/// built-in token endpoints' own cache.
+#[cfg(feature = "oauth2")]
 #[derive(Default)]
 pub(crate) struct TokenCache {
     current: tokio::sync::Mutex<Option<AccessToken>>,
 }
 
+#[cfg(feature = "oauth2")]
 impl TokenCache {
     /// The kept token while fresh, else one `fetch` gives (and is kept).
     pub(crate) async fn get<F>(&self, fetch: F) -> Result<AccessToken, SendError>
