@@ -62,6 +62,8 @@ mod cascade;
 pub mod config;
 mod deadline;
 mod error;
+#[cfg(feature = "webhooks")]
+pub mod events;
 pub mod guide;
 #[cfg(feature = "metrics")]
 mod handles;
