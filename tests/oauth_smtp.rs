@@ -375,6 +375,28 @@ async fn a_token_fetch_has_its_own_bound_outside_the_connect_timeout() {
 }
 
 #[tokio::test]
+async fn a_token_source_that_outlasts_the_send_timeout_is_blamed_not_the_mail_server() {
+    let server = offering("AUTH XOAUTH2").await;
+    let source = Slow::new(Duration::from_secs(3_600), Some(GOOD_TOKEN));
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(Duration::from_millis(300))
+        .auth_without_tls()
+        .oauth2(USER, source.clone())
+        .build()
+        .expect("valid settings");
+
+    let error = smtp.send(&message()).await.expect_err("no token came");
+
+    assert_eq!(error.code(), "oauth2.timeout", "{error:?}");
+    assert!(
+        error.is_not_attempted(),
+        "nothing of the message went: {error:?}"
+    );
+    assert_eq!(server.count("AUTH"), 0);
+}
+
+#[tokio::test]
 async fn a_failed_token_fetch_is_remembered_so_a_thousand_sends_ask_the_endpoint_once() {
     let server = offering("AUTH XOAUTH2").await;
     let source = Slow::new(Duration::from_millis(20), None);

@@ -181,9 +181,12 @@ impl Connection {
                 return Err(error);
             }
             // The login's token cannot be had: no other address can do better, and the
-            // fetch's own failure, not its remembered copy, is the answer.
+            // fetch's own failure, not its remembered copy, is the answer. (An `oauth2.*`
+            // error is the token's: the lock `remembered_failure` takes may be held by a
+            // fetch still under way.)
             if let Some(login) = &settings.oauth2
-                && login.remembered_failure().await.is_some()
+                && (error.code().starts_with("oauth2.")
+                    || login.remembered_failure().await.is_some())
             {
                 return Err(error);
             }
@@ -458,6 +461,41 @@ async fn within<T>(
         })
 }
 
+tokio::task_local! {
+    /// The end of the send (the transport's `timeout`) a connection is opened for, if any: a
+    /// token wait it would cut is the token source's fault, not the mail server's.
+    static SEND_DEADLINE: tokio::time::Instant;
+}
+
+/// Runs `open` (a send's whole transaction, connection included) knowing that the send ends
+/// at `deadline`.
+pub(super) async fn for_send_until<F: std::future::Future>(
+    deadline: tokio::time::Instant,
+    open: F,
+) -> F::Output {
+    SEND_DEADLINE.scope(deadline, open).await
+}
+
+/// The login's token, waited for no longer than the send it is for: a source that outlasts
+/// the send is answered as its own timeout (`oauth2.timeout`, not attempted), not as the
+/// mail server's `smtp.timeout`. The fetch itself goes on in its task, and its token is kept.
+async fn token_within_send(
+    login: &crate::oauth::OAuthLogin,
+) -> Result<crate::oauth::AccessToken, SendError> {
+    let Ok(send_ends) = SEND_DEADLINE.try_with(|deadline| *deadline) else {
+        return login.token().await;
+    };
+    match tokio::time::timeout_at(send_ends, login.token()).await {
+        Ok(token) => token,
+        Err(_elapsed) => Err(SendError::fixed(
+            Category::Timeout,
+            "oauth2.timeout",
+            "the token source did not answer within the send's timeout; nothing was sent",
+        )
+        .not_attempted()),
+    }
+}
+
 /// An OAuth 2.0 login (`XOAUTH2` or `OAUTHBEARER`) with the transport's kept token; a
 /// refusal (a `334` error challenge, or `535`) forgets the token, and one fetched afresh is
 /// tried once more on the same connection. The token is never in an error or a log.
@@ -491,7 +529,7 @@ async fn authenticate_oauth2(
         // The fetch is bounded by the login's own limits, not the connect timeout, which
         // is moved on by the time it took.
         let fetching = tokio::time::Instant::now();
-        let token = login.token().await?;
+        let token = token_within_send(login).await?;
         *deadline = crate::time::later(*deadline, fetching.elapsed());
         let initial =
             mechanism.initial_response(&login.user, &token, &settings.host, settings.port);

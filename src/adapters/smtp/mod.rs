@@ -238,7 +238,10 @@ impl SmtpTransport {
         // BDAT (DESIGN §19), so a deadline's cut before then is not maybe-delivered.
         crate::deadline::not_reached();
         let progress = Progress::default();
-        let attempt = self.transaction_on_pool(pool, envelope, raw, &progress);
+        let attempt = connection::for_send_until(
+            deadline,
+            self.transaction_on_pool(pool, envelope, raw, &progress),
+        );
         let result = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
             // The cut-off transaction's connection was dropped with it, and so closed; what
