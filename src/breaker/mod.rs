@@ -15,6 +15,8 @@ mod future;
 mod gate;
 mod operate;
 mod recording;
+#[cfg(test)]
+mod refusal_tests;
 mod scope;
 
 /// The pure core, kept under its first-round path: `breaker::machine::Machine` still names it.
