@@ -84,6 +84,34 @@ pub async fn a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_
     running.stop().await;
 }
 
+pub async fn a_worker_idle_for_its_poll_wakes_at_once_for_the_recipients_send_or_queue_kept(
+    outbox: Outbox,
+) {
+    let provider = PartlyDelivering::default();
+    let worker = outbox
+        .worker(provider.clone())
+        .poll(Duration::from_secs(3_600));
+    let running = Running::start(worker);
+    tokio::time::sleep(Duration::from_millis(100)).await; // idle, waiting an hour
+    let receipt = OutboxTransport::send_or_queue(outbox.clone(), provider.clone())
+        .send(&partly(&["later"]))
+        .await
+        .unwrap();
+    assert_eq!(receipt.deferred_recipients().len(), 1);
+    let sent_again = || provider.envelopes.lock().unwrap().len() == 2;
+    for _ in 0..100 {
+        if sent_again() {
+            break;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    assert!(
+        sent_again(),
+        "woken by what send_or_queue kept, not the hourly poll"
+    );
+    running.stop().await;
+}
+
 pub async fn a_rejected_message_is_dead_at_once_with_its_error(outbox: Outbox) {
     let id = outbox.enqueue(&super::message()).await.unwrap();
     let provider = Scripted::answering("provider", Reply::fail(Category::Rejected));
@@ -1466,6 +1494,7 @@ macro_rules! all_outbox_rules {
             sent_here_counts_the_deliveries_of_this_outbox_s_workers_and_its_clones_share_it,
             message_reads_a_queued_message_and_a_dead_letter_as_the_outbox_holds_them,
             a_worker_idle_for_its_poll_wakes_at_once_for_mail_enqueued_through_its_outbox,
+            a_worker_idle_for_its_poll_wakes_at_once_for_the_recipients_send_or_queue_kept,
             requeue_sends_a_dead_letter_again_with_a_fresh_attempt_count,
             a_requeued_dead_letter_is_tried_until_max_age_from_its_requeue,
             a_failure_that_may_pass_is_not_due_before_its_retry_after,
