@@ -242,4 +242,18 @@ mod tests {
         assert_eq!(Finish::Sent.wait(), 0);
         assert_eq!(Finish::GiveBack { now: 5, wait: 7 }.wait(), 7);
     }
+
+    #[test]
+    fn a_split_delivery_waits_as_long_as_the_part_it_keeps_queued() {
+        let split = Finish::Split {
+            main: Box::new(Finish::Retry {
+                error: StoredError::default(),
+                due_at: 9_000,
+                wait: 4_000,
+                recipients: Some("later@example.org".to_owned()),
+            }),
+            dead: Vec::new(),
+        };
+        assert_eq!(split.wait(), 4_000);
+    }
 }
