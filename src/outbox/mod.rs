@@ -450,6 +450,12 @@ impl Outbox {
         self.backend.purge_dead(id).await
     }
 
+    /// The database's pool for the suppression list, `None` for an outbox without one.
+    #[cfg(feature = "webhooks")]
+    pub(crate) fn suppression_store(&self) -> Option<crate::suppression::SqlStore> {
+        self.backend.suppression_store()
+    }
+
     pub(crate) fn backend(&self) -> &dyn Backend {
         &*self.backend
     }
