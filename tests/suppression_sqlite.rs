@@ -1,0 +1,56 @@
+//! The suppression list's rules in an SQLite outbox's file, a file of its own per test; and
+//! that `keep` is all or nothing.
+
+mod support;
+
+use mail_breaker::events::{BounceKind, EventSink};
+use mail_breaker::outbox::Outbox;
+use mail_breaker::suppression::SuppressionList;
+use support::suppression_rules::{Clock, bounce};
+
+async fn open(_test: &str) -> Option<(SuppressionList, tempfile::TempDir)> {
+    let folder = tempfile::tempdir().expect("a temporary folder");
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an SQLite outbox");
+    let list = SuppressionList::in_outbox(&outbox).expect("the list in the outbox's file");
+    Some((list, folder))
+}
+
+all_suppression_rules!(open);
+
+#[tokio::test]
+async fn keep_is_all_or_nothing_an_event_that_cannot_be_kept_keeps_none_of_its_batch() {
+    let folder = tempfile::tempdir().unwrap();
+    let path = folder.path().join("outbox.db");
+    let outbox = Outbox::sqlite(&path).await.unwrap();
+    // The database refuses the second event's id, as a full disk would refuse a write.
+    let pool = sqlx::SqlitePool::connect(&format!("sqlite://{}", path.display()))
+        .await
+        .unwrap();
+    sqlx::query(
+        "CREATE TRIGGER refuse_boom BEFORE INSERT ON mail_breaker_suppression_event \
+         WHEN NEW.recipient = 'boom@example.org' BEGIN SELECT RAISE(ABORT, 'disk full'); END",
+    )
+    .execute(&pool)
+    .await
+    .unwrap();
+    let clock = Clock::new();
+    let list = clock.drive(SuppressionList::in_outbox(&outbox).unwrap());
+    let events = [
+        bounce("e-1", BounceKind::Permanent, "first@example.org", clock.now()),
+        bounce("e-2", BounceKind::Permanent, "boom@example.org", clock.now()),
+    ];
+    let error = list.keep(&events).await.unwrap_err();
+    assert!(error.to_string().contains("disk full"), "{error}");
+    assert!(
+        !list.contains("first@example.org").await.unwrap(),
+        "the first event's change was rolled back with the second's failure"
+    );
+    sqlx::query("DROP TRIGGER refuse_boom").execute(&pool).await.unwrap();
+    assert_eq!(
+        list.keep(&events).await.unwrap().new,
+        2,
+        "the first event's id was rolled back too: sent again, both are new"
+    );
+}
