@@ -51,6 +51,17 @@ pub struct MailerConfig {
     pub(crate) retry: Option<RetryConfig>,
     pub(crate) outbox: Option<OutboxConfig>,
     pub(crate) redis: Option<RedisConfig>,
+    /// The suppression list, asked before every send (`suppression=true`).
+    pub(crate) suppression: Option<SuppressionConfig>,
+}
+
+/// Where the suppression list is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SuppressionConfig {
+    /// In the outbox's database (the default).
+    Outbox,
+    /// In the stack's Redis.
+    Redis,
 }
 
 /// How the pool picks among its members.
@@ -257,8 +268,13 @@ impl MailerConfig {
     /// # }).unwrap();
     /// ```
     pub fn without_outbox(self) -> MailerConfig {
+        // A list kept in the outbox's database goes with it.
+        let suppression = self
+            .suppression
+            .filter(|kept| *kept != SuppressionConfig::Outbox);
         MailerConfig {
             outbox: None,
+            suppression,
             ..self
         }
     }
@@ -308,7 +324,24 @@ impl MailerConfig {
         let retry = fields.read("retry", retry)?;
         let outbox = fields.read("outbox", outbox)?;
         let redis = fields.read("redis", redis)?;
+        let suppression = fields.read("suppression", suppression)?.flatten();
         fields.finish()?;
+        match suppression {
+            Some(SuppressionConfig::Outbox) if outbox.is_none() => {
+                return Err(ConfigError::new(
+                    "suppression",
+                    "the suppression list is kept in the outbox's database: give the stack an \
+                     outbox, or suppression.store=redis",
+                ));
+            }
+            Some(SuppressionConfig::Redis) if redis.is_none() => {
+                return Err(ConfigError::new(
+                    "suppression.store",
+                    "a suppression list in Redis needs the stack's [redis]",
+                ));
+            }
+            _ => {}
+        }
         if let Some(index) = members
             .iter()
             .position(|member| member.rate.as_ref().is_some_and(|rate| rate.shared))
@@ -326,6 +359,7 @@ impl MailerConfig {
             retry,
             outbox,
             redis,
+            suppression,
         })
     }
 }
@@ -339,6 +373,7 @@ impl fmt::Debug for MailerConfig {
             .field("retry", &self.retry)
             .field("outbox", &self.outbox)
             .field("redis", &self.redis)
+            .field("suppression", &self.suppression)
             .finish()
     }
 }
@@ -608,6 +643,43 @@ fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
     };
     fields.finish()?;
     Ok(config)
+}
+
+/// `suppression`: a flag (`suppression = true`; in a DSN `suppression=true`), or a table
+/// with `enabled` (a flag, true when not given) and `store` (`outbox`, the default, or
+/// `redis`). `None` when it is off.
+fn suppression(node: &Node<'_>) -> Result<Option<SuppressionConfig>, ConfigError> {
+    let (enabled, store) = if node.written_table().is_some() {
+        let mut fields = node.table()?;
+        let enabled = fields.read("enabled", Node::flag)?.unwrap_or(true);
+        let store = fields.read("store", |node| {
+            let choice = node.choice(&["outbox", "redis"])?;
+            if choice == "redis" && !cfg!(feature = "redis") {
+                return Err(node.error(
+                    "a suppression list in Redis needs the crate's `redis` feature, which \
+                     this build does not have",
+                ));
+            }
+            Ok(choice)
+        })?;
+        fields.finish()?;
+        (enabled, store)
+    } else {
+        (node.flag()?, None)
+    };
+    if !enabled {
+        return Ok(None);
+    }
+    if !cfg!(feature = "webhooks") {
+        return Err(node.error(
+            "a suppression list needs the crate's `webhooks` feature, which this build does \
+             not have",
+        ));
+    }
+    Ok(Some(match store {
+        Some("redis") => SuppressionConfig::Redis,
+        _ => SuppressionConfig::Outbox,
+    }))
 }
 
 fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
