@@ -1097,6 +1097,66 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn requeue_all_skips_the_dead_letters_of_suppressed_recipients_and_names_them() {
+    use mail_breaker::suppression::{Reason, SuppressionList, SuppressionTransport};
+    let dir = scratch("cli_requeue_all_skips_suppressed");
+    let to = |address: &str| {
+        lettre::Message::builder()
+            .from("app@example.com".parse().expect("an address"))
+            .to(address.parse().expect("an address"))
+            .subject("dead letter")
+            .body(String::from("body"))
+            .expect("a message")
+    };
+    let (refused, suppressed) = runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let list = SuppressionList::in_outbox(&outbox).expect("the list");
+        list.add("gone@example.org", Reason::Bounced)
+            .await
+            .expect("added");
+        let refused = outbox.enqueue(&to("user@example.org")).await.expect("queued");
+        let suppressed = outbox.enqueue(&to("gone@example.org")).await.expect("queued");
+        let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+            SendError::new(Category::Rejected, "smtp.550", "5.1.1 no such user")
+        });
+        outbox
+            .worker(SuppressionTransport::new(refusing, list))
+            .drain()
+            .await
+            .expect("drained");
+        (i64::from(refused), i64::from(suppressed))
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&["outbox", "requeue", "--all", "--json", "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let answer = json(&output);
+    assert_eq!(answer["requeued"], serde_json::json!([refused]), "{answer}");
+    assert_eq!(
+        answer["skipped_suppressed"],
+        serde_json::json!([suppressed]),
+        "{answer}"
+    );
+    let dead = read_outbox(&dir, async |outbox| {
+        outbox.dead_letters(10).await.expect("dead")
+    });
+    let dead: Vec<i64> = dead.iter().map(|letter| i64::from(letter.id)).collect();
+    assert_eq!(dead, [suppressed], "the suppressed recipient's letter stays dead");
+    let output = run(&["outbox", "requeue", "--all", "--dsn", &dsn]);
+    assert!(
+        stdout(&output).contains("1 left dead: its recipients are suppressed"),
+        "{}",
+        stdout(&output)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox in `dir` holding `count` dead letters (refused by a provider).
 fn outbox_with_many_dead_letters(dir: &Path, count: usize) {
     runtime().block_on(async {

@@ -762,6 +762,68 @@ mod tests {
         assert_eq!(smtp_password(&toml), "p%41ss+w&rd@x/y:z");
     }
 
+    #[cfg(feature = "webhooks")]
+    #[test]
+    fn suppression_is_a_flag_or_a_table_with_enabled_and_store_read_alike_from_a_dsn_and_toml() {
+        let dsn = MailerConfig::from_dsn(
+            "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true",
+        )
+        .unwrap();
+        assert_eq!(dsn.suppression, Some(SuppressionConfig::Outbox));
+        let toml = MailerConfig::from_toml(
+            "[[member]]\nurl = \"smtp://relay.example.com\"\n\
+             [outbox]\nurl = \"sqlite:///tmp/o.db\"\n[suppression]\nstore = \"outbox\"\n",
+        )
+        .unwrap();
+        assert_eq!(toml.suppression, Some(SuppressionConfig::Outbox));
+        let flag = MailerConfig::from_toml(
+            "suppression = true\n[[member]]\nurl = \"smtp://relay.example.com\"\n\
+             [outbox]\nurl = \"sqlite:///tmp/o.db\"\n",
+        )
+        .unwrap();
+        assert_eq!(flag.suppression, Some(SuppressionConfig::Outbox));
+        let off = MailerConfig::from_dsn("smtp://relay.example.com?suppression=false").unwrap();
+        assert_eq!(off.suppression, None);
+    }
+
+    #[cfg(feature = "webhooks")]
+    #[test]
+    fn a_suppression_key_unknown_or_invalid_is_an_error_naming_it() {
+        let error = |dsn: &str| MailerConfig::from_dsn(dsn).unwrap_err();
+        let outbox = "smtp://relay.example.com?outbox=sqlite:///tmp/o.db";
+        assert_eq!(
+            error(&format!("{outbox}&suppression=maybe")).setting(),
+            "suppression.enabled"
+        );
+        assert_eq!(
+            error(&format!("{outbox}&suppression.store=memcached")).setting(),
+            "suppression.store"
+        );
+        let unknown = error(&format!("{outbox}&suppression.ttl=3d"));
+        assert!(unknown.setting().starts_with("suppression"), "{unknown}");
+        assert!(unknown.to_string().contains("ttl"), "{unknown}");
+        assert_eq!(
+            error("smtp://relay.example.com?suppression=true").setting(),
+            "suppression",
+            "kept in the outbox's database, which the stack does not have"
+        );
+    }
+
+    #[cfg(all(feature = "webhooks", feature = "redis"))]
+    #[test]
+    fn a_suppression_list_in_redis_needs_the_stacks_redis() {
+        let error = MailerConfig::from_dsn(
+            "smtp://relay.example.com?suppression=true&suppression.store=redis",
+        )
+        .unwrap_err();
+        assert_eq!(error.setting(), "suppression.store");
+        let config = MailerConfig::from_dsn(
+            "smtp://relay.example.com?suppression.store=redis&redis=redis://127.0.0.1:6379",
+        )
+        .unwrap();
+        assert_eq!(config.suppression, Some(SuppressionConfig::Redis));
+    }
+
     #[test]
     fn a_percent_encoded_password_written_in_the_url_is_decoded() {
         let config =
