@@ -21,8 +21,7 @@ async fn open(test: &str) -> Option<(SuppressionList, PostgresServer)> {
 all_suppression_rules!(open);
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn keep_is_all_or_nothing_on_postgres_an_event_that_cannot_be_kept_keeps_none_of_its_batch()
-{
+async fn keep_is_all_or_nothing_on_postgres_an_event_that_cannot_be_kept_keeps_none_of_its_batch() {
     let Some(server) = PostgresServer::start("keep_is_all_or_nothing_on_postgres") else {
         return;
     };
@@ -40,8 +39,18 @@ async fn keep_is_all_or_nothing_on_postgres_an_event_that_cannot_be_kept_keeps_n
     let clock = Clock::new();
     let list = clock.drive(SuppressionList::in_outbox(&outbox).unwrap());
     let events = [
-        bounce("e-1", BounceKind::Permanent, "first@example.org", clock.now()),
-        bounce("e-2", BounceKind::Permanent, "boom@example.org", clock.now()),
+        bounce(
+            "e-1",
+            BounceKind::Permanent,
+            "first@example.org",
+            clock.now(),
+        ),
+        bounce(
+            "e-2",
+            BounceKind::Permanent,
+            "boom@example.org",
+            clock.now(),
+        ),
     ];
     let error = list.keep(&events).await.unwrap_err();
     assert!(error.to_string().contains("disk full"), "{error}");

@@ -72,7 +72,13 @@ async fn after_a_permanent_bounce_for_b_a_message_to_a_and_b_reaches_smtp_sink_f
     let folder = tempfile::tempdir().unwrap();
     let mailer = mailer(&sink, &folder, "").await;
     let list = mailer.suppression().expect("suppression=true gives a list");
-    assert_eq!(list.keep(&[permanent_bounce("b@example.org")]).await.unwrap().new, 1);
+    assert_eq!(
+        list.keep(&[permanent_bounce("b@example.org")])
+            .await
+            .unwrap()
+            .new,
+        1
+    );
 
     let receipt = mailer.send(&to_a_and_b()).await.expect("sent to a");
     assert!(!receipt.is_queued(), "sent, not queued");
@@ -128,7 +134,11 @@ async fn a_message_whose_every_recipient_is_suppressed_reaches_no_provider_and_i
     assert_eq!(error.code(), "suppressed.bounced");
     assert!(error.is_about_the_message());
     let causes: Vec<&str> = error.causes().iter().map(|why| why.code()).collect();
-    assert_eq!(causes, ["suppressed.bounced", "suppressed.bounced"], "one per recipient");
+    assert_eq!(
+        causes,
+        ["suppressed.bounced", "suppressed.bounced"],
+        "one per recipient"
+    );
     assert_eq!(sink.received(), 0, "no transaction reached smtp-sink");
 }
 
@@ -153,7 +163,10 @@ async fn a_message_queued_before_the_bounce_is_checked_when_the_worker_sends_it(
 
     let (recipients, dumps) = envelope_recipients(&sink);
     assert_eq!(sink.received(), 1, "{dumps}");
-    assert!(!recipients.iter().any(|to| to.contains("b@example.org")), "{dumps}");
+    assert!(
+        !recipients.iter().any(|to| to.contains("b@example.org")),
+        "{dumps}"
+    );
     let outbox = mailer.outbox().unwrap();
     let stats = outbox.stats().await.unwrap();
     assert_eq!((stats.queued, stats.dead), (0, 1));
@@ -182,6 +195,10 @@ async fn a_list_that_cannot_be_read_sends_nothing_and_the_outbox_keeps_the_messa
 
     let receipt = mailer.send(&to_a_and_b()).await.expect("kept");
     assert!(receipt.is_queued(), "send_or_queue kept it for later");
-    assert_eq!(sink.received(), 0, "nothing was sent while the list could not be read");
+    assert_eq!(
+        sink.received(),
+        0,
+        "nothing was sent while the list could not be read"
+    );
     assert_eq!(mailer.outbox().unwrap().stats().await.unwrap().queued, 1);
 }

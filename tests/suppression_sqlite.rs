@@ -38,8 +38,18 @@ async fn keep_is_all_or_nothing_an_event_that_cannot_be_kept_keeps_none_of_its_b
     let clock = Clock::new();
     let list = clock.drive(SuppressionList::in_outbox(&outbox).unwrap());
     let events = [
-        bounce("e-1", BounceKind::Permanent, "first@example.org", clock.now()),
-        bounce("e-2", BounceKind::Permanent, "boom@example.org", clock.now()),
+        bounce(
+            "e-1",
+            BounceKind::Permanent,
+            "first@example.org",
+            clock.now(),
+        ),
+        bounce(
+            "e-2",
+            BounceKind::Permanent,
+            "boom@example.org",
+            clock.now(),
+        ),
     ];
     let error = list.keep(&events).await.unwrap_err();
     assert!(error.to_string().contains("disk full"), "{error}");
@@ -47,7 +57,10 @@ async fn keep_is_all_or_nothing_an_event_that_cannot_be_kept_keeps_none_of_its_b
         !list.contains("first@example.org").await.unwrap(),
         "the first event's change was rolled back with the second's failure"
     );
-    sqlx::query("DROP TRIGGER refuse_boom").execute(&pool).await.unwrap();
+    sqlx::query("DROP TRIGGER refuse_boom")
+        .execute(&pool)
+        .await
+        .unwrap();
     assert_eq!(
         list.keep(&events).await.unwrap().new,
         2,

@@ -912,7 +912,10 @@ use crate::suppression::SuppressionList;
 
 #[cfg(feature = "outbox")]
 impl Suppression {
-    #[cfg_attr(not(all(feature = "webhooks", feature = "redis")), allow(unused_variables))]
+    #[cfg_attr(
+        not(all(feature = "webhooks", feature = "redis")),
+        allow(unused_variables)
+    )]
     fn new(config: Option<super::tree::SuppressionConfig>, redis: Option<&Store>) -> Suppression {
         Suppression {
             config,

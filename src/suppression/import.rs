@@ -45,7 +45,10 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
     let mut rows = Vec::new();
     let mut take = |number: usize, row: Vec<String>| -> Result<(), SuppressionError> {
         let Some(address) = row.get(address_at) else {
-            return Err(error(number, format!("it has no column {}", address_at + 1)));
+            return Err(error(
+                number,
+                format!("it has no column {}", address_at + 1),
+            ));
         };
         let key = rules::address_key(address).map_err(|why| {
             error(
@@ -149,8 +152,11 @@ mod tests {
 
     #[test]
     fn a_bad_line_names_its_number() {
-        let error = read("email,reason\na@example.org,bounce\nnot-an-address\n", Reason::Manual)
-            .unwrap_err();
+        let error = read(
+            "email,reason\na@example.org,bounce\nnot-an-address\n",
+            Reason::Manual,
+        )
+        .unwrap_err();
         assert!(
             matches!(error, SuppressionError::Import { line: 3, .. }),
             "{error}"

@@ -152,9 +152,7 @@ impl Reason {
             "complained" | "complaint" | "complaints" | "spam" | "spamcomplaint" => {
                 Some(Reason::Complained)
             }
-            "manual" | "manualsuppression" | "unsubscribed" | "unsubscribe" => {
-                Some(Reason::Manual)
-            }
+            "manual" | "manualsuppression" | "unsubscribed" | "unsubscribe" => Some(Reason::Manual),
             _ => None,
         }
     }
@@ -306,11 +304,8 @@ impl SuppressionError {
 #[async_trait]
 pub(crate) trait Store: Send + Sync + fmt::Debug {
     /// Applies `events` in one transaction, each id once; how many were new.
-    async fn keep(
-        &self,
-        events: &[rules::Planned],
-        now: Millis,
-    ) -> Result<usize, SuppressionError>;
+    async fn keep(&self, events: &[rules::Planned], now: Millis)
+    -> Result<usize, SuppressionError>;
     /// Puts `entries` in one transaction: replacing what is there (`replace`, a manual
     /// add) or leaving it (an import); how many were not there before.
     async fn put(&self, entries: &[Entry], replace: bool) -> Result<usize, SuppressionError>;

@@ -15,8 +15,8 @@
 
 use std::time::Duration;
 
-use async_trait::async_trait;
 use ::redis::Script;
+use async_trait::async_trait;
 
 use super::rules::{self, Change, Millis, Planned};
 use super::{Entry, Reason, Store, SuppressionError};
@@ -290,7 +290,12 @@ impl Store for RedisList {
                 .arg(entry.provider.as_deref().unwrap_or(""))
                 .arg(entry.event_id.as_deref().unwrap_or(""))
                 .arg(entry.at)
-                .arg(entry.until.map(|until| until.to_string()).unwrap_or_default());
+                .arg(
+                    entry
+                        .until
+                        .map(|until| until.to_string())
+                        .unwrap_or_default(),
+                );
         }
         let written: i64 = self.run("adding addresses", &invocation).await?;
         Ok(usize::try_from(written).unwrap_or(0))
@@ -307,7 +312,11 @@ impl Store for RedisList {
         Ok(had > 0)
     }
 
-    async fn find(&self, addresses: &[String], now: Millis) -> Result<Vec<Entry>, SuppressionError> {
+    async fn find(
+        &self,
+        addresses: &[String],
+        now: Millis,
+    ) -> Result<Vec<Entry>, SuppressionError> {
         Ok(self
             .read(addresses)
             .await?

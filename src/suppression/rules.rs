@@ -20,8 +20,9 @@ pub(crate) const TRANSIENT_HOLD: Millis = 24 * 3_600_000;
 
 /// `time` in milliseconds since the Unix epoch (0 before it, saturating far after).
 pub(crate) fn millis(time: SystemTime) -> Millis {
-    time.duration_since(UNIX_EPOCH)
-        .map_or(0, |since| Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX))
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX)
+    })
 }
 
 /// The time `at` milliseconds after the Unix epoch (the epoch for a negative one).
@@ -146,9 +147,18 @@ mod tests {
 
     #[test]
     fn the_domain_is_compared_without_case_and_the_local_part_as_written() {
-        assert_eq!(address_key("Bob@Example.ORG").as_deref(), Ok("Bob@example.org"));
-        assert_eq!(address_key(" <bob@example.org> ").as_deref(), Ok("bob@example.org"));
-        assert_ne!(address_key("Bob@example.org"), address_key("bob@example.org"));
+        assert_eq!(
+            address_key("Bob@Example.ORG").as_deref(),
+            Ok("Bob@example.org")
+        );
+        assert_eq!(
+            address_key(" <bob@example.org> ").as_deref(),
+            Ok("bob@example.org")
+        );
+        assert_ne!(
+            address_key("Bob@example.org"),
+            address_key("bob@example.org")
+        );
     }
 
     #[test]

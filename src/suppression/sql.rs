@@ -89,8 +89,7 @@ const PRUNE_HOLDS: &str = "DELETE FROM mail_breaker_suppression \
      WHERE hold_until IS NOT NULL AND hold_until <= $1";
 
 const REMOVE: &str = "DELETE FROM mail_breaker_suppression WHERE address = $1";
-const FORGET_TRANSIENTS: &str =
-    "DELETE FROM mail_breaker_suppression_transient WHERE address = $1";
+const FORGET_TRANSIENTS: &str = "DELETE FROM mail_breaker_suppression_transient WHERE address = $1";
 
 const COLUMNS: &str = "address, reason, provider, event_id, suppressed_at, hold_until";
 
@@ -301,7 +300,11 @@ impl Store for SqlStore {
         removed.map_err(store_error("removing an address"))
     }
 
-    async fn find(&self, addresses: &[String], now: Millis) -> Result<Vec<Entry>, SuppressionError> {
+    async fn find(
+        &self,
+        addresses: &[String],
+        now: Millis,
+    ) -> Result<Vec<Entry>, SuppressionError> {
         let found: Result<Vec<Entry>, sqlx::Error> = async {
             let mut found = Vec::new();
             for chunk in addresses.chunks(ADDRESSES_PER_LOOKUP) {

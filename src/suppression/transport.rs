@@ -200,11 +200,9 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
             )
         })?;
         let receipt = self.inner.send_raw(&narrowed, raw).await?;
-        Ok(refused
-            .into_iter()
-            .fold(receipt, |receipt, (to, why)| {
-                receipt.with_rejected_recipient(to, why)
-            }))
+        Ok(refused.into_iter().fold(receipt, |receipt, (to, why)| {
+            receipt.with_rejected_recipient(to, why)
+        }))
     }
 
     async fn verify(&self) -> Result<(), SendError> {

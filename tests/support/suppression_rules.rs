@@ -69,11 +69,20 @@ pub async fn a_permanent_bounce_suppresses_the_address_with_its_reason_provider_
     let list = clock.drive(list);
     let at = clock.now() - HOUR;
     let kept = list
-        .keep(&[bounce("evt-1", BounceKind::Permanent, "gone@example.org", at)])
+        .keep(&[bounce(
+            "evt-1",
+            BounceKind::Permanent,
+            "gone@example.org",
+            at,
+        )])
         .await
         .unwrap();
     assert_eq!(kept.new, 1);
-    let entry = list.get("gone@example.org").await.unwrap().expect("suppressed");
+    let entry = list
+        .get("gone@example.org")
+        .await
+        .unwrap()
+        .expect("suppressed");
     assert_eq!(entry.reason, Reason::Bounced);
     assert_eq!(entry.provider.as_deref(), Some("ses"));
     assert_eq!(entry.event_id.as_deref(), Some("evt-1"));
@@ -87,7 +96,11 @@ pub async fn a_complaint_suppresses_the_address_as_complained(list: SuppressionL
     list.keep(&[complaint("sg-1", "angry@example.org", clock.now())])
         .await
         .unwrap();
-    let entry = list.get("angry@example.org").await.unwrap().expect("suppressed");
+    let entry = list
+        .get("angry@example.org")
+        .await
+        .unwrap()
+        .expect("suppressed");
     assert_eq!(entry.reason, Reason::Complained);
     assert_eq!(entry.provider.as_deref(), Some("sendgrid"));
 }
@@ -95,16 +108,29 @@ pub async fn a_complaint_suppresses_the_address_as_complained(list: SuppressionL
 pub async fn a_resent_event_changes_nothing_and_is_not_counted_again(list: SuppressionList) {
     let clock = Clock::new();
     let list = clock.drive(list);
-    let transient = bounce("t-1", BounceKind::Transient, "full@example.org", clock.now());
+    let transient = bounce(
+        "t-1",
+        BounceKind::Transient,
+        "full@example.org",
+        clock.now(),
+    );
     assert_eq!(list.keep(&[transient.clone()]).await.unwrap().new, 1);
     // The same report twice more: were it counted, three would suppress.
     assert_eq!(list.keep(&[transient.clone()]).await.unwrap().new, 0);
     assert_eq!(
-        list.keep(&[transient.clone(), transient]).await.unwrap().new,
+        list.keep(&[transient.clone(), transient])
+            .await
+            .unwrap()
+            .new,
         0
     );
     assert!(!list.contains("full@example.org").await.unwrap());
-    let permanent = bounce("p-1", BounceKind::Permanent, "gone@example.org", clock.now());
+    let permanent = bounce(
+        "p-1",
+        BounceKind::Permanent,
+        "gone@example.org",
+        clock.now(),
+    );
     list.keep(&[permanent.clone()]).await.unwrap();
     list.remove("gone@example.org").await.unwrap();
     // A provider resending the bounce after an operator removed the address does not put it back.
@@ -184,7 +210,10 @@ pub async fn a_hold_for_transient_bounces_expires_after_24_hours(list: Suppressi
             .unwrap();
     }
     clock.advance(24 * HOUR - Duration::from_secs(1));
-    assert!(list.contains(to).await.unwrap(), "held until the 24 hours are out");
+    assert!(
+        list.contains(to).await.unwrap(),
+        "held until the 24 hours are out"
+    );
     clock.advance(Duration::from_secs(1));
     assert!(!list.contains(to).await.unwrap(), "free once they are");
     assert!(list.list(None, 10).await.unwrap().is_empty());
@@ -210,7 +239,10 @@ pub async fn a_permanent_bounce_turns_a_hold_into_a_suppression_for_good(list: S
         .unwrap();
     clock.advance(48 * HOUR);
     let entry = list.get(to).await.unwrap().expect("for good");
-    assert_eq!((entry.until, entry.event_id.as_deref()), (None, Some("p-1")));
+    assert_eq!(
+        (entry.until, entry.event_id.as_deref()),
+        (None, Some("p-1"))
+    );
 }
 
 pub async fn the_domain_is_compared_without_case_and_the_local_part_as_written(
@@ -218,9 +250,14 @@ pub async fn the_domain_is_compared_without_case_and_the_local_part_as_written(
 ) {
     let clock = Clock::new();
     let list = clock.drive(list);
-    list.keep(&[bounce("p-1", BounceKind::Permanent, "Bob@Example.ORG", clock.now())])
-        .await
-        .unwrap();
+    list.keep(&[bounce(
+        "p-1",
+        BounceKind::Permanent,
+        "Bob@Example.ORG",
+        clock.now(),
+    )])
+    .await
+    .unwrap();
     assert!(list.contains("Bob@example.org").await.unwrap());
     assert!(list.contains("Bob@EXAMPLE.org").await.unwrap());
     assert!(!list.contains("bob@example.org").await.unwrap());
@@ -235,7 +272,9 @@ pub async fn add_get_remove_and_list_by_pages_work_by_hand(list: SuppressionList
             .await
             .unwrap();
     }
-    list.add("user3@example.org", Reason::Complained).await.unwrap();
+    list.add("user3@example.org", Reason::Complained)
+        .await
+        .unwrap();
     assert_eq!(
         list.get("user3@example.org").await.unwrap().unwrap().reason,
         Reason::Complained,
@@ -256,15 +295,26 @@ pub async fn add_get_remove_and_list_by_pages_work_by_hand(list: SuppressionList
     assert!(!list.remove("user0@example.org").await.unwrap());
     assert_eq!(list.list(None, 100).await.unwrap().len(), 6);
     let error = list.add("nobody", Reason::Manual).await.unwrap_err();
-    assert!(matches!(error, SuppressionError::InvalidAddress { .. }), "{error}");
+    assert!(
+        matches!(error, SuppressionError::InvalidAddress { .. }),
+        "{error}"
+    );
 }
 
 pub async fn an_import_adds_every_line_or_none(list: SuppressionList) {
-    list.add("known@example.org", Reason::Complained).await.unwrap();
+    list.add("known@example.org", Reason::Complained)
+        .await
+        .unwrap();
     let bad = "email,reason\nnew1@example.org,bounce\nnot an address\n";
     let error = list.import(bad, Reason::Manual).await.unwrap_err();
-    assert!(matches!(error, SuppressionError::Import { line: 3, .. }), "{error}");
-    assert!(!list.contains("new1@example.org").await.unwrap(), "nothing imported");
+    assert!(
+        matches!(error, SuppressionError::Import { line: 3, .. }),
+        "{error}"
+    );
+    assert!(
+        !list.contains("new1@example.org").await.unwrap(),
+        "nothing imported"
+    );
     let good = "EmailAddress,SuppressionReason,Origin\n\
                 new1@example.org,HardBounce,Recipient\n\
                 known@example.org,ManualSuppression,Customer\n\
