@@ -229,6 +229,14 @@ impl Entry {
 }
 
 /// What [`SuppressionList::import`] did.
+///
+/// ```
+/// use mail_breaker::suppression::Imported;
+///
+/// fn report(imported: Imported) -> String {
+///     format!("{} read, {} new", imported.read, imported.added)
+/// }
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 #[non_exhaustive]
 pub struct Imported {
@@ -557,7 +565,8 @@ impl SuppressionList {
     }
 
     /// Imports a CSV file's addresses, all or none (one transaction): each is suppressed for
-    /// good unless already on the list, which it is left as it is.
+    /// good unless it is so already, in which case it is left as it is (a hold for transient
+    /// bounces becomes an entry for good).
     ///
     /// # Format
     /// UTF-8, one address a line, `address[,reason]`; fields may be in double quotes (`""`
