@@ -142,14 +142,13 @@ impl RedisList {
         format!("{}:events", self.prefix)
     }
 
-    /// Runs `script` bounded by the store's timeout.
-    async fn run<T: ::redis::FromRedisValue>(
+    /// Awaits `call` within the store's timeout.
+    async fn bounded<T>(
         &self,
         doing: &'static str,
-        invocation: &::redis::ScriptInvocation<'_>,
+        call: impl std::future::Future<Output = ::redis::RedisResult<T>>,
     ) -> Result<T, SuppressionError> {
-        let mut connection = self.connection.clone();
-        match tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await {
+        match tokio::time::timeout(self.timeout, call).await {
             Ok(Ok(value)) => Ok(value),
             Ok(Err(error)) => Err(store_error(doing, &error)),
             Err(_) => Err(SuppressionError::Store {
@@ -157,6 +156,17 @@ impl RedisList {
                 reason: format!("Redis did not answer within {:?}", self.timeout),
             }),
         }
+    }
+
+    /// Runs a script bounded by the store's timeout.
+    async fn run<T: ::redis::FromRedisValue>(
+        &self,
+        doing: &'static str,
+        invocation: &::redis::ScriptInvocation<'_>,
+    ) -> Result<T, SuppressionError> {
+        let mut connection = self.connection.clone();
+        self.bounded(doing, invocation.invoke_async(&mut connection))
+            .await
     }
 
     /// The entries of `addresses`, as stored (expired holds included), in one pipeline.
@@ -169,18 +179,9 @@ impl RedisList {
             pipe.hgetall(self.entry_key(address));
         }
         let mut connection = self.connection.clone();
-        let answered: Result<Result<Vec<Vec<(String, String)>>, _>, _> =
-            tokio::time::timeout(self.timeout, pipe.query_async(&mut connection)).await;
-        let hashes = match answered {
-            Ok(Ok(hashes)) => hashes,
-            Ok(Err(error)) => return Err(store_error("looking addresses up", &error)),
-            Err(_) => {
-                return Err(SuppressionError::Store {
-                    doing: "looking addresses up",
-                    reason: format!("Redis did not answer within {:?}", self.timeout),
-                });
-            }
-        };
+        let hashes: Vec<Vec<(String, String)>> = self
+            .bounded("looking addresses up", pipe.query_async(&mut connection))
+            .await?;
         addresses
             .iter()
             .zip(hashes)
@@ -348,18 +349,12 @@ impl Store for RedisList {
                 .arg(0)
                 .arg(want)
                 .to_owned();
-            let answered: Result<Result<Vec<String>, _>, _> =
-                tokio::time::timeout(self.timeout, command.query_async(&mut connection)).await;
-            let addresses = match answered {
-                Ok(Ok(addresses)) => addresses,
-                Ok(Err(error)) => return Err(store_error("reading a page of the list", &error)),
-                Err(_) => {
-                    return Err(SuppressionError::Store {
-                        doing: "reading a page of the list",
-                        reason: format!("Redis did not answer within {:?}", self.timeout),
-                    });
-                }
-            };
+            let addresses: Vec<String> = self
+                .bounded(
+                    "reading a page of the list",
+                    command.query_async(&mut connection),
+                )
+                .await?;
             let Some(last) = addresses.last() else { break };
             from = format!("({last}");
             let read = addresses.len();

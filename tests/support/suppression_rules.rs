@@ -114,9 +114,9 @@ pub async fn a_resent_event_changes_nothing_and_is_not_counted_again(list: Suppr
         "full@example.org",
         clock.now(),
     );
-    assert_eq!(list.keep(&[transient.clone()]).await.unwrap().new, 1);
+    assert_eq!(list.keep(std::slice::from_ref(&transient)).await.unwrap().new, 1);
     // The same report twice more: were it counted, three would suppress.
-    assert_eq!(list.keep(&[transient.clone()]).await.unwrap().new, 0);
+    assert_eq!(list.keep(std::slice::from_ref(&transient)).await.unwrap().new, 0);
     assert_eq!(
         list.keep(&[transient.clone(), transient])
             .await
@@ -131,7 +131,7 @@ pub async fn a_resent_event_changes_nothing_and_is_not_counted_again(list: Suppr
         "gone@example.org",
         clock.now(),
     );
-    list.keep(&[permanent.clone()]).await.unwrap();
+    list.keep(std::slice::from_ref(&permanent)).await.unwrap();
     list.remove("gone@example.org").await.unwrap();
     // A provider resending the bounce after an operator removed the address does not put it back.
     assert_eq!(list.keep(&[permanent]).await.unwrap().new, 0);
