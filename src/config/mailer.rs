@@ -335,6 +335,7 @@ impl MailerConfig {
         #[cfg(feature = "outbox")]
         {
             let suppression = Suppression::new(self.suppression, store.as_ref());
+            #[cfg_attr(not(feature = "webhooks"), allow(unused_variables))]
             let (stack, outbox, worker, behind_outbox, suppression) = match &self.outbox {
                 Some(config) => {
                     with_outbox(stack, config, at_most_once, start_worker, suppression).await?
