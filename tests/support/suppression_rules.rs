@@ -114,9 +114,21 @@ pub async fn a_resent_event_changes_nothing_and_is_not_counted_again(list: Suppr
         "full@example.org",
         clock.now(),
     );
-    assert_eq!(list.keep(std::slice::from_ref(&transient)).await.unwrap().new, 1);
+    assert_eq!(
+        list.keep(std::slice::from_ref(&transient))
+            .await
+            .unwrap()
+            .new,
+        1
+    );
     // The same report twice more: were it counted, three would suppress.
-    assert_eq!(list.keep(std::slice::from_ref(&transient)).await.unwrap().new, 0);
+    assert_eq!(
+        list.keep(std::slice::from_ref(&transient))
+            .await
+            .unwrap()
+            .new,
+        0
+    );
     assert_eq!(
         list.keep(&[transient.clone(), transient])
             .await
