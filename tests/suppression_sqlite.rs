@@ -67,3 +67,60 @@ async fn keep_is_all_or_nothing_an_event_that_cannot_be_kept_keeps_none_of_its_b
         "the first event's id was rolled back too: sent again, both are new"
     );
 }
+
+/// A list in a file of its own, and a provider that takes everything, counting its sends.
+async fn guarded() -> (
+    mail_breaker::suppression::SuppressionTransport<support::scripted::Scripted>,
+    support::scripted::Scripted,
+    SuppressionList,
+    tempfile::TempDir,
+) {
+    let (list, folder) = open("guarded").await.expect("a list");
+    let provider = support::scripted::Scripted::new("provider");
+    let transport =
+        mail_breaker::suppression::SuppressionTransport::new(provider.clone(), list.clone());
+    (transport, provider, list, folder)
+}
+
+fn to_all(recipients: &[&str]) -> mail_breaker::Message {
+    let mut builder =
+        mail_breaker::Message::builder().from("app@example.com".parse().expect("a sender"));
+    for to in recipients {
+        builder = builder.to(to.parse().expect("a recipient"));
+    }
+    builder
+        .subject("hello")
+        .body(String::from("hello"))
+        .expect("a message")
+}
+
+#[tokio::test]
+async fn recipients_suppressed_for_different_reasons_are_answered_suppressed_mixed_each_with_its_reason()
+ {
+    use mail_breaker::Transport;
+    use mail_breaker::suppression::Reason;
+    let (transport, provider, list, _folder) = guarded().await;
+    list.add("b@example.org", Reason::Bounced).await.unwrap();
+    list.add("c@example.org", Reason::Complained).await.unwrap();
+    let error = transport
+        .send(&to_all(&["b@example.org", "c@example.org"]))
+        .await
+        .unwrap_err();
+    assert_eq!(error.code(), "suppressed.mixed");
+    let causes: Vec<&str> = error.causes().iter().map(|why| why.code()).collect();
+    assert_eq!(causes, ["suppressed.bounced", "suppressed.complained"]);
+    assert_eq!(provider.sends(), 0, "the provider was not called");
+}
+
+#[tokio::test]
+async fn a_message_to_no_suppressed_recipient_goes_to_the_provider_as_it_is_under_its_name() {
+    use mail_breaker::Transport;
+    let (transport, provider, _list, _folder) = guarded().await;
+    let receipt = transport
+        .send(&to_all(&["a@example.org", "b@example.org"]))
+        .await
+        .unwrap();
+    assert!(receipt.rejected_recipients().is_empty());
+    assert_eq!(provider.sends(), 1);
+    assert_eq!(transport.name(), "provider");
+}
