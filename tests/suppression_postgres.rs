@@ -61,3 +61,33 @@ async fn keep_is_all_or_nothing_on_postgres_an_event_that_cannot_be_kept_keeps_n
         .unwrap();
     assert_eq!(list.keep(&events).await.unwrap().new, 2);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn three_transient_bounces_kept_at_once_by_three_receivers_still_suppress_the_address() {
+    let Some(server) = PostgresServer::start("transient_bounces_kept_at_once") else {
+        return;
+    };
+    let outbox = Outbox::postgres(&server.url()).await.unwrap();
+    let clock = Clock::new();
+    let list = clock.drive(SuppressionList::in_outbox(&outbox).unwrap());
+    for round in 0..20 {
+        let to = format!("full{round}@example.org");
+        let keeps = (0..3).map(|n| {
+            let list = list.clone();
+            let event = bounce(
+                &format!("t-{round}-{n}"),
+                BounceKind::Transient,
+                &to,
+                clock.now(),
+            );
+            tokio::spawn(async move { list.keep(&[event]).await })
+        });
+        for kept in futures::future::join_all(keeps).await {
+            assert_eq!(kept.unwrap().unwrap().new, 1);
+        }
+        assert!(
+            list.contains(&to).await.unwrap(),
+            "round {round}: three transient bounces kept at once are three"
+        );
+    }
+}

@@ -112,11 +112,18 @@ pub(crate) enum SqlStore {
 /// Runs `$body` in a transaction of the store's database, with `$sql` turning a statement's
 /// text into the database's: the same code for SQLite (a write transaction from its start,
 /// so that two never deadlock upgrading a read) and PostgreSQL.
+///
+/// `$lock` is the statement that serialises the transactions counting one address's transient
+/// bounces (its address `$1`), where the database needs one: PostgreSQL's transactions read
+/// only what was committed when each statement began, so three receivers keeping three
+/// bounces at once would each count its own alone. SQLite's write transactions already take
+/// turns.
 macro_rules! in_transaction {
-    ($store:expr, |$tx:ident, $sql:ident| $body:block) => {
+    ($store:expr, |$tx:ident, $sql:ident, $lock:ident| $body:block) => {
         match $store {
             SqlStore::Sqlite(pool) => {
                 let $sql = sqlite_text;
+                let $lock: Option<&str> = None;
                 let mut $tx = pool.begin_with("BEGIN IMMEDIATE").await?;
                 let out = $body;
                 $tx.commit().await?;
@@ -125,6 +132,7 @@ macro_rules! in_transaction {
             #[cfg(feature = "postgres")]
             SqlStore::Postgres(pool) => {
                 let $sql = postgres_text;
+                let $lock: Option<&str> = Some(LOCK_ADDRESS);
                 let mut $tx = pool.begin().await?;
                 let out = $body;
                 $tx.commit().await?;
@@ -133,6 +141,11 @@ macro_rules! in_transaction {
         }
     };
 }
+
+/// PostgreSQL's lock on one address's transient bounces until the transaction ends.
+#[cfg_attr(not(feature = "postgres"), allow(dead_code))]
+const LOCK_ADDRESS: &str =
+    "SELECT pg_advisory_xact_lock(hashtext('mail_breaker_suppression:' || $1))";
 
 /// Runs `$body` with `$db`, the store's pool, outside a transaction (a read).
 macro_rules! on_pool {
@@ -194,7 +207,7 @@ where
 impl Store for SqlStore {
     async fn keep(&self, events: &[Planned], now: Millis) -> Result<usize, SuppressionError> {
         let kept: Result<usize, sqlx::Error> = async {
-            in_transaction!(self, |tx, sql| {
+            in_transaction!(self, |tx, sql, lock| {
                 let mut new = 0;
                 for event in events {
                     let first = sqlx::query(&sql(KEEP_ID))
@@ -212,6 +225,12 @@ impl Store for SqlStore {
                         Change::Nothing => continue,
                         Change::Suppress(reason) => Some((reason, None)),
                         Change::CountTransient => {
+                            if let Some(lock) = lock {
+                                sqlx::query(lock)
+                                    .bind(event.recipient.as_str())
+                                    .execute(&mut *tx)
+                                    .await?;
+                            }
                             sqlx::query(&sql(COUNT_TRANSIENT))
                                 .bind(event.recipient.as_str())
                                 .bind(event.at)
@@ -260,7 +279,7 @@ impl Store for SqlStore {
     async fn put(&self, entries: &[Entry], replace: bool) -> Result<usize, SuppressionError> {
         let statement = if replace { PUT_REPLACING } else { PUT_KEEPING };
         let put: Result<usize, sqlx::Error> = async {
-            in_transaction!(self, |tx, sql| {
+            in_transaction!(self, |tx, sql, _lock| {
                 let text = sql(statement);
                 let mut added = 0;
                 for entry in entries {
@@ -284,7 +303,7 @@ impl Store for SqlStore {
 
     async fn remove(&self, address: &str) -> Result<bool, SuppressionError> {
         let removed: Result<bool, sqlx::Error> = async {
-            in_transaction!(self, |tx, sql| {
+            in_transaction!(self, |tx, sql, _lock| {
                 let done = sqlx::query(&sql(REMOVE))
                     .bind(address)
                     .execute(&mut *tx)
