@@ -10,7 +10,7 @@
 //!   hours (by the provider's times) suppress it for 24 hours from the last of them; then the
 //!   entry expires by itself. A permanent cause replaces such a hold.
 //! - Each event is kept once by `(provider, event id, recipient)`: a provider sending a report
-//!   again changes nothing. [`keep`](EventSink::keep) is one transaction: all of its events
+//!   again changes nothing. Ids are remembered for 30 days, far past any provider's resends. [`keep`](EventSink::keep) is one transaction: all of its events
 //!   are kept, with their ids, or none.
 //! - **Addresses compare as mail does**: the local part as written, the domain without case.
 //!   The list keeps each address with its domain in lower case.

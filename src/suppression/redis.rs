@@ -6,7 +6,8 @@
 //! - `:entry:<address>`: a hash (`reason`, `provider`, `event_id`, `at`, `until`, empty for
 //!   none), one per address;
 //! - `:index`: a sorted set of the addresses, all of score 0, read in pages by `ZRANGEBYLEX`;
-//! - `:events`: a set of the events kept (`provider \n id \n recipient`);
+//! - `:events`: a sorted set of the events kept (`provider \n id \n recipient`) by when,
+//!   those older than 30 days pruned;
 //! - `:transient:<address>`: a sorted set of an address's transient bounces by time, which
 //!   expires after the window unless a bounce comes.
 //!
@@ -22,20 +23,22 @@ use super::rules::{self, Change, Millis, Planned};
 use super::{Entry, Reason, Store, SuppressionError};
 use crate::store::redis::Connection;
 
-/// Applies events: `KEYS[1]` the events' set, `KEYS[2]` the index, then for each event its
-/// entry's and its transient bounces' keys. `ARGV`: now, window, hold, limit, then for each
+/// Applies events: `KEYS[1]` the events kept (a sorted set by the time kept), `KEYS[2]` the
+/// index, then for each event its entry's and its transient bounces' keys. `ARGV`: now,
+/// window, hold, limit, how long ids are kept, then for each
 /// event provider, id, recipient, time and change (`bounced`, `complained`, `transient`,
 /// `none`). Answers how many events were new.
 const KEEP: &str = r#"
 local now, window, hold, limit = tonumber(ARGV[1]), tonumber(ARGV[2]), tonumber(ARGV[3]), tonumber(ARGV[4])
+redis.call("ZREMRANGEBYSCORE", KEYS[1], "-inf", now - tonumber(ARGV[5]))
 local new = 0
-local count = (#ARGV - 4) / 5
+local count = (#ARGV - 5) / 5
 for i = 0, count - 1 do
-  local a = 5 + i * 5
+  local a = 6 + i * 5
   local provider, id, recipient, at, change = ARGV[a], ARGV[a + 1], ARGV[a + 2], tonumber(ARGV[a + 3]), ARGV[a + 4]
   local entry, transient = KEYS[3 + i * 2], KEYS[4 + i * 2]
   local seen = provider .. "\n" .. id .. "\n" .. recipient
-  if redis.call("SADD", KEYS[1], seen) == 1 then
+  if redis.call("ZADD", KEYS[1], "NX", now, seen) == 1 then
     new = new + 1
     local reason, hold_until = nil, nil
     if change == "bounced" or change == "complained" then
@@ -255,7 +258,8 @@ impl Store for RedisList {
             .arg(now)
             .arg(rules::TRANSIENT_WINDOW)
             .arg(rules::TRANSIENT_HOLD)
-            .arg(rules::TRANSIENT_LIMIT);
+            .arg(rules::TRANSIENT_LIMIT)
+            .arg(rules::EVENT_MEMORY);
         for event in events {
             invocation
                 .key(self.entry_key(&event.recipient))

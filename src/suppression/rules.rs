@@ -18,6 +18,11 @@ pub(crate) const TRANSIENT_LIMIT: u64 = 3;
 /// How long transient bounces suppress: 24 hours from the last of them.
 pub(crate) const TRANSIENT_HOLD: Millis = 24 * 3_600_000;
 
+/// How long an event's id is kept: 30 days, far past the latest resend of any provider
+/// (SNS retries for about an hour, Mailgun for 8 hours, SendGrid for 3 days), so that the
+/// ids kept do not grow for ever.
+pub(crate) const EVENT_MEMORY: Millis = 30 * 24 * 3_600_000;
+
 /// `time` in milliseconds since the Unix epoch (0 before it, saturating far after).
 pub(crate) fn millis(time: SystemTime) -> Millis {
     time.duration_since(UNIX_EPOCH).map_or(0, |since| {

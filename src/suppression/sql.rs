@@ -14,7 +14,7 @@ use super::{Entry, Reason, Store, SuppressionError};
 
 /// The tables and indexes, made where missing, in the outbox's schema step (on PostgreSQL
 /// under its lock). The same text for both databases: SQLite takes `BIGINT` as an integer.
-pub(crate) const SCHEMA: [&str; 6] = [
+pub(crate) const SCHEMA: [&str; 7] = [
     "CREATE TABLE IF NOT EXISTS mail_breaker_suppression (
         address TEXT PRIMARY KEY,
         reason TEXT NOT NULL,
@@ -33,6 +33,9 @@ pub(crate) const SCHEMA: [&str; 6] = [
         kept_at BIGINT NOT NULL,
         PRIMARY KEY (provider, event_id, recipient)
     )",
+    // The ids kept, by age, for their pruning.
+    "CREATE INDEX IF NOT EXISTS mail_breaker_suppression_event_by_age
+        ON mail_breaker_suppression_event (kept_at)",
     "CREATE TABLE IF NOT EXISTS mail_breaker_suppression_transient (
         address TEXT NOT NULL,
         bounced_at BIGINT NOT NULL,
@@ -82,6 +85,9 @@ const COUNT_TRANSIENT: &str = "INSERT INTO mail_breaker_suppression_transient \
 /// An address's transient bounces after `$2` up to `$3`.
 const TRANSIENTS_IN_WINDOW: &str = "SELECT COUNT(*) FROM mail_breaker_suppression_transient \
      WHERE address = $1 AND bounced_at > $2 AND bounced_at <= $3";
+
+/// The ids kept at `$1` or before: forgotten.
+const PRUNE_EVENTS: &str = "DELETE FROM mail_breaker_suppression_event WHERE kept_at <= $1";
 
 const PRUNE_TRANSIENTS: &str =
     "DELETE FROM mail_breaker_suppression_transient WHERE bounced_at <= $1";
@@ -208,6 +214,10 @@ impl Store for SqlStore {
     async fn keep(&self, events: &[Planned], now: Millis) -> Result<usize, SuppressionError> {
         let kept: Result<usize, sqlx::Error> = async {
             in_transaction!(self, |tx, sql, lock| {
+                sqlx::query(&sql(PRUNE_EVENTS))
+                    .bind(now.saturating_sub(rules::EVENT_MEMORY))
+                    .execute(&mut *tx)
+                    .await?;
                 let mut new = 0;
                 for event in events {
                     let first = sqlx::query(&sql(KEEP_ID))

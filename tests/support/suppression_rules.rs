@@ -150,6 +150,43 @@ pub async fn a_resent_event_changes_nothing_and_is_not_counted_again(list: Suppr
     assert!(!list.contains("gone@example.org").await.unwrap());
 }
 
+pub async fn an_events_id_is_remembered_for_30_days_and_then_forgotten(list: SuppressionList) {
+    let clock = Clock::new();
+    let list = clock.drive(list);
+    let delivered = DeliveryEvent::new(
+        Provider::Mailgun,
+        "mg-1",
+        EventKind::Delivered,
+        "user@example.org",
+        clock.now(),
+    );
+    assert_eq!(
+        list.keep(std::slice::from_ref(&delivered))
+            .await
+            .unwrap()
+            .new,
+        1
+    );
+    clock.advance(30 * 24 * HOUR - Duration::from_secs(1));
+    assert_eq!(
+        list.keep(std::slice::from_ref(&delivered))
+            .await
+            .unwrap()
+            .new,
+        0,
+        "a resend within 30 days changes nothing"
+    );
+    clock.advance(Duration::from_secs(1));
+    assert_eq!(
+        list.keep(std::slice::from_ref(&delivered))
+            .await
+            .unwrap()
+            .new,
+        1,
+        "the ids of 30 days ago are forgotten: no provider resends that late"
+    );
+}
+
 pub async fn one_report_naming_several_recipients_keeps_each_recipient_under_the_one_id(
     list: SuppressionList,
 ) {
@@ -364,6 +401,7 @@ macro_rules! all_suppression_rules {
             a_permanent_bounce_suppresses_the_address_with_its_reason_provider_event_and_time,
             a_complaint_suppresses_the_address_as_complained,
             a_resent_event_changes_nothing_and_is_not_counted_again,
+            an_events_id_is_remembered_for_30_days_and_then_forgotten,
             one_report_naming_several_recipients_keeps_each_recipient_under_the_one_id,
             three_transient_bounces_within_72_hours_suppress_for_24_hours_from_the_last,
             two_transient_bounces_do_not_suppress,
