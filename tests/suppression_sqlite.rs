@@ -124,3 +124,49 @@ async fn a_message_to_no_suppressed_recipient_goes_to_the_provider_as_it_is_unde
     assert_eq!(provider.sends(), 1);
     assert_eq!(transport.name(), "provider");
 }
+
+#[cfg(feature = "metrics")]
+#[tokio::test]
+async fn each_suppressed_recipient_is_counted_by_its_reason() {
+    use mail_breaker::Transport;
+    use mail_breaker::suppression::Reason;
+    use metrics_util::debugging::{DebugValue, DebuggingRecorder};
+    let recorder: &'static DebuggingRecorder = Box::leak(Box::new(DebuggingRecorder::new()));
+    let snapshotter = recorder.snapshotter();
+    let _guard = metrics::set_default_local_recorder(recorder);
+    let (transport, _provider, list, _folder) = guarded().await;
+    list.add("b@example.org", Reason::Bounced).await.unwrap();
+    list.add("c@example.org", Reason::Complained).await.unwrap();
+    list.add("d@example.org", Reason::Bounced).await.unwrap();
+    transport
+        .send(&to_all(&[
+            "a@example.org",
+            "b@example.org",
+            "c@example.org",
+            "d@example.org",
+        ]))
+        .await
+        .unwrap();
+    let mut counted: Vec<(String, u64)> = snapshotter
+        .snapshot()
+        .into_vec()
+        .into_iter()
+        .filter(|(key, ..)| key.key().name() == mail_breaker::metrics::SUPPRESSED_TOTAL)
+        .filter_map(|(key, _, _, value)| {
+            let reason = key
+                .key()
+                .labels()
+                .find(|label| label.key() == "reason")
+                .map(|label| label.value().to_owned())?;
+            match value {
+                DebugValue::Counter(count) => Some((reason, count)),
+                _ => None,
+            }
+        })
+        .collect();
+    counted.sort();
+    assert_eq!(
+        counted,
+        [("bounced".to_owned(), 2), ("complained".to_owned(), 1)]
+    );
+}

@@ -189,6 +189,11 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
                 None => others.push(to.clone()),
             }
         }
+        #[cfg(feature = "metrics")]
+        for (_, why) in &refused {
+            let reason = why.code().trim_start_matches("suppressed.").to_owned();
+            ::metrics::counter!(crate::metrics::SUPPRESSED_TOTAL, "reason" => reason).increment(1);
+        }
         if others.is_empty() {
             return Err(every_recipient_suppressed(refused));
         }
