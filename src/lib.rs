@@ -80,6 +80,8 @@ pub mod rate;
 mod receipt;
 pub mod retry;
 pub mod store;
+#[cfg(feature = "webhooks")]
+pub mod suppression;
 mod sync;
 mod time;
 mod transport;

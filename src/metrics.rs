@@ -26,6 +26,7 @@
 //! | [`mail_breaker_rate_wait_seconds`](RATE_WAIT_SECONDS) | histogram | `transport` | how long sends waited for their turn at a rate limit |
 //! | [`mail_breaker_rate_per_second`](RATE_PER_SECOND) | gauge | `transport` | the rate a limiter allows now |
 //! | [`mail_breaker_rate_refused_total`](RATE_REFUSED_TOTAL) | counter | `transport` | sends a limiter answered `rate.limited` |
+//! | [`mail_breaker_suppressed_total`](SUPPRESSED_TOTAL) | counter | `reason` | recipients the suppression list held back (`bounced`, `complained`, `manual`) |
 //!
 //! A rate limiter's `transport` label is its name (the inner transport's unless set).
 //!
@@ -177,6 +178,14 @@ pub const RATE_PER_SECOND: &str = "mail_breaker_rate_per_second";
 /// ```
 pub const RATE_REFUSED_TOTAL: &str = "mail_breaker_rate_refused_total";
 
+/// Counter of recipients a [`SuppressionTransport`](crate::suppression) answered as
+/// suppressed without sending to them; label `reason` (`bounced`, `complained`, `manual`).
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::SUPPRESSED_TOTAL, "mail_breaker_suppressed_total");
+/// ```
+pub const SUPPRESSED_TOTAL: &str = "mail_breaker_suppressed_total";
+
 /// Gives each metric its description and unit, for exporters that show them (Prometheus'
 /// `# HELP` lines). Call it once, after installing the recorder; the metrics are recorded
 /// whether it is called or not.
@@ -236,6 +245,10 @@ pub fn describe() {
     describe_counter!(
         OUTBOX_WORKER_RESTARTS_TOTAL,
         "Outbox workers started again after they ended without being stopped"
+    );
+    describe_counter!(
+        SUPPRESSED_TOTAL,
+        "Recipients the suppression list held back, by reason"
     );
 }
 

@@ -551,6 +551,62 @@ async fn requeue_and_purge_with_the_token_act_on_the_dead_letter() {
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
 
+/// Puts a message to `to` among the dead letters of the outbox in `dir` as the suppression
+/// list leaves it: `to` is on the list, so no provider was asked.
+#[cfg(feature = "webhooks")]
+async fn suppressed_dead_letter(dir: &Path, to: &str) {
+    use mail_breaker::suppression::{Reason, SuppressionList, SuppressionTransport};
+    let outbox = Outbox::sqlite(dir.join("outbox.db")).await.unwrap();
+    let list = SuppressionList::in_outbox(&outbox).unwrap();
+    list.add(to, Reason::Complained).await.unwrap();
+    let message = Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to(to.parse().unwrap())
+        .subject("to a complainer")
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&message).await.unwrap();
+    let provider = Scripted::new("provider");
+    outbox
+        .worker(SuppressionTransport::new(provider, list))
+        .drain()
+        .await
+        .unwrap();
+}
+
+#[cfg(feature = "webhooks")]
+#[tokio::test]
+async fn the_page_offers_no_requeue_for_a_suppressed_recipients_dead_letter_and_refuses_one() {
+    let dir = folder("requeue-suppressed");
+    dead_letter(dir.path(), "refused").await;
+    suppressed_dead_letter(dir.path(), "angry@example.org").await;
+    let (mailer, _) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let router = admin.router();
+    let outbox = mailer.outbox().unwrap();
+    let letters = outbox.dead_letters(10).await.unwrap();
+    let (suppressed, refused): (Vec<_>, Vec<_>) =
+        letters.iter().partition(|letter| letter.is_suppressed());
+    let (suppressed, refused) = (suppressed[0].id, refused[0].id);
+
+    let page = text(call(&router, get("/")).await).await;
+    assert!(
+        page.contains(&format!("outbox/dead/{refused}/requeue")),
+        "a refused letter can be requeued"
+    );
+    assert!(
+        !page.contains(&format!("outbox/dead/{suppressed}/requeue")),
+        "a suppressed recipient's letter offers no requeue"
+    );
+    assert!(page.contains(&format!("outbox/dead/{suppressed}/purge")));
+
+    let form = format!("token={}", admin.token());
+    let requeue = format!("/outbox/dead/{suppressed}/requeue");
+    let response = call(&router, post(&requeue, &form, &[])).await;
+    assert_eq!(response.status(), StatusCode::CONFLICT);
+    assert_eq!(outbox.stats().await.unwrap().dead, 2, "it stays dead");
+}
+
 /// A mailer (no worker) whose outbox is on `postgres`, for the page's PostgreSQL tests.
 #[cfg(feature = "postgres")]
 async fn postgres_mailer(postgres: &support::postgres::PostgresServer) -> Arc<Mailer> {

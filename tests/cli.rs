@@ -1097,6 +1097,198 @@ fn outbox_dead_show_requeue_and_purge_change_the_outbox_as_they_say() {
     let _ = std::fs::remove_dir_all(&dir);
 }
 
+#[test]
+fn requeue_all_skips_the_dead_letters_of_suppressed_recipients_and_names_them() {
+    use mail_breaker::suppression::{Reason, SuppressionList, SuppressionTransport};
+    let dir = scratch("cli_requeue_all_skips_suppressed");
+    let to = |address: &str| {
+        lettre::Message::builder()
+            .from("app@example.com".parse().expect("an address"))
+            .to(address.parse().expect("an address"))
+            .subject("dead letter")
+            .body(String::from("body"))
+            .expect("a message")
+    };
+    let (refused, suppressed) = runtime().block_on(async {
+        let outbox = Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+        let list = SuppressionList::in_outbox(&outbox).expect("the list");
+        list.add("gone@example.org", Reason::Bounced)
+            .await
+            .expect("added");
+        let refused = outbox
+            .enqueue(&to("user@example.org"))
+            .await
+            .expect("queued");
+        let suppressed = outbox
+            .enqueue(&to("gone@example.org"))
+            .await
+            .expect("queued");
+        let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+            SendError::new(Category::Rejected, "smtp.550", "5.1.1 no such user")
+        });
+        outbox
+            .worker(SuppressionTransport::new(refusing, list))
+            .drain()
+            .await
+            .expect("drained");
+        (i64::from(refused), i64::from(suppressed))
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&["outbox", "requeue", "--all", "--json", "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let answer = json(&output);
+    assert_eq!(answer["requeued"], serde_json::json!([refused]), "{answer}");
+    assert_eq!(
+        answer["skipped_suppressed"],
+        serde_json::json!([suppressed]),
+        "{answer}"
+    );
+    let dead = read_outbox(&dir, async |outbox| {
+        outbox.dead_letters(10).await.expect("dead")
+    });
+    let dead: Vec<i64> = dead.iter().map(|letter| i64::from(letter.id)).collect();
+    assert_eq!(
+        dead,
+        [suppressed],
+        "the suppressed recipient's letter stays dead"
+    );
+    let output = run(&["outbox", "requeue", "--all", "--dsn", &dsn]);
+    assert!(
+        stdout(&output).contains("1 left dead: its recipients are suppressed"),
+        "{}",
+        stdout(&output)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+#[test]
+fn suppressions_add_list_remove_and_import_change_the_list_as_they_say() {
+    let dir = scratch("cli_suppressions");
+    runtime().block_on(async {
+        Outbox::sqlite(dir.join("outbox.db"))
+            .await
+            .expect("an outbox");
+    });
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}&suppression=true",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&[
+        "suppressions",
+        "add",
+        "Gone@EXAMPLE.org",
+        "--reason",
+        "bounced",
+        "--dsn",
+        &dsn,
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let output = run(&["suppressions", "add", "not an address", "--dsn", &dsn]);
+    assert_eq!(code(&output), 2, "an address that is none is a usage error");
+    assert!(
+        stderr(&output).contains("no e-mail address"),
+        "{}",
+        stderr(&output)
+    );
+
+    let csv = dir.join("export.csv");
+    std::fs::write(
+        &csv,
+        "email,reason\nangry@example.org,complaint\nlater@example.org,\n",
+    )
+    .unwrap();
+    let output = run(&[
+        "suppressions",
+        "import",
+        csv.to_str().unwrap(),
+        "--json",
+        "--dsn",
+        &dsn,
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert_eq!(json(&output)["added"], 2);
+    std::fs::write(&csv, "email\nfine@example.org\nbroken\n").unwrap();
+    let output = run(&[
+        "suppressions",
+        "import",
+        csv.to_str().unwrap(),
+        "--dsn",
+        &dsn,
+    ]);
+    assert_eq!(code(&output), 2);
+    assert!(stderr(&output).contains("line 3"), "{}", stderr(&output));
+
+    let listed = json(&run(&["suppressions", "list", "--json", "--dsn", &dsn]));
+    let entries = listed["suppressions"].as_array().expect("a list");
+    let rows: Vec<(String, String)> = entries
+        .iter()
+        .map(|entry| {
+            (
+                entry["address"].as_str().unwrap_or_default().to_owned(),
+                entry["reason"].as_str().unwrap_or_default().to_owned(),
+            )
+        })
+        .collect();
+    assert_eq!(
+        rows,
+        [
+            ("Gone@example.org".to_owned(), "bounced".to_owned()),
+            ("angry@example.org".to_owned(), "complained".to_owned()),
+            ("later@example.org".to_owned(), "manual".to_owned()),
+        ]
+    );
+    let page = json(&run(&[
+        "suppressions",
+        "list",
+        "--limit",
+        "1",
+        "--after",
+        "Gone@example.org",
+        "--json",
+        "--dsn",
+        &dsn,
+    ]));
+    assert_eq!(page["suppressions"][0]["address"], "angry@example.org");
+    assert_eq!(page["next_after"], "angry@example.org");
+    let table = stdout(&run(&["suppressions", "list", "--dsn", &dsn]));
+    assert!(
+        table.contains("angry@example.org") && table.contains("complained"),
+        "{table}"
+    );
+
+    let output = run(&["suppressions", "remove", "gone@example.org", "--dsn", &dsn]);
+    assert_eq!(
+        code(&output),
+        2,
+        "the local part keeps its case: gone@ is not on the list"
+    );
+    let output = run(&["suppressions", "remove", "Gone@example.ORG", "--dsn", &dsn]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    let listed = json(&run(&["suppressions", "list", "--json", "--dsn", &dsn]));
+    assert_eq!(listed["suppressions"].as_array().map(Vec::len), Some(2));
+
+    let without = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+        closed_port(),
+        dir.join("outbox.db").display()
+    );
+    let output = run(&["suppressions", "list", "--dsn", &without]);
+    assert_eq!(code(&output), 2);
+    assert!(
+        stderr(&output).contains("suppression=true"),
+        "{}",
+        stderr(&output)
+    );
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
 /// An SQLite outbox in `dir` holding `count` dead letters (refused by a provider).
 fn outbox_with_many_dead_letters(dir: &Path, count: usize) {
     runtime().block_on(async {

@@ -573,6 +573,7 @@ fn describe_gives_every_metric_its_description_and_the_durations_their_unit() {
         OUTBOX_SENT_TOTAL,
         OUTBOX_WORKER_RESTARTS_TOTAL,
         RATE_REFUSED_TOTAL,
+        SUPPRESSED_TOTAL,
     ];
     let gauges = [
         OPEN,

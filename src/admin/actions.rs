@@ -132,6 +132,31 @@ pub(crate) async fn on_dead_letter<const REQUEUE: bool>(
         return not_found("the mailer has no outbox".to_owned());
     };
     let id = OutboxId::from(id);
+    if REQUEUE {
+        // A dead letter of suppressed recipients is not requeued from the page (it would be
+        // refused again); `mail-breaker outbox requeue ID` does it deliberately.
+        match outbox.message(id).await {
+            Ok(Some(message))
+                if message.is_dead()
+                    && message
+                        .error
+                        .as_ref()
+                        .is_some_and(|error| crate::outbox::is_suppressed_code(error.code())) =>
+            {
+                return (
+                    StatusCode::CONFLICT,
+                    format!(
+                        "dead letter {id} is for suppressed recipients: take them off the \
+                         suppression list first, then requeue it with `mail-breaker outbox \
+                         requeue {id}`\n"
+                    ),
+                )
+                    .into_response();
+            }
+            Ok(_) => {}
+            Err(error) => return failed(action, &error),
+        }
+    }
     // Each acts on the message only if it is dead when the statement runs: a purge from
     // this page never deletes mail requeued since the page was read.
     let done = if REQUEUE {

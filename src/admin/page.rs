@@ -375,7 +375,11 @@ impl Page<'_> {
                                 td class="when" data-label="died" { (self.ago(letter.died_at_ms)) }
                                 @if !self.shared.read_only {
                                     td data-label="" { div {
-                                        (self.form(&format!("outbox/dead/{}/requeue", letter.id), "Requeue", false))
+                                        // A suppressed recipient's letter would be refused again: no
+                                        // requeue here (the command's `requeue ID` is the deliberate way).
+                                        @if !crate::outbox::is_suppressed_code(&letter.code) {
+                                            (self.form(&format!("outbox/dead/{}/requeue", letter.id), "Requeue", false))
+                                        }
                                         (self.form(&format!("outbox/dead/{}/purge", letter.id), "Purge", true))
                                     } }
                                 }

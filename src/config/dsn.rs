@@ -13,7 +13,7 @@
 //!   rest stay in the URL for the provider.
 //! - `failover(...)` and `roundrobin(...)` pool their members, separated by spaces; the
 //!   options after the closing parenthesis are the stack's: `retry.*`, `outbox`,
-//!   `outbox.*`, `redis` and `redis.*`.
+//!   `outbox.*`, `redis`, `redis.*`, `suppression` and `suppression.*`.
 //! - `retry(...)` wraps one pool or one member; its options are the retry's (`attempts=4`).
 //! - A lone member takes the stack's options in its own query.
 
@@ -35,7 +35,7 @@ const MEMBER_KEYS: [&str; 9] = [
 ];
 const MEMBER_PREFIXES: [&str; 2] = ["breaker.", "rate."];
 /// The stack's settings: these keys, and those under them.
-const STACK_KEYS: [&str; 4] = ["retry", "outbox", "redis", "at_most_once"];
+const STACK_KEYS: [&str; 5] = ["retry", "outbox", "redis", "at_most_once", "suppression"];
 
 /// The tree of `dsn`: `strategy`, `member` (a list), and the stack's tables.
 pub(crate) fn parse(dsn: &str) -> Result<Value, ConfigError> {
@@ -292,12 +292,14 @@ pub(crate) fn split_member(url: &str, lone: bool) -> Result<(Table, Table), Stri
 }
 
 /// `a.b=v` pairs as nested tables (`{a = {b = "v"}}`); `outbox=URL` and `redis=URL` as their
-/// table's `url`. A key given twice keeps its last value.
+/// table's `url`, `suppression=FLAG` as its table's `enabled`. A key given twice keeps its last value.
 fn nested(pairs: impl IntoIterator<Item = (String, String)>) -> Table {
     let mut root = Table::new();
     for (key, value) in pairs {
         let key = match key.as_str() {
             "outbox" | "redis" => format!("{key}.url"),
+            // `suppression=true` beside `suppression.store=redis`: both in one table.
+            "suppression" => "suppression.enabled".to_owned(),
             _ => key,
         };
         let mut parts: Vec<&str> = key.split('.').collect();

@@ -112,6 +112,9 @@ pub struct Mailer {
     /// The stack behind the outbox, which its workers send through.
     #[cfg(feature = "outbox")]
     behind_outbox: Option<Arc<dyn Transport>>,
+    /// The suppression list asked before every send, when configured.
+    #[cfg(feature = "webhooks")]
+    suppression: Option<crate::suppression::SuppressionList>,
     config: MailerConfig,
 }
 
@@ -184,6 +187,31 @@ impl Mailer {
             config,
             self.config.at_most_once_anywhere(),
         ))
+    }
+
+    /// The suppression list the stack asks before every send (`suppression=true`), when it
+    /// has one: give it to the webhook receivers as their [`EventSink`](crate::events::EventSink),
+    /// or operate it by hand.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// use mail_breaker::config::Mailer;
+    /// use mail_breaker::suppression::Reason;
+    ///
+    /// let mailer = Mailer::from_dsn(
+    ///     "smtp://127.0.0.1:2525?outbox=sqlite:///tmp/outbox.db&suppression=true",
+    /// )?
+    /// .build()
+    /// .await?;
+    /// if let Some(list) = mailer.suppression() {
+    ///     list.add("unsubscribed@example.org", Reason::Manual).await?;
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "webhooks")]
+    pub fn suppression(&self) -> Option<&crate::suppression::SuppressionList> {
+        self.suppression.as_ref()
     }
 
     /// Whether the members' breakers keep their state in a shared store (Redis, `[redis]`
@@ -306,9 +334,16 @@ impl MailerConfig {
         };
         #[cfg(feature = "outbox")]
         {
-            let (stack, outbox, worker, behind_outbox) = match &self.outbox {
-                Some(config) => with_outbox(stack, config, at_most_once, start_worker).await?,
-                None => (stack, None, None, None),
+            let suppression = Suppression::new(self.suppression, store.as_ref());
+            #[cfg_attr(not(feature = "webhooks"), allow(unused_variables))]
+            let (stack, outbox, worker, behind_outbox, suppression) = match &self.outbox {
+                Some(config) => {
+                    with_outbox(stack, config, at_most_once, start_worker, suppression).await?
+                }
+                None => {
+                    let (stack, list) = suppression.around(stack, None)?;
+                    (stack, None, None, None, list)
+                }
             };
             Ok(Mailer {
                 stack,
@@ -317,6 +352,8 @@ impl MailerConfig {
                 outbox,
                 _worker: worker,
                 behind_outbox,
+                #[cfg(feature = "webhooks")]
+                suppression,
                 config: self,
             })
         }
@@ -785,12 +822,14 @@ async fn with_outbox(
     config: &super::tree::OutboxConfig,
     at_most_once: bool,
     start_worker: bool,
+    suppression: Suppression,
 ) -> Result<
     (
         Box<dyn Transport>,
         Option<crate::outbox::Outbox>,
         Option<WorkerGuard>,
         Option<Arc<dyn Transport>>,
+        Option<SuppressionList>,
     ),
     ConfigError,
 > {
@@ -814,6 +853,9 @@ async fn with_outbox(
     };
     let outbox =
         opened.map_err(|error| ConfigError::new("outbox.url", error.message().to_owned()))?;
+    // The list is the first layer behind the outbox: mail queued before an address was
+    // suppressed is checked when a worker sends it.
+    let (stack, list) = suppression.around(stack, Some(&outbox))?;
     let stack: Arc<dyn Transport> = Arc::from(stack);
     let worker = Arc::new(configured_worker(
         &outbox,
@@ -851,7 +893,86 @@ async fn with_outbox(
         }
         Box::new(transport)
     };
-    Ok((front, Some(outbox), guard, Some(stack)))
+    Ok((front, Some(outbox), guard, Some(stack), list))
+}
+
+/// The suppression list a configuration asks for, before it is opened.
+#[cfg(feature = "outbox")]
+struct Suppression {
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    config: Option<super::tree::SuppressionConfig>,
+    #[cfg(all(feature = "webhooks", feature = "redis"))]
+    redis: Option<Store>,
+}
+
+/// Without the `webhooks` feature there is no list ([`MailerConfig`] refuses `suppression`).
+#[cfg(all(feature = "outbox", not(feature = "webhooks")))]
+type SuppressionList = std::convert::Infallible;
+#[cfg(feature = "webhooks")]
+use crate::suppression::SuppressionList;
+
+#[cfg(feature = "outbox")]
+impl Suppression {
+    #[cfg_attr(
+        not(all(feature = "webhooks", feature = "redis")),
+        allow(unused_variables)
+    )]
+    fn new(config: Option<super::tree::SuppressionConfig>, redis: Option<&Store>) -> Suppression {
+        Suppression {
+            config,
+            #[cfg(all(feature = "webhooks", feature = "redis"))]
+            redis: redis.cloned(),
+        }
+    }
+
+    /// `stack` behind the list when one is configured, and the list; `stack` as it is when
+    /// none is.
+    #[cfg_attr(not(feature = "webhooks"), allow(unused_variables))]
+    fn around(
+        self,
+        stack: Box<dyn Transport>,
+        outbox: Option<&crate::outbox::Outbox>,
+    ) -> Result<(Box<dyn Transport>, Option<SuppressionList>), ConfigError> {
+        #[cfg(feature = "webhooks")]
+        {
+            use super::tree::SuppressionConfig;
+            let list = match self.config {
+                None => return Ok((stack, None)),
+                Some(SuppressionConfig::Outbox) => {
+                    let Some(outbox) = outbox else {
+                        return Err(ConfigError::new(
+                            "suppression",
+                            "the suppression list is kept in the outbox's database, and the \
+                             stack has no outbox",
+                        ));
+                    };
+                    SuppressionList::in_outbox(outbox)
+                        .map_err(|error| ConfigError::new("suppression", error.to_string()))?
+                }
+                Some(SuppressionConfig::Redis) => {
+                    #[cfg(feature = "redis")]
+                    match &self.redis {
+                        Some(store) => SuppressionList::redis(store),
+                        None => {
+                            return Err(ConfigError::new(
+                                "suppression.store",
+                                "a suppression list in Redis needs the stack's [redis]",
+                            ));
+                        }
+                    }
+                    #[cfg(not(feature = "redis"))]
+                    return Err(ConfigError::new(
+                        "suppression.store",
+                        "a suppression list in Redis needs the crate's `redis` feature",
+                    ));
+                }
+            };
+            let guarded = crate::suppression::SuppressionTransport::new(stack, list.clone());
+            Ok((Box::new(guarded), Some(list)))
+        }
+        #[cfg(not(feature = "webhooks"))]
+        Ok((stack, None))
+    }
 }
 
 /// A worker for `outbox` through `stack`, set up as `config` says; `at_most_once` is the

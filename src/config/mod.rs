@@ -36,7 +36,8 @@
 //!   first octet and takes no `tls`.
 //! - `failover(A B ...)` tries the members in order (or by `priority`), `roundrobin(A B ...)`
 //!   in turn; the options after the closing parenthesis are the stack's: `at_most_once`,
-//!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`.
+//!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`,
+//!   `suppression` (a flag) and `suppression.*`.
 //! - `retry(...)` wraps a pool or a member, its options the retry's (`attempts=4`).
 //!
 //! # The TOML document
@@ -56,6 +57,7 @@
 //! | `retry` | `attempts`, `initial` and `max_delay` (exponential) or `delay` (constant), `max_elapsed`, `budget` (`true`, or `tokens`, `min_tokens`, `error_cost`), `at_most_once` |
 //! | `outbox` | `url` (`sqlite:///path` or `postgres://...`), `concurrency`, `lease`, `max_age`, `poll`, `queue_only`, `at_most_once` |
 //! | `redis` | `url` or `cluster`, `quorum`, `member`, `namespace`, `timeout`, `retry_interval`, `ca` (a PEM file) |
+//! | `suppression` | a flag (`suppression=true`), or a table: `enabled` (true when not given), `store` (`outbox`, the default: the outbox's database; or `redis`: the stack's `[redis]`); feature `webhooks`. The list ([`crate::suppression`]) is asked before every send, as the first layer behind the outbox |
 //!
 //! Durations carry their unit: `250ms`, `30s`, `10m`, `1h`, `3d`. Numbers may be written as
 //! text (a DSN's are). `${NAME}` anywhere in a value is read from the environment, after the

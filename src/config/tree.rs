@@ -51,6 +51,17 @@ pub struct MailerConfig {
     pub(crate) retry: Option<RetryConfig>,
     pub(crate) outbox: Option<OutboxConfig>,
     pub(crate) redis: Option<RedisConfig>,
+    /// The suppression list, asked before every send (`suppression=true`).
+    pub(crate) suppression: Option<SuppressionConfig>,
+}
+
+/// Where the suppression list is kept.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum SuppressionConfig {
+    /// In the outbox's database (the default).
+    Outbox,
+    /// In the stack's Redis.
+    Redis,
 }
 
 /// How the pool picks among its members.
@@ -257,8 +268,13 @@ impl MailerConfig {
     /// # }).unwrap();
     /// ```
     pub fn without_outbox(self) -> MailerConfig {
+        // A list kept in the outbox's database goes with it.
+        let suppression = self
+            .suppression
+            .filter(|kept| *kept != SuppressionConfig::Outbox);
         MailerConfig {
             outbox: None,
+            suppression,
             ..self
         }
     }
@@ -308,7 +324,24 @@ impl MailerConfig {
         let retry = fields.read("retry", retry)?;
         let outbox = fields.read("outbox", outbox)?;
         let redis = fields.read("redis", redis)?;
+        let suppression = fields.read("suppression", suppression)?.flatten();
         fields.finish()?;
+        match suppression {
+            Some(SuppressionConfig::Outbox) if outbox.is_none() => {
+                return Err(ConfigError::new(
+                    "suppression",
+                    "the suppression list is kept in the outbox's database: give the stack an \
+                     outbox, or suppression.store=redis",
+                ));
+            }
+            Some(SuppressionConfig::Redis) if redis.is_none() => {
+                return Err(ConfigError::new(
+                    "suppression.store",
+                    "a suppression list in Redis needs the stack's [redis]",
+                ));
+            }
+            _ => {}
+        }
         if let Some(index) = members
             .iter()
             .position(|member| member.rate.as_ref().is_some_and(|rate| rate.shared))
@@ -326,6 +359,7 @@ impl MailerConfig {
             retry,
             outbox,
             redis,
+            suppression,
         })
     }
 }
@@ -339,6 +373,7 @@ impl fmt::Debug for MailerConfig {
             .field("retry", &self.retry)
             .field("outbox", &self.outbox)
             .field("redis", &self.redis)
+            .field("suppression", &self.suppression)
             .finish()
     }
 }
@@ -610,6 +645,43 @@ fn outbox(node: &Node<'_>) -> Result<OutboxConfig, ConfigError> {
     Ok(config)
 }
 
+/// `suppression`: a flag (`suppression = true`; in a DSN `suppression=true`), or a table
+/// with `enabled` (a flag, true when not given) and `store` (`outbox`, the default, or
+/// `redis`). `None` when it is off.
+fn suppression(node: &Node<'_>) -> Result<Option<SuppressionConfig>, ConfigError> {
+    let (enabled, store) = if node.written_table().is_some() {
+        let mut fields = node.table()?;
+        let enabled = fields.read("enabled", Node::flag)?.unwrap_or(true);
+        let store = fields.read("store", |node| {
+            let choice = node.choice(&["outbox", "redis"])?;
+            if choice == "redis" && !cfg!(feature = "redis") {
+                return Err(node.error(
+                    "a suppression list in Redis needs the crate's `redis` feature, which \
+                     this build does not have",
+                ));
+            }
+            Ok(choice)
+        })?;
+        fields.finish()?;
+        (enabled, store)
+    } else {
+        (node.flag()?, None)
+    };
+    if !enabled {
+        return Ok(None);
+    }
+    if !cfg!(feature = "webhooks") {
+        return Err(node.error(
+            "a suppression list needs the crate's `webhooks` feature, which this build does \
+             not have",
+        ));
+    }
+    Ok(Some(match store {
+        Some("redis") => SuppressionConfig::Redis,
+        _ => SuppressionConfig::Outbox,
+    }))
+}
+
 fn redis(node: &Node<'_>) -> Result<RedisConfig, ConfigError> {
     if !cfg!(feature = "redis") {
         return Err(node.error(
@@ -688,6 +760,68 @@ mod tests {
         )
         .unwrap();
         assert_eq!(smtp_password(&toml), "p%41ss+w&rd@x/y:z");
+    }
+
+    #[cfg(feature = "webhooks")]
+    #[test]
+    fn suppression_is_a_flag_or_a_table_with_enabled_and_store_read_alike_from_a_dsn_and_toml() {
+        let dsn = MailerConfig::from_dsn(
+            "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true",
+        )
+        .unwrap();
+        assert_eq!(dsn.suppression, Some(SuppressionConfig::Outbox));
+        let toml = MailerConfig::from_toml(
+            "[[member]]\nurl = \"smtp://relay.example.com\"\n\
+             [outbox]\nurl = \"sqlite:///tmp/o.db\"\n[suppression]\nstore = \"outbox\"\n",
+        )
+        .unwrap();
+        assert_eq!(toml.suppression, Some(SuppressionConfig::Outbox));
+        let flag = MailerConfig::from_toml(
+            "suppression = true\n[[member]]\nurl = \"smtp://relay.example.com\"\n\
+             [outbox]\nurl = \"sqlite:///tmp/o.db\"\n",
+        )
+        .unwrap();
+        assert_eq!(flag.suppression, Some(SuppressionConfig::Outbox));
+        let off = MailerConfig::from_dsn("smtp://relay.example.com?suppression=false").unwrap();
+        assert_eq!(off.suppression, None);
+    }
+
+    #[cfg(feature = "webhooks")]
+    #[test]
+    fn a_suppression_key_unknown_or_invalid_is_an_error_naming_it() {
+        let error = |dsn: &str| MailerConfig::from_dsn(dsn).unwrap_err();
+        let outbox = "smtp://relay.example.com?outbox=sqlite:///tmp/o.db";
+        assert_eq!(
+            error(&format!("{outbox}&suppression=maybe")).setting(),
+            "suppression.enabled"
+        );
+        assert_eq!(
+            error(&format!("{outbox}&suppression.store=memcached")).setting(),
+            "suppression.store"
+        );
+        let unknown = error(&format!("{outbox}&suppression.ttl=3d"));
+        assert!(unknown.setting().starts_with("suppression"), "{unknown}");
+        assert!(unknown.to_string().contains("ttl"), "{unknown}");
+        assert_eq!(
+            error("smtp://relay.example.com?suppression=true").setting(),
+            "suppression",
+            "kept in the outbox's database, which the stack does not have"
+        );
+    }
+
+    #[cfg(all(feature = "webhooks", feature = "redis"))]
+    #[test]
+    fn a_suppression_list_in_redis_needs_the_stacks_redis() {
+        let error = MailerConfig::from_dsn(
+            "smtp://relay.example.com?suppression=true&suppression.store=redis",
+        )
+        .unwrap_err();
+        assert_eq!(error.setting(), "suppression.store");
+        let config = MailerConfig::from_dsn(
+            "smtp://relay.example.com?suppression.store=redis&redis=redis://127.0.0.1:6379",
+        )
+        .unwrap();
+        assert_eq!(config.suppression, Some(SuppressionConfig::Redis));
     }
 
     #[test]

@@ -218,6 +218,12 @@ pub(crate) trait Backend: Send + Sync + Debug {
 
     /// One message, queued or dead, read and left as it is (`inspect.rs`).
     async fn message(&self, id: OutboxId) -> Result<Option<MessageRow>, SendError>;
+    /// The database's pool, for the suppression list kept beside the outbox; `None` for one
+    /// without a table.
+    #[cfg(feature = "webhooks")]
+    fn suppression_store(&self) -> Option<crate::suppression::SqlStore> {
+        None
+    }
     /// The database, for the operator page's reads (`admin_reads.rs`); `None` for one
     /// without a table.
     #[cfg(feature = "admin")]

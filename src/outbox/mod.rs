@@ -171,6 +171,48 @@ pub struct DeadLetter {
     pub at: SystemTime,
 }
 
+impl DeadLetter {
+    /// Whether it died because its recipients are on the suppression list (its error's code
+    /// is `suppressed.bounced`, `suppressed.complained`, `suppressed.manual` or
+    /// `suppressed.mixed`, from [`SuppressionTransport`](crate::suppression::SuppressionTransport)):
+    /// a dead letter of its own kind, which `mail-breaker outbox requeue --all` and the
+    /// operator page do not requeue, since sending it again would be refused again (or, once
+    /// the address is removed from the list, should be a person's decision, one at a time).
+    ///
+    /// ```
+    /// use mail_breaker::outbox::Outbox;
+    /// use mail_breaker::{Category, LettreTransport, Message, SendError};
+    /// use lettre::transport::stub::AsyncStubTransport;
+    ///
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = std::env::temp_dir().join(format!("outbox-suppressed-doc-{}", std::process::id()));
+    /// # std::fs::create_dir_all(&dir).unwrap();
+    /// let outbox = Outbox::sqlite(dir.join("mail.db")).await?;
+    /// # let message = Message::builder()
+    /// #     .from("app@example.com".parse().unwrap())
+    /// #     .to("user@example.org".parse().unwrap())
+    /// #     .body(String::from("hello"))
+    /// #     .unwrap();
+    /// outbox.enqueue(&message).await?;
+    /// let refusing = LettreTransport::new(AsyncStubTransport::new_error(), |_| {
+    ///     SendError::new(Category::Rejected, "smtp.550", "no such user")
+    /// });
+    /// outbox.worker(refusing).drain().await?;
+    /// assert!(!outbox.dead_letters(10).await?[0].is_suppressed());
+    /// # std::fs::remove_dir_all(&dir).unwrap();
+    /// # Ok::<(), mail_breaker::SendError>(())
+    /// # }).unwrap();
+    /// ```
+    pub fn is_suppressed(&self) -> bool {
+        is_suppressed_code(self.error.code())
+    }
+}
+
+/// Whether an error's code says its recipients are suppressed.
+pub(crate) fn is_suppressed_code(code: &str) -> bool {
+    code.starts_with("suppressed.")
+}
+
 impl Outbox {
     /// Opens the outbox in the SQLite file at `path`, creating the file and its table if
     /// missing. The file is in WAL mode and every commit waits for its sync to disk.
@@ -448,6 +490,12 @@ impl Outbox {
     /// ```
     pub async fn purge_dead(&self, id: OutboxId) -> Result<bool, SendError> {
         self.backend.purge_dead(id).await
+    }
+
+    /// The database's pool for the suppression list, `None` for an outbox without one.
+    #[cfg(feature = "webhooks")]
+    pub(crate) fn suppression_store(&self) -> Option<crate::suppression::SqlStore> {
+        self.backend.suppression_store()
     }
 
     pub(crate) fn backend(&self) -> &dyn Backend {

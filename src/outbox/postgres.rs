@@ -266,6 +266,11 @@ impl PostgresBackend {
             for statement in SCHEMA {
                 sqlx::query(statement).execute(&mut *tx).await?;
             }
+            // The suppression list's tables live beside the outbox's (`crate::suppression`).
+            #[cfg(feature = "webhooks")]
+            for statement in crate::suppression::sql_schema() {
+                sqlx::query(statement).execute(&mut *tx).await?;
+            }
             let old: bool = sqlx::query_scalar(OLD_TABLE).fetch_one(&mut *tx).await?;
             if old {
                 for statement in UPGRADE {
@@ -355,6 +360,11 @@ pub(crate) async fn insert(
 
 #[async_trait::async_trait]
 impl Backend for PostgresBackend {
+    #[cfg(feature = "webhooks")]
+    fn suppression_store(&self) -> Option<crate::suppression::SqlStore> {
+        Some(crate::suppression::SqlStore::Postgres(self.pool.clone()))
+    }
+
     #[cfg(feature = "admin")]
     fn database(&self) -> Option<super::admin_reads::Database<'_>> {
         Some(super::admin_reads::Database::Postgres(&self.pool))

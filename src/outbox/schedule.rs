@@ -101,8 +101,8 @@ pub(crate) struct Owed {
 /// What `receipt`, an `Ok` that may not have reached every recipient, leaves owed: nothing
 /// when every recipient was delivered. A recipient the provider may have (no answer after
 /// the data) is sent again only at least once; at most once it is a dead letter of its own
-/// (`outbox.maybe_delivered`). A recipient refused while others were accepted is a dead
-/// letter of its own with the refusal, so that no recipient's truth is written off as sent.
+/// (`outbox.maybe_delivered`). Recipients refused while others were accepted are a dead
+/// letter of their own with the refusal, one for each code of refusal, so that no recipient's truth is written off as sent.
 pub(crate) fn owed_after(receipt: &Receipt, at_most_once: bool) -> Owed {
     let lines = |part: &[(lettre::Address, SendError)]| {
         part.iter()
@@ -115,8 +115,23 @@ pub(crate) fn owed_after(receipt: &Receipt, at_most_once: bool) -> Owed {
     let rejected = receipt.rejected_recipients();
     let mut again: Vec<(lettre::Address, SendError)> = deferred.to_vec();
     let mut dead = Vec::new();
-    if let Some((_, why)) = rejected.first() {
-        dead.push((why.clone(), lines(rejected)));
+    // One dead letter per code, in the order each code first came: recipients refused for
+    // another reason (a suppressed address beside a provider's 550) are not requeued alike.
+    let mut codes: Vec<&str> = Vec::new();
+    for (_, why) in rejected {
+        if !codes.contains(&why.code()) {
+            codes.push(why.code());
+        }
+    }
+    for code in codes {
+        let group: Vec<(lettre::Address, SendError)> = rejected
+            .iter()
+            .filter(|(_, why)| why.code() == code)
+            .cloned()
+            .collect();
+        if let Some((_, why)) = group.first() {
+            dead.push((why.clone(), lines(&group)));
+        }
     }
     if at_most_once {
         if let Some((_, why)) = maybe.first() {
@@ -268,6 +283,31 @@ mod tests {
         assert_eq!(error.category(), Category::Rejected);
         assert_eq!(error.code(), "test.code");
         assert_eq!(error.transport(), Some("smtp://relay:25"));
+    }
+
+    #[test]
+    fn recipients_refused_with_different_codes_are_dead_letters_of_their_own_one_per_code() {
+        let refusal = |code: &str| SendError::new(Category::Rejected, code, "refused");
+        let receipt = Receipt::new("smtp://relay:25")
+            .with_rejected_recipient("a@example.org".parse().unwrap(), refusal("smtp.550"))
+            .with_rejected_recipient(
+                "b@example.org".parse().unwrap(),
+                refusal("suppressed.bounced"),
+            )
+            .with_rejected_recipient("c@example.org".parse().unwrap(), refusal("smtp.550"));
+        let owed = owed_after(&receipt, false);
+        let dead: Vec<(&str, &str)> = owed
+            .dead
+            .iter()
+            .map(|(error, to)| (error.code(), to.as_str()))
+            .collect();
+        assert_eq!(
+            dead,
+            vec![
+                ("smtp.550", "a@example.org\nc@example.org"),
+                ("suppressed.bounced", "b@example.org")
+            ]
+        );
     }
 
     #[test]

@@ -268,6 +268,14 @@ impl SqliteBackend {
             .execute(&pool)
             .await
             .map_err(|e| database_error("creating the outbox's table", e))?;
+        // The suppression list's tables live beside the outbox's (`crate::suppression`).
+        #[cfg(feature = "webhooks")]
+        for statement in crate::suppression::sql_schema() {
+            sqlx::query(statement)
+                .execute(&pool)
+                .await
+                .map_err(|e| database_error("creating the suppression list's tables", e))?;
+        }
         // Each upgrade of an older file is made by one process, under the write lock and in
         // one transaction: two processes opening the file at once do not both make it, and
         // a crash half way leaves the file as it was (no write falls between the counts'
@@ -368,6 +376,11 @@ fn size_of(row: &NewRow) -> i64 {
 
 #[async_trait::async_trait]
 impl Backend for SqliteBackend {
+    #[cfg(feature = "webhooks")]
+    fn suppression_store(&self) -> Option<crate::suppression::SqlStore> {
+        Some(crate::suppression::SqlStore::Sqlite(self.pool.clone()))
+    }
+
     #[cfg(feature = "admin")]
     fn database(&self) -> Option<super::admin_reads::Database<'_>> {
         Some(super::admin_reads::Database::Sqlite(&self.pool))

@@ -26,6 +26,8 @@ pub mod ses_faults;
 pub mod slow_store;
 pub mod smtp_sink;
 pub mod smtp_watch;
+#[cfg(feature = "webhooks")]
+pub mod suppression_rules;
 pub mod test_certs;
 pub mod throttling;
 pub mod wire;

@@ -3,7 +3,7 @@
 //!
 //! Built with the crate's `cli` feature: `cargo install mail-breaker --features cli`.
 //! Each command group is a module: `test_message` (`test`), `check`, `send` (which reads each
-//! file with `eml`), `breakers`, `outbox`, `serve`, `completions`. Everything printed goes
+//! file with `eml`), `breakers`, `outbox`, `suppressions`, `serve`, `completions`. Everything printed goes
 //! through [`output::Out`], which shows every password, key and token of the configuration as
 //! `***`.
 
@@ -18,6 +18,7 @@ mod redact;
 mod send;
 mod serve;
 mod stack;
+mod suppressions;
 mod test_message;
 mod tls;
 mod trace;
@@ -91,6 +92,9 @@ enum Command {
     /// Read and operate the outbox: stats, dead letters, one message, requeue, purge, drain.
     #[command(after_help = EXIT_CODES)]
     Outbox(outbox::OutboxArgs),
+    /// Read and change the suppression list (`suppression=true`): list, add, remove, import.
+    #[command(after_help = EXIT_CODES)]
+    Suppressions(suppressions::SuppressionsArgs),
     /// Print a shell completion script (bash, zsh or fish).
     Completions(completions::CompletionsArgs),
     /// Serve the operator page (breakers, limiters, the outbox, dead letters, and their
@@ -177,7 +181,9 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
         let uses = match &cli.command {
             Command::Check | Command::Breakers(_) | Command::Completions(_) => stack::Uses::Members,
             Command::Test(_) | Command::Send(_) => stack::Uses::QueueingOutbox,
-            Command::Outbox(_) | Command::Serve(_) => stack::Uses::ExistingOutbox,
+            Command::Outbox(_) | Command::Serve(_) | Command::Suppressions(_) => {
+                stack::Uses::ExistingOutbox
+            }
         };
         let stack = stack::Stack::load(&source, uses).await?;
         match cli.command {
@@ -186,6 +192,7 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
             Command::Send(args) => send::run(&stack, &out, &recorder, args).await,
             Command::Breakers(args) => breakers::run(&stack, &out, args).await,
             Command::Outbox(args) => outbox::run(&stack, &out, args).await,
+            Command::Suppressions(args) => suppressions::run(&stack, &out, args).await,
             Command::Serve(args) => serve::run(stack, &out, args).await,
             Command::Completions(_) => Ok(Exit::Ok),
         }

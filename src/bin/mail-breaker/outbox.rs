@@ -303,8 +303,13 @@ fn requeue_bar(json: bool, total: u64) -> ProgressBar {
 /// progress bar. Each letter is requeued in a statement of its own, so that an error stops
 /// the walk with everything before it done: the command then says how many it requeued (in
 /// `--json` too) and exits with the error's code. Running it again requeues the rest.
+///
+/// Dead letters of suppressed recipients ([`DeadLetter::is_suppressed`](mail_breaker::outbox::DeadLetter::is_suppressed)) are left dead and
+/// named (`skipped_suppressed`): sending them again would be refused again, and an address
+/// taken off the list is a person's decision, one letter at a time (`requeue ID`).
 async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
     let mut requeued: Vec<i64> = Vec::new();
+    let mut skipped: Vec<i64> = Vec::new();
     let mut bar = ProgressBar::hidden();
     let stopped = 'walk: {
         match outbox.stats().await {
@@ -324,6 +329,11 @@ async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
             };
             before = Some(last.id);
             for letter in &page {
+                if letter.is_suppressed() {
+                    skipped.push(i64::from(letter.id));
+                    bar.inc(1);
+                    continue;
+                }
                 match outbox.requeue(letter.id).await {
                     Ok(true) => {
                         requeued.push(i64::from(letter.id));
@@ -342,11 +352,24 @@ async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
         "{count} dead letter{} requeued",
         if count == 1 { "" } else { "s" }
     );
+    let left = if skipped.is_empty() {
+        String::new()
+    } else {
+        format!(
+            "; {} left dead: {} recipients are suppressed",
+            skipped.len(),
+            if skipped.len() == 1 { "its" } else { "their" }
+        )
+    };
     let Some(error) = stopped else {
         if out.json {
-            out.json(&json!({ "requeued": requeued, "count": count }));
+            out.json(&json!({
+                "requeued": requeued,
+                "count": count,
+                "skipped_suppressed": skipped,
+            }));
         } else {
-            out.line(&format!("{done}: due now"));
+            out.line(&format!("{done}: due now{left}"));
         }
         return Ok(Exit::Ok);
     };
@@ -355,6 +378,7 @@ async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
         out.json(&json!({
             "requeued": requeued,
             "count": count,
+            "skipped_suppressed": skipped,
             "error": {
                 "message": failure.message,
                 "setting": failure.setting,
@@ -362,7 +386,7 @@ async fn requeue_all(outbox: &Outbox, out: &Out) -> Result<Exit, Failure> {
             },
         }));
     } else {
-        out.line(&format!("{done} before an error: due now"));
+        out.line(&format!("{done} before an error: due now{left}"));
         out.note(&format!(
             "mail-breaker: {}; the rest are still dead: `outbox requeue --all` again \
              requeues them",

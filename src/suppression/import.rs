@@ -1,0 +1,176 @@
+//! Reading an import's CSV (its format is documented on `SuppressionList::import`): every
+//! line read before anything is written, so that a bad line imports nothing.
+
+use super::{Reason, SuppressionError, rules};
+
+/// Column names of the address, compared without case, `_`, `-` or spaces.
+const ADDRESS_COLUMNS: [&str; 4] = ["address", "email", "emailaddress", "recipient"];
+/// Column names of the reason, compared likewise.
+const REASON_COLUMNS: [&str; 3] = ["reason", "suppressionreason", "type"];
+
+/// The addresses (as keys) and reasons of `csv`, in its order; a line without a reason takes
+/// `default`.
+pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, SuppressionError> {
+    let mut lines = csv
+        .lines()
+        .enumerate()
+        .map(|(index, line)| (index + 1, line))
+        .filter(|(_, line)| !line.trim().is_empty());
+    let Some((first_number, first_line)) = lines.next() else {
+        return Ok(Vec::new());
+    };
+    let first = fields(first_line).map_err(|why| error(first_number, why))?;
+    let header = first
+        .first()
+        .is_some_and(|field| ADDRESS_COLUMNS.contains(&squashed(field).as_str()))
+        || !first.iter().any(|field| field.contains('@'));
+    let (address_at, reason_at, first_row) = if header {
+        let position = |names: &[&str]| {
+            first
+                .iter()
+                .position(|field| names.contains(&squashed(field).as_str()))
+        };
+        let Some(address_at) = position(&ADDRESS_COLUMNS) else {
+            return Err(error(
+                first_number,
+                "the header names no address column (address, email, email_address, \
+                 emailaddress or recipient)"
+                    .to_owned(),
+            ));
+        };
+        (address_at, position(&REASON_COLUMNS), None)
+    } else {
+        (0, Some(1), Some((first_number, first)))
+    };
+    let mut rows = Vec::new();
+    let mut take = |number: usize, row: Vec<String>| -> Result<(), SuppressionError> {
+        let Some(address) = row.get(address_at) else {
+            return Err(error(
+                number,
+                format!("it has no column {}", address_at + 1),
+            ));
+        };
+        let key = rules::address_key(address).map_err(|why| {
+            error(
+                number,
+                format!(
+                    "{:?} is no e-mail address: {why}",
+                    address.chars().take(80).collect::<String>()
+                ),
+            )
+        })?;
+        let reason = match reason_at.and_then(|at| row.get(at)) {
+            Some(text) if !text.trim().is_empty() => {
+                Reason::from_export(text).ok_or_else(|| {
+                    error(
+                        number,
+                        format!(
+                            "{:?} is no reason the list knows (bounced, complained, manual, \
+                             or a provider's HardBounce, SpamComplaint, ManualSuppression)",
+                            text.chars().take(80).collect::<String>()
+                        ),
+                    )
+                })?
+            }
+            _ => default,
+        };
+        rows.push((key, reason));
+        Ok(())
+    };
+    if let Some((number, row)) = first_row {
+        take(number, row)?;
+    }
+    for (number, line) in lines {
+        let row = fields(line).map_err(|why| error(number, why))?;
+        take(number, row)?;
+    }
+    Ok(rows)
+}
+
+fn error(line: usize, why: String) -> SuppressionError {
+    SuppressionError::Import { line, why }
+}
+
+/// A column's name as compared: lower case, without `_`, `-`, spaces or a byte-order mark.
+fn squashed(name: &str) -> String {
+    name.chars()
+        .filter(|c| !matches!(c, '_' | '-' | ' ' | '\u{feff}'))
+        .flat_map(char::to_lowercase)
+        .collect()
+}
+
+/// The fields of one line: split at commas outside double quotes, `""` a quote inside them.
+fn fields(line: &str) -> Result<Vec<String>, String> {
+    let mut fields = Vec::new();
+    let mut field = String::new();
+    let mut quoted = false;
+    let mut chars = line.trim_end_matches('\r').chars().peekable();
+    while let Some(c) = chars.next() {
+        match (c, quoted) {
+            ('"', true) if chars.peek() == Some(&'"') => {
+                chars.next();
+                field.push('"');
+            }
+            ('"', true) => quoted = false,
+            ('"', false) if field.trim().is_empty() => {
+                field.clear();
+                quoted = true;
+            }
+            (',', false) => fields.push(std::mem::take(&mut field).trim().to_owned()),
+            (c, _) => field.push(c),
+        }
+    }
+    if quoted {
+        return Err("a quoted field is not closed on its line".to_owned());
+    }
+    fields.push(field.trim().to_owned());
+    Ok(fields)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_file_without_a_header_reads_address_then_an_optional_reason() {
+        let rows = read("a@Example.org\nb@example.org,complaint\n\n", Reason::Manual).unwrap();
+        assert_eq!(
+            rows,
+            vec![
+                ("a@example.org".to_owned(), Reason::Manual),
+                ("b@example.org".to_owned(), Reason::Complained)
+            ]
+        );
+    }
+
+    #[test]
+    fn a_header_names_the_columns_and_others_are_ignored() {
+        let csv = "address,code,error,created_at\n\"x@example.org\",550,\"no, such user\",2024\n";
+        let rows = read(csv, Reason::Bounced).unwrap();
+        assert_eq!(rows, vec![("x@example.org".to_owned(), Reason::Bounced)]);
+    }
+
+    #[test]
+    fn a_bad_line_names_its_number() {
+        let error = read(
+            "email,reason\na@example.org,bounce\nnot-an-address\n",
+            Reason::Manual,
+        )
+        .unwrap_err();
+        assert!(
+            matches!(error, SuppressionError::Import { line: 3, .. }),
+            "{error}"
+        );
+        let error = read("a@example.org,later\n", Reason::Manual).unwrap_err();
+        assert!(
+            matches!(error, SuppressionError::Import { line: 1, .. }),
+            "{error}"
+        );
+    }
+
+    #[test]
+    fn an_unclosed_quote_is_an_error_of_its_line() {
+        let error = read("\"a@example.org\n", Reason::Manual).unwrap_err();
+        assert!(matches!(error, SuppressionError::Import { line: 1, .. }));
+    }
+}

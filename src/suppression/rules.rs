@@ -1,0 +1,202 @@
+//! The list's rules, pure: how an address is compared, what each event asks of the list, and
+//! when transient bounces suppress. No clock, no I/O: every store applies these.
+
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use super::Reason;
+use crate::events::{BounceKind, DeliveryEvent, EventKind};
+
+/// Milliseconds since the Unix epoch, as the stores keep time (the outbox's unit).
+pub(crate) type Millis = i64;
+
+/// How far back transient bounces are counted: 72 hours.
+pub(crate) const TRANSIENT_WINDOW: Millis = 72 * 3_600_000;
+
+/// How many transient bounces within [`TRANSIENT_WINDOW`] suppress the address.
+pub(crate) const TRANSIENT_LIMIT: u64 = 3;
+
+/// How long transient bounces suppress: 24 hours from the last of them.
+pub(crate) const TRANSIENT_HOLD: Millis = 24 * 3_600_000;
+
+/// How long an event's id is kept: 30 days, far past the latest resend of any provider
+/// (SNS retries for about an hour, Mailgun for 8 hours, SendGrid for 3 days), so that the
+/// ids kept do not grow for ever.
+pub(crate) const EVENT_MEMORY: Millis = 30 * 24 * 3_600_000;
+
+/// `time` in milliseconds since the Unix epoch (0 before it, saturating far after).
+pub(crate) fn millis(time: SystemTime) -> Millis {
+    time.duration_since(UNIX_EPOCH).map_or(0, |since| {
+        Millis::try_from(since.as_millis()).unwrap_or(Millis::MAX)
+    })
+}
+
+/// The time `at` milliseconds after the Unix epoch (the epoch for a negative one).
+pub(crate) fn time(at: Millis) -> SystemTime {
+    let after = Duration::from_millis(u64::try_from(at).unwrap_or(0));
+    UNIX_EPOCH.checked_add(after).unwrap_or(UNIX_EPOCH)
+}
+
+/// The key an address is kept under: the local part as written (mail servers may tell
+/// `Bob@` from `bob@`, RFC 5321 §2.4) and the domain in lower case (domains have no case).
+/// Surrounding spaces and one pair of angle brackets are dropped. `Err` says why it is no
+/// address.
+pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
+    let trimmed = address.trim();
+    let bare = trimmed
+        .strip_prefix('<')
+        .and_then(|inner| inner.strip_suffix('>'))
+        .unwrap_or(trimmed)
+        .trim();
+    let Some((local, domain)) = bare.rsplit_once('@') else {
+        return Err("it has no @");
+    };
+    if local.is_empty() {
+        return Err("it has nothing before the @");
+    }
+    if domain.is_empty() {
+        return Err("it has no domain after the @");
+    }
+    if bare.chars().any(|c| c.is_whitespace() || c.is_control()) {
+        return Err("it holds a space or a control character");
+    }
+    if bare.len() > 320 {
+        return Err("it is longer than an address can be (320 bytes)");
+    }
+    Ok(format!("{local}@{}", domain.to_lowercase()))
+}
+
+/// What one event asks of the list.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(crate) enum Change {
+    /// Suppress the address for good, with this reason: a permanent bounce, a complaint.
+    Suppress(Reason),
+    /// Count a transient bounce; [`TRANSIENT_LIMIT`] within [`TRANSIENT_WINDOW`] suppress
+    /// for [`TRANSIENT_HOLD`]. An undetermined bounce counts as one: it may be either, and a
+    /// count suppresses only for a while.
+    CountTransient,
+    /// Nothing but keeping the event's id (deliveries, opens, a recipient that is no address).
+    Nothing,
+}
+
+/// What `kind` asks of the list.
+pub(crate) fn change_of(kind: &EventKind) -> Change {
+    match kind {
+        EventKind::Bounced {
+            bounce: BounceKind::Permanent,
+            ..
+        } => Change::Suppress(Reason::Bounced),
+        EventKind::Complained { .. } => Change::Suppress(Reason::Complained),
+        EventKind::Bounced {
+            bounce: BounceKind::Transient | BounceKind::Undetermined,
+            ..
+        } => Change::CountTransient,
+        _ => Change::Nothing,
+    }
+}
+
+/// One event as a store applies it.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub(crate) struct Planned {
+    pub provider: &'static str,
+    pub event_id: String,
+    /// The recipient's key ([`address_key`]), or as written when it is no address.
+    pub recipient: String,
+    /// When the provider says it happened.
+    pub at: Millis,
+    pub change: Change,
+}
+
+/// Each event as a store applies it. A recipient that is no address keeps its event's id
+/// (the provider's report was read) and changes nothing.
+pub(crate) fn plan(events: &[DeliveryEvent]) -> Vec<Planned> {
+    events
+        .iter()
+        .map(|event| {
+            let (recipient, change) = match address_key(&event.recipient) {
+                Ok(key) => (key, change_of(&event.kind)),
+                Err(why) => {
+                    tracing::warn!(
+                        provider = event.provider.as_str(),
+                        event_id = %event.event_id,
+                        "a delivery event's recipient is no address ({why}): its id is kept, \
+                         and it suppresses nothing"
+                    );
+                    (event.recipient.clone(), Change::Nothing)
+                }
+            };
+            Planned {
+                provider: event.provider.as_str(),
+                event_id: event.event_id.clone(),
+                recipient,
+                at: millis(event.at),
+                change,
+            }
+        })
+        .collect()
+}
+
+/// The end of the hold when `count` transient bounces fell within the window ending at `at`
+/// (the latest one's time), `None` while they are fewer than [`TRANSIENT_LIMIT`].
+pub(crate) fn transient_hold(count: u64, at: Millis) -> Option<Millis> {
+    (count >= TRANSIENT_LIMIT).then(|| at.saturating_add(TRANSIENT_HOLD))
+}
+
+/// The earliest time (exclusive) a transient bounce counts toward one at `at`.
+pub(crate) fn window_start(at: Millis) -> Millis {
+    at.saturating_sub(TRANSIENT_WINDOW)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_domain_is_compared_without_case_and_the_local_part_as_written() {
+        assert_eq!(
+            address_key("Bob@Example.ORG").as_deref(),
+            Ok("Bob@example.org")
+        );
+        assert_eq!(
+            address_key(" <bob@example.org> ").as_deref(),
+            Ok("bob@example.org")
+        );
+        assert_ne!(
+            address_key("Bob@example.org"),
+            address_key("bob@example.org")
+        );
+    }
+
+    #[test]
+    fn a_text_without_a_local_part_or_a_domain_is_no_address() {
+        for text in ["", "bob", "@example.org", "bob@", "b ob@example.org"] {
+            assert!(address_key(text).is_err(), "{text:?}");
+        }
+    }
+
+    #[test]
+    fn a_permanent_bounce_and_a_complaint_suppress_and_a_transient_bounce_is_counted() {
+        let bounce = |bounce| EventKind::Bounced {
+            bounce,
+            subtype: None,
+        };
+        assert_eq!(
+            change_of(&bounce(BounceKind::Permanent)),
+            Change::Suppress(Reason::Bounced)
+        );
+        assert_eq!(
+            change_of(&EventKind::Complained { feedback: None }),
+            Change::Suppress(Reason::Complained)
+        );
+        assert_eq!(
+            change_of(&bounce(BounceKind::Transient)),
+            Change::CountTransient
+        );
+        assert_eq!(change_of(&EventKind::Delivered), Change::Nothing);
+    }
+
+    #[test]
+    fn three_transient_bounces_hold_the_address_for_a_day_from_the_last_and_two_do_not() {
+        assert_eq!(transient_hold(2, 1_000), None);
+        assert_eq!(transient_hold(3, 1_000), Some(1_000 + TRANSIENT_HOLD));
+    }
+}
