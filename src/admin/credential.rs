@@ -34,6 +34,17 @@ const SHORTEST_PASSWORD: usize = 12;
 /// assert!(!format!("{user:?}").contains("a long password"));
 /// # Ok::<(), mail_breaker::ConfigError>(())
 /// ```
+///
+/// Two credentials are not compared with `==`, whose time would tell where they first
+/// differ: only the page compares what a request carries, in constant time.
+///
+/// ```compile_fail
+/// use mail_breaker::admin::Credential;
+///
+/// fn same(a: &Credential, b: &Credential) -> bool {
+///     a == b
+/// }
+/// ```
 #[derive(Clone, PartialEq, Eq)]
 pub struct Credential {
     kind: Kind,
