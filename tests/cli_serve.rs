@@ -684,7 +684,10 @@ fn serve_over_tls(
             "--dsn",
             DSN,
         ],
-        &[("MAILER_ADMIN_USER", "ops"), ("MAILER_ADMIN_PASSWORD", PASSWORD)],
+        &[
+            ("MAILER_ADMIN_USER", "ops"),
+            ("MAILER_ADMIN_PASSWORD", PASSWORD),
+        ],
     );
     let url = url.expect("serve started");
     assert!(url.starts_with("https://"), "{url}");
