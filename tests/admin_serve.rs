@@ -67,7 +67,9 @@ async fn until_closed(client: &mut DuplexStream) -> Option<String> {
         }
     })
     .await;
-    closed.ok().map(|()| String::from_utf8_lossy(&read).into_owned())
+    closed
+        .ok()
+        .map(|()| String::from_utf8_lossy(&read).into_owned())
 }
 
 #[tokio::test(start_paused = true)]
