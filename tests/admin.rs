@@ -1420,8 +1420,7 @@ async fn logged_fields(during: impl std::future::Future<Output = ()>) -> Vec<Str
     let subscriber = tracing_subscriber::registry().with(fields.clone());
     let _guard = tracing::subscriber::set_default(subscriber);
     during.await;
-    let logged = fields.0.lock().unwrap().clone();
-    logged
+    fields.0.lock().unwrap().clone()
 }
 
 #[tokio::test]

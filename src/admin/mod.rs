@@ -34,6 +34,13 @@
 //! Without [`Admin::credential`] anyone who reaches the router reads the page and its token:
 //! mount it behind the application's authentication. With one, every request must carry it
 //! (a bearer token, or a user and password a browser asks for); serve it over TLS then.
+//! After 10 wrong credentials within a minute from one address (an IPv6 /64), every request
+//! from it is answered 429 for 5 minutes, so that the credential cannot be guessed at the
+//! speed of the network; the address is axum's `ConnectInfo`, which [`Admin::serve`] gives
+//! (an application that serves the router itself gives it with
+//! `into_make_service_with_connect_info`, else all requests count as one address). Text from
+//! a request that reaches the log (a path, a host, a member's name) has its control and
+//! bidirectional characters escaped.
 //!
 //! # Example
 //! ```no_run
@@ -217,7 +224,8 @@ impl Admin {
     /// application does not mount behind an authentication of its own; `mail-breaker serve`
     /// on an address that is not loopback gives it one. Over plain HTTP the credential
     /// crosses the network in clear: serve the page over TLS, or behind a proxy that
-    /// terminates TLS.
+    /// terminates TLS. Wrong credentials are throttled per address (see the
+    /// [module docs](self)).
     ///
     /// ```no_run
     /// # use std::sync::Arc;

@@ -19,7 +19,13 @@
 //! `MAILER_ADMIN_TOKEN`, or `MAILER_ADMIN_USER` with `MAILER_ADMIN_PASSWORD`), asked of every
 //! request; without one it starts only `--read-only`. A credential crosses the network only
 //! over TLS: `--tls-cert`/`--tls-key`, or `--behind-tls-proxy` when a proxy in front
-//! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees.
+//! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees; a
+//! form posted from the same host under the other scheme than the browser's is refused.
+//!
+//! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
+//! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once); over TLS each
+//! handshake runs in a task of its own for 10 s at most, 64 at once, the oldest let go for a
+//! new one, so that connections that never finish theirs keep no one out.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
