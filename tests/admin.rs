@@ -1471,3 +1471,34 @@ async fn a_public_origin_with_a_password_is_refused_without_showing_it() {
         assert!(!error.to_string().contains("Hunter2"), "{error}");
     }
 }
+
+#[tokio::test]
+async fn a_page_said_to_be_served_over_https_refuses_a_form_from_its_plain_http_origin() {
+    let mailer = plain_mailer().await;
+    let admin = Admin::new(Arc::clone(&mailer)).served_over_https(true);
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    let path = "/breakers/relay/isolate";
+    let plain = call(
+        &router,
+        post(path, &form, &[("origin", "http://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(plain.status(), StatusCode::FORBIDDEN);
+    assert!(!is_isolated(&mailer, "relay").await);
+    let secure = call(
+        &router,
+        post(path, &form, &[("origin", "https://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(secure.status(), StatusCode::SEE_OTHER);
+    // Said plain http: the https origin of the same host is another site.
+    let admin = Admin::new(mailer).served_over_https(false);
+    let form = format!("token={}", admin.token());
+    let secure = call(
+        &admin.router(),
+        post(path, &form, &[("origin", "https://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(secure.status(), StatusCode::FORBIDDEN);
+}

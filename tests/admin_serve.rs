@@ -124,6 +124,11 @@ async fn a_connection_that_sends_nothing_is_cut_after_a_bounded_time() {
 
 #[tokio::test(start_paused = true)]
 async fn connections_beyond_the_cap_are_closed_unanswered_until_others_close() {
+    use tracing_subscriber::layer::SubscriberExt as _;
+    let refusals = Arc::new(std::sync::Mutex::new(Vec::new()));
+    let _guard = tracing::subscriber::set_default(
+        tracing_subscriber::registry().with(Refusals(Arc::clone(&refusals))),
+    );
     let connect = served().await;
     // Open, and each one's request under way (its headers not all sent yet).
     let mut held = Vec::new();
@@ -141,6 +146,11 @@ async fn connections_beyond_the_cap_are_closed_unanswered_until_others_close() {
         Some(""),
         "a connection beyond 2000 open ones was served"
     );
+    let warned = refusals.lock().unwrap().len();
+    assert_eq!(
+        warned, 1,
+        "reaching the cap is said once, not once a connection"
+    );
     // Once those are closed, a new one is served again.
     drop(held);
     tokio::time::sleep(Duration::from_millis(100)).await;
@@ -149,4 +159,28 @@ async fn connections_beyond_the_cap_are_closed_unanswered_until_others_close() {
     let mut first = [0u8; 12];
     later.read_exact(&mut first).await.unwrap();
     assert_eq!(&first, b"HTTP/1.1 200");
+}
+
+/// Keeps the message of each `admin.connections_refused` event.
+struct Refusals(Arc<std::sync::Mutex<Vec<String>>>);
+
+impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Refusals {
+    fn on_event(&self, event: &tracing::Event<'_>, _: tracing_subscriber::layer::Context<'_, S>) {
+        struct Message(Option<String>);
+        impl tracing::field::Visit for Message {
+            fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+                if field.name() == "message" {
+                    self.0 = Some(format!("{value:?}"));
+                }
+            }
+        }
+        let mut message = Message(None);
+        event.record(&mut message);
+        if let Some(message) = message
+            .0
+            .filter(|m| m.contains("admin.connections_refused"))
+        {
+            self.0.lock().unwrap().push(message);
+        }
+    }
 }

@@ -163,6 +163,31 @@ mod tests {
             None,
             "another peer is not held"
         );
+        // Once let go, its count starts again.
+        throttle.wrong(v4(1), tenth + HELD_FOR);
+        assert_eq!(throttle.held(v4(1), tenth + HELD_FOR), None);
+    }
+
+    #[test]
+    fn a_peer_already_counted_keeps_its_count_when_the_table_is_full() {
+        let throttle = Throttle::default();
+        let now = Instant::now();
+        for _ in 0..WRONG_AT_MOST - 1 {
+            throttle.wrong(v4(1), now);
+        }
+        for n in 1..PEERS_AT_MOST as u32 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            throttle.wrong(Some(address), now + Duration::from_millis(1));
+        }
+        assert_eq!(throttle.len(), PEERS_AT_MOST);
+        // The oldest entry, but not to be dropped for itself.
+        throttle.wrong(v4(1), now + Duration::from_millis(2));
+        assert!(
+            throttle
+                .held(v4(1), now + Duration::from_millis(2))
+                .is_some()
+        );
+        assert_eq!(throttle.len(), PEERS_AT_MOST);
     }
 
     #[test]
@@ -231,5 +256,14 @@ mod tests {
         assert_eq!(throttle.len(), PEERS_AT_MOST);
         throttle.wrong(v4(1), now + WINDOW);
         assert_eq!(throttle.len(), 1);
+        // Half of them stale: only those go, the ones that count stay.
+        let throttle = Throttle::default();
+        for n in 0..PEERS_AT_MOST as u32 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            let at = if n % 2 == 0 { now } else { now + WINDOW };
+            throttle.wrong(Some(address), at);
+        }
+        throttle.wrong(v4(1), now + WINDOW);
+        assert_eq!(throttle.len(), PEERS_AT_MOST / 2 + 1);
     }
 }
