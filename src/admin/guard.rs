@@ -253,6 +253,8 @@ mod tests {
         assert!(!equal(b"", b"a"));
         assert!(equal(b"abcd", b"abcd"));
         assert!(equal(b"", b""));
+        // Longer, and one bit off in what both hold: each difference is enough alone.
+        assert!(!equal(b"abcX", b"abb"));
     }
 
     #[test]
@@ -374,6 +376,9 @@ mod tests {
         assert!(parse_origin("https://ops.example.com#top").is_err());
         assert!(parse_origin("https://user:pw@ops.example.com").is_err());
         assert!(parse_origin("file:///tmp").is_err());
+        assert!(parse_origin("ftp://ops.example.com").is_err());
+        assert!(parse_origin("https://ops@ops.example.com").is_err());
+        assert!(parse_origin("https://:pw@ops.example.com").is_err());
     }
 
     #[test]
