@@ -892,7 +892,7 @@ async fn a_router_nested_under_a_path_posts_its_forms_and_sends_back_under_that_
     assert_eq!(response.status(), StatusCode::SEE_OTHER);
     assert_eq!(
         response.headers()[header::LOCATION],
-        "/ops/mail/?notice=isolated-here"
+        "/ops/mail?notice=isolated-here"
     );
     assert!(
         mailer
@@ -1359,4 +1359,202 @@ async fn a_page_that_holds_the_oldest_dead_letter_links_to_no_older_page() {
     let page = text(call(&admin::router(mailer), get("/")).await).await;
     assert_eq!(listed_ids(&page).len(), 100);
     assert_eq!(older_link(&page), None, "a full page, and nothing older");
+}
+
+// ---------------------------------------------------------------------------------------
+// Review of issue 63, second pass
+
+#[tokio::test]
+async fn after_an_action_the_redirect_of_a_nested_router_lands_on_its_page() {
+    let dir = folder("nested-redirect");
+    dead_letter(dir.path(), "first").await;
+    let (mailer, members) = mailer(dir.path()).await;
+    let admin = Admin::new(Arc::clone(&mailer));
+    let app = Router::new().nest("/ops/mail", admin.router());
+    let form = format!("token={}", admin.token());
+    let dead = mailer.outbox().unwrap().dead_letters(10).await.unwrap();
+    for action in [
+        format!("/ops/mail/breakers/{}/isolate", encoded(&members.first)),
+        format!("/ops/mail/outbox/dead/{}/requeue", dead[0].id),
+    ] {
+        let response = call(&app, post(&action, &form, &[])).await;
+        assert_eq!(response.status(), StatusCode::SEE_OTHER, "{action}");
+        let location = response.headers()[header::LOCATION].to_str().unwrap();
+        let landed = call(&app, get(location)).await;
+        assert_eq!(
+            landed.status(),
+            StatusCode::OK,
+            "{action} sent to {location}"
+        );
+    }
+}
+
+/// A mailer of one member (`relay`) that is never sent to, with no outbox: it opens no file,
+/// and so runs under a paused clock.
+async fn plain_mailer() -> Arc<Mailer> {
+    let mailer = Mailer::from_dsn("smtp://127.0.0.1:9?name=relay")
+        .unwrap()
+        .build_without_worker()
+        .await
+        .unwrap();
+    Arc::new(mailer)
+}
+
+/// A GET of `/api/breakers` from `peer` with `authorization`.
+fn from_peer(peer: &str, authorization: &str) -> Request<Body> {
+    let mut request = Request::get("/api/breakers")
+        .header(header::AUTHORIZATION, authorization)
+        .body(Body::empty())
+        .unwrap();
+    let peer: std::net::SocketAddr = peer.parse().unwrap();
+    request
+        .extensions_mut()
+        .insert(axum::extract::ConnectInfo(peer));
+    request
+}
+
+#[tokio::test]
+async fn after_ten_wrong_credentials_from_one_peer_its_further_attempts_are_429_for_a_while() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let admin = Admin::new(mailer).credential(Credential::user("ops", password).unwrap());
+    let router = admin.router();
+    let (guesser, operator) = ("203.0.113.7:40000", "198.51.100.1:40000");
+    for guess in 0..10 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        let answer = call(&router, from_peer(guesser, &wrong)).await;
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {guess}");
+    }
+    let right = basic("ops", password);
+    for authorization in [basic("ops", "guess number 11"), right.clone()] {
+        let answer = call(&router, from_peer(guesser, &authorization)).await;
+        assert_eq!(answer.status(), StatusCode::TOO_MANY_REQUESTS);
+        assert!(answer.headers().contains_key(header::RETRY_AFTER));
+    }
+    // Another port of the same address is the same peer.
+    let same_host = call(&router, from_peer("203.0.113.7:40001", &right)).await;
+    assert_eq!(same_host.status(), StatusCode::TOO_MANY_REQUESTS);
+    // Another peer is not held back by the guesser.
+    let other = call(&router, from_peer(operator, &right)).await;
+    assert_eq!(other.status(), StatusCode::OK);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let later = call(&router, from_peer(guesser, &right)).await;
+    assert_eq!(later.status(), StatusCode::OK, "held back for ever");
+}
+
+/// Every field of every event logged while `during` runs, as its value reads.
+async fn logged_fields(during: impl std::future::Future<Output = ()>) -> Vec<String> {
+    use tracing_subscriber::layer::SubscriberExt as _;
+
+    #[derive(Clone, Default)]
+    struct Fields(Arc<std::sync::Mutex<Vec<String>>>);
+    impl tracing::field::Visit for Fields {
+        fn record_debug(&mut self, field: &tracing::field::Field, value: &dyn std::fmt::Debug) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}={value:?}", field.name()));
+        }
+        fn record_str(&mut self, field: &tracing::field::Field, value: &str) {
+            self.0
+                .lock()
+                .unwrap()
+                .push(format!("{}={value}", field.name()));
+        }
+    }
+    impl<S: tracing::Subscriber> tracing_subscriber::Layer<S> for Fields {
+        fn on_event(
+            &self,
+            event: &tracing::Event<'_>,
+            _: tracing_subscriber::layer::Context<'_, S>,
+        ) {
+            event.record(&mut self.clone());
+        }
+    }
+    let fields = Fields::default();
+    let subscriber = tracing_subscriber::registry().with(fields.clone());
+    let _guard = tracing::subscriber::set_default(subscriber);
+    during.await;
+    fields.0.lock().unwrap().clone()
+}
+
+#[tokio::test]
+async fn a_path_or_header_written_to_the_log_holds_no_control_or_bidi_character() {
+    let mailer = plain_mailer().await;
+    let token = "a-bearer-token-for-scripts";
+    let guarded = Admin::new(mailer)
+        .credential(Credential::bearer(token).unwrap())
+        .router();
+    let hostile = "/\u{202e}gpj.exe/\u{9b}31m\u{2066}x";
+    let logged = logged_fields(async {
+        let wrong = Request::get(hostile)
+            .header(header::AUTHORIZATION, "Bearer wrong-token-of-enough-length")
+            .body(Body::empty())
+            .unwrap();
+        assert_eq!(
+            call(&guarded, wrong).await.status(),
+            StatusCode::UNAUTHORIZED
+        );
+    })
+    .await;
+    assert!(
+        logged.iter().any(|field| field.contains("gpj.exe")),
+        "the path is logged: {logged:?}"
+    );
+    for field in &logged {
+        assert!(
+            !field.chars().any(|c| c.is_control()
+                || ('\u{202a}'..='\u{202e}').contains(&c)
+                || ('\u{2066}'..='\u{2069}').contains(&c)),
+            "{field:?}"
+        );
+    }
+}
+
+#[tokio::test]
+async fn a_public_origin_with_a_password_is_refused_without_showing_it() {
+    let mailer = plain_mailer().await;
+    for url in [
+        "https://ops:Hunter2-never-shown@ops.example.com",
+        "https://ops:Hunter2-never-shown@ops example.com",
+        "ftp://ops:Hunter2-never-shown@ops.example.com",
+    ] {
+        let error = Admin::new(Arc::clone(&mailer))
+            .public_origin(url)
+            .unwrap_err();
+        assert_eq!(error.setting(), "public_origin");
+        assert!(!error.to_string().contains("Hunter2"), "{error}");
+    }
+}
+
+#[tokio::test]
+async fn a_page_said_to_be_served_over_https_refuses_a_form_from_its_plain_http_origin() {
+    let mailer = plain_mailer().await;
+    let admin = Admin::new(Arc::clone(&mailer)).served_over_https(true);
+    let router = admin.router();
+    let form = format!("token={}", admin.token());
+    let path = "/breakers/relay/isolate";
+    let plain = call(
+        &router,
+        post(path, &form, &[("origin", "http://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(plain.status(), StatusCode::FORBIDDEN);
+    assert!(!is_isolated(&mailer, "relay").await);
+    let secure = call(
+        &router,
+        post(path, &form, &[("origin", "https://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(secure.status(), StatusCode::SEE_OTHER);
+    // Said plain http: the https origin of the same host is another site.
+    let admin = Admin::new(mailer).served_over_https(false);
+    let form = format!("token={}", admin.token());
+    let secure = call(
+        &admin.router(),
+        post(path, &form, &[("origin", "https://127.0.0.1:8025")]),
+    )
+    .await;
+    assert_eq!(secure.status(), StatusCode::FORBIDDEN);
 }

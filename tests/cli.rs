@@ -484,6 +484,7 @@ fn send_of_500_files_with_the_sink_stopped_half_way_sends_or_queues_each_and_a_d
         return;
     };
     let dir = scratch(test);
+    made_outbox(&dir);
     let files = eml_files(&dir, COUNT);
     let dsn = format!(
         "smtp://127.0.0.1:{}?breaker.threshold=3&breaker.reset=60s&outbox=sqlite://{}",
@@ -850,6 +851,7 @@ fn send_with_a_recipient_deferred_beside_one_refused_names_both_and_exits_4() {
 fn send_with_an_outbox_queues_a_deferred_recipient_names_it_as_queued_and_exits_0() {
     let (_runtime, server) = refusing_some_recipients();
     let dir = scratch("cli_send_deferred_queued");
+    made_outbox(&dir);
     let file = eml(
         &dir,
         "partly.eml",
@@ -911,6 +913,7 @@ fn send_names_a_deferred_recipient_the_outbox_could_not_keep_as_deferred_and_exi
         return;
     }
     let dir = scratch(test);
+    made_outbox(&dir);
     let database = dir.join("outbox.db");
     // The server defers `later@` and, before it answers, drops the outbox's tables: the
     // message is delivered to `ok@`, and the outbox cannot keep it for `later@`.
@@ -1016,6 +1019,12 @@ fn read_outbox<T>(dir: &Path, read: impl AsyncFnOnce(Outbox) -> T) -> T {
             .expect("an outbox");
         read(outbox).await
     })
+}
+
+/// Makes the outbox in `dir` as the application would, before a one-off command (which
+/// makes none) queues in it.
+fn made_outbox(dir: &Path) {
+    read_outbox(dir, async |_| ());
 }
 
 #[test]
@@ -2249,4 +2258,116 @@ fn a_build_without_the_cli_feature_pulls_no_clap() {
             "{crate_name}in the default build's tree"
         );
     }
+}
+
+// ---------------------------------------------------------------------------------------
+// A one-off command makes no outbox, and opens only a file that is one
+
+#[test]
+fn send_and_test_with_an_outbox_file_that_does_not_exist_exit_2_naming_it_and_make_none() {
+    let dir = scratch("cli_send_no_new_outbox");
+    let file = eml(
+        &dir,
+        "one.eml",
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: one\r\n\r\nbody\r\n",
+    );
+    // Relative: it would be made in the folder the command runs in.
+    let dsn = format!(
+        "smtp://127.0.0.1:{}?outbox=sqlite://outbox.db",
+        closed_port()
+    );
+    for args in [
+        &["send", file.as_str(), "--dsn", &dsn][..],
+        &["test", "--to", "user@example.org", "--dsn", &dsn][..],
+    ] {
+        let output = mail_breaker()
+            .args(args)
+            .current_dir(&dir)
+            .timeout(Duration::from_secs(120))
+            .output()
+            .expect("runs");
+        let said = stderr(&output);
+        assert!(
+            !dir.join("outbox.db").exists(),
+            "{args:?} made an outbox in the folder it ran in: {said}"
+        );
+        assert_eq!(code(&output), 2, "{args:?}: {}{said}", stdout(&output));
+        assert!(
+            said.contains("outbox.url") && said.contains("outbox.db"),
+            "{args:?}: {said}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+/// The bytes of `path` and of every file beside it whose name starts with its own (SQLite's
+/// `-wal`, `-shm` and `-journal` files): what opening it may have changed.
+fn file_and_companions(path: &Path) -> Vec<(String, Vec<u8>)> {
+    let name = path
+        .file_name()
+        .and_then(|name| name.to_str())
+        .unwrap_or_default();
+    let mut files: Vec<(String, Vec<u8>)> = std::fs::read_dir(path.parent().expect("a folder"))
+        .expect("its folder")
+        .filter_map(Result::ok)
+        .filter(|entry| entry.file_name().to_string_lossy().starts_with(name))
+        .map(|entry| {
+            let bytes = std::fs::read(entry.path()).expect("readable");
+            (entry.file_name().to_string_lossy().into_owned(), bytes)
+        })
+        .collect();
+    files.sort();
+    files
+}
+
+#[test]
+fn an_existing_file_that_is_not_an_outbox_is_refused_naming_outbox_url_and_left_unchanged() {
+    let test = "cli_not_an_outbox";
+    let dir = scratch(test);
+    let stranger = dir.join("stranger.db");
+    let made = std::process::Command::new("sqlite3")
+        .arg(&stranger)
+        .arg("CREATE TABLE notes (body TEXT); INSERT INTO notes VALUES ('theirs');")
+        .output();
+    if !made.is_ok_and(|output| output.status.success()) {
+        report_skip(&format!(
+            "SKIPPED {test}: no sqlite3 to make a stranger's database"
+        ));
+        return;
+    }
+    let text = dir.join("notes.txt");
+    std::fs::write(
+        &text,
+        "not a database at all, just someone's notes\n".repeat(100),
+    )
+    .expect("a text file");
+    let email = eml(
+        &dir,
+        "one.eml",
+        "From: app@example.com\r\nTo: user@example.org\r\nSubject: one\r\n\r\nbody\r\n",
+    );
+    for path in [&stranger, &text] {
+        let before = file_and_companions(path);
+        let dsn = format!(
+            "smtp://127.0.0.1:{}?outbox=sqlite://{}",
+            closed_port(),
+            path.display()
+        );
+        for args in [
+            &["outbox", "stats", "--dsn", &dsn][..],
+            &["send", email.as_str(), "--dsn", &dsn][..],
+        ] {
+            let output = run(args);
+            let said = stderr(&output);
+            // Compared, not shown: the bytes are a whole database.
+            assert!(
+                file_and_companions(path) == before,
+                "{args:?} changed {} (or made files beside it): {said}",
+                path.display()
+            );
+            assert_eq!(code(&output), 2, "{args:?}: {}{said}", stdout(&output));
+            assert!(said.contains("outbox.url"), "{args:?}: {said}");
+        }
+    }
+    let _ = std::fs::remove_dir_all(&dir);
 }

@@ -654,3 +654,197 @@ fn a_credential_with_a_plain_http_public_origin_is_refused() {
     );
     assert!(url.is_none(), "a credential over plain http");
 }
+
+// ---------------------------------------------------------------------------------------
+// Review of issue 63, second pass: connections that hold the server, origins, redaction
+
+/// `serve` over TLS on loopback with `MAILER_ADMIN_USER=ops` and `PASSWORD`, its URL and
+/// the test CA's PEM; `None` when no test certificates can be made here.
+fn serve_over_tls(
+    test: &str,
+) -> Option<(
+    support::test_certs::TestCertificates,
+    ServerProcess,
+    u16,
+    Vec<u8>,
+)> {
+    let certificates = support::test_certs::TestCertificates::make(test)?;
+    let (cert, key) = (
+        certificates.path("server.pem"),
+        certificates.path("server.key"),
+    );
+    let (server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--tls-cert",
+            cert.to_str().expect("a UTF-8 path"),
+            "--tls-key",
+            key.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            DSN,
+        ],
+        &[
+            ("MAILER_ADMIN_USER", "ops"),
+            ("MAILER_ADMIN_PASSWORD", PASSWORD),
+        ],
+    );
+    let url = url.expect("serve started");
+    assert!(url.starts_with("https://"), "{url}");
+    let ca = std::fs::read(certificates.path("ca.pem")).expect("the CA");
+    Some((certificates, server, port_of(&url), ca))
+}
+
+const PASSWORD: &str = "a password for the page";
+
+fn client_trusting(ca: &[u8]) -> reqwest::Client {
+    reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(ca).expect("a PEM CA"))
+        .redirect(reqwest::redirect::Policy::none())
+        .timeout(Duration::from_secs(60))
+        .build()
+        .expect("a client")
+}
+
+/// Whether the server has not closed `stream` (nothing to read yet, and no end).
+fn still_open(stream: &TcpStream) -> bool {
+    stream.set_nonblocking(true).expect("non-blocking");
+    let mut byte = [0u8; 1];
+    let open = matches!(
+        (&*stream).read(&mut byte),
+        Err(error) if error.kind() == std::io::ErrorKind::WouldBlock
+    );
+    stream.set_nonblocking(false).expect("blocking again");
+    open
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn silent_connections_that_never_send_a_client_hello_keep_no_one_else_from_the_page() {
+    let Some((_certificates, _server, port, ca)) = serve_over_tls("cli_serve_silent") else {
+        return;
+    };
+    // As many as the server once made handshakes at once, and none says anything.
+    let silent: Vec<TcpStream> = (0..64)
+        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connects"))
+        .collect();
+    let asked = client_trusting(&ca)
+        .get(format!("https://localhost:{port}/api/breakers"))
+        .send()
+        .await
+        .expect("an answer over TLS");
+    assert_eq!(asked.status(), 401);
+    // The client got in while the silent connections were still waiting for their
+    // handshake (one of them let go to make room, at most), not once they had been cut.
+    let cut = silent.iter().filter(|stream| !still_open(stream)).count();
+    assert!(
+        cut <= 1,
+        "the client got in only once {cut} of the 64 silent connections had been cut"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_connection_that_sends_no_request_after_its_handshake_is_cut() {
+    use tokio::io::AsyncReadExt;
+    let Some((_certificates, _server, port, ca)) = serve_over_tls("cli_serve_idle_tls") else {
+        return;
+    };
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    for certificate in
+        <tokio_rustls::rustls::pki_types::CertificateDer as tokio_rustls::rustls::pki_types::pem::PemObject>::pem_slice_iter(&ca)
+    {
+        roots.add(certificate.expect("a PEM certificate")).expect("the CA");
+    }
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    let tcp = tokio::net::TcpStream::connect(("127.0.0.1", port))
+        .await
+        .expect("connects");
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+    let mut tls = tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+        .connect(name, tcp)
+        .await
+        .expect("a handshake");
+    let mut byte = [0u8; 1];
+    // Bounds the test alone: the server's own limit is far shorter.
+    let read = tokio::time::timeout(Duration::from_secs(120), tls.read(&mut byte)).await;
+    assert!(
+        matches!(read, Ok(Ok(0) | Err(_))),
+        "an idle TLS connection was not cut by the server: {read:?}"
+    );
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn over_tls_a_form_posted_from_the_plain_http_origin_of_the_same_host_is_refused() {
+    let Some((_certificates, _server, port, ca)) = serve_over_tls("cli_serve_scheme") else {
+        return;
+    };
+    let client = client_trusting(&ca);
+    let page = client
+        .get(format!("https://localhost:{port}/"))
+        .basic_auth("ops", Some(PASSWORD))
+        .send()
+        .await
+        .expect("the page")
+        .text()
+        .await
+        .expect("its text");
+    let token = page
+        .split(r#"name="token" value=""#)
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form with the token")
+        .to_owned();
+    let isolate = |origin: String| {
+        client
+            .post(format!("https://localhost:{port}/breakers/relay/isolate"))
+            .basic_auth("ops", Some(PASSWORD))
+            .header("origin", origin)
+            .form(&[("token", token.as_str())])
+            .send()
+    };
+    let plain = isolate(format!("http://localhost:{port}"))
+        .await
+        .expect("an answer");
+    assert_eq!(plain.status(), 403, "a form from http:// acted on https://");
+    let same = isolate(format!("https://localhost:{port}"))
+        .await
+        .expect("an answer");
+    assert_eq!(same.status(), 303);
+}
+
+#[test]
+fn public_origin_errors_never_show_the_password_in_its_url() {
+    let secret = "Hunter2-never-shown";
+    for url in [
+        format!("https://ops:{secret}@ops.example.com"),
+        format!("https://ops:{secret}@ops example.com"),
+        format!("https://ops:{secret}@ops.example.com/mail"),
+    ] {
+        let output = refused(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--read-only",
+                "--public-origin",
+                &url,
+                "--dsn",
+                DSN,
+            ],
+            &[],
+        );
+        assert_eq!(output.status.code(), Some(2), "{url}");
+        for (stream, bytes) in [("stdout", &output.stdout), ("stderr", &output.stderr)] {
+            let text = String::from_utf8_lossy(bytes);
+            assert!(!text.contains(secret), "{url}: {stream} shows it: {text}");
+        }
+        assert!(
+            String::from_utf8_lossy(&output.stderr).contains("--public-origin"),
+            "{url}"
+        );
+    }
+}

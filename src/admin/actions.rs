@@ -12,6 +12,7 @@ use axum::response::{IntoResponse, Redirect, Response};
 use super::Shared;
 use super::guard;
 use super::page::Notice;
+use super::text::Escaped;
 use crate::Reach;
 use crate::outbox::OutboxId;
 
@@ -40,6 +41,8 @@ fn refused(
     let site = guard::Site {
         authority: guard::authority(uri, headers),
         public_origin: shared.public_origin.as_deref(),
+        // HTTP/2's `:scheme` (or an absolute request line) says it, else the page's setting.
+        scheme: uri.scheme_str().or(shared.scheme),
     };
     let refusal = guard::check(headers, &site, token, &shared.token).err()?;
     tracing::warn!(action, why = refusal.as_str(), "admin.refused");
@@ -59,10 +62,12 @@ fn back(original: &Uri, routed: &Uri) -> Response {
 
 /// Back to the page, which then shows `notice`, if any.
 fn back_saying(original: &Uri, routed: &Uri, notice: Option<Notice>) -> Response {
+    // A router nested at `/ops/mail` answers its page at `/ops/mail`, not `/ops/mail/`.
     let mount = super::mount_path(original.path(), routed.path());
+    let page = if mount.is_empty() { "/" } else { mount };
     match notice {
-        Some(notice) => Redirect::to(&format!("{mount}/?{}", notice.query())).into_response(),
-        None => Redirect::to(&format!("{mount}/")).into_response(),
+        Some(notice) => Redirect::to(&format!("{page}?{}", notice.query())).into_response(),
+        None => Redirect::to(page).into_response(),
     }
 }
 
@@ -92,7 +97,7 @@ pub(crate) async fn on_breaker<const ISOLATE: bool>(
     };
     match reached {
         Ok(reach) => {
-            tracing::info!(member = %name, action, reach = %reach, "admin.breaker_changed");
+            tracing::info!(member = %Escaped(&name), action, reach = %reach, "admin.breaker_changed");
             // A change the rest of the fleet did not see is said on the page, not hidden
             // behind a redirect that looks like every other.
             let notice = match (reach, ISOLATE) {
@@ -103,7 +108,7 @@ pub(crate) async fn on_breaker<const ISOLATE: bool>(
             back_saying(&original, &routed, notice)
         }
         Err(error) => {
-            tracing::warn!(member = %name, action, error = %error, "admin.failed");
+            tracing::warn!(member = %Escaped(&name), action, error = %error, "admin.failed");
             (
                 StatusCode::SERVICE_UNAVAILABLE,
                 format!(

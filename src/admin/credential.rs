@@ -2,15 +2,19 @@
 //! request ([`Admin::credential`](super::Admin::credential)).
 
 use std::fmt;
+use std::net::SocketAddr;
 use std::sync::Arc;
 
-use axum::extract::Request;
-use axum::http::header::{AUTHORIZATION, WWW_AUTHENTICATE};
+use axum::extract::{ConnectInfo, Request};
+use axum::http::header::{AUTHORIZATION, RETRY_AFTER, WWW_AUTHENTICATE};
 use axum::http::{HeaderMap, HeaderValue, StatusCode};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 use base64::Engine as _;
+use tokio::time::Instant;
 
+use super::text::Escaped;
+use super::throttle::Throttle;
 use crate::ConfigError;
 
 /// The shortest bearer token and the shortest password a [`Credential`] takes.
@@ -34,12 +38,23 @@ const SHORTEST_PASSWORD: usize = 12;
 /// assert!(!format!("{user:?}").contains("a long password"));
 /// # Ok::<(), mail_breaker::ConfigError>(())
 /// ```
-#[derive(Clone, PartialEq, Eq)]
+///
+/// Two credentials are not compared with `==`, whose time would tell where they first
+/// differ: only the page compares what a request carries, in constant time.
+///
+/// ```compile_fail
+/// use mail_breaker::admin::Credential;
+///
+/// fn same(a: &Credential, b: &Credential) -> bool {
+///     a == b
+/// }
+/// ```
+#[derive(Clone)]
 pub struct Credential {
     kind: Kind,
 }
 
-#[derive(Clone, PartialEq, Eq)]
+#[derive(Clone)]
 enum Kind {
     Bearer(String),
     User { user: String, password: String },
@@ -154,18 +169,42 @@ impl fmt::Debug for Credential {
 }
 
 /// The middleware of [`Admin::credential`](super::Admin::credential): 401 with a challenge
-/// for a request without the credential.
+/// for a request without the credential, and 429 for every request of a peer that sent too
+/// many wrong ones lately ([`throttle`](super::throttle)).
 pub(crate) async fn required(
     credential: Arc<Credential>,
+    throttle: Arc<Throttle>,
     request: Request,
     next: Next,
 ) -> Response {
+    let peer = request
+        .extensions()
+        .get::<ConnectInfo<SocketAddr>>()
+        .map(|ConnectInfo(address)| address.ip());
+    let now = Instant::now();
+    if let Some(wait) = throttle.held(peer, now) {
+        // Whatever it carries: a guess answered 200 here would let the guessing go on.
+        let seconds = wait.as_secs().saturating_add(1);
+        return (
+            StatusCode::TOO_MANY_REQUESTS,
+            [(RETRY_AFTER, HeaderValue::from(seconds))],
+            "too many wrong credentials from this address: try again later\n",
+        )
+            .into_response();
+    }
     if credential.admits(request.headers()) {
+        throttle.admitted(peer);
         return next.run(request).await;
     }
     if request.headers().contains_key(AUTHORIZATION) {
-        // A browser's first request carries none; a wrong one is worth an operator's look.
-        tracing::warn!(path = %request.uri().path(), "admin.refused: a wrong credential");
+        // A browser's first request carries none: only a wrong one counts, and is worth an
+        // operator's look.
+        throttle.wrong(peer, now);
+        tracing::warn!(
+            path = %Escaped(request.uri().path()),
+            peer = ?peer,
+            "admin.refused: a wrong credential"
+        );
     }
     (
         StatusCode::UNAUTHORIZED,

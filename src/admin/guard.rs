@@ -12,6 +12,8 @@ use axum::http::{HeaderMap, StatusCode, Uri};
 use axum::middleware::Next;
 use axum::response::{IntoResponse, Response};
 
+use super::text::Escaped;
+
 /// A token of 32 random bytes from the operating system, in hex.
 pub(crate) fn random_token() -> String {
     let mut bytes = [0u8; 32];
@@ -59,6 +61,9 @@ pub(crate) struct Site<'a> {
     pub(crate) authority: Option<&'a str>,
     /// The origin the page is served under behind a proxy, if one was given.
     pub(crate) public_origin: Option<&'a str>,
+    /// The scheme the page is served under (`http` or `https`), when known: a form posted
+    /// from the same host under the other scheme comes from another origin.
+    pub(crate) scheme: Option<&'a str>,
 }
 
 /// Whether a POST with `headers` and the form's `token`, to `site`, may act, for a page whose
@@ -97,12 +102,13 @@ fn same_site(headers: &HeaderMap, site: &Site<'_>) -> Result<(), Refused> {
     {
         return Ok(());
     }
-    let from = origin
-        .strip_prefix("http://")
-        .or_else(|| origin.strip_prefix("https://"))
-        .ok_or(Refused::Origin)?;
+    let (scheme, from) = origin.split_once("://").ok_or(Refused::Origin)?;
+    let scheme_fits = match site.scheme {
+        Some(served) => scheme.eq_ignore_ascii_case(served),
+        None => scheme.eq_ignore_ascii_case("http") || scheme.eq_ignore_ascii_case("https"),
+    };
     let to = site.authority.ok_or(Refused::Origin)?;
-    if from.eq_ignore_ascii_case(to) {
+    if scheme_fits && from.eq_ignore_ascii_case(to) {
         Ok(())
     } else {
         Err(Refused::Origin)
@@ -133,8 +139,11 @@ pub(crate) async fn only_hosts(hosts: Arc<[String]>, request: Request, next: Nex
     if host_allowed(request.uri(), request.headers(), &hosts) {
         return next.run(request).await;
     }
-    let host = authority(request.uri(), request.headers());
-    tracing::warn!(host, "admin.refused: a request to another host");
+    let host = authority(request.uri(), request.headers()).map(Escaped);
+    tracing::warn!(
+        host = host.as_ref().map(tracing::field::display),
+        "admin.refused: a request to another host"
+    );
     (
         StatusCode::FORBIDDEN,
         "forbidden: this page does not answer to that host name\n",
@@ -163,10 +172,13 @@ pub(crate) fn loopback_hosts(address: std::net::SocketAddr) -> Option<Vec<String
 /// the default port left out), or why it is not one: an `http` or `https` URL with a host and
 /// no user, path, query or fragment.
 pub(crate) fn parse_origin(url: &str) -> Result<String, String> {
-    let parsed = url::Url::parse(url).map_err(|error| format!("{url:?} is not a URL: {error}"))?;
+    // A URL is only ever shown without its user and password.
+    let shown = without_userinfo(url);
+    let parsed =
+        url::Url::parse(url).map_err(|error| format!("{shown:?} is not a URL: {error}"))?;
     if !matches!(parsed.scheme(), "http" | "https") || parsed.host_str().is_none() {
         return Err(format!(
-            "{url:?} is not an http or https origin (https://ops.example.com)"
+            "{shown:?} is not an http or https origin (https://ops.example.com)"
         ));
     }
     if !parsed.username().is_empty()
@@ -176,10 +188,23 @@ pub(crate) fn parse_origin(url: &str) -> Result<String, String> {
         || parsed.fragment().is_some()
     {
         return Err(format!(
-            "{url:?} holds more than an origin: give its scheme, host and port alone"
+            "{shown:?} holds more than an origin: give its scheme, host and port alone"
         ));
     }
     Ok(parsed.origin().ascii_serialization())
+}
+
+/// `url` with whatever stands before the last `@` of its authority (a user and password)
+/// written `***`; read as text, so that a URL that does not parse is redacted too.
+pub(crate) fn without_userinfo(url: &str) -> String {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |at| start + at);
+    match url[start..end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+        None => url.to_owned(),
+    }
 }
 
 /// Whether `given` is `expected`, in a time that depends on neither where they first differ
@@ -210,6 +235,7 @@ mod tests {
         Site {
             authority: headers.get(HOST).and_then(|host| host.to_str().ok()),
             public_origin: None,
+            scheme: None,
         }
     }
 
@@ -227,6 +253,8 @@ mod tests {
         assert!(!equal(b"", b"a"));
         assert!(equal(b"abcd", b"abcd"));
         assert!(equal(b"", b""));
+        // Longer, and one bit off in what both hold: each difference is enough alone.
+        assert!(!equal(b"abcX", b"abb"));
     }
 
     #[test]
@@ -306,6 +334,7 @@ mod tests {
         let to = Site {
             authority: authority(&uri, &h2),
             public_origin: None,
+            scheme: None,
         };
         assert_eq!(check(&h2, &to, Some("t"), "t"), Ok(()));
         let both = headers(&[("host", "upstream:8025")]);
@@ -323,6 +352,7 @@ mod tests {
         let behind = Site {
             authority: Some("127.0.0.1:8025"),
             public_origin: Some("https://ops.example.com"),
+            scheme: None,
         };
         assert_eq!(check(&proxied, &behind, Some("t"), "t"), Ok(()));
         let downgraded = headers(&[("origin", "http://ops.example.com")]);
@@ -346,6 +376,75 @@ mod tests {
         assert!(parse_origin("https://ops.example.com#top").is_err());
         assert!(parse_origin("https://user:pw@ops.example.com").is_err());
         assert!(parse_origin("file:///tmp").is_err());
+        assert!(parse_origin("ftp://ops.example.com").is_err());
+        assert!(parse_origin("https://ops@ops.example.com").is_err());
+        assert!(parse_origin("https://:pw@ops.example.com").is_err());
+    }
+
+    #[test]
+    fn without_a_public_origin_the_origins_scheme_must_be_the_one_the_page_is_served_under() {
+        let from =
+            |origin: &'static str| headers(&[("host", "ops.example:8443"), ("origin", origin)]);
+        for (served, same, other) in [
+            (
+                "https",
+                "https://ops.example:8443",
+                "http://ops.example:8443",
+            ),
+            (
+                "http",
+                "HTTP://ops.example:8443",
+                "https://ops.example:8443",
+            ),
+        ] {
+            let to = Site {
+                authority: Some("ops.example:8443"),
+                public_origin: None,
+                scheme: Some(served),
+            };
+            assert_eq!(check(&from(same), &to, Some("t"), "t"), Ok(()), "{served}");
+            assert_eq!(
+                check(&from(other), &to, Some("t"), "t"),
+                Err(Refused::Origin),
+                "{served}"
+            );
+        }
+        // Not known: either, but no other scheme.
+        for origin in ["http://ops.example:8443", "https://ops.example:8443"] {
+            let either = from(origin);
+            assert_eq!(at(&either), Ok(()), "{origin}");
+        }
+        let ftp = from("ftp://ops.example:8443");
+        assert_eq!(at(&ftp), Err(Refused::Origin));
+    }
+
+    #[test]
+    fn a_url_is_shown_without_its_user_and_password_whether_it_parses_or_not() {
+        assert_eq!(
+            without_userinfo("https://ops:pw@ops.example.com/x@y"),
+            "https://***@ops.example.com/x@y"
+        );
+        assert_eq!(
+            without_userinfo("https://o@ps:p@w@ops example.com"),
+            "https://***@ops example.com"
+        );
+        assert_eq!(without_userinfo("ops:pw@host"), "***@host");
+        assert_eq!(
+            without_userinfo("https://ops.example.com/a@b?c@d#e@f"),
+            "https://ops.example.com/a@b?c@d#e@f"
+        );
+        assert_eq!(
+            without_userinfo("https://ops.example.com"),
+            "https://ops.example.com"
+        );
+        for url in [
+            "https://ops:secret-pw@ops.example.com",
+            "https://ops:secret-pw@ops example.com",
+            "ftp://ops:secret-pw@ops.example.com",
+        ] {
+            let why = parse_origin(url).unwrap_err();
+            assert!(!why.contains("secret-pw"), "{why}");
+        }
     }
 
     #[test]

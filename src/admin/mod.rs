@@ -34,6 +34,13 @@
 //! Without [`Admin::credential`] anyone who reaches the router reads the page and its token:
 //! mount it behind the application's authentication. With one, every request must carry it
 //! (a bearer token, or a user and password a browser asks for); serve it over TLS then.
+//! After 10 wrong credentials within a minute from one address (an IPv6 /64), every request
+//! from it is answered 429 for 5 minutes, so that the credential cannot be guessed at the
+//! speed of the network; the address is axum's `ConnectInfo`, which [`Admin::serve`] gives
+//! (an application that serves the router itself gives it with
+//! `into_make_service_with_connect_info`, else all requests count as one address). Text from
+//! a request that reaches the log (a path, a host, a member's name) has its control and
+//! bidirectional characters escaped.
 //!
 //! # Example
 //! ```no_run
@@ -70,6 +77,9 @@ mod credential;
 mod guard;
 mod page;
 mod read;
+mod serve;
+mod text;
+mod throttle;
 
 /// The operator page over one [`Mailer`]; see the [module docs](self).
 ///
@@ -94,6 +104,8 @@ pub(crate) struct Shared {
     /// The origin the page is served under behind a proxy (`https://ops.example.com`), as a
     /// browser's `Origin` names it.
     pub(crate) public_origin: Option<String>,
+    /// The scheme the page is served under (`"http"` or `"https"`), when said.
+    pub(crate) scheme: Option<&'static str>,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
 }
@@ -123,6 +135,7 @@ impl Admin {
             hosts: None,
             credential: None,
             public_origin: None,
+            scheme: None,
             history: Mutex::new(VecDeque::new()),
         })
     }
@@ -211,7 +224,8 @@ impl Admin {
     /// application does not mount behind an authentication of its own; `mail-breaker serve`
     /// on an address that is not loopback gives it one. Over plain HTTP the credential
     /// crosses the network in clear: serve the page over TLS, or behind a proxy that
-    /// terminates TLS.
+    /// terminates TLS. Wrong credentials are throttled per address (see the
+    /// [module docs](self)).
     ///
     /// ```no_run
     /// # use std::sync::Arc;
@@ -251,6 +265,26 @@ impl Admin {
         }))
     }
 
+    /// Says whether the page is served over `https` (by a TLS listener, or a proxy in front
+    /// that terminates TLS) or plain `http`: without a [`public_origin`](Admin::public_origin),
+    /// an action's `Origin` must then name the request's own authority under that scheme, so
+    /// that a form posted from `http://ops.example.com` does not act on a page served at
+    /// `https://ops.example.com`. Unsaid, either scheme is taken (the page cannot know how
+    /// an application serves it); `mail-breaker serve` says it.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) {
+    /// let admin = mail_breaker::admin::Admin::new(mailer).served_over_https(true);
+    /// # }
+    /// ```
+    pub fn served_over_https(self, https: bool) -> Admin {
+        Admin::with(Shared {
+            scheme: Some(if https { "https" } else { "http" }),
+            ..self.settings()
+        })
+    }
+
     /// This page's settings, with a chart of its own.
     fn settings(&self) -> Shared {
         let shared = &self.shared;
@@ -262,6 +296,7 @@ impl Admin {
             hosts: shared.hosts.clone(),
             credential: shared.credential.clone(),
             public_origin: shared.public_origin.clone(),
+            scheme: shared.scheme,
             history: Mutex::new(VecDeque::new()),
         }
     }
@@ -317,8 +352,14 @@ impl Admin {
         let routes = match &self.shared.credential {
             Some(credential) => {
                 let credential = Arc::clone(credential);
+                let throttle = Arc::new(throttle::Throttle::default());
                 routes.layer(axum::middleware::from_fn(move |request, next| {
-                    credential::required(Arc::clone(&credential), request, next)
+                    credential::required(
+                        Arc::clone(&credential),
+                        Arc::clone(&throttle),
+                        request,
+                        next,
+                    )
                 }))
             }
             None => routes,
@@ -342,6 +383,14 @@ impl Admin {
     /// `127.0.0.1:PORT` (or `[::1]:PORT`) and `localhost:PORT`. Any axum listener serves:
     /// a `TcpListener`, or one that makes a TLS handshake on each connection first.
     ///
+    /// No connection holds the server for long: a request's headers must arrive within 10
+    /// seconds of the connection waiting for one (which also ends an idle keep-alive
+    /// connection), a request is answered within 30 seconds (else 408), a connection lives
+    /// at most 5 minutes, and at most 1024 are open at once (one more is closed
+    /// unanswered). Each request carries its peer's address as axum's
+    /// [`ConnectInfo`](axum::extract::ConnectInfo), which the
+    /// [`credential`](Admin::credential)'s throttle keys on.
+    ///
     /// ```no_run
     /// # use std::sync::Arc;
     /// # async fn run(mailer: Arc<mail_breaker::Mailer>) -> std::io::Result<()> {
@@ -360,7 +409,7 @@ impl Admin {
             Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),
             _ => self.clone(),
         };
-        axum::serve(listener, admin.router()).await
+        serve::serve(listener, admin.router()).await
     }
 }
 

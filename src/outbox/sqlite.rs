@@ -246,8 +246,12 @@ impl SqliteBackend {
         settings: &super::OutboxOptions,
     ) -> Result<SqliteBackend, SendError> {
         let create = !settings.get_existing_file_only();
-        if !create && !path.exists() {
-            return Err(missing_file(path));
+        if !create {
+            if !path.exists() {
+                return Err(missing_file(path));
+            }
+            // Before anything below writes to it (its journal mode, the tables).
+            holds_an_outbox(path).await?;
         }
         let options = SqliteConnectOptions::new()
             .filename(path)
@@ -315,6 +319,69 @@ impl SqliteBackend {
 /// The error for an outbox file that must exist and does not: its path, and for a relative
 /// one the folder it was looked for in (where the command ran, maybe not where the
 /// application runs).
+/// The first bytes of every SQLite database file.
+const SQLITE_HEADER: &[u8; 16] = b"SQLite format 3\0";
+
+/// Whether the file at `path` already holds an outbox's table, read without writing to it:
+/// a file that is not an SQLite database (an empty one included, which SQLite would take as
+/// a new database) or that holds no outbox is an error naming it, and is left as it is.
+async fn holds_an_outbox(path: &Path) -> Result<(), SendError> {
+    let not_an_outbox = |why: &str| {
+        SendError::new(
+            Category::Configuration,
+            "outbox.not_an_outbox",
+            format!(
+                "{} is not an outbox ({why}): an outbox is opened only where its application \
+                 made one, and no other file is changed",
+                path.display()
+            ),
+        )
+    };
+    let read = tokio::task::spawn_blocking({
+        let path = path.to_owned();
+        move || -> std::io::Result<[u8; 16]> {
+            use std::io::Read as _;
+            let mut header = [0u8; 16];
+            std::fs::File::open(path)?.read_exact(&mut header)?;
+            Ok(header)
+        }
+    })
+    .await;
+    match read {
+        Ok(Ok(header)) if &header == SQLITE_HEADER => {}
+        Ok(Err(error)) if error.kind() != std::io::ErrorKind::UnexpectedEof => {
+            return Err(SendError::new(
+                Category::Configuration,
+                "outbox.unreadable",
+                format!("cannot read the outbox file {}: {error}", path.display()),
+            ));
+        }
+        _ => return Err(not_an_outbox("not an SQLite database")),
+    }
+    // Neither made if missing nor set to WAL: only read.
+    let options = SqliteConnectOptions::new()
+        .filename(path)
+        .create_if_missing(false)
+        .busy_timeout(Duration::from_secs(10));
+    let mut connection = options
+        .connect()
+        .await
+        .map_err(|e| database_error_of(Category::Configuration, "opening the SQLite file", e))?;
+    let tables: i64 = sqlx::query_scalar(
+        "SELECT COUNT(*) FROM sqlite_master WHERE type = 'table' AND name = 'mail_breaker_outbox'",
+    )
+    .fetch_one(&mut connection)
+    .await
+    .map_err(|_| not_an_outbox("not an SQLite database"))?;
+    let _ = connection.close().await;
+    if tables == 0 {
+        return Err(not_an_outbox(
+            "an SQLite database without the outbox's table",
+        ));
+    }
+    Ok(())
+}
+
 fn missing_file(path: &Path) -> SendError {
     let folder = if path.is_relative() {
         std::env::current_dir()

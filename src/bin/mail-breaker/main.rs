@@ -180,10 +180,13 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
         let source = source?;
         let uses = match &cli.command {
             Command::Check | Command::Breakers(_) | Command::Completions(_) => stack::Uses::Members,
-            Command::Test(_) | Command::Send(_) => stack::Uses::QueueingOutbox,
-            Command::Outbox(_) | Command::Serve(_) | Command::Suppressions(_) => {
-                stack::Uses::ExistingOutbox
-            }
+            // A one-off send queues only in an outbox that exists: one made here would keep
+            // mail that no worker of the application ever sends.
+            Command::Test(_)
+            | Command::Send(_)
+            | Command::Outbox(_)
+            | Command::Serve(_)
+            | Command::Suppressions(_) => stack::Uses::ExistingOutbox,
         };
         let stack = stack::Stack::load(&source, uses).await?;
         match cli.command {

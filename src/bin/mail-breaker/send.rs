@@ -6,7 +6,9 @@
 //! a row per recipient that did not get the message; with `--json`, one JSON line per message
 //! and a last line with the summary. The exit code is 0 only when every recipient of every
 //! message was delivered or queued (a deferred recipient is queued when the stack has an
-//! outbox, which keeps the message for it).
+//! outbox, which keeps the message for it). The outbox is the application's: a file that
+//! does not exist, or is not an outbox, is exit 2 naming `outbox.url`, never a new outbox
+//! that no worker would send from.
 
 use std::path::PathBuf;
 use std::str::FromStr;

@@ -19,7 +19,13 @@
 //! `MAILER_ADMIN_TOKEN`, or `MAILER_ADMIN_USER` with `MAILER_ADMIN_PASSWORD`), asked of every
 //! request; without one it starts only `--read-only`. A credential crosses the network only
 //! over TLS: `--tls-cert`/`--tls-key`, or `--behind-tls-proxy` when a proxy in front
-//! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees.
+//! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees; a
+//! form posted from the same host under the other scheme than the browser's is refused.
+//!
+//! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
+//! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once); over TLS each
+//! handshake runs in a task of its own for 10 s at most, 64 at once, the oldest let go for a
+//! new one, so that connections that never finish theirs keep no one out.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
@@ -157,6 +163,15 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     if let Some(credential) = credential {
         admin = admin.credential(credential);
     }
+    // What the browser sees: a form posted from the same host under the other scheme is
+    // another site's.
+    let browser_scheme_is_https = tls.is_some()
+        || args.behind_tls_proxy
+        || args
+            .public_origin
+            .as_deref()
+            .is_some_and(|url| url.to_ascii_lowercase().starts_with("https://"));
+    admin = admin.served_over_https(browser_scheme_is_https);
     let scheme = if tls.is_some() { "https" } else { "http" };
     out.line(&format!("{scheme}://{address}/"));
     out.note(&format!(
@@ -209,17 +224,32 @@ fn loopback_names(port: u16) -> [String; 3] {
 /// The `Host` a browser sends for a page at the origin `url` (`ops.example.com`, or with its
 /// port when it is not the scheme's default).
 fn authority_of(url: &str) -> Result<String, Failure> {
+    // Shown without the user and password it may hold.
+    let shown = without_userinfo(url);
     let parsed = url::Url::parse(url)
-        .map_err(|error| Failure::usage(format!("--public-origin {url:?}: {error}")))?;
+        .map_err(|error| Failure::usage(format!("--public-origin {shown:?}: {error}")))?;
     let host = parsed.host_str().ok_or_else(|| {
         Failure::usage(format!(
-            "--public-origin {url:?}: names no host (https://ops.example.com)"
+            "--public-origin {shown:?}: names no host (https://ops.example.com)"
         ))
     })?;
     Ok(match parsed.port() {
         Some(port) => format!("{host}:{port}"),
         None => host.to_owned(),
     })
+}
+
+/// `url` with whatever stands before the last `@` of its authority (a user and password)
+/// written `***`, read as text so that a URL that does not parse is redacted too.
+fn without_userinfo(url: &str) -> String {
+    let start = url.find("://").map_or(0, |at| at + 3);
+    let end = url[start..]
+        .find(['/', '?', '#'])
+        .map_or(url.len(), |at| start + at);
+    match url[start..end].rfind('@') {
+        Some(at) => format!("{}***{}", &url[..start], &url[start + at..]),
+        None => url.to_owned(),
+    }
 }
 
 /// The credential of `--credential-file`, else of the environment, else none. Nothing here

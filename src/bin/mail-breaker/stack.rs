@@ -51,11 +51,10 @@ impl Source {
 pub enum Uses {
     /// The members alone (`check`, `breakers`): no outbox is opened.
     Members,
-    /// The members, and the outbox to queue in (`test`, `send`), made if missing as the
-    /// application makes it.
-    QueueingOutbox,
-    /// The outbox to read or operate (`outbox`, `serve`): an SQLite file that does not exist
-    /// is an error naming it, never a new, empty outbox.
+    /// The outbox an application keeps, to queue in (`test`, `send`), read or operate
+    /// (`outbox`, `serve`): an SQLite file that does not exist is an error naming it, never
+    /// a new, empty outbox (what a one-off command queued there no worker would send), and
+    /// a file that is not an outbox is left as it is.
     ExistingOutbox,
 }
 
@@ -80,7 +79,6 @@ impl Stack {
         };
         let config = match uses {
             Uses::Members => config.without_outbox(),
-            Uses::QueueingOutbox => config,
             Uses::ExistingOutbox => config.existing_outbox(),
         };
         let mailer = config.build_without_worker().await?;

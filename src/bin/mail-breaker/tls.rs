@@ -1,14 +1,17 @@
 //! `serve --tls-cert FILE --tls-key FILE`: the page over TLS (rustls), each connection's
-//! handshake made before axum sees it.
+//! handshake made before the page's server sees it, in a task of its own and for a bounded
+//! time, the oldest let go when too many are under way.
 
+use std::collections::VecDeque;
 use std::io;
 use std::net::SocketAddr;
 use std::path::Path;
-use std::sync::Arc;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use tokio::net::{TcpListener, TcpStream};
 use tokio::sync::mpsc;
+use tokio::task::AbortHandle;
 use tokio_rustls::TlsAcceptor;
 use tokio_rustls::rustls::ServerConfig;
 use tokio_rustls::rustls::crypto::ring;
@@ -18,11 +21,17 @@ use tokio_rustls::server::TlsStream;
 
 use crate::exit::Failure;
 
-/// How long a client may take over its handshake: one that says nothing holds no slot longer.
+/// How long a client may take over its handshake; one that says nothing is cut then.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// Handshakes made at once; a connection beyond them waits for its TCP accept.
+/// Handshakes under way at once. A connection beyond them lets the oldest go: the accept
+/// loop never waits for a slot, so silent connections cannot keep a client out, and an
+/// attacker must open connections faster than a real client's handshake takes (a few
+/// milliseconds) to keep one out, rather than 64 every 10 seconds.
 const HANDSHAKES_AT_ONCE: usize = 64;
+
+/// Handshaken connections waiting for the server to take them; beyond, one is dropped.
+const WAITING_AT_MOST: usize = 64;
 
 /// The server's side of TLS from a PEM certificate chain and its PEM private key; a file that
 /// cannot be read or holds no certificate or key is bad arguments, naming the file.
@@ -66,10 +75,47 @@ pub fn acceptor(cert: &Path, key: &Path) -> Result<TlsAcceptor, Failure> {
 
 /// A listener whose connections have made their TLS handshake: for
 /// [`Admin::serve`](mail_breaker::admin::Admin::serve). Handshakes run in tasks of their own,
-/// so that a slow client delays no other.
+/// each for [`HANDSHAKE`] at most, and at most [`HANDSHAKES_AT_ONCE`] at once, the oldest let
+/// go for a new one: a connection that does not finish its handshake keeps no other out.
 pub struct TlsListener {
     handshaken: mpsc::Receiver<(TlsStream<TcpStream>, SocketAddr)>,
     local: SocketAddr,
+}
+
+/// The handshakes under way, oldest first: each one's number and what stops it.
+#[derive(Default)]
+struct UnderWay {
+    next: u64,
+    handshakes: VecDeque<(u64, AbortHandle)>,
+}
+
+impl UnderWay {
+    /// Makes room for one more handshake: the oldest ones beyond the cap are stopped (their
+    /// connections closed).
+    fn make_room(&mut self) {
+        while self.handshakes.len() >= HANDSHAKES_AT_ONCE {
+            if let Some((_, oldest)) = self.handshakes.pop_front() {
+                oldest.abort();
+            }
+        }
+    }
+
+    /// The number of the next handshake.
+    fn number(&mut self) -> u64 {
+        let number = self.next;
+        self.next = self.next.wrapping_add(1);
+        number
+    }
+
+    /// Keeps `handshake`, under `number`.
+    fn add(&mut self, number: u64, handshake: AbortHandle) {
+        self.handshakes.push_back((number, handshake));
+    }
+
+    /// Forgets handshake `number`: it ended.
+    fn remove(&mut self, number: u64) {
+        self.handshakes.retain(|(each, _)| *each != number);
+    }
 }
 
 impl TlsListener {
@@ -77,13 +123,10 @@ impl TlsListener {
     /// listener is dropped.
     pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> io::Result<TlsListener> {
         let local = listener.local_addr()?;
-        let (ready, handshaken) = mpsc::channel(HANDSHAKES_AT_ONCE);
-        let slots = Arc::new(tokio::sync::Semaphore::new(HANDSHAKES_AT_ONCE));
+        let (ready, handshaken) = mpsc::channel(WAITING_AT_MOST);
+        let under_way = Arc::new(Mutex::new(UnderWay::default()));
         tokio::spawn(async move {
             loop {
-                let Ok(slot) = Arc::clone(&slots).acquire_owned().await else {
-                    return;
-                };
                 let accepted = tokio::select! {
                     accepted = listener.accept() => accepted,
                     () = ready.closed() => return,
@@ -98,17 +141,32 @@ impl TlsListener {
                         continue;
                     }
                 };
-                let (acceptor, ready) = (acceptor.clone(), ready.clone());
-                tokio::spawn(async move {
-                    let _slot = slot;
-                    match tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await {
-                        Ok(Ok(tls)) => {
-                            let _ = ready.send((tls, peer)).await;
+                {
+                    let mut handshakes = under_way.lock().unwrap_or_else(PoisonError::into_inner);
+                    handshakes.make_room();
+                    let number = handshakes.number();
+                    let (acceptor, ready, under_way) =
+                        (acceptor.clone(), ready.clone(), Arc::clone(&under_way));
+                    // Kept below before the lock is let go, so that its end (which takes the
+                    // lock) always finds it.
+                    let task = tokio::spawn(async move {
+                        let made = tokio::time::timeout(HANDSHAKE, acceptor.accept(tcp)).await;
+                        under_way
+                            .lock()
+                            .unwrap_or_else(PoisonError::into_inner)
+                            .remove(number);
+                        match made {
+                            Ok(Ok(tls)) => {
+                                if ready.try_send((tls, peer)).is_err() {
+                                    tracing::debug!(%peer, "serve.tls_dropped: the server is busy");
+                                }
+                            }
+                            Ok(Err(error)) => tracing::debug!(%peer, %error, "serve.tls_refused"),
+                            Err(_) => tracing::debug!(%peer, "serve.tls_handshake_timed_out"),
                         }
-                        Ok(Err(error)) => tracing::debug!(%peer, %error, "serve.tls_refused"),
-                        Err(_) => tracing::debug!(%peer, "serve.tls_handshake_timed_out"),
-                    }
-                });
+                    });
+                    handshakes.add(number, task.abort_handle());
+                }
             }
         });
         Ok(TlsListener { handshaken, local })

@@ -1,0 +1,117 @@
+//! How [`Admin::serve`](super::Admin::serve) holds its connections: each served by hyper with
+//! a timer, so that none holds the server longer than a bounded time, and at most
+//! [`OPEN_AT_ONCE`] open at once.
+//!
+//! - A request's headers must arrive within [`HEADER_READ`]. Hyper's header timer runs from
+//!   the moment a connection waits for a request, so the same bound cuts a client that sends
+//!   its headers slowly (slowloris), one that sends nothing, and an idle keep-alive
+//!   connection.
+//! - A request is answered within [`REQUEST`] (its body read included), else 408.
+//! - A connection lives at most [`LIFETIME`]: then it is asked to close after the request
+//!   under way, and cut [`HEADER_READ`] later if it has not (a client that reads its answer
+//!   slowly holds no slot for ever).
+//! - A connection beyond [`OPEN_AT_ONCE`] is closed unanswered: the newest are refused, so
+//!   that those being served are not cut, and the timeouts above bound how long the others
+//!   keep their slots.
+
+use std::convert::Infallible;
+use std::net::SocketAddr;
+use std::sync::Arc;
+use std::time::Duration;
+
+use axum::Router;
+use axum::body::Body;
+use axum::extract::ConnectInfo;
+use axum::http::{Request, Response, StatusCode};
+use axum::response::IntoResponse;
+use hyper_util::rt::{TokioIo, TokioTimer};
+use tokio::sync::Semaphore;
+
+/// How long a client may take to send a request's headers, counted from when the connection
+/// waits for one: also how long a keep-alive connection may stay idle. The page refreshes
+/// every 5 s, so a browser's connection outlives its refreshes.
+pub(crate) const HEADER_READ: Duration = Duration::from_secs(10);
+
+/// How long a request may take, its body read and its answer made.
+pub(crate) const REQUEST: Duration = Duration::from_secs(30);
+
+/// How long a connection may stay open, however busy.
+pub(crate) const LIFETIME: Duration = Duration::from_secs(300);
+
+/// The connections open at once; one more is closed unanswered.
+pub(crate) const OPEN_AT_ONCE: usize = 1024;
+
+/// Serves `router` on `listener` until accepting fails for good (it does not: an axum
+/// listener retries its own errors).
+pub(crate) async fn serve<L>(mut listener: L, router: Router) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = SocketAddr>,
+{
+    let open = Arc::new(Semaphore::new(OPEN_AT_ONCE));
+    // Said once each time the cap is reached, not once a connection.
+    let mut refusing = false;
+    loop {
+        let (io, peer) = listener.accept().await;
+        let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
+            if !refusing {
+                tracing::warn!(
+                    open = OPEN_AT_ONCE,
+                    "admin.connections_refused: as many connections are open as the page takes"
+                );
+                refusing = true;
+            }
+            drop(io);
+            continue;
+        };
+        refusing = false;
+        let router = router.clone();
+        tokio::spawn(async move {
+            let _slot = slot;
+            connection(TokioIo::new(io), peer, router).await;
+        });
+    }
+}
+
+/// Serves one connection from `peer` within the bounds of the module docs.
+async fn connection<I>(io: TokioIo<I>, peer: SocketAddr, router: Router)
+where
+    I: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin + Send + 'static,
+{
+    let service = hyper::service::service_fn(move |mut request: Request<hyper::body::Incoming>| {
+        // What `axum::serve` gives a handler: whom the request came from.
+        request.extensions_mut().insert(ConnectInfo(peer));
+        let mut router = router.clone();
+        async move {
+            let answered = tokio::time::timeout(
+                REQUEST,
+                tower_service::Service::call(&mut router, request.map(Body::new)),
+            )
+            .await;
+            Ok::<Response<Body>, Infallible>(match answered {
+                Ok(Ok(response)) => response,
+                Ok(Err(never)) => match never {},
+                Err(_) => {
+                    (StatusCode::REQUEST_TIMEOUT, "the request took too long\n").into_response()
+                }
+            })
+        }
+    });
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new())
+        .header_read_timeout(HEADER_READ);
+    let connection = http.serve_connection(io, service);
+    tokio::pin!(connection);
+    let ended = tokio::select! {
+        ended = connection.as_mut() => ended,
+        () = tokio::time::sleep(LIFETIME) => {
+            connection.as_mut().graceful_shutdown();
+            tokio::time::timeout(HEADER_READ, connection.as_mut())
+                .await
+                .unwrap_or(Ok(()))
+        }
+    };
+    if let Err(error) = ended {
+        // A client gone, or cut by a timeout: worth a look only when debugging.
+        tracing::debug!(%peer, %error, "admin.connection_ended");
+    }
+}

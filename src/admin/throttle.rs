@@ -1,0 +1,269 @@
+//! How many wrong credentials a peer may send: after [`WRONG_AT_MOST`] within [`WINDOW`],
+//! every request from it is refused (429) for [`HELD_FOR`], whatever it carries, so that a
+//! credential cannot be guessed at the speed of the network. A peer is an IPv4 address or
+//! an IPv6 /64 (what one host is usually given); without the peer's address (a router that
+//! an application serves without axum's `ConnectInfo`) all requests are one peer.
+//!
+//! The table keeps at most [`PEERS_AT_MOST`] peers: when full, the entries that no longer
+//! count are dropped first, then the one whose wrong credentials are oldest, a held peer
+//! last.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::{Mutex, PoisonError};
+use std::time::Duration;
+
+use tokio::time::Instant;
+
+/// The wrong credentials a peer may send within [`WINDOW`] before it is held back.
+pub(crate) const WRONG_AT_MOST: u32 = 10;
+
+/// How long a wrong credential counts.
+pub(crate) const WINDOW: Duration = Duration::from_secs(60);
+
+/// How long a peer that sent too many is refused.
+pub(crate) const HELD_FOR: Duration = Duration::from_secs(300);
+
+/// The peers the table keeps at most.
+pub(crate) const PEERS_AT_MOST: usize = 4096;
+
+/// Whom wrong credentials are counted against: an IPv4 address, an IPv6 /64, or `None`
+/// when the request does not say.
+type Peer = Option<IpAddr>;
+
+/// One peer's wrong credentials.
+#[derive(Debug, Clone, Copy)]
+struct Entry {
+    /// When the first wrong credential that still counts came.
+    since: Instant,
+    wrong: u32,
+    /// Until when the peer is refused, once it sent too many.
+    held_until: Option<Instant>,
+}
+
+impl Entry {
+    /// Whether the entry still says anything at `now`.
+    fn counts(&self, now: Instant) -> bool {
+        match self.held_until {
+            Some(until) => now < until,
+            None => now.saturating_duration_since(self.since) < WINDOW,
+        }
+    }
+}
+
+/// The wrong credentials of each peer; see the [module docs](self).
+#[derive(Debug, Default)]
+pub(crate) struct Throttle {
+    peers: Mutex<HashMap<Peer, Entry>>,
+}
+
+impl Throttle {
+    /// How long `peer` is still refused at `now`, if it is.
+    pub(crate) fn held(&self, peer: Option<IpAddr>, now: Instant) -> Option<Duration> {
+        let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let until = peers.get(&key(peer))?.held_until?;
+        (now < until).then(|| until.saturating_duration_since(now))
+    }
+
+    /// Counts a wrong credential from `peer` at `now`; the one that makes too many holds the
+    /// peer back.
+    pub(crate) fn wrong(&self, peer: Option<IpAddr>, now: Instant) {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        let peer = key(peer);
+        if !peers.contains_key(&peer) && peers.len() >= PEERS_AT_MOST {
+            make_room(&mut peers, now);
+        }
+        let entry = peers.entry(peer).or_insert(Entry {
+            since: now,
+            wrong: 0,
+            held_until: None,
+        });
+        if !entry.counts(now) {
+            *entry = Entry {
+                since: now,
+                wrong: 0,
+                held_until: None,
+            };
+        }
+        entry.wrong = entry.wrong.saturating_add(1);
+        if entry.wrong >= WRONG_AT_MOST {
+            entry.held_until = Some(now + HELD_FOR);
+        }
+    }
+
+    /// Forgets `peer`'s wrong credentials: it has just given the right one.
+    pub(crate) fn admitted(&self, peer: Option<IpAddr>) {
+        let mut peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
+        peers.remove(&key(peer));
+    }
+
+    #[cfg(test)]
+    fn len(&self) -> usize {
+        self.peers
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+/// The peer `address` is counted as: an IPv6 address by its /64, an IPv4 one (mapped into
+/// IPv6 or not) by itself.
+fn key(address: Option<IpAddr>) -> Peer {
+    address.map(|address| match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
+    })
+}
+
+/// Drops every entry that no longer counts, and if none did, the one whose first wrong
+/// credential is oldest (a held peer only when every peer is held).
+fn make_room(peers: &mut HashMap<Peer, Entry>, now: Instant) {
+    peers.retain(|_, entry| entry.counts(now));
+    if peers.len() < PEERS_AT_MOST {
+        return;
+    }
+    let oldest = peers
+        .iter()
+        .min_by_key(|(_, entry)| (entry.held_until.is_some(), entry.since))
+        .map(|(peer, _)| *peer);
+    if let Some(oldest) = oldest {
+        peers.remove(&oldest);
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn v4(last: u8) -> Option<IpAddr> {
+        Some(IpAddr::from([192, 0, 2, last]))
+    }
+
+    #[test]
+    fn a_peer_is_held_back_at_its_tenth_wrong_credential_within_the_window_and_not_before() {
+        let throttle = Throttle::default();
+        let start = Instant::now();
+        for at in 0..WRONG_AT_MOST - 1 {
+            throttle.wrong(v4(1), start + Duration::from_secs(u64::from(at)));
+            assert_eq!(throttle.held(v4(1), start + Duration::from_secs(10)), None);
+        }
+        let tenth = start + Duration::from_secs(20);
+        throttle.wrong(v4(1), tenth);
+        assert_eq!(throttle.held(v4(1), tenth), Some(HELD_FOR));
+        assert_eq!(
+            throttle.held(v4(1), tenth + HELD_FOR - Duration::from_secs(1)),
+            Some(Duration::from_secs(1))
+        );
+        assert_eq!(throttle.held(v4(1), tenth + HELD_FOR), None);
+        assert_eq!(
+            throttle.held(v4(2), tenth),
+            None,
+            "another peer is not held"
+        );
+        // Once let go, its count starts again.
+        throttle.wrong(v4(1), tenth + HELD_FOR);
+        assert_eq!(throttle.held(v4(1), tenth + HELD_FOR), None);
+    }
+
+    #[test]
+    fn a_peer_already_counted_keeps_its_count_when_the_table_is_full() {
+        let throttle = Throttle::default();
+        let now = Instant::now();
+        for _ in 0..WRONG_AT_MOST - 1 {
+            throttle.wrong(v4(1), now);
+        }
+        for n in 1..PEERS_AT_MOST as u32 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            throttle.wrong(Some(address), now + Duration::from_millis(1));
+        }
+        assert_eq!(throttle.len(), PEERS_AT_MOST);
+        // The oldest entry, but not to be dropped for itself.
+        throttle.wrong(v4(1), now + Duration::from_millis(2));
+        assert!(
+            throttle
+                .held(v4(1), now + Duration::from_millis(2))
+                .is_some()
+        );
+        assert_eq!(throttle.len(), PEERS_AT_MOST);
+    }
+
+    #[test]
+    fn wrong_credentials_older_than_the_window_no_longer_count() {
+        let throttle = Throttle::default();
+        let start = Instant::now();
+        for _ in 0..WRONG_AT_MOST - 1 {
+            throttle.wrong(v4(1), start);
+        }
+        let later = start + WINDOW;
+        throttle.wrong(v4(1), later);
+        assert_eq!(throttle.held(v4(1), later), None);
+    }
+
+    #[test]
+    fn the_right_credential_forgets_the_wrong_ones_before_it() {
+        let throttle = Throttle::default();
+        let now = Instant::now();
+        for _ in 0..WRONG_AT_MOST - 1 {
+            throttle.wrong(v4(1), now);
+        }
+        throttle.admitted(v4(1));
+        throttle.wrong(v4(1), now);
+        assert_eq!(throttle.held(v4(1), now), None);
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_are_one_peer_and_a_mapped_ipv4_is_the_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(key(Some(a)), key(Some(b)));
+        assert_ne!(key(Some(a)), key(Some(c)));
+        let mapped: IpAddr = "::ffff:192.0.2.1".parse().unwrap();
+        assert_eq!(key(Some(mapped)), v4(1));
+        assert_eq!(key(v4(1)), v4(1));
+    }
+
+    #[test]
+    fn the_table_never_holds_more_peers_than_its_cap_and_keeps_a_held_peer_over_a_newer_one() {
+        let throttle = Throttle::default();
+        let now = Instant::now();
+        for _ in 0..WRONG_AT_MOST {
+            throttle.wrong(v4(1), now);
+        }
+        for n in 0..PEERS_AT_MOST as u32 + 100 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            let at = now + Duration::from_millis(u64::from(n));
+            throttle.wrong(Some(address), at);
+            assert!(throttle.len() <= PEERS_AT_MOST);
+        }
+        assert!(
+            throttle.held(v4(1), now).is_some(),
+            "the held peer was dropped"
+        );
+    }
+
+    #[test]
+    fn entries_that_no_longer_count_are_dropped_first_when_the_table_is_full() {
+        let throttle = Throttle::default();
+        let now = Instant::now();
+        for n in 0..PEERS_AT_MOST as u32 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            throttle.wrong(Some(address), now);
+        }
+        assert_eq!(throttle.len(), PEERS_AT_MOST);
+        throttle.wrong(v4(1), now + WINDOW);
+        assert_eq!(throttle.len(), 1);
+        // Half of them stale: only those go, the ones that count stay.
+        let throttle = Throttle::default();
+        for n in 0..PEERS_AT_MOST as u32 {
+            let address = IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+            let at = if n % 2 == 0 { now } else { now + WINDOW };
+            throttle.wrong(Some(address), at);
+        }
+        throttle.wrong(v4(1), now + WINDOW);
+        assert_eq!(throttle.len(), PEERS_AT_MOST / 2 + 1);
+    }
+}
