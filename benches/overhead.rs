@@ -420,6 +420,11 @@ fn pieces(c: &mut Criterion) {
     group.bench_function("tokio_now_elapsed", |b| {
         b.iter(|| black_box(black_box(tokio::time::Instant::now()).elapsed()))
     });
+    #[cfg(target_arch = "x86_64")]
+    group.bench_function("rdtsc", |b| {
+        // SAFETY: reading the time-stamp counter has no precondition on x86_64.
+        b.iter(|| black_box(unsafe { std::arch::x86_64::_rdtsc() }))
+    });
     let noop_counter = metrics::Counter::noop();
     let noop_histogram = metrics::Histogram::noop();
     group.bench_function("noop_counter", |b| {
