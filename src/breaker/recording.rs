@@ -259,16 +259,18 @@ impl Recording {
         {
             let outcome = outcome_index(counted);
             match self.kept(transport) {
+                // The histogram first: its value reads the clock, and the send ends there,
+                // not after the counter's add.
                 Some(handles) => {
-                    handles.sends(outcome).increment(1);
                     handles.seconds().histogram.record(Took(started));
+                    handles.sends(outcome).increment(1);
                 }
                 None => {
+                    histogram!(SEND_SECONDS, "transport" => transport.to_owned())
+                        .record(Took(started));
                     let outcome = OUTCOMES[outcome];
                     counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
                         .increment(1);
-                    histogram!(SEND_SECONDS, "transport" => transport.to_owned())
-                        .record(Took(started));
                 }
             }
         }
