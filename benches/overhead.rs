@@ -405,11 +405,57 @@ fn rate(c: &mut Criterion) {
     group.finish();
 }
 
+/// The pieces a recorded send is made of, each alone: the clock reads of the send's
+/// duration, and the handles' operations, without a recorder and with Prometheus's.
+#[cfg(feature = "metrics")]
+fn pieces(c: &mut Criterion) {
+    let mut group = c.benchmark_group("pieces");
+    group.bench_function("std_now", |b| b.iter(|| black_box(Instant::now())));
+    group.bench_function("std_now_elapsed", |b| {
+        b.iter(|| black_box(black_box(Instant::now()).elapsed()))
+    });
+    group.bench_function("tokio_now", |b| {
+        b.iter(|| black_box(tokio::time::Instant::now()))
+    });
+    group.bench_function("tokio_now_elapsed", |b| {
+        b.iter(|| black_box(black_box(tokio::time::Instant::now()).elapsed()))
+    });
+    #[cfg(target_arch = "x86_64")]
+    group.bench_function("rdtsc", |b| {
+        // SAFETY: reading the time-stamp counter has no precondition on x86_64.
+        b.iter(|| black_box(unsafe { std::arch::x86_64::_rdtsc() }))
+    });
+    let noop_counter = metrics::Counter::noop();
+    let noop_histogram = metrics::Histogram::noop();
+    group.bench_function("noop_counter", |b| {
+        b.iter(|| black_box(&noop_counter).increment(1))
+    });
+    group.bench_function("noop_histogram", |b| {
+        b.iter(|| black_box(&noop_histogram).record(black_box(0.25)))
+    });
+    let (counter, histogram) = metrics::with_local_recorder(prometheus(), || {
+        (
+            metrics::counter!("pieces_total", "transport" => "immediate", "outcome" => "success"),
+            metrics::histogram!(mail_breaker::metrics::SEND_SECONDS, "transport" => "pieces"),
+        )
+    });
+    group.bench_function("prometheus_counter", |b| {
+        b.iter(|| black_box(&counter).increment(1))
+    });
+    group.bench_function("prometheus_histogram", |b| {
+        b.iter(|| black_box(&histogram).record(black_box(0.25)))
+    });
+    group.finish();
+}
+
+#[cfg(not(feature = "metrics"))]
+fn pieces(_: &mut Criterion) {}
+
 criterion_group! {
     name = benches;
     config = Criterion::default()
         .warm_up_time(Duration::from_secs(1))
         .measurement_time(Duration::from_secs(2));
-    targets = closed, open, scaling, domains, send_many, rate
+    targets = closed, open, pieces, scaling, domains, send_many, rate
 }
 criterion_main!(benches);

@@ -12,7 +12,7 @@ use std::task::{Context, Poll};
 
 use super::BoxedSend;
 use super::gate::{Gate, HeldBack, Unspent, attempted};
-use super::recording::{CleanStart, clean_start};
+use super::recording::CleanStart;
 use crate::machine::{Decision, Outcome, Permit, Transitions};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
@@ -66,7 +66,7 @@ enum Held<'a> {
     /// a probe's, so there is nothing to give back if the send is dropped, and a success
     /// changes nothing unless another result came first. The common case, kept to one word
     /// read before and, for a success, one after; with the `metrics` feature, also when the
-    /// send went, for its histogram (nothing without it).
+    /// send went, for its histogram, if the recorder keeps it (nothing without the feature).
     Clean(&'a FirstKey, Permit, CleanStart),
     /// Any other leave: the breaker and its permit, given back if the send is dropped.
     Counted(LocalBreaker<'a>, Unspent<'a>),
@@ -136,7 +136,8 @@ where
         && gate.counts_plainly()
         && let Some(permit) = first.clean_permit()
     {
-        return Ok(Leave::One(make, Held::Clean(first, permit, clean_start())));
+        let clean = Held::Clean(first, permit, gate.recording.clean_start(transport));
+        return Ok(Leave::One(make, clean));
     }
     let decision = if isolated {
         (Decision::Isolated, Transitions::NONE)

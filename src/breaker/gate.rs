@@ -6,7 +6,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use super::events::{History, Listener, announce};
-use super::recording::{self, Recording};
+use super::recording::Recording;
 use super::scope::{Keys, Scope};
 use crate::machine::{Decision, Outcome, Permit, Rules, Transitions};
 use crate::store::{BreakerStore, MemoryStore, Reporter};
@@ -138,7 +138,7 @@ impl Gate {
             transport,
             key,
             permit,
-            started: self.started(),
+            started: self.started(transport),
         })
     }
 
@@ -188,7 +188,7 @@ impl Gate {
                     gate: self,
                     transport,
                     permits: Permits::One(key, permit),
-                    started: self.started(),
+                    started: self.started(transport),
                 })
             }
             Keys::Many(keys) => {
@@ -205,7 +205,7 @@ impl Gate {
                         permits.push((key, permit));
                     }
                 }
-                ticket.started = self.started();
+                ticket.started = self.started(transport);
                 Ok(ticket)
             }
         }
@@ -323,9 +323,10 @@ impl Gate {
         self.slow_call.is_none()
     }
 
-    /// When a send let go now started, read only if slow calls or metrics need it.
-    fn started(&self) -> Option<Instant> {
-        (self.slow_call.is_some() || recording::TIMES_SENDS).then(Instant::now)
+    /// When a send of `transport` let go now started, read only if slow calls or the
+    /// recorder's send-time histogram need it.
+    fn started(&self, transport: &str) -> Option<Instant> {
+        (self.slow_call.is_some() || self.recording.times_sends(transport)).then(Instant::now)
     }
 
     fn is_slow(&self, started: Option<Instant>) -> bool {

@@ -8,11 +8,15 @@
 //! send records through an atomic handle, with no label allocated, no key hashed and no
 //! recorder asked. A breaker per recipient domain keeps one set for all its domains, as its
 //! labels name the transport, never the domain.
+//!
+//! A send's duration costs two reads of the clock, so they are made only for a histogram
+//! that keeps values: with no recorder installed, or one that filters
+//! `mail_breaker_send_seconds` out, the handle is a no-op and no clock is read for it.
 
 #[cfg(feature = "metrics")]
-use std::sync::Arc;
+use std::cell::Cell;
 #[cfg(feature = "metrics")]
-use std::time::Duration;
+use std::sync::Arc;
 
 use tokio::time::Instant;
 
@@ -24,24 +28,15 @@ use crate::machine::{Outcome, Transition};
 #[cfg(feature = "metrics")]
 use crate::metrics::{OPEN, SEND_SECONDS, SENDS_TOTAL, TRANSITIONS_TOTAL};
 #[cfg(feature = "metrics")]
-use ::metrics::{Counter, Gauge, Histogram, counter, gauge, histogram};
+use ::metrics::{Counter, Gauge, Histogram, IntoF64, counter, gauge, histogram};
 
-/// Whether a send needs its start time read even when slow calls do not count.
-pub(crate) const TIMES_SENDS: bool = crate::metrics::ENABLED;
-
-/// When a send let go on the breaker's clean path went: read only under the `metrics`
-/// feature, for the send's histogram; nothing without it.
+/// When a send let go on the breaker's clean path went: under the `metrics` feature, read
+/// only when the recorder keeps the send's duration ([`Recording::clean_start`]); nothing
+/// without the feature.
 #[cfg(feature = "metrics")]
-pub(crate) type CleanStart = Instant;
+pub(crate) type CleanStart = Option<Instant>;
 #[cfg(not(feature = "metrics"))]
 pub(crate) type CleanStart = ();
-
-/// The time a send let go on the clean path goes, if metrics need it.
-#[inline]
-pub(crate) fn clean_start() -> CleanStart {
-    #[cfg(feature = "metrics")]
-    return Instant::now();
-}
 
 /// A breaker's metrics: the handles it keeps, shared by its gate and the reporter of the
 /// changes its store learns of late. Nothing without the `metrics` feature.
@@ -58,10 +53,60 @@ struct Handles {
     transport: Arc<str>,
     /// `mail_breaker_sends_total`, one per outcome, in the order of [`OUTCOMES`].
     sends: [Kept<Counter>; 4],
-    seconds: Kept<Histogram>,
+    seconds: Kept<Timed>,
     /// `mail_breaker_transitions_total`, one per change, at `3 * from + to`.
     transitions: [Kept<Counter>; 9],
     open: Kept<Gauge>,
+}
+
+/// The send-time histogram, and whether the recorder keeps what it is given: a no-op
+/// handle (no recorder, or one that filters the series out) needs no clock read.
+#[cfg(feature = "metrics")]
+struct Timed {
+    histogram: Histogram,
+    wanted: bool,
+}
+
+#[cfg(feature = "metrics")]
+impl Timed {
+    fn new(histogram: Histogram) -> Self {
+        let wanted = keeps_values(&histogram);
+        Timed { histogram, wanted }
+    }
+}
+
+/// Whether `histogram` does anything with a value: the facade asks for the value only for
+/// a handle that is not a no-op, and a value recorded no times records nothing.
+#[cfg(feature = "metrics")]
+fn keeps_values(histogram: &Histogram) -> bool {
+    let asked = Cell::new(false);
+    histogram.record_many(Asked(&asked), 0);
+    asked.get()
+}
+
+/// A value that notes it was asked for.
+#[cfg(feature = "metrics")]
+struct Asked<'a>(&'a Cell<bool>);
+
+#[cfg(feature = "metrics")]
+impl IntoF64 for Asked<'_> {
+    fn into_f64(self) -> f64 {
+        self.0.set(true);
+        0.0
+    }
+}
+
+/// A send's duration, read from the clock only when a histogram asks for it: a send that
+/// went at `started` (none read: zero).
+#[cfg(feature = "metrics")]
+struct Took(Option<Instant>);
+
+#[cfg(feature = "metrics")]
+impl IntoF64 for Took {
+    fn into_f64(self) -> f64 {
+        self.0
+            .map_or(0.0, |started| started.elapsed().as_secs_f64())
+    }
 }
 
 /// The `outcome` labels, by their place in [`Handles::sends`].
@@ -98,10 +143,10 @@ impl Handles {
         })
     }
 
-    fn seconds(&self) -> &Histogram {
+    fn seconds(&self) -> &Timed {
         self.seconds.get(|| {
             let transport = Arc::clone(&self.transport);
-            histogram!(SEND_SECONDS, "transport" => transport)
+            Timed::new(histogram!(SEND_SECONDS, "transport" => transport))
         })
     }
 
@@ -159,6 +204,30 @@ impl Recording {
         (*handles.transport == *transport).then_some(handles)
     }
 
+    /// Whether a send of `transport` needs its start time for the send-time histogram: only
+    /// when the recorder keeps its values (the handle is taken here at its first use). A
+    /// transport renamed since the breaker was built takes its handle when the send ends, so
+    /// its sends are timed whatever the recorder.
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn times_sends(&self, transport: &str) -> bool {
+        #[cfg(feature = "metrics")]
+        return self
+            .kept(transport)
+            .is_none_or(|handles| handles.seconds().wanted);
+        #[cfg(not(feature = "metrics"))]
+        false
+    }
+
+    /// When a send of `transport` let go on the clean path went, read if
+    /// [`times_sends`](Self::times_sends).
+    #[inline]
+    #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
+    pub(crate) fn clean_start(&self, transport: &str) -> CleanStart {
+        #[cfg(feature = "metrics")]
+        return self.times_sends(transport).then(Instant::now);
+    }
+
     /// A breaker held a send back.
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
@@ -176,7 +245,8 @@ impl Recording {
     }
 
     /// A send the breaker let go has its answer: `counted` is how the breaker counted it
-    /// (`None`: not at all), `started` when it went (read when [`TIMES_SENDS`]).
+    /// (`None`: not at all), `started` when it went (read when [`times_sends`](Self::times_sends)
+    /// or slow calls count). The clock is read again only for a histogram that keeps it.
     #[inline]
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn send_finished(
@@ -188,18 +258,19 @@ impl Recording {
         #[cfg(feature = "metrics")]
         {
             let outcome = outcome_index(counted);
-            let took = started.map_or(Duration::ZERO, |started| started.elapsed());
             match self.kept(transport) {
+                // The histogram first: its value reads the clock, and the send ends there,
+                // not after the counter's add.
                 Some(handles) => {
+                    handles.seconds().histogram.record(Took(started));
                     handles.sends(outcome).increment(1);
-                    handles.seconds().record(took.as_secs_f64());
                 }
                 None => {
+                    histogram!(SEND_SECONDS, "transport" => transport.to_owned())
+                        .record(Took(started));
                     let outcome = OUTCOMES[outcome];
                     counter!(SENDS_TOTAL, "transport" => transport.to_owned(), "outcome" => outcome)
                         .increment(1);
-                    histogram!(SEND_SECONDS, "transport" => transport.to_owned())
-                        .record(took.as_secs_f64());
                 }
             }
         }
@@ -211,7 +282,7 @@ impl Recording {
     #[cfg_attr(not(feature = "metrics"), allow(unused_variables))]
     pub(crate) fn clean_finished(&self, transport: &str, outcome: Outcome, started: CleanStart) {
         #[cfg(feature = "metrics")]
-        self.send_finished(transport, Some(outcome), Some(started));
+        self.send_finished(transport, Some(outcome), started);
     }
 
     /// The breaker of `transport` changed state.
@@ -233,5 +304,38 @@ impl Recording {
                 None => moved(&transitions(transport, transition), &open(transport)),
             }
         }
+    }
+}
+
+#[cfg(all(test, feature = "metrics"))]
+mod tests {
+    use std::sync::Arc;
+
+    use metrics_util::debugging::DebuggingRecorder;
+
+    use super::Recording;
+
+    #[test]
+    fn a_send_is_timed_only_when_the_recorder_keeps_its_duration() {
+        let transport: Arc<str> = Arc::from("primary");
+        let unrecorded = Recording::new(&transport);
+        assert!(
+            !unrecorded.times_sends("primary"),
+            "no recorder: the histogram is a no-op, no clock to read"
+        );
+        let recorder = DebuggingRecorder::new();
+        let recorded = metrics::with_local_recorder(&recorder, || {
+            let recorded = Recording::new(&transport);
+            assert!(recorded.times_sends("primary"));
+            recorded
+        });
+        assert!(
+            recorded.times_sends("primary"),
+            "the kept handle still wants the durations"
+        );
+        assert!(
+            recorded.times_sends("renamed"),
+            "a name without kept handles is timed, its handle taken at the end"
+        );
     }
 }
