@@ -14,7 +14,7 @@ pub(crate) fn encode(bytes: &[u8]) -> String {
 /// The bytes of `text` (either case), or `None` when it is not hexadecimal.
 pub(crate) fn decode(text: &str) -> Option<Vec<u8>> {
     let digits = text.as_bytes();
-    if digits.len() % 2 != 0 {
+    if !digits.len().is_multiple_of(2) {
         return None;
     }
     let value = |digit: u8| {

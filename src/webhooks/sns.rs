@@ -349,15 +349,15 @@ impl SnsVerifier {
 
     /// The key of the certificate at `url`, from the cache or fetched.
     async fn key(&self, url: &str, now: SystemTime) -> Result<RsaPublicKey, Refused> {
-        if let Some(cached) = self
+        let cached = self
             .cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .get(url)
-        {
-            if now <= cached.not_after {
-                return Ok(cached.key.clone());
-            }
+            .filter(|cached| now <= cached.not_after)
+            .map(|cached| cached.key.clone());
+        if let Some(key) = cached {
+            return Ok(key);
         }
         let client = self.client.as_ref().map_err(|_| Refused::Certificate)?;
         let response = client.get(url).send().await.map_err(|error| {

@@ -28,7 +28,7 @@ pub(crate) fn unix_seconds(text: &str) -> Option<SystemTime> {
 
 /// Unix seconds with an optional fraction (Mailgun's `1521472262.908181`), as a JSON number.
 pub(crate) fn unix_float(seconds: f64) -> Option<SystemTime> {
-    if !seconds.is_finite() || seconds < 0.0 || seconds > 1e12 {
+    if !seconds.is_finite() || !(0.0..=1e12).contains(&seconds) {
         return None;
     }
     SystemTime::UNIX_EPOCH.checked_add(Duration::from_secs_f64(seconds))
@@ -45,9 +45,12 @@ pub(crate) fn rfc3339(text: &str) -> Option<SystemTime> {
         std::str::from_utf8(digits).ok()?.parse().ok()
     };
     let separator = |at: usize, allowed: &[u8]| bytes.get(at).is_some_and(|b| allowed.contains(b));
-    if !(separator(4, b"-") && separator(7, b"-") && separator(10, b"Tt ") && separator(13, b":"))
-        || !separator(16, b":")
-    {
+    let separators = separator(4, b"-")
+        && separator(7, b"-")
+        && separator(10, b"Tt ")
+        && separator(13, b":")
+        && separator(16, b":");
+    if !separators {
         return None;
     }
     let (year, month, day) = (number(0..4)?, number(5..7)?, number(8..10)?);
