@@ -35,6 +35,13 @@ pub(crate) const MAX_AGE: Duration = Duration::from_secs(8 * 3600 + 5 * 60);
 
 /// How many tokens are remembered at most unless [`SigningKey::remember_tokens`] says
 /// otherwise.
+///
+/// ```
+/// use mail_breaker::webhooks::{DEFAULT_TOKEN_CAPACITY, SigningKey};
+///
+/// let key = SigningKey::new("key").remember_tokens(DEFAULT_TOKEN_CAPACITY * 2);
+/// # let _ = key;
+/// ```
 pub const DEFAULT_TOKEN_CAPACITY: usize = 200_000;
 
 /// Mailgun's webhook signing key (the dashboard's "HTTP webhook signing key", not the API

@@ -1,6 +1,6 @@
 //! The providers' webhooks, received: an axum router whose routes each authenticate a
 //! request before reading a single event from it, read the events into the crate's one
-//! vocabulary ([`DeliveryEvent`]) and hand them to an [`EventSink`].
+//! vocabulary ([`DeliveryEvent`](crate::events::DeliveryEvent)) and hand them to an [`EventSink`].
 //!
 //! | route | provider | how a request is authenticated |
 //! |---|---|---|
@@ -74,7 +74,7 @@ use axum::routing::post;
 
 use crate::events::{EventSink, Provider};
 
-pub use mailgun::SigningKey;
+pub use mailgun::{DEFAULT_TOKEN_CAPACITY, SigningKey};
 pub use postmark::BasicAuth;
 pub use resend::SvixSecret;
 pub use sendgrid::PublicKey;
@@ -83,6 +83,12 @@ pub use sns::SnsPolicy;
 /// The largest body a route reads unless [`Webhooks::body_limit`] says otherwise: 1 MiB.
 /// SNS messages are at most 256 KiB; SendGrid posts its events in batches, which stay far
 /// below this.
+///
+/// ```
+/// use mail_breaker::webhooks::DEFAULT_BODY_LIMIT;
+///
+/// assert_eq!(DEFAULT_BODY_LIMIT, 1024 * 1024);
+/// ```
 pub const DEFAULT_BODY_LIMIT: usize = 1024 * 1024;
 
 /// The webhook receivers, one route per provider configured, built into an axum

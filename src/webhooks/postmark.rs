@@ -44,6 +44,13 @@ impl std::fmt::Debug for BasicAuth {
 
 impl BasicAuth {
     /// The user and password Postmark must send.
+    ///
+    /// ```
+    /// use mail_breaker::webhooks::BasicAuth;
+    ///
+    /// let credentials = BasicAuth::new("postmark", "a long random password");
+    /// # let _ = credentials;
+    /// ```
     pub fn new(user: &str, password: &str) -> BasicAuth {
         BasicAuth {
             expected: Sha256::digest(format!("{user}:{password}").as_bytes()).into(),

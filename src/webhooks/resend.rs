@@ -46,6 +46,14 @@ impl std::fmt::Debug for SvixSecret {
 impl SvixSecret {
     /// Reads the secret: the base64 after `whsec_` (the prefix may be left out, as Svix's
     /// own libraries allow).
+    ///
+    /// ```
+    /// use mail_breaker::webhooks::SvixSecret;
+    ///
+    /// let secret = SvixSecret::new("whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw")?;
+    /// # let _ = secret;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn new(secret: &str) -> Result<SvixSecret, ConfigError> {
         let encoded = secret.trim();
         let encoded = encoded.strip_prefix("whsec_").unwrap_or(encoded);

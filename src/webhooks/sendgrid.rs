@@ -47,6 +47,15 @@ pub struct PublicKey {
 
 impl PublicKey {
     /// Reads the key as SendGrid shows it (base64 DER; whitespace around it is ignored).
+    ///
+    /// ```
+    /// use mail_breaker::webhooks::PublicKey;
+    ///
+    /// let shown = "MFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEoXZGLUkUBNjO4SgueBMruW5ymXPOYI2xr1RxNB+2dQUbxfWne2h02vz0c2/O05uW4gaM1AWTtAkDq2yP4cJFMA==";
+    /// let key = PublicKey::from_base64(shown)?;
+    /// # let _ = key;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn from_base64(text: &str) -> Result<PublicKey, ConfigError> {
         let der = STANDARD
             .decode(text.trim())
