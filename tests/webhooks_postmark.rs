@@ -126,6 +126,13 @@ async fn the_postmark_documented_samples_parse_to_their_kinds() {
         (BOUNCE.to_owned(), "john@example.com", EventKind::Bounced { bounce: BounceKind::Permanent, subtype: Some("HardBounce".into()) }),
         (BOUNCE.replace("\"HardBounce\"", "\"SoftBounce\"").replace("4323372036854775807", "2"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Transient, subtype: Some("SoftBounce".into()) }),
         (BOUNCE.replace("\"HardBounce\"", "\"Transient\"").replace("4323372036854775807", "3"), "john@example.com", EventKind::Deferred),
+        // Postmark's own refusals, before any server was asked (its bounce types,
+        // https://postmarkapp.com/developer/api/bounce-api#bounce-types).
+        (BOUNCE.replace("\"HardBounce\"", "\"ManuallyDeactivated\"").replace("4323372036854775807", "4"), "john@example.com", EventKind::Rejected),
+        (BOUNCE.replace("\"HardBounce\"", "\"SMTPApiError\"").replace("4323372036854775807", "5"), "john@example.com", EventKind::Rejected),
+        (BOUNCE.replace("\"HardBounce\"", "\"BadEmailAddress\"").replace("4323372036854775807", "6"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Permanent, subtype: Some("BadEmailAddress".into()) }),
+        (BOUNCE.replace("\"HardBounce\"", "\"AutoResponder\"").replace("4323372036854775807", "7"), "john@example.com", EventKind::Unknown { provider_kind: "AutoResponder".into() }),
+        (BOUNCE.replace("\"HardBounce\"", "\"SomeNewType\"").replace("4323372036854775807", "8"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Undetermined, subtype: Some("SomeNewType".into()) }),
         // https://postmarkapp.com/developer/webhooks/spam-complaint-webhook
         (r#"{"RecordType":"SpamComplaint","MessageStream":"outbound","ID":42,"Type":"SpamComplaint","TypeCode":512,"Name":"Spam complaint","Tag":"Test","MessageID":"00000000-0000-0000-0000-000000000000","ServerID":1234,"Description":"","Details":"Test spam complaint details","Email":"john@example.com","From":"sender@example.com","BouncedAt":"2019-11-05T16:33:54.9070259Z","DumpAvailable":true,"Inactive":true,"CanActivate":false,"Subject":"Test subject","Content":"<Abuse report dump>"}"#.to_owned(), "john@example.com", EventKind::Complained { feedback: None }),
         // https://postmarkapp.com/developer/webhooks/delivery-webhook

@@ -79,6 +79,14 @@ async fn one_matching_signature_among_several_is_enough() {
     );
     let (status, body) = post(&router, "/resend", &headers("msg_2", now, several), BOUNCED).await;
     assert_eq!(status, StatusCode::OK, "{body}");
+    // Two signatures that both match (the same secret listed twice while rotating).
+    let twice = format!(
+        "{} {}",
+        sign(SECRET, "msg_2b", now, BOUNCED),
+        sign(SECRET, "msg_2b", now, BOUNCED)
+    );
+    let (status, body) = post(&router, "/resend", &headers("msg_2b", now, twice), BOUNCED).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
 }
 
 #[tokio::test]

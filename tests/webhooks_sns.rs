@@ -343,6 +343,30 @@ async fn a_subscription_for_a_topic_not_allowed_is_refused_and_never_confirmed()
 }
 
 #[tokio::test]
+async fn an_unsubscribe_confirmation_is_answered_2xx_and_never_followed() {
+    let Some(sns) =
+        Sns::start("an_unsubscribe_confirmation_is_answered_2xx_and_never_followed").await
+    else {
+        return;
+    };
+    let sink = Recorder::new();
+    let router = router(&sns, &sink, &[]);
+    let mut unsubscribed = sns.confirmation(SignatureVersion::V2, TOPIC);
+    unsubscribed["Type"] = "UnsubscribeConfirmation".into();
+    sns.sign(&mut unsubscribed, SignatureVersion::V2);
+    let (status, body) = post(&router, "/ses", &[], unsubscribed.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(sns.requests(), vec![CERT_PATH.to_owned()]);
+    assert_eq!(sink.events(), vec![]);
+    // An SNS type this receiver does not know is refused.
+    let mut unknown = sns.confirmation(SignatureVersion::V2, TOPIC);
+    unknown["Type"] = "SomethingElse".into();
+    sns.sign(&mut unknown, SignatureVersion::V2);
+    let (status, _) = post(&router, "/ses", &[], unknown.to_string()).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST);
+}
+
+#[tokio::test]
 async fn one_ses_notification_for_two_recipients_is_two_events_with_the_sns_message_id() {
     let Some(sns) =
         Sns::start("one_ses_notification_for_two_recipients_is_two_events_with_the_sns_message_id")

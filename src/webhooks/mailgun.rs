@@ -310,6 +310,23 @@ mod tests {
     }
 
     #[test]
+    fn a_token_is_forgotten_once_its_window_has_ended_and_not_before() {
+        let signed = at(100_000);
+        let ends = signed + MAX_AGE;
+        let mut tokens = Tokens::default();
+        assert_eq!(
+            tokens.check("old", [1; 32], signed, signed, 1),
+            TokenUse::Fresh
+        );
+        let just_before = ends - Duration::from_nanos(1);
+        assert_eq!(
+            tokens.check("new", [1; 32], just_before, just_before, 1),
+            TokenUse::Full
+        );
+        assert_eq!(tokens.check("new", [1; 32], ends, ends, 1), TokenUse::Fresh);
+    }
+
+    #[test]
     fn a_full_store_forgets_expired_tokens_and_never_one_inside_its_window() {
         let mut tokens = Tokens::default();
         let old = at(100_000);

@@ -248,7 +248,7 @@ struct CachedKey {
 pub(crate) struct SnsVerifier {
     topics: HashSet<String>,
     client: Result<reqwest::Client, String>,
-    cache: Mutex<HashMap<String, CachedKey>>,
+    cache: Mutex<CertificateCache>,
 }
 
 impl SnsVerifier {
@@ -260,7 +260,7 @@ impl SnsVerifier {
         SnsVerifier {
             topics: policy.topics,
             client,
-            cache: Mutex::new(HashMap::new()),
+            cache: Mutex::new(CertificateCache::default()),
         }
     }
 
@@ -353,9 +353,7 @@ impl SnsVerifier {
             .cache
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
-            .get(url)
-            .filter(|cached| now <= cached.not_after)
-            .map(|cached| cached.key.clone());
+            .get(url, now);
         if let Some(key) = cached {
             return Ok(key);
         }
@@ -371,34 +369,65 @@ impl SnsVerifier {
         }
         let pem = read_bounded(response).await.ok_or(Refused::Certificate)?;
         let cached = read_certificate(&pem, now).ok_or(Refused::Certificate)?;
-        let mut cache = self.cache.lock().unwrap_or_else(PoisonError::into_inner);
-        if cache.len() >= MAX_CACHED {
-            cache.retain(|_, cached| now <= cached.not_after);
-            if cache.len() >= MAX_CACHED {
-                cache.clear();
+        let key = cached.key.clone();
+        self.cache
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .insert(url, cached, now);
+        Ok(key)
+    }
+}
+
+/// The certificates' keys by URL, at most [`MAX_CACHED`]: when full, the expired ones go
+/// first, and all of them when none has expired (AWS uses a few; more means someone is
+/// naming many certificate URLs, and fetching again is the price).
+#[derive(Debug, Default)]
+struct CertificateCache {
+    keys: HashMap<String, CachedKey>,
+}
+
+impl CertificateCache {
+    /// The key of `url`, while its certificate is valid.
+    fn get(&self, url: &str, now: SystemTime) -> Option<RsaPublicKey> {
+        self.keys
+            .get(url)
+            .filter(|cached| now <= cached.not_after)
+            .map(|cached| cached.key.clone())
+    }
+
+    fn insert(&mut self, url: &str, cached: CachedKey, now: SystemTime) {
+        if self.keys.len() >= MAX_CACHED {
+            self.keys.retain(|_, cached| now <= cached.not_after);
+            if self.keys.len() >= MAX_CACHED {
+                self.keys.clear();
             }
         }
-        cache.insert(url.to_owned(), cached.clone());
-        Ok(cached.key)
+        self.keys.insert(url.to_owned(), cached);
     }
 }
 
 /// The body of `response`, or `None` past [`MAX_FETCHED`] bytes or on an error.
 async fn read_bounded(mut response: reqwest::Response) -> Option<Vec<u8>> {
+    // The declared length only refuses early; the chunks are counted whatever it says.
     if response
         .content_length()
-        .is_some_and(|length| length > MAX_FETCHED as u64)
+        .is_some_and(|length| !fits(usize::try_from(length).unwrap_or(usize::MAX)))
     {
         return None;
     }
     let mut body = Vec::new();
     while let Some(chunk) = response.chunk().await.ok()? {
-        if body.len() + chunk.len() > MAX_FETCHED {
+        if !fits(body.len().saturating_add(chunk.len())) {
             return None;
         }
         body.extend_from_slice(&chunk);
     }
     Some(body)
+}
+
+/// Whether a fetched body of `length` bytes is within [`MAX_FETCHED`].
+fn fits(length: usize) -> bool {
+    length <= MAX_FETCHED
 }
 
 /// The RSA key of a PEM certificate valid now, of at least 2048 bits.
@@ -521,6 +550,74 @@ pub(crate) fn is_sns_confirmation_url(text: &str, topic_arn: &str) -> bool {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fetched_body_fits_up_to_64_kib_and_not_a_byte_more() {
+        assert!(fits(0));
+        assert!(fits(MAX_FETCHED));
+        assert!(!fits(MAX_FETCHED + 1));
+    }
+
+    fn key() -> RsaPublicKey {
+        // A fixed 2048-bit modulus is not needed: the cache never reads the key.
+        RsaPublicKey::new(
+            rsa::BigUint::from(0xffff_ffff_ffff_fff1u64),
+            rsa::BigUint::from(65_537u32),
+        )
+        .unwrap()
+    }
+
+    fn at(seconds: u64) -> SystemTime {
+        SystemTime::UNIX_EPOCH + Duration::from_secs(seconds)
+    }
+
+    #[test]
+    fn a_cached_key_is_given_while_its_certificate_is_valid() {
+        let mut cache = CertificateCache::default();
+        let not_after = at(1_000);
+        cache.insert(
+            "https://a/1.pem",
+            CachedKey {
+                key: key(),
+                not_after,
+            },
+            at(0),
+        );
+        assert!(cache.get("https://a/1.pem", at(1_000)).is_some());
+        assert!(cache.get("https://a/1.pem", at(1_001)).is_none());
+        assert!(cache.get("https://a/2.pem", at(0)).is_none());
+    }
+
+    #[test]
+    fn a_full_cache_drops_the_expired_keys_first_then_all() {
+        let mut cache = CertificateCache::default();
+        for index in 0..MAX_CACHED - 1 {
+            let cached = CachedKey {
+                key: key(),
+                not_after: at(10_000),
+            };
+            cache.insert(&format!("https://a/{index}.pem"), cached, at(0));
+        }
+        let expiring = CachedKey {
+            key: key(),
+            not_after: at(100),
+        };
+        cache.insert("https://a/expiring.pem", expiring, at(0));
+        assert_eq!(cache.keys.len(), MAX_CACHED);
+        // Full: the one expired by now goes, the valid ones stay.
+        let cached = CachedKey {
+            key: key(),
+            not_after: at(10_000),
+        };
+        cache.insert("https://a/new.pem", cached.clone(), at(101));
+        assert_eq!(cache.keys.len(), MAX_CACHED);
+        assert!(cache.get("https://a/0.pem", at(101)).is_some());
+        assert!(!cache.keys.contains_key("https://a/expiring.pem"));
+        // Full again with none expired: all go but the new one.
+        cache.insert("https://a/newer.pem", cached, at(102));
+        assert_eq!(cache.keys.len(), 1);
+        assert!(cache.get("https://a/newer.pem", at(102)).is_some());
+    }
 
     #[test]
     fn only_sns_hosts_match_the_pattern() {
