@@ -19,7 +19,9 @@ pub(crate) fn within(signed: SystemTime, now: SystemTime, max_age: Duration) -> 
 /// Whole Unix seconds as text (`1770920772`), as the providers' headers carry them.
 pub(crate) fn unix_seconds(text: &str) -> Option<SystemTime> {
     let text = text.trim();
-    if text.is_empty() || !text.bytes().all(|b| b.is_ascii_digit()) {
+    // Digits only: `u64`'s parser would also take a leading `+`. (An empty text fails the
+    // parse.)
+    if !text.bytes().all(|b| b.is_ascii_digit()) {
         return None;
     }
     let seconds: u64 = text.parse().ok()?;
@@ -165,6 +167,8 @@ mod tests {
     fn unix_seconds_are_digits_only() {
         assert_eq!(unix_seconds("1770920772"), Some(unix(1_770_920_772, 0)));
         assert_eq!(unix_seconds("-1"), None);
+        assert_eq!(unix_seconds("+1"), None);
+        assert_eq!(unix_seconds(""), None);
         assert_eq!(unix_seconds("1e9"), None);
         assert_eq!(unix_seconds("99999999999999999999999"), None);
         assert_eq!(unix_float(f64::NAN), None);
