@@ -42,14 +42,14 @@
 //!
 //! | floor | modules | what stands there |
 //! |---|---|---|
-//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked` | the breaker's state machine, the [`Transport`] trait, answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline, the metrics' names and the handles each room keeps to record them |
+//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked`, `events` | the breaker's state machine, the [`Transport`] trait, what providers report after a send (`events`), answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline, the metrics' names and the handles each room keeps to record them |
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
 //! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate` | transports around transports: failover and round robin, retries, rate limits |
 //! | 5. the adapters | `adapters`, `oauth` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login |
 //! | 6. the outbox | `outbox` | mail kept in a database until a provider takes it |
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
-//! | 8. the command, the page and the guide | `bin`, `admin`, `guide` | what an operator runs and reads; the user's manual (text only) |
+//! | 8. the command, the page and the guide | `bin`, `admin`, `guide`, `webhooks` | what an operator runs and reads; the providers' webhooks, received (an axum router beside the page); the user's manual (text only) |
 #![warn(missing_docs)]
 // docs.rs (nightly, `--cfg docsrs`) marks each item with the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
@@ -85,6 +85,8 @@ pub mod suppression;
 mod sync;
 mod time;
 mod transport;
+#[cfg(feature = "webhooks")]
+pub mod webhooks;
 
 #[cfg(feature = "mailgun")]
 pub use adapters::http::mailgun::{MailgunTransport, classify_mailgun_error};

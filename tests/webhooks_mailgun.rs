@@ -1,0 +1,277 @@
+//! `POST /mailgun`: HMAC-SHA256 of timestamp and token with the signing key; each token once
+//! with one body, within Mailgun's 8-hour retry span.
+
+mod webhooks_support;
+
+use axum::http::StatusCode;
+use hmac::{Hmac, Mac};
+use mail_breaker::events::{BounceKind, EventKind, Provider};
+use mail_breaker::webhooks::{SigningKey, Webhooks};
+use serde_json::json;
+use sha2::Sha256;
+use webhooks_support::{Recorder, post, unix_now};
+
+const KEY: &str = "key-7d1a3b2c9e0f4a5b6c7d8e9f0a1b2c3d";
+
+fn router(sink: &std::sync::Arc<Recorder>) -> axum::Router {
+    Webhooks::new(sink.clone())
+        .mailgun(SigningKey::new(KEY))
+        .member(Provider::Mailgun, "mailgun")
+        .router()
+}
+
+/// Mailgun's signature block for `token` at `timestamp`, with `key`.
+fn signature(key: &str, timestamp: u64, token: &str) -> serde_json::Value {
+    let mut mac = Hmac::<Sha256>::new_from_slice(key.as_bytes()).unwrap();
+    mac.update(format!("{timestamp}{token}").as_bytes());
+    let hex: String = mac
+        .finalize()
+        .into_bytes()
+        .iter()
+        .map(|b| format!("{b:02x}"))
+        .collect();
+    json!({"timestamp": timestamp.to_string(), "token": token, "signature": hex})
+}
+
+fn failed(id: &str, recipient: &str) -> serde_json::Value {
+    json!({
+        "event": "failed", "id": id, "timestamp": 1765000000.25, "severity": "permanent",
+        "reason": "bounce", "recipient": recipient,
+        "delivery-status": {"code": 550, "message": "5.1.1 The email account that you tried to reach does not exist.", "description": ""},
+        "message": {"headers": {"message-id": "20251206.1@mg.example.com"}}
+    })
+}
+
+fn payload(signature: serde_json::Value, event: serde_json::Value) -> String {
+    json!({"signature": signature, "event-data": event}).to_string()
+}
+
+const TOKEN: &str = "e0b5477167110d68991efc6b9f89f0a11066af27834600e123";
+
+#[tokio::test]
+async fn a_valid_mailgun_event_is_accepted_and_kept() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let body = payload(
+        signature(KEY, unix_now(), TOKEN),
+        failed("ev-1", "b@example.com"),
+    );
+    let (status, answer) = post(&router, "/mailgun", &[], body).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+    let events = sink.events();
+    assert_eq!(events.len(), 1);
+    assert_eq!(events[0].recipient, "b@example.com");
+    assert_eq!(events[0].event_id, "ev-1");
+    assert_eq!(events[0].member.as_deref(), Some("mailgun"));
+    assert_eq!(
+        events[0].provider_message_id.as_deref(),
+        Some("20251206.1@mg.example.com")
+    );
+    assert_eq!(
+        events[0].mta_response.as_deref(),
+        Some("550 5.1.1 The email account that you tried to reach does not exist.")
+    );
+    assert!(events[0].kind.suppresses());
+}
+
+#[tokio::test]
+async fn a_forged_mailgun_event_is_refused_and_keeps_nothing() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let now = unix_now();
+    let event = failed("ev-forged", "b@example.com");
+    // Another key.
+    let body = payload(signature("key-not-ours", now, TOKEN), event.clone());
+    assert_eq!(
+        post(&router, "/mailgun", &[], body).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    // The signature of another token, or of another time.
+    let mut moved = signature(KEY, now, TOKEN);
+    moved["token"] = "f0b5477167110d68991efc6b9f89f0a11066af27834600e123".into();
+    assert_eq!(
+        post(&router, "/mailgun", &[], payload(moved, event.clone()))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    let mut moved = signature(KEY, now, TOKEN);
+    moved["timestamp"] = (now - 1).to_string().into();
+    assert_eq!(
+        post(&router, "/mailgun", &[], payload(moved, event.clone()))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    // No signature, a signature that is not hexadecimal, a body that is not JSON.
+    let body = json!({"event-data": event}).to_string();
+    assert_eq!(
+        post(&router, "/mailgun", &[], body).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    let mut garbage = signature(KEY, now, TOKEN);
+    garbage["signature"] = "zz".into();
+    assert_eq!(
+        post(&router, "/mailgun", &[], payload(garbage, event))
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(
+        post(&router, "/mailgun", &[], "token=x&signature=y")
+            .await
+            .0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(sink.events(), vec![]);
+}
+
+#[tokio::test]
+async fn a_mailgun_event_signed_past_the_retry_span_is_refused_and_one_within_it_accepted() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let now = unix_now();
+    let stale = payload(
+        signature(KEY, now - 8 * 3600 - 6 * 60, TOKEN),
+        failed("ev-stale", "b@example.com"),
+    );
+    let (status, answer) = post(&router, "/mailgun", &[], stale).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    let ahead = payload(
+        signature(KEY, now + 400, "token-ahead"),
+        failed("ev-ahead", "b@example.com"),
+    );
+    assert_eq!(
+        post(&router, "/mailgun", &[], ahead).await.0,
+        StatusCode::BAD_REQUEST
+    );
+    assert_eq!(sink.events(), vec![]);
+    // Mailgun's last retry, 7.5 hours on, may carry the first attempt's signature.
+    let retried = payload(
+        signature(KEY, now - 7 * 3600 - 30 * 60, "token-retried"),
+        failed("ev-retried", "b@example.com"),
+    );
+    let (status, answer) = post(&router, "/mailgun", &[], retried).await;
+    assert_eq!(status, StatusCode::OK, "{answer}");
+}
+
+#[tokio::test]
+async fn a_mailgun_token_used_again_with_another_body_is_refused() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let captured = signature(KEY, unix_now(), TOKEN);
+    let first = payload(captured.clone(), failed("ev-first", "a@example.com"));
+    assert_eq!(
+        post(&router, "/mailgun", &[], first).await.0,
+        StatusCode::OK
+    );
+    let replayed = payload(captured, failed("ev-replayed", "victim@example.com"));
+    let (status, answer) = post(&router, "/mailgun", &[], replayed).await;
+    assert_eq!(status, StatusCode::BAD_REQUEST, "{answer}");
+    assert!(answer.contains("token"), "{answer}");
+    let recipients: Vec<String> = sink.events().into_iter().map(|e| e.recipient).collect();
+    assert_eq!(recipients, ["a@example.com"]);
+}
+
+#[tokio::test]
+async fn a_resent_mailgun_event_is_answered_2xx_and_counted_once() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let body = payload(
+        signature(KEY, unix_now(), TOKEN),
+        failed("ev-resent", "b@example.com"),
+    );
+    // The first attempt finds the sink down: 5xx, and Mailgun resends the same body.
+    sink.fail(true);
+    assert!(
+        post(&router, "/mailgun", &[], body.clone())
+            .await
+            .0
+            .is_server_error()
+    );
+    sink.fail(false);
+    for _ in 0..2 {
+        let (status, answer) = post(&router, "/mailgun", &[], body.clone()).await;
+        assert_eq!(status, StatusCode::OK, "{answer}");
+    }
+    // Resent with a fresh signature (a new token), the same event id.
+    let fresh = payload(
+        signature(
+            KEY,
+            unix_now(),
+            "another-token-0000000000000000000000000000000000",
+        ),
+        failed("ev-resent", "b@example.com"),
+    );
+    assert_eq!(
+        post(&router, "/mailgun", &[], fresh).await.0,
+        StatusCode::OK
+    );
+    assert_eq!(sink.events().len(), 1);
+}
+
+#[tokio::test]
+async fn the_mailgun_documented_samples_parse_to_their_kinds() {
+    // Facts of the sample `event-data` of https://documentation.mailgun.com/docs/mailgun/user-manual/events/events
+    // and https://documentation.mailgun.com/docs/mailgun/user-manual/webhooks/webhooks
+    let samples = [
+        (
+            json!({"event":"delivered","id":"CPgfbmQMTCKtHW6uIWtuVe","timestamp":1521472262.908181,"recipient":"alice@example.com","delivery-status":{"code":250,"message":"OK","description":""},"message":{"headers":{"message-id":"20130503182626.18666.16540@example.com"}}}),
+            EventKind::Delivered,
+        ),
+        (
+            json!({"event":"failed","id":"G9Bn5sl1TC6nu79C8C0bwg","timestamp":1521233195.375624,"severity":"permanent","reason":"suppress-bounce","recipient":"alice@example.com","delivery-status":{"code":605,"message":"","description":"Not delivering to previously bounced address"}}),
+            EventKind::Rejected,
+        ),
+        (
+            json!({"event":"failed","id":"pl271FzxTTmGRW8Uj3dUWw","timestamp":1521243339.873676,"severity":"permanent","reason":"bounce","recipient":"alice@example.com","delivery-status":{"code":550,"message":"5.1.1 The email account that you tried to reach does not exist.","description":""}}),
+            EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: Some("bounce".into()),
+            },
+        ),
+        (
+            json!({"event":"failed","id":"Fs7-5t81S2ms-wlLvYq6Sg","timestamp":1521472262.908181,"severity":"temporary","reason":"generic","recipient":"alice@example.com","delivery-status":{"code":452,"message":"4.2.2 The email account that you tried to reach is over quota.","attempt-no":1,"retry-seconds":600}}),
+            EventKind::Deferred,
+        ),
+        (
+            json!({"event":"opened","id":"-laxIqj9QWubsjY_3pTq_g","timestamp":1377047343.042277,"recipient":"alice@example.com"}),
+            EventKind::Opened,
+        ),
+        (
+            json!({"event":"clicked","id":"Ase7i2zsRYeDXztHGENqRA","timestamp":1521243339.873676,"recipient":"alice@example.com","url":"https://example.com"}),
+            EventKind::Clicked,
+        ),
+        (
+            json!({"event":"unsubscribed","id":"Ase7i2zsRYeDXztHGENqRA-u","timestamp":1521243339.873676,"recipient":"alice@example.com"}),
+            EventKind::Unsubscribed,
+        ),
+        (
+            json!({"event":"complained","id":"ncV2XwymRUKbPek_MIM-Gw","timestamp":1377214260.049634,"recipient":"alice@example.com"}),
+            EventKind::Complained { feedback: None },
+        ),
+        (
+            json!({"event":"accepted","id":"jE6dnOKcR3ahLN0ExDvA4A","timestamp":1521472262.908181,"recipient":"alice@example.com"}),
+            EventKind::Unknown {
+                provider_kind: "accepted".into(),
+            },
+        ),
+    ];
+    let sink = Recorder::new();
+    let router = router(&sink);
+    for (index, (event, kind)) in samples.iter().enumerate() {
+        let token = format!("sample-token-{index:040}");
+        let body = payload(signature(KEY, unix_now(), &token), event.clone());
+        let (status, answer) = post(&router, "/mailgun", &[], body).await;
+        assert_eq!(status, StatusCode::OK, "#{index}: {answer}");
+        let id = event["id"].as_str().unwrap();
+        let kept: Vec<_> = sink
+            .events()
+            .into_iter()
+            .filter(|e| e.event_id == id)
+            .collect();
+        assert_eq!(kept.len(), 1, "#{index}");
+        assert_eq!(&kept[0].kind, kind, "#{index}");
+        assert_eq!(kept[0].recipient, "alice@example.com");
+    }
+}
