@@ -118,7 +118,7 @@ fn ratio(events: u64, sends: u64) -> f64 {
 }
 
 /// A change of tier made by one call; `from == to` is none.
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TierChange {
     /// The tier before the call.
     pub from: Tier,
