@@ -26,6 +26,8 @@
 //! ```
 
 mod breaker;
+#[cfg(feature = "redis")]
+mod redis;
 mod rules;
 mod store;
 mod transport;
