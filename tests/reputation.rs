@@ -282,3 +282,21 @@ async fn held_mail_waits_in_the_outbox_while_another_members_mail_goes_and_a_res
     assert_eq!((stats.queued, stats.dead), (0, 0));
     assert_eq!(ses_provider.sends(), 1_001);
 }
+
+#[tokio::test(start_paused = true)]
+async fn a_retry_answers_a_reputation_hold_at_once_without_waiting_to_try_again() {
+    let (ses, breaker, _) = member("ses");
+    open(&ses, &breaker).await;
+    let retry = mail_breaker::RetryTransport::builder(ses)
+        .max_attempts(5)
+        .build()
+        .unwrap();
+    let started = tokio::time::Instant::now();
+    let error = retry.send(&support::message()).await.unwrap_err();
+    assert!(error.is_reputation_hold());
+    assert_eq!(
+        tokio::time::Instant::now(),
+        started,
+        "no backoff was waited: the paused clock did not move"
+    );
+}

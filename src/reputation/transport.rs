@@ -100,6 +100,7 @@ mod tests {
 
     use super::*;
     use crate::reputation::Tier;
+    // layers: the tests' stub provider, an adapter, stands in for a member.
     use crate::{LettreTransport, PoolTransport};
 
     fn stub(name: &str) -> impl Transport + 'static {
