@@ -94,23 +94,49 @@ impl ReputationBreaker {
     }
 
     /// The member's name.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// assert_eq!(ReputationBreaker::builder("ses").build()?.member(), "ses");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn member(&self) -> &str {
         &self.shared.member
     }
 
     /// The rules it decides by.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, ReputationRules};
+    /// let breaker = ReputationBreaker::builder("ses").build()?;
+    /// assert_eq!(*breaker.rules(), ReputationRules::default());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn rules(&self) -> &ReputationRules {
         &self.shared.rules
     }
 
     /// Whether a pool may fail the member's mail over to the next member while it is open
     /// (`reputation.failover=true`).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// assert!(!ReputationBreaker::builder("ses").build()?.fails_over());
+    /// assert!(ReputationBreaker::builder("ses").failover(true).build()?.fails_over());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn fails_over(&self) -> bool {
         self.shared.failover
     }
 
     /// The tier this process last heard from the store (at the last send, event or
     /// [`standing`](Self::standing)); `Healthy` before any.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, Tier};
+    /// assert_eq!(ReputationBreaker::builder("ses").build()?.tier(), Tier::Healthy);
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn tier(&self) -> Tier {
         Tier::from_number(self.shared.last.load(Ordering::Relaxed))
     }
@@ -135,6 +161,15 @@ impl ReputationBreaker {
     }
 
     /// Where the member stands now, as the store says (for the page, a command, a test).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, Standing};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let breaker = ReputationBreaker::builder("ses").build()?;
+    /// assert_eq!(breaker.standing().await?, Standing::default());
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn standing(&self) -> Result<Standing, KeepError> {
         let standing = self
             .shared
@@ -148,6 +183,21 @@ impl ReputationBreaker {
     /// Counts the permanent bounces and complaints among `events` whose member is this
     /// breaker's, each `(provider, event id, recipient)` once; the others change nothing.
     /// [`Kept::new`] counts those newly counted.
+    ///
+    /// ```
+    /// use std::time::SystemTime;
+    /// use mail_breaker::events::{DeliveryEvent, EventKind, Provider};
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let breaker = ReputationBreaker::builder("ses").build()?;
+    /// let complaint = EventKind::Complained { feedback: Some("abuse".into()) };
+    /// let mut event = DeliveryEvent::new(Provider::Ses, "n-1", complaint, "a@example.org", SystemTime::now());
+    /// event.member = Some("ses".into());
+    /// assert_eq!(breaker.record(&[event.clone()]).await?.new, 1);
+    /// assert_eq!(breaker.record(&[event]).await?.new, 0, "a resent event counts once");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn record(&self, events: &[DeliveryEvent]) -> Result<Kept, KeepError> {
         let heard: Vec<Heard> = events
             .iter()
@@ -163,6 +213,16 @@ impl ReputationBreaker {
 
     /// Closes the breaker and clears its counts, for every process sharing its store: what
     /// a person does once the cause is mended. Nothing else closes it.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, Tier};
+    /// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+    /// let breaker = ReputationBreaker::builder("ses").build()?;
+    /// breaker.reset().await?;
+    /// assert_eq!(breaker.tier(), Tier::Healthy);
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
     pub async fn reset(&self) -> Result<(), KeepError> {
         let change = self
             .shared
@@ -176,6 +236,16 @@ impl ReputationBreaker {
 
     /// A transport that sends through `inner` for this member: see
     /// [`ReputationTransport`](super::ReputationTransport).
+    ///
+    /// ```
+    /// # use mail_breaker::{LettreTransport, Transport};
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name("ses");
+    /// let transport = ReputationBreaker::builder("ses").build()?.wrap(ses);
+    /// assert_eq!(transport.name(), "ses");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn wrap<T>(&self, inner: T) -> super::ReputationTransport<T> {
         super::ReputationTransport::new(inner, self.clone())
     }
@@ -342,18 +412,42 @@ pub struct ReputationBuilder {
 
 impl ReputationBuilder {
     /// All the rules at once (default [`ReputationRules::default`]).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, ReputationRules};
+    /// let rules = ReputationRules { window_sends: 50_000, ..ReputationRules::default() };
+    /// let breaker = ReputationBreaker::builder("ses").rules(rules).build()?;
+    /// assert_eq!(breaker.rules().bucket_sends(), 5_000);
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn rules(mut self, rules: ReputationRules) -> Self {
         self.rules = rules;
         self
     }
 
     /// The hard bounces' thresholds and minimum volume (default [`Limits::HARD_BOUNCES`]).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{Limits, ReputationBreaker};
+    /// let strict = Limits { warn: 10_000, throttle: 20_000, open: 30_000, minimum_sends: 1_000 };
+    /// let breaker = ReputationBreaker::builder("ses").hard_bounces(strict).build()?;
+    /// assert_eq!(breaker.rules().hard_bounces.open, 30_000);
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn hard_bounces(mut self, limits: Limits) -> Self {
         self.rules.hard_bounces = limits;
         self
     }
 
     /// The complaints' thresholds and minimum volume (default [`Limits::COMPLAINTS`]).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{Limits, ReputationBreaker};
+    /// let lenient = Limits { open: 1_000, ..Limits::COMPLAINTS }; // 0.1 %
+    /// let breaker = ReputationBreaker::builder("ses").complaints(lenient).build()?;
+    /// assert_eq!(breaker.rules().complaints.open, 1_000);
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn complaints(mut self, limits: Limits) -> Self {
         self.rules.complaints = limits;
         self
@@ -361,6 +455,14 @@ impl ReputationBuilder {
 
     /// Where the counts and the open flag are kept (default: a [`MemoryReputation`] of this
     /// breaker's own). A `RedisStore` shares them with every process using it.
+    ///
+    /// ```
+    /// # use std::sync::Arc;
+    /// # use mail_breaker::reputation::{MemoryReputation, ReputationBreaker};
+    /// let store = Arc::new(MemoryReputation::new());
+    /// let breaker = ReputationBreaker::builder("ses").store(store).build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn store(mut self, store: Arc<dyn ReputationStore>) -> Self {
         self.store = Some(store);
         self
@@ -369,6 +471,13 @@ impl ReputationBuilder {
     /// `reputation.failover`: whether a pool may hand the member's mail to the next member
     /// while the breaker is open (default `false`: failing over then burns the next account
     /// too, unless it is another provider's with a reputation of its own).
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// let breaker = ReputationBreaker::builder("postmark").failover(true).build()?;
+    /// assert!(breaker.fails_over());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn failover(mut self, failover: bool) -> Self {
         self.failover = failover;
         self
@@ -376,6 +485,18 @@ impl ReputationBuilder {
 
     /// Called with the member's name and the change on each change of tier a call in this
     /// process made (a send, an event, a reset): `warn`, `throttle`, `open` and back.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::{ReputationBreaker, Tier};
+    /// let breaker = ReputationBreaker::builder("ses")
+    ///     .on_tier_change(|member, change| {
+    ///         if change.to >= Tier::Warn {
+    ///             eprintln!("{member}'s reputation: {}", change.to);
+    ///         }
+    ///     })
+    ///     .build()?;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn on_tier_change(
         mut self,
         listener: impl Fn(&str, TierChange) + Send + Sync + 'static,
@@ -386,6 +507,11 @@ impl ReputationBuilder {
 
     /// Builds the breaker; a [`ConfigError`] naming the first setting that cannot work (see
     /// [`ReputationRules::check`]) or `member` when it is empty.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// assert_eq!(ReputationBreaker::builder("").build().unwrap_err().setting(), "member");
+    /// ```
     pub fn build(self) -> Result<ReputationBreaker, ConfigError> {
         if self.member.is_empty() {
             return Err(ConfigError::new("member", "must name the member, got \"\""));

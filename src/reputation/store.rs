@@ -39,6 +39,19 @@ pub struct Heard {
 }
 
 /// What one [`ReputationStore::record`] did.
+///
+/// ```
+/// use mail_breaker::reputation::{MemoryReputation, ReputationRules, ReputationStore, Tier};
+///
+/// # tokio::runtime::Builder::new_current_thread().build().unwrap().block_on(async {
+/// let recorded = MemoryReputation::new()
+///     .record("ses", &ReputationRules::default(), 3, &[])
+///     .await?;
+/// assert_eq!((recorded.standing.window.sends, recorded.new), (3, 0));
+/// assert!(!recorded.change.changed());
+/// # Ok::<(), mail_breaker::events::KeepError>(())
+/// # }).unwrap();
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
 pub struct Recorded {
     /// Where the member stands after it.

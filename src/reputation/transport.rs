@@ -45,6 +45,20 @@ pub struct ReputationTransport<T> {
 
 impl<T> ReputationTransport<T> {
     /// `inner` held back by `breaker`; the same as [`ReputationBreaker::wrap`].
+    ///
+    /// ```
+    /// # use mail_breaker::LettreTransport;
+    /// # use mail_breaker::reputation::{ReputationBreaker, ReputationTransport};
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name("ses");
+    /// let breaker = ReputationBreaker::builder("ses").build()?;
+    /// let mut transport = ReputationTransport::new(ses, breaker);
+    /// assert_eq!(transport.breaker().member(), "ses");
+    /// let _inner = transport.get_ref();
+    /// let _inner = transport.get_mut();
+    /// let _ses = transport.into_inner();
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
     pub fn new(inner: T, breaker: ReputationBreaker) -> Self {
         ReputationTransport { inner, breaker }
     }

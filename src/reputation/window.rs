@@ -118,6 +118,13 @@ fn ratio(events: u64, sends: u64) -> f64 {
 }
 
 /// A change of tier made by one call; `from == to` is none.
+///
+/// ```
+/// use mail_breaker::reputation::{Tier, TierChange};
+///
+/// assert!(TierChange { from: Tier::Warn, to: Tier::Open }.changed());
+/// assert!(!TierChange::default().changed());
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct TierChange {
     /// The tier before the call.
@@ -134,6 +141,16 @@ impl TierChange {
 }
 
 /// Where a member stands: its tier and what its window holds now.
+///
+/// ```
+/// use mail_breaker::reputation::{Counts, Reputation, ReputationRules, Tier};
+///
+/// let rules = ReputationRules::default();
+/// let mut member = Reputation::new(&rules);
+/// member.record(&rules, Counts::sends(10));
+/// assert_eq!(member.standing().window.sends, 10);
+/// assert_eq!(member.standing().tier, Tier::Healthy);
+/// ```
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Default)]
 pub struct Standing {
     /// The tier.
