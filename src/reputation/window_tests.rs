@@ -266,3 +266,58 @@ proptest! {
         }
     }
 }
+
+#[test]
+fn each_tier_has_its_name_in_text() {
+    let names: Vec<String> = [Tier::Healthy, Tier::Warn, Tier::Throttle, Tier::Open]
+        .iter()
+        .map(ToString::to_string)
+        .collect();
+    assert_eq!(names, ["healthy", "warn", "throttle", "open"]);
+}
+
+#[test]
+fn the_rates_are_events_over_sends_and_zero_without_sends() {
+    let window = Counts {
+        sends: 2_500,
+        hard_bounces: 50,
+        complaints: 2,
+    };
+    assert_eq!(window.hard_bounce_rate(), 0.02);
+    assert_eq!(window.complaint_rate(), 0.0008);
+    let nothing_sent = Counts {
+        sends: 0,
+        hard_bounces: 3,
+        complaints: 1,
+    };
+    assert_eq!(nothing_sent.hard_bounce_rate(), 0.0);
+    assert_eq!(nothing_sent.complaint_rate(), 0.0);
+}
+
+#[test]
+fn a_change_is_a_change_only_between_two_tiers() {
+    assert!(
+        TierChange {
+            from: Tier::Healthy,
+            to: Tier::Warn
+        }
+        .changed()
+    );
+    assert!(
+        !TierChange {
+            from: Tier::Open,
+            to: Tier::Open
+        }
+        .changed()
+    );
+}
+
+#[test]
+fn sends_past_a_whole_window_in_one_call_leave_the_window_full_of_them_alone() {
+    let rules = defaults();
+    let mut member = after(1_500, bounces(100));
+    member.record(&rules, Counts::sends(25_000));
+    // 26,500 sends in all: the current bucket holds 500, the nine before it 9,000.
+    assert_eq!(member.window(), Counts::sends(9_500));
+    assert_eq!(member.tier(), Tier::Open, "open stays open");
+}
