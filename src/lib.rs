@@ -45,9 +45,9 @@
 //! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked`, `events` | the breaker's state machine, the [`Transport`] trait, what providers report after a send (`events`), answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline, the metrics' names and the handles each room keeps to record them |
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
-//! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate` | transports around transports: failover and round robin, retries, rate limits |
+//! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate`, `reputation` | transports around transports: failover and round robin, retries, rate limits, a member held back for its reputation |
 //! | 5. the adapters | `adapters`, `oauth` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login |
-//! | 6. the outbox | `outbox` | mail kept in a database until a provider takes it |
+//! | 6. the outbox | `outbox`, `suppression` | mail kept in a database until a provider takes it; the addresses no mail goes to, kept in the same database (or Redis) |
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
 //! | 8. the command, the page and the guide | `bin`, `admin`, `guide`, `webhooks` | what an operator runs and reads; the providers' webhooks, received (an axum router beside the page); the user's manual (text only) |
 #![warn(missing_docs)]
@@ -78,6 +78,8 @@ mod panicked;
 pub mod pool;
 pub mod rate;
 mod receipt;
+#[cfg(feature = "webhooks")]
+pub mod reputation;
 pub mod retry;
 pub mod store;
 #[cfg(feature = "webhooks")]

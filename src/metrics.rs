@@ -27,6 +27,9 @@
 //! | [`mail_breaker_rate_per_second`](RATE_PER_SECOND) | gauge | `transport` | the rate a limiter allows now |
 //! | [`mail_breaker_rate_refused_total`](RATE_REFUSED_TOTAL) | counter | `transport` | sends a limiter answered `rate.limited` |
 //! | [`mail_breaker_suppressed_total`](SUPPRESSED_TOTAL) | counter | `reason` | recipients the suppression list held back (`bounced`, `complained`, `manual`) |
+//! | [`mail_breaker_reputation_tier`](REPUTATION_TIER) | gauge | `member` | a member's reputation tier: 0 healthy, 1 warn, 2 throttle, 3 open |
+//! | [`mail_breaker_reputation_hard_bounce_rate`](REPUTATION_HARD_BOUNCE_RATE) | gauge | `member` | hard bounces over sends in the reputation window |
+//! | [`mail_breaker_reputation_complaint_rate`](REPUTATION_COMPLAINT_RATE) | gauge | `member` | complaints over sends in the reputation window |
 //!
 //! A rate limiter's `transport` label is its name (the inner transport's unless set).
 //!
@@ -258,3 +261,25 @@ pub fn describe() {
 // Read by the outbox's worker; the breaker asks its histogram handle instead.
 #[cfg_attr(not(feature = "outbox"), allow(dead_code))]
 pub(crate) const ENABLED: bool = cfg!(feature = "metrics");
+
+/// Gauge of a member's reputation tier (0 healthy, 1 warn, 2 throttle, 3 open); label
+/// `member`. Set by the process that last counted a send or an event of the member.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::REPUTATION_TIER, "mail_breaker_reputation_tier");
+/// ```
+pub const REPUTATION_TIER: &str = "mail_breaker_reputation_tier";
+
+/// Gauge of a member's hard-bounce rate over its reputation window (0 to 1); label `member`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::REPUTATION_HARD_BOUNCE_RATE, "mail_breaker_reputation_hard_bounce_rate");
+/// ```
+pub const REPUTATION_HARD_BOUNCE_RATE: &str = "mail_breaker_reputation_hard_bounce_rate";
+
+/// Gauge of a member's complaint rate over its reputation window (0 to 1); label `member`.
+///
+/// ```
+/// assert_eq!(mail_breaker::metrics::REPUTATION_COMPLAINT_RATE, "mail_breaker_reputation_complaint_rate");
+/// ```
+pub const REPUTATION_COMPLAINT_RATE: &str = "mail_breaker_reputation_complaint_rate";

@@ -40,7 +40,10 @@ pub enum Strategy {
 /// another member may carry what this one cannot) moves on to the next member; `Rejected` and `InvalidMessage` are about the message, so they are returned as
 /// they are and no other member sees it. Built with
 /// [`at_most_once`](PoolBuilder::at_most_once), an error marked
-/// [`is_maybe_delivered`](SendError::is_maybe_delivered) is returned as it is too. Wrap each member in a
+/// [`is_maybe_delivered`](SendError::is_maybe_delivered) is returned as it is too, and so
+/// is a [reputation hold](SendError::is_reputation_hold) (`reputation.open`: the member's
+/// bounces or complaints near its provider's limits, where failing over would burn the next
+/// account too) unless the member's breaker allows failover. Wrap each member in a
 /// [`CircuitBreakerTransport`](crate::CircuitBreakerTransport): a member whose breaker is open
 /// answers at once and the pool moves on without waiting.
 ///
@@ -337,7 +340,7 @@ impl PoolTransport {
             };
             match answer {
                 Ok(receipt) => return Ok(receipt),
-                Err(error) if !self.fails_over(&error) => return Err(error),
+                Err(error) if !self.fails_over(&error) => return Err(self.as_it_is(error)),
                 Err(error) => {
                     skip.heard(&self.name, member.name(), &error);
                     tracing::debug!(
@@ -406,7 +409,21 @@ impl PoolTransport {
             Category::Rejected | Category::InvalidMessage
         );
         let maybe_held = self.at_most_once && error.is_maybe_delivered();
-        !(about_the_message || maybe_held)
+        // Held for its reputation: the next account would be burnt too, unless the member
+        // says its mail may go elsewhere (`reputation.failover=true`).
+        let held = error.is_reputation_hold() && !error.hold_fails_over();
+        !(about_the_message || maybe_held || held)
+    }
+
+    /// An error the pool answers without failing over. A reputation hold of one member
+    /// among several holds back that member's mail alone, not every message the pool is
+    /// handed: an outbox worker moves that message and goes on with the others.
+    fn as_it_is(&self, error: SendError) -> SendError {
+        if error.is_reputation_hold() && self.members.len() > 1 {
+            error.for_one_member()
+        } else {
+            error
+        }
     }
 }
 
@@ -516,7 +533,9 @@ impl<'a> Stages<'a> for Failover<'a> {
     ) -> Verdict {
         match result {
             Ok(receipt) => Verdict::Answer(Ok(receipt)),
-            Err(error) if !self.pool.fails_over(&error) => Verdict::Answer(Err(error)),
+            Err(error) if !self.pool.fails_over(&error) => {
+                Verdict::Answer(Err(self.pool.as_it_is(error)))
+            }
             Err(error) => {
                 let member = &self.pool.members[self.order[stage]];
                 member

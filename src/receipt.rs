@@ -505,6 +505,10 @@ pub struct SendError {
     /// A refusal that holds every message back, not only this one's recipients: see
     /// [`SendError::refusing_every_message`].
     every_message: bool,
+    /// A member held back by its reputation breaker (`reputation.open`).
+    reputation_hold: bool,
+    /// Set on a reputation hold whose member allows failover (`reputation.failover=true`).
+    hold_fails_over: bool,
     /// What few errors carry, boxed so that every `Result<_, SendError>` stays small.
     details: Option<Box<Details>>,
 }
@@ -554,6 +558,8 @@ impl SendError {
             not_attempted: false,
             about_the_message: false,
             every_message: false,
+            reputation_hold: false,
+            hold_fails_over: false,
             details: None,
         }
     }
@@ -694,6 +700,46 @@ impl SendError {
     /// [`refusing_every_message`](Self::refusing_every_message)).
     pub(crate) fn refuses_every_message(&self) -> bool {
         self.every_message && self.not_attempted
+    }
+
+    /// Marks a refusal of a [`ReputationTransport`](crate::reputation::ReputationTransport)
+    /// whose breaker opened on the member's bounces or complaints; `fails_over` when the
+    /// member allows a pool to hand its mail to the next member.
+    #[cfg_attr(not(feature = "webhooks"), allow(dead_code))]
+    pub(crate) fn held_for_reputation(mut self, fails_over: bool) -> Self {
+        self.reputation_hold = true;
+        self.hold_fails_over = fails_over;
+        self
+    }
+
+    /// Whether the member was held back by its reputation breaker (`reputation.open`): its
+    /// provider is not down, its account's bounces or complaints came near the provider's
+    /// own limits, and only a person lets its mail go again. A
+    /// [`PoolTransport`](crate::PoolTransport) returns such an error as it is, without
+    /// failing over (that would burn the next account too), unless the member allows it;
+    /// an outbox keeps the message until the breaker is reset.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, SendError};
+    ///
+    /// let down = SendError::new(Category::ServiceUnavailable, "smtp.421", "try later");
+    /// assert!(!down.is_reputation_hold());
+    /// ```
+    pub fn is_reputation_hold(&self) -> bool {
+        self.reputation_hold
+    }
+
+    /// Whether a pool may hand a [reputation hold](Self::is_reputation_hold)'s message to
+    /// its next member: the member set `reputation.failover=true`.
+    pub(crate) fn hold_fails_over(&self) -> bool {
+        self.hold_fails_over
+    }
+
+    /// The same refusal, no longer holding back every message: a pool answers it for one
+    /// member whose mail waits while the other members' mail goes.
+    pub(crate) fn for_one_member(mut self) -> Self {
+        self.every_message = false;
+        self
     }
 
     /// Keeps the errors this one sums up, e.g. each pool member's error in `pool.exhausted`.

@@ -33,7 +33,7 @@ const MEMBER_KEYS: [&str; 9] = [
     "pipelining",
     "chunking",
 ];
-const MEMBER_PREFIXES: [&str; 2] = ["breaker.", "rate."];
+const MEMBER_PREFIXES: [&str; 3] = ["breaker.", "rate.", "reputation."];
 /// The stack's settings: these keys, and those under them.
 const STACK_KEYS: [&str; 5] = ["retry", "outbox", "redis", "at_most_once", "suppression"];
 

@@ -115,6 +115,9 @@ pub struct Mailer {
     /// The suppression list asked before every send, when configured.
     #[cfg(feature = "webhooks")]
     suppression: Option<crate::suppression::SuppressionList>,
+    /// The members' reputation breakers (`reputation.*`), in the configuration's order.
+    #[cfg(feature = "webhooks")]
+    reputations: Vec<crate::reputation::ReputationBreaker>,
     config: MailerConfig,
 }
 
@@ -145,6 +148,36 @@ impl Mailer {
         self.breakers
             .iter()
             .map(|(name, breaker)| (name.as_str(), &**breaker))
+    }
+
+    /// The reputation breaker of the member named `name`, when its configuration has a
+    /// `reputation` table: hand it to the webhook receivers as an
+    /// [`EventSink`](crate::events::EventSink), reset it after the cause is mended.
+    ///
+    /// ```
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mailer = mail_breaker::Mailer::from_dsn(
+    ///     "smtp://relay.example.com:587?name=relay&reputation.complaints.open=0.1%",
+    /// )?
+    /// .build()
+    /// .await?;
+    /// let breaker = mailer.reputation("relay").expect("configured");
+    /// assert_eq!(breaker.rules().complaints.open, 1_000);
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "webhooks")]
+    pub fn reputation(&self, name: &str) -> Option<&crate::reputation::ReputationBreaker> {
+        self.reputations
+            .iter()
+            .find(|breaker| breaker.member() == name)
+    }
+
+    /// Every member's reputation breaker, in the configuration's order (members without one
+    /// left out).
+    #[cfg(feature = "webhooks")]
+    pub fn reputations(&self) -> impl Iterator<Item = &crate::reputation::ReputationBreaker> {
+        self.reputations.iter()
     }
 
     /// Every member's rate limit, in the configuration's order (members without one left out).
@@ -298,9 +331,20 @@ impl MailerConfig {
         };
         let mut breakers: Vec<(String, Arc<MemberBreaker>)> = Vec::new();
         let mut limiters = Vec::new();
+        #[cfg(feature = "webhooks")]
+        let reputation_store = reputation_store(store.as_ref());
+        #[cfg(not(feature = "webhooks"))]
+        let reputation_store = ();
+        #[cfg(feature = "webhooks")]
+        let mut reputations = Vec::new();
         for (index, member) in self.members.iter().enumerate() {
             let path = format!("member[{index}]");
-            let (name, breaker, limiter) = build_member(member, &path, store.as_ref())?;
+            let (name, breaker, limiter, reputation) =
+                build_member(member, &path, store.as_ref(), &reputation_store)?;
+            #[cfg(feature = "webhooks")]
+            reputations.extend(reputation);
+            #[cfg(not(feature = "webhooks"))]
+            let () = reputation;
             if let Some(taken) = breakers.iter().position(|(other, _)| *other == name) {
                 return Err(ConfigError::new(
                     format!("{path}.name"),
@@ -354,6 +398,8 @@ impl MailerConfig {
                 behind_outbox,
                 #[cfg(feature = "webhooks")]
                 suppression,
+                #[cfg(feature = "webhooks")]
+                reputations,
                 config: self,
             })
         }
@@ -362,6 +408,8 @@ impl MailerConfig {
             stack,
             breakers,
             limiters,
+            #[cfg(feature = "webhooks")]
+            reputations,
             config: self,
         })
     }
@@ -374,17 +422,97 @@ type Store = Arc<crate::RedisStore>;
 #[cfg(not(feature = "redis"))]
 type Store = std::convert::Infallible;
 
-/// A member's name, breaker and rate limit.
+/// Where the members' reputation breakers keep their state: the Redis store the breakers
+/// share, or one memory store for the mailer's members.
+#[cfg(feature = "webhooks")]
+type ReputationStore = Arc<dyn crate::reputation::ReputationStore>;
+/// Without the `webhooks` feature there is none ([`MailerConfig`] refuses `reputation`).
+#[cfg(not(feature = "webhooks"))]
+type ReputationStore = ();
+
+#[cfg(feature = "webhooks")]
+fn reputation_store(store: Option<&Store>) -> ReputationStore {
+    match store {
+        #[cfg(feature = "redis")]
+        Some(store) => Arc::clone(store) as ReputationStore,
+        _ => Arc::new(crate::reputation::MemoryReputation::new()),
+    }
+}
+
+/// A member's reputation breaker as the mailer keeps it, when it has one.
+#[cfg(feature = "webhooks")]
+type HeldReputation = Option<crate::reputation::ReputationBreaker>;
+#[cfg(not(feature = "webhooks"))]
+type HeldReputation = ();
+
+/// The member's provider held back by its reputation breaker, innermost (the breaker is
+/// the member's own), when its configuration has a `reputation` table.
+#[cfg(feature = "webhooks")]
+fn with_reputation(
+    provider: Box<dyn Transport>,
+    member: &MemberConfig,
+    name: &str,
+    path: &str,
+    store: &ReputationStore,
+) -> Result<(Box<dyn Transport>, HeldReputation), ConfigError> {
+    use crate::reputation::{Limits, ReputationBreaker, ReputationRules};
+    let Some(config) = &member.reputation else {
+        return Ok((provider, None));
+    };
+    let limits = |given: &super::tree::LimitsConfig, default: Limits| Limits {
+        warn: given.warn.unwrap_or(default.warn),
+        throttle: given.throttle.unwrap_or(default.throttle),
+        open: given.open.unwrap_or(default.open),
+        minimum_sends: given.min_sends.unwrap_or(default.minimum_sends),
+    };
+    let defaults = ReputationRules::default();
+    let rules = ReputationRules {
+        hard_bounces: limits(&config.hard_bounces, defaults.hard_bounces),
+        complaints: limits(&config.complaints, defaults.complaints),
+        window_sends: config.window_sends.unwrap_or(defaults.window_sends),
+        buckets: config.buckets.unwrap_or(defaults.buckets),
+    };
+    let breaker = ReputationBreaker::builder(name)
+        .rules(rules)
+        .store(Arc::clone(store))
+        .failover(config.failover)
+        .build()
+        .map_err(|error| error.within(&format!("{path}.reputation")))?;
+    Ok((Box::new(breaker.wrap(provider)), Some(breaker)))
+}
+
+#[cfg(not(feature = "webhooks"))]
+fn with_reputation(
+    provider: Box<dyn Transport>,
+    _member: &MemberConfig,
+    _name: &str,
+    _path: &str,
+    _store: &ReputationStore,
+) -> Result<(Box<dyn Transport>, HeldReputation), ConfigError> {
+    Ok((provider, ()))
+}
+
+/// A member's name, breaker, rate limit and reputation breaker.
 fn build_member(
     member: &MemberConfig,
     path: &str,
     store: Option<&Store>,
-) -> Result<(String, Arc<MemberBreaker>, Option<MemberLimiter>), ConfigError> {
+    reputation_store: &ReputationStore,
+) -> Result<
+    (
+        String,
+        Arc<MemberBreaker>,
+        Option<MemberLimiter>,
+        HeldReputation,
+    ),
+    ConfigError,
+> {
     let provider = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
         .clone()
         .unwrap_or_else(|| provider.name().to_owned());
+    let (provider, reputation) = with_reputation(provider, member, &name, path, reputation_store)?;
     let (paced, limiter): (Box<dyn Transport>, _) = match &member.rate {
         Some(rate) => {
             // Amazon SES counts each recipient against its maximum send rate.
@@ -409,7 +537,7 @@ fn build_member(
     };
     let breaker = build_breaker(paced, &member.breaker, store)
         .map_err(|error| error.within(&format!("{path}.breaker")))?;
-    Ok((name, Arc::new(breaker), limiter))
+    Ok((name, Arc::new(breaker), limiter, reputation))
 }
 
 /// The member's provider, reached as `connection` says. `path` is the member's: an error in

@@ -82,6 +82,29 @@ pub(crate) struct MemberConfig {
     pub breaker: BreakerConfig,
     pub rate: Option<RateConfig>,
     pub connection: ConnectionConfig,
+    /// The member's reputation breaker (`reputation.*`, feature `webhooks`).
+    pub reputation: Option<ReputationConfig>,
+}
+
+/// A member's reputation breaker as configured; unset parts keep the defaults of
+/// `mail_breaker::reputation`.
+#[derive(Debug, Clone, Default, PartialEq)]
+pub(crate) struct ReputationConfig {
+    /// `reputation.failover`: a pool may fail the member's mail over while it is open.
+    pub failover: bool,
+    pub hard_bounces: LimitsConfig,
+    pub complaints: LimitsConfig,
+    pub window_sends: Option<u64>,
+    pub buckets: Option<u32>,
+}
+
+/// One rate's thresholds, in parts per million, and its minimum volume.
+#[derive(Debug, Clone, Copy, Default, PartialEq)]
+pub(crate) struct LimitsConfig {
+    pub warn: Option<u32>,
+    pub throttle: Option<u32>,
+    pub open: Option<u32>,
+    pub min_sends: Option<u64>,
 }
 
 /// How a member reaches its provider; `None` keeps the transport's default.
@@ -447,6 +470,7 @@ fn member_settings(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
     let priority = fields.read("priority", |node| node.whole_u32(0))?;
     let breaker = fields.read("breaker", breaker)?.unwrap_or_default();
     let rate = fields.read("rate", rate)?;
+    let reputation = fields.read("reputation", reputation)?;
     let timeout = fields.read("timeout", Node::positive_duration)?;
     let smtp = SmtpConnection {
         max_connections: fields.read("max_connections", |node| node.whole_usize(1))?,
@@ -472,7 +496,55 @@ fn member_settings(node: &Node<'_>) -> Result<MemberConfig, ConfigError> {
         breaker,
         rate,
         connection: ConnectionConfig { timeout, smtp },
+        reputation,
     })
+}
+
+/// A member's `reputation` table: `failover`, `window_sends`, `buckets`, and for
+/// `hard_bounces` and `complaints` each `warn`, `throttle`, `open` (percentages such as
+/// `4%` or `0.08%`) and `min_sends`. Without the `webhooks` feature the table is refused.
+fn reputation(node: &Node<'_>) -> Result<ReputationConfig, ConfigError> {
+    if !cfg!(feature = "webhooks") {
+        return Err(node.error(
+            "a reputation breaker needs the crate's `webhooks` feature, which this build lacks",
+        ));
+    }
+    let mut fields = node.table()?;
+    let config = ReputationConfig {
+        failover: fields.read("failover", Node::flag)?.unwrap_or(false),
+        hard_bounces: fields.read("hard_bounces", limits)?.unwrap_or_default(),
+        complaints: fields.read("complaints", limits)?.unwrap_or_default(),
+        window_sends: fields.read("window_sends", |node| node.whole(2, u64::MAX))?,
+        buckets: fields.read("buckets", |node| node.whole_u32(2))?,
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+fn limits(node: &Node<'_>) -> Result<LimitsConfig, ConfigError> {
+    let mut fields = node.table()?;
+    let config = LimitsConfig {
+        warn: fields.read("warn", parts_per_million)?,
+        throttle: fields.read("throttle", parts_per_million)?,
+        open: fields.read("open", parts_per_million)?,
+        min_sends: fields.read("min_sends", |node| node.whole(1, u64::MAX))?,
+    };
+    fields.finish()?;
+    Ok(config)
+}
+
+/// A rate written as a percentage above 0 and at most 100 (`0.08%`, `4%`, `4`), in parts per
+/// million; finer than a millionth is refused rather than rounded to nothing.
+fn parts_per_million(node: &Node<'_>) -> Result<u32, ConfigError> {
+    let percent = node.positive("%")?;
+    let ppm = (percent * 10_000.0).round();
+    if percent > 100.0 || ppm < 1.0 {
+        return Err(node.error(format!(
+            "expected a percentage above 0.0001% and at most 100%, got {percent}%"
+        )));
+    }
+    // Within 1..=1_000_000 after the check above.
+    Ok(ppm as u32)
 }
 
 fn breaker(node: &Node<'_>) -> Result<BreakerConfig, ConfigError> {

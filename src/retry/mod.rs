@@ -23,7 +23,8 @@ pub use builder::RetryBuilder;
 /// [retryable](SendError::is_retryable).
 ///
 /// - Only retryable errors are retried (Network, Timeout, ServerError, ServiceUnavailable,
-///   RateLimited); any other error is returned at once.
+///   RateLimited); any other error is returned at once, and so is a
+///   [reputation hold](SendError::is_reputation_hold), which no wait lifts.
 /// - Before retry `n` it waits the longer of [`Backoff::delay`]`(n)` and the error's
 ///   [`retry_after`](SendError::retry_after), so a `breaker.open` or `pool.exhausted` error
 ///   is never retried before the breaker would let it through.
@@ -294,6 +295,8 @@ impl Policy {
                 return Verdict::Answer(Ok(receipt.with_attempts(attempt)));
             }
             Err(error) if !error.is_retryable() => return Verdict::Answer(Err(error)),
+            // Held for the member's reputation: only a person lets it go, not a wait.
+            Err(error) if error.is_reputation_hold() => return Verdict::Answer(Err(error)),
             Err(error) if self.at_most_once && error.is_maybe_delivered() => {
                 return Verdict::Answer(Err(error));
             }

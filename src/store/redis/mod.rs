@@ -22,6 +22,8 @@ mod script;
 mod tls;
 
 pub(crate) use script::rate_key;
+#[cfg(feature = "webhooks")]
+pub(crate) use script::reputation_key;
 
 pub(crate) use connection::Connection;
 use health::Health;

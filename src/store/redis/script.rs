@@ -57,6 +57,20 @@ pub(crate) fn rate_key(namespace: &str, name: &str) -> String {
     key
 }
 
+/// The name of the hash of the reputation breaker of `member` in `namespace`, escaped as a
+/// breaker's, under its own hash tag; the ids it counted are beside it (`:seen`), under the
+/// same tag. Neither takes the shape of a breaker's key.
+#[cfg(feature = "webhooks")]
+pub(crate) fn reputation_key(namespace: &str, member: &str) -> String {
+    let mut key = String::with_capacity(32 + namespace.len() + member.len());
+    key.push_str("mail-breaker:");
+    escape_into(&mut key, namespace);
+    key.push_str(":reputation:{");
+    escape_into(&mut key, member);
+    key.push('}');
+    key
+}
+
 fn escape_into(out: &mut String, part: &str) {
     for byte in part.bytes() {
         if byte.is_ascii_alphanumeric() || matches!(byte, b'.' | b'_' | b'-') {
