@@ -103,8 +103,9 @@ async fn call(
     })
 }
 
-/// The reputation of each member in Redis, for every process sharing the store: see the
-/// [module](self). A Redis that does not answer within the store's timeout is an error: the
+/// The reputation of each member in Redis, for every process sharing the store: one hash per
+/// member and the ids it counted beside it, changed by one script call on the connection of a
+/// [`RedisStore`]. A Redis that does not answer within the store's timeout is an error: the
 /// breaker then decides from the tier it last heard, and a webhook receiver answers 5xx.
 ///
 /// ```no_run
