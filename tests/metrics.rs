@@ -496,6 +496,68 @@ async fn an_outbox_worker_counts_each_answer_it_wrote_by_outcome() {
     let _ = std::fs::remove_dir_all(&folder);
 }
 
+/// Delivers to every recipient but `refused@` (550) and `gone@` (551), whom it rejects.
+#[cfg(feature = "outbox")]
+struct RefusingOne;
+
+#[cfg(feature = "outbox")]
+#[async_trait::async_trait]
+impl mail_breaker::Transport for RefusingOne {
+    fn name(&self) -> &str {
+        "refusing-one"
+    }
+
+    async fn send_raw(
+        &self,
+        envelope: &mail_breaker::Envelope,
+        _raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, mail_breaker::SendError> {
+        let mut receipt = mail_breaker::Receipt::new("refusing-one");
+        for to in envelope.to() {
+            let code = match to.user() {
+                "refused" => "smtp.550",
+                "gone" => "smtp.551",
+                _ => continue,
+            };
+            receipt = receipt.with_rejected_recipient(
+                to.clone(),
+                mail_breaker::SendError::new(Category::Rejected, code, "no such user"),
+            );
+        }
+        Ok(receipt)
+    }
+}
+
+#[cfg(feature = "outbox")]
+#[tokio::test]
+async fn an_outbox_worker_counts_each_dead_letter_a_partial_delivery_leaves() {
+    use mail_breaker::metrics::OUTBOX_SENT_TOTAL;
+    let (mut recorded, _guard) = Recorded::start();
+    let folder = outbox_folder("partial");
+    let outbox = mail_breaker::Outbox::sqlite(folder.join("outbox.db"))
+        .await
+        .unwrap();
+    let message = mail_breaker::Message::builder()
+        .from("app@example.com".parse().unwrap())
+        .to("now@example.org".parse().unwrap())
+        .to("refused@example.org".parse().unwrap())
+        .to("gone@example.org".parse().unwrap())
+        .body(String::from("hello"))
+        .unwrap();
+    outbox.enqueue(&message).await.unwrap();
+    outbox.worker(RefusingOne).drain().await.unwrap();
+    // The row itself is the first dead letter (550), and the 551 one is written beside it.
+    assert_eq!(outbox.dead_letters(10).await.unwrap().len(), 2);
+    for (outcome, answers) in [("dead", 2), ("retry", 0)] {
+        assert_eq!(
+            recorded.counter(OUTBOX_SENT_TOTAL, &[("outcome", outcome)]),
+            answers,
+            "{outcome}"
+        );
+    }
+    let _ = std::fs::remove_dir_all(&folder);
+}
+
 #[cfg(feature = "outbox")]
 #[tokio::test]
 async fn an_outbox_worker_sets_the_gauges_from_the_counts_it_read() {
