@@ -102,20 +102,7 @@ pub(crate) fn read(message: &str, event_id: &str, published: SystemTime) -> Vec<
                 _ => BounceKind::Undetermined,
             };
             let subtype = text(&notification, &["bounce", "bounceSubType"]).map(str::to_owned);
-            let recipients = notification["bounce"]["bouncedRecipients"]
-                .as_array()
-                .map(|list| {
-                    list.iter()
-                        .filter_map(|r| {
-                            let address = text(r, &["emailAddress"])?.to_owned();
-                            // SES's diagnosticCode is both the remote server's answer and the
-                            // best description it gives.
-                            let diagnostic = text(r, &["diagnosticCode"]).map(str::to_owned);
-                            Some((address, diagnostic.clone(), diagnostic))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let recipients = diagnosed(&notification["bounce"]["bouncedRecipients"]);
             (EventKind::Bounced { bounce, subtype }, "bounce", recipients)
         }
         "Complaint" => {
@@ -140,18 +127,7 @@ pub(crate) fn read(message: &str, event_id: &str, published: SystemTime) -> Vec<
             (EventKind::Delivered, "delivery", recipients)
         }
         "DeliveryDelay" => {
-            let recipients = notification["deliveryDelay"]["delayedRecipients"]
-                .as_array()
-                .map(|list| {
-                    list.iter()
-                        .filter_map(|r| {
-                            let address = text(r, &["emailAddress"])?.to_owned();
-                            let diagnostic = text(r, &["diagnosticCode"]).map(str::to_owned);
-                            Some((address, diagnostic.clone(), diagnostic))
-                        })
-                        .collect()
-                })
-                .unwrap_or_default();
+            let recipients = diagnosed(&notification["deliveryDelay"]["delayedRecipients"]);
             (EventKind::Deferred, "deliveryDelay", recipients)
         }
         "Reject" => {
@@ -197,4 +173,21 @@ pub(crate) fn read(message: &str, event_id: &str, published: SystemTime) -> Vec<
             event
         })
         .collect()
+}
+
+/// The recipients of a list of SES's that names each with `emailAddress` and
+/// `diagnosticCode` (bounced, delayed), as (address, description, remote server's answer):
+/// SES's diagnosticCode is both the remote server's answer and the best description it gives.
+fn diagnosed(list: &Value) -> Vec<(String, Option<String>, Option<String>)> {
+    list.as_array()
+        .map(|list| {
+            list.iter()
+                .filter_map(|r| {
+                    let address = text(r, &["emailAddress"])?.to_owned();
+                    let diagnostic = text(r, &["diagnosticCode"]).map(str::to_owned);
+                    Some((address, diagnostic.clone(), diagnostic))
+                })
+                .collect()
+        })
+        .unwrap_or_default()
 }
