@@ -302,10 +302,12 @@ impl MailerConfig {
         }
     }
 
-    /// The same stack, whose SQLite outbox is opened only if its file exists: a file that
-    /// does not is an error naming `outbox.url` and the path (a relative one with the folder
-    /// it was looked for in), never a new, empty outbox. For tools that read or operate an
-    /// outbox an application keeps, run from any folder.
+    /// The same stack, whose SQLite outbox is opened only if its file exists and is an
+    /// outbox: a file that does not exist is an error naming `outbox.url` and the path (a
+    /// relative one with the folder it was looked for in), never a new, empty outbox; a file
+    /// that is not an outbox (another database, or no database) is an error naming
+    /// `outbox.url` too, and its bytes are left as they were. For tools that read or operate
+    /// an outbox an application keeps, run from any folder.
     ///
     /// ```
     /// use mail_breaker::config::Mailer;
