@@ -75,3 +75,24 @@ impl<H> fmt::Debug for Named<H> {
         f.debug_struct("Named").field("name", &name).finish()
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::{Kept, Named};
+
+    #[test]
+    fn a_kept_handle_says_in_debug_whether_it_was_taken() {
+        let kept: Kept<u32> = Kept::new();
+        assert_eq!(format!("{kept:?}"), "Kept { taken: false }");
+        kept.get(|| 7);
+        assert_eq!(format!("{kept:?}"), "Kept { taken: true }");
+    }
+
+    #[test]
+    fn a_named_handle_shows_in_debug_the_name_it_was_taken_under() {
+        let named: Named<u32> = Named::new();
+        assert_eq!(format!("{named:?}"), "Named { name: None }");
+        named.record("relay", |_| 7, |_| {});
+        assert_eq!(format!("{named:?}"), r#"Named { name: Some("relay") }"#);
+    }
+}
