@@ -285,6 +285,29 @@ async fn a_flood_of_domains_that_succeed_keeps_the_count_of_one_that_fails() {
 }
 
 #[tokio::test]
+async fn isolating_a_breaker_scoped_by_recipient_domain_refuses_the_domain_it_already_sent_to() {
+    let inner = Scripted::new("p");
+    let breaker = by_domain(&inner, 3);
+    breaker
+        .send(&message_to("x@known.example"))
+        .await
+        .expect("closed, the provider answers");
+    breaker.isolate().await;
+
+    let refused = breaker
+        .send(&message_to("y@known.example"))
+        .await
+        .expect_err("isolated as a whole, a domain already seen included");
+
+    assert_eq!(refused.code(), "breaker.isolated");
+    assert_eq!(
+        inner.sends(),
+        1,
+        "only the send before the isolation reached the provider"
+    );
+}
+
+#[tokio::test]
 async fn isolating_a_breaker_scoped_by_recipient_domain_refuses_a_domain_first_seen_after_it_until_reset()
  {
     let inner = Scripted::new("p");
