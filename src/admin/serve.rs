@@ -13,10 +13,15 @@
 //! - A connection beyond [`OPEN_AT_ONCE`] is closed unanswered: the newest are refused, so
 //!   that those being served are not cut, and the timeouts above bound how long the others
 //!   keep their slots.
+//! - One peer (an IPv4 address, or an IPv6 /64, as the credential's throttle counts them)
+//!   holds at most [`OPEN_PER_PEER`] of them: one more from it is closed unanswered, so
+//!   that a single client keeping its requests under way cannot take every slot and keep
+//!   the operator out.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -41,6 +46,73 @@ pub(crate) const LIFETIME: Duration = Duration::from_secs(300);
 /// The connections open at once; one more is closed unanswered.
 pub(crate) const OPEN_AT_ONCE: usize = 1024;
 
+/// The connections one peer may hold at once: a sixteenth of [`OPEN_AT_ONCE`], far more
+/// than a browser opens (six), so that it takes many addresses to fill the page.
+pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
+
+/// How many connections each peer holds; a peer with none is not kept, so the table holds
+/// no more peers than there are connections open (and the one being accepted).
+#[derive(Default)]
+struct PerPeer {
+    open: Mutex<HashMap<IpAddr, PeerCount>>,
+}
+
+#[derive(Default)]
+struct PeerCount {
+    open: usize,
+    /// Whether a refusal of it was said: once while it holds any connection, so that a
+    /// peer cycling its connections at the cap does not fill the log.
+    said: bool,
+}
+
+/// One connection of `peer`, counted until dropped.
+struct PeerSlot {
+    table: Arc<PerPeer>,
+    peer: IpAddr,
+}
+
+impl PerPeer {
+    /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`]; its
+    /// first refusal is logged.
+    fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
+        let peer = super::throttle::peer_of(peer.ip());
+        let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(peer).or_default();
+        if count.open >= OPEN_PER_PEER {
+            if !count.said {
+                count.said = true;
+                tracing::warn!(
+                    %peer,
+                    open = OPEN_PER_PEER,
+                    "admin.connections_refused: one address holds as many connections as it may"
+                );
+            }
+            return None;
+        }
+        count.open += 1;
+        Some(PeerSlot {
+            table: Arc::clone(table),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .table
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.peer) {
+            count.open = count.open.saturating_sub(1);
+            if count.open == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// Serves `router` on `listener` until accepting fails for good (it does not: an axum
 /// listener retries its own errors).
 pub(crate) async fn serve<L>(mut listener: L, router: Router) -> std::io::Result<()>
@@ -48,10 +120,16 @@ where
     L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let open = Arc::new(Semaphore::new(OPEN_AT_ONCE));
+    let per_peer = Arc::new(PerPeer::default());
     // Said once each time the cap is reached, not once a connection.
     let mut refusing = false;
     loop {
         let (io, peer) = listener.accept().await;
+        // The peer's share first: a peer at its cap takes no slot of the others.
+        let Some(peer_slot) = PerPeer::take(&per_peer, peer) else {
+            drop(io);
+            continue;
+        };
         let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
             if !refusing {
                 tracing::warn!(
@@ -66,7 +144,7 @@ where
         refusing = false;
         let router = router.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, peer_slot);
             connection(TokioIo::new(io), peer, router).await;
         });
     }
