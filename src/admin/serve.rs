@@ -193,3 +193,53 @@ where
         tracing::debug!(%peer, %error, "admin.connection_ended");
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(address: &str) -> SocketAddr {
+        SocketAddr::new(address.parse().unwrap(), 4000)
+    }
+
+    #[test]
+    fn a_peer_holds_at_most_its_share_and_a_closed_connection_gives_its_slot_back() {
+        let table = Arc::new(PerPeer::default());
+        let mut held: Vec<PeerSlot> = (0..OPEN_PER_PEER)
+            .map(|_| PerPeer::take(&table, at("192.0.2.1")).expect("within its share"))
+            .collect();
+        assert!(PerPeer::take(&table, at("192.0.2.1")).is_none());
+        assert!(
+            PerPeer::take(&table, at("192.0.2.2")).is_some(),
+            "another peer has its own share"
+        );
+        held.pop();
+        assert!(PerPeer::take(&table, at("192.0.2.1")).is_some());
+    }
+
+    #[test]
+    fn a_peer_whose_connections_all_closed_is_forgotten() {
+        let table = Arc::new(PerPeer::default());
+        let slot = PerPeer::take(&table, at("192.0.2.1")).expect("a slot");
+        let other = PerPeer::take(&table, at("192.0.2.2")).expect("a slot");
+        assert_eq!(table.open.lock().unwrap().len(), 2);
+        drop(slot);
+        assert_eq!(table.open.lock().unwrap().len(), 1);
+        drop(other);
+        assert!(table.open.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_share_one_peers_connections() {
+        let table = Arc::new(PerPeer::default());
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PEER as u16)
+            .map(|n| {
+                let address = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, n);
+                PerPeer::take(&table, SocketAddr::from((address, 4000))).expect("a slot")
+            })
+            .collect();
+        assert!(PerPeer::take(&table, at("2001:db8:0:1::ffff")).is_none());
+        assert!(PerPeer::take(&table, at("2001:db8:0:2::1")).is_some());
+        drop(held);
+    }
+}

@@ -243,3 +243,94 @@ impl axum::serve::Listener for TlsListener {
         Ok(self.local)
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handshake of `peer` that never ends, kept in `under_way` as the accept loop keeps it.
+    fn pending(under_way: &mut UnderWay, peer: IpAddr) -> tokio::task::JoinHandle<()> {
+        under_way.make_room(peer);
+        let number = under_way.number();
+        let task = tokio::spawn(std::future::pending::<()>());
+        under_way.add(number, peer, task.abort_handle());
+        task
+    }
+
+    async fn stopped(task: &tokio::task::JoinHandle<()>) -> bool {
+        tokio::task::yield_now().await;
+        task.is_finished()
+    }
+
+    fn v4(last: u8) -> IpAddr {
+        IpAddr::from([192, 0, 2, last])
+    }
+
+    #[tokio::test]
+    async fn a_peer_at_its_share_lets_its_own_oldest_handshake_go_and_no_one_elses() {
+        let mut under_way = UnderWay::default();
+        let other = pending(&mut under_way, v4(9));
+        let own: Vec<_> = (0..HANDSHAKES_PER_PEER)
+            .map(|_| pending(&mut under_way, v4(1)))
+            .collect();
+        let newest = pending(&mut under_way, v4(1));
+        assert!(stopped(&own[0]).await, "its own oldest goes");
+        for task in &own[1..] {
+            assert!(!stopped(task).await);
+        }
+        assert!(!stopped(&other).await, "another peer's is kept");
+        assert!(!stopped(&newest).await);
+        assert_eq!(under_way.of(v4(1)), HANDSHAKES_PER_PEER);
+        assert_eq!(under_way.of(v4(9)), 1);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_oldest_handshake_of_the_peer_with_the_most_goes() {
+        let mut under_way = UnderWay::default();
+        let lone = pending(&mut under_way, v4(200));
+        let mut tasks = Vec::new();
+        // The rest of the cap: peers 1, 2, ... with 7 each, the last with fewer.
+        let mut peer = 1;
+        while under_way.handshakes.len() < HANDSHAKES_AT_ONCE {
+            if under_way.of(v4(peer)) == HANDSHAKES_PER_PEER - 1 {
+                peer += 1;
+            }
+            tasks.push((peer, pending(&mut under_way, v4(peer))));
+        }
+        let newcomer = pending(&mut under_way, v4(250));
+        assert!(!stopped(&lone).await, "the oldest, but of a peer with one");
+        assert!(
+            stopped(&tasks[0].1).await,
+            "the oldest of the busiest peer goes"
+        );
+        assert_eq!(tasks[0].0, 1);
+        for (_, task) in &tasks[1..] {
+            assert!(!stopped(task).await);
+        }
+        assert!(!stopped(&newcomer).await);
+        assert_eq!(under_way.handshakes.len(), HANDSHAKES_AT_ONCE);
+    }
+
+    #[tokio::test]
+    async fn a_handshake_that_ended_is_forgotten() {
+        let mut under_way = UnderWay::default();
+        let task = pending(&mut under_way, v4(1));
+        let number = under_way.handshakes[0].0;
+        under_way.remove(number);
+        assert_eq!(under_way.of(v4(1)), 0);
+        assert!(under_way.handshakes.is_empty());
+        task.abort();
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_are_one_peer_and_a_mapped_ipv4_is_the_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(peer_of(a), peer_of(b));
+        assert_ne!(peer_of(a), peer_of(c));
+        assert_eq!(peer_of(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        assert_eq!(peer_of("::ffff:192.0.2.1".parse().unwrap()), v4(1));
+        assert_eq!(peer_of(v4(1)), v4(1));
+    }
+}
