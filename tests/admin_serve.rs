@@ -12,9 +12,9 @@ use mail_breaker::admin::Admin;
 use tokio::io::{AsyncReadExt, AsyncWriteExt, DuplexStream};
 use tokio::sync::mpsc;
 
-/// A listener whose connections are the pipes the test sends it.
+/// A listener whose connections are the pipes the test sends it, each from its peer.
 struct Pipes {
-    incoming: mpsc::UnboundedReceiver<DuplexStream>,
+    incoming: mpsc::UnboundedReceiver<(DuplexStream, SocketAddr)>,
 }
 
 impl axum::serve::Listener for Pipes {
@@ -23,7 +23,7 @@ impl axum::serve::Listener for Pipes {
 
     async fn accept(&mut self) -> (DuplexStream, SocketAddr) {
         match self.incoming.recv().await {
-            Some(pipe) => (pipe, SocketAddr::from(([127, 0, 0, 1], 40000))),
+            Some(pipe) => pipe,
             None => std::future::pending().await,
         }
     }
@@ -36,6 +36,12 @@ impl axum::serve::Listener for Pipes {
 /// The page over a mailer of one member that is never sent to, served on [`Pipes`]; what
 /// connects to it.
 async fn served() -> impl Fn() -> DuplexStream {
+    let connect = served_to_peers().await;
+    move || connect(SocketAddr::from(([127, 0, 0, 1], 40000)))
+}
+
+/// [`served`], connected to from the peer the closure is given.
+async fn served_to_peers() -> impl Fn(SocketAddr) -> DuplexStream {
     let mailer = Mailer::from_dsn("smtp://127.0.0.1:9?name=relay")
         .unwrap()
         .build_without_worker()
@@ -44,9 +50,9 @@ async fn served() -> impl Fn() -> DuplexStream {
     let admin = Admin::new(Arc::new(mailer));
     let (connect, incoming) = mpsc::unbounded_channel();
     tokio::spawn(async move { admin.serve(Pipes { incoming }).await });
-    move || {
+    move |peer| {
         let (client, server) = tokio::io::duplex(64 * 1024);
-        connect.send(server).unwrap();
+        connect.send((server, peer)).unwrap();
         client
     }
 }
@@ -129,16 +135,18 @@ async fn connections_beyond_the_cap_are_closed_unanswered_until_others_close() {
     let _guard = tracing::subscriber::set_default(
         tracing_subscriber::registry().with(Refusals(Arc::clone(&refusals))),
     );
-    let connect = served().await;
-    // Open, and each one's request under way (its headers not all sent yet).
+    let connect = served_to_peers().await;
+    // Open from many addresses (one address alone has a smaller share), and each one's
+    // request under way (its headers not all sent yet).
     let mut held = Vec::new();
-    for _ in 0..2000 {
-        let mut client = connect();
+    for at in 0..2000u32 {
+        let peer = SocketAddr::from(([10, 0, (at >> 8) as u8, at as u8], 40000));
+        let mut client = connect(peer);
         client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
         held.push(client);
     }
     tokio::task::yield_now().await;
-    let mut beyond = connect();
+    let mut beyond = connect(SocketAddr::from(([10, 1, 0, 1], 40000)));
     beyond.write_all(GET).await.unwrap();
     let answer = until_closed(&mut beyond).await;
     assert_eq!(
@@ -154,11 +162,43 @@ async fn connections_beyond_the_cap_are_closed_unanswered_until_others_close() {
     // Once those are closed, a new one is served again.
     drop(held);
     tokio::time::sleep(Duration::from_millis(100)).await;
-    let mut later = connect();
+    let mut later = connect(SocketAddr::from(([10, 1, 0, 1], 40000)));
     later.write_all(GET).await.unwrap();
     let mut first = [0u8; 12];
     later.read_exact(&mut first).await.unwrap();
     assert_eq!(&first, b"HTTP/1.1 200");
+}
+
+#[tokio::test(start_paused = true)]
+async fn one_peer_holding_every_connection_it_may_keeps_no_other_peer_out() {
+    let connect = served_to_peers().await;
+    // One address (and its IPv6 /64 neighbours) opens far more than the cap, each request
+    // under way and kept so within the header timeout.
+    let mut held = Vec::new();
+    for at in 0..2000u16 {
+        let peer = if at % 2 == 0 {
+            SocketAddr::from(([192, 0, 2, 7], 1000 + at))
+        } else {
+            let v6 = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, at);
+            SocketAddr::from((v6, 1000 + at))
+        };
+        let mut client = connect(peer);
+        client.write_all(b"GET / HTTP/1.1\r\n").await.unwrap();
+        held.push(client);
+    }
+    tokio::task::yield_now().await;
+
+    let mut other = connect(SocketAddr::from(([198, 51, 100, 9], 5000)));
+    other.write_all(GET).await.unwrap();
+    let mut first = [0u8; 12];
+    let answered = tokio::time::timeout(Duration::from_secs(1), other.read_exact(&mut first)).await;
+
+    assert!(
+        matches!(answered, Ok(Ok(_))) && &first == b"HTTP/1.1 200",
+        "another peer was refused while two peers held the connections: {answered:?} {:?}",
+        String::from_utf8_lossy(&first)
+    );
+    drop(held);
 }
 
 /// Keeps the message of each `admin.connections_refused` event.

@@ -723,10 +723,13 @@ async fn silent_connections_that_never_send_a_client_hello_keep_no_one_else_from
     let Some((_certificates, _server, port, ca)) = serve_over_tls("cli_serve_silent") else {
         return;
     };
-    // As many as the server once made handshakes at once, and none says anything.
-    let silent: Vec<TcpStream> = (0..64)
-        .map(|_| TcpStream::connect(("127.0.0.1", port)).expect("connects"))
-        .collect();
+    // As many as the server makes handshakes at once, each from an address of its own (one
+    // address's own oldest goes first), and none says anything.
+    let mut silent: Vec<TcpStream> = Vec::new();
+    for at in 0..64u8 {
+        let stream = connect_from([127, 0, 1, at + 1], port).await;
+        silent.push(stream.into_std().expect("a std stream"));
+    }
     let asked = client_trusting(&ca)
         .get(format!("https://localhost:{port}/api/breakers"))
         .send()
@@ -740,6 +743,73 @@ async fn silent_connections_that_never_send_a_client_hello_keep_no_one_else_from
         cut <= 1,
         "the client got in only once {cut} of the 64 silent connections had been cut"
     );
+}
+
+/// A TCP connection to the page from `from` (an address of the loopback network), that has
+/// said nothing yet.
+async fn connect_from(from: [u8; 4], port: u16) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().expect("a socket");
+    socket
+        .bind(std::net::SocketAddr::from((from, 0)))
+        .expect("an address of the loopback network");
+    socket
+        .connect(std::net::SocketAddr::from(([127, 0, 0, 1], port)))
+        .await
+        .expect("connects")
+}
+
+/// A client configuration trusting the PEM `ca`.
+fn tls_client_trusting(ca: &[u8]) -> tokio_rustls::TlsConnector {
+    let mut roots = tokio_rustls::rustls::RootCertStore::empty();
+    for certificate in
+        <tokio_rustls::rustls::pki_types::CertificateDer as tokio_rustls::rustls::pki_types::pem::PemObject>::pem_slice_iter(ca)
+    {
+        roots.add(certificate.expect("a PEM certificate")).expect("the CA");
+    }
+    let config = tokio_rustls::rustls::ClientConfig::builder_with_provider(std::sync::Arc::new(
+        tokio_rustls::rustls::crypto::ring::default_provider(),
+    ))
+    .with_safe_default_protocol_versions()
+    .expect("TLS versions")
+    .with_root_certificates(roots)
+    .with_no_client_auth();
+    tokio_rustls::TlsConnector::from(std::sync::Arc::new(config))
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_handshakes_from_one_address_lets_go_of_its_own_not_of_another_addresss() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let Some((_certificates, _server, port, ca)) = serve_over_tls("cli_serve_flood") else {
+        return;
+    };
+    // A client across the world: its TCP connection is made, its ClientHello not yet.
+    let slow = connect_from([127, 0, 0, 2], port).await;
+    // Meanwhile one address opens connections faster than that client's round trip.
+    let mut flood = Vec::new();
+    for _ in 0..300 {
+        flood.push(connect_from([127, 0, 0, 3], port).await);
+    }
+    tokio::time::sleep(Duration::from_millis(200)).await;
+
+    let name = tokio_rustls::rustls::pki_types::ServerName::try_from("localhost").expect("a name");
+    let handshake = tokio::time::timeout(
+        Duration::from_secs(60),
+        tls_client_trusting(&ca).connect(name, slow),
+    )
+    .await
+    .expect("the handshake ended");
+    let mut tls = handshake.expect("the slow client's handshake was let go for the flood's");
+    let request = format!(
+        "GET /api/breakers HTTP/1.1\r\nHost: localhost:{port}\r\nConnection: close\r\n\r\n"
+    );
+    tls.write_all(request.as_bytes())
+        .await
+        .expect("the request");
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(60), tls.read_to_end(&mut answer)).await;
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 401"), "{answer:?}");
+    drop(flood);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -397,6 +397,34 @@ async fn a_token_source_that_outlasts_the_send_timeout_is_blamed_not_the_mail_se
 }
 
 #[tokio::test]
+async fn a_send_that_waits_behind_another_sends_token_fetch_blames_the_token_source_not_the_mail_server()
+ {
+    let server = offering("AUTH XOAUTH2").await;
+    let source = Slow::new(Duration::from_secs(3_600), Some(GOOD_TOKEN));
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(Duration::from_millis(300))
+        .auth_without_tls()
+        .oauth2(USER, source.clone())
+        .build()
+        .expect("valid settings");
+    // The first send gives up; its fetch goes on in its own task, holding the login.
+    let first = smtp.send(&message()).await.expect_err("no token came");
+    assert_eq!(first.code(), "oauth2.timeout", "{first:?}");
+
+    // The next send waits for that same fetch: its cut is the token source's too.
+    let second = smtp.send(&message()).await.expect_err("no token came");
+
+    assert_eq!(second.code(), "oauth2.timeout", "{second:?}");
+    assert!(
+        second.is_not_attempted(),
+        "nothing of the message went: {second:?}"
+    );
+    assert_eq!(source.asked.load(Ordering::SeqCst), 1, "one fetch for both");
+    assert_eq!(server.count("AUTH"), 0);
+}
+
+#[tokio::test]
 async fn a_failed_token_fetch_is_remembered_so_a_thousand_sends_ask_the_endpoint_once() {
     let server = offering("AUTH XOAUTH2").await;
     let source = Slow::new(Duration::from_millis(20), None);

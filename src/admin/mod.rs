@@ -386,8 +386,8 @@ impl Admin {
     /// No connection holds the server for long: a request's headers must arrive within 10
     /// seconds of the connection waiting for one (which also ends an idle keep-alive
     /// connection), a request is answered within 30 seconds (else 408), a connection lives
-    /// at most 5 minutes, and at most 1024 are open at once (one more is closed
-    /// unanswered). Each request carries its peer's address as axum's
+    /// at most 5 minutes, and at most 1024 are open at once, 64 of them from one address
+    /// (an IPv6 /64) (one more is closed unanswered). Each request carries its peer's address as axum's
     /// [`ConnectInfo`](axum::extract::ConnectInfo), which the
     /// [`credential`](Admin::credential)'s throttle keys on.
     ///

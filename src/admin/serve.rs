@@ -13,10 +13,15 @@
 //! - A connection beyond [`OPEN_AT_ONCE`] is closed unanswered: the newest are refused, so
 //!   that those being served are not cut, and the timeouts above bound how long the others
 //!   keep their slots.
+//! - One peer (an IPv4 address, or an IPv6 /64, as the credential's throttle counts them)
+//!   holds at most [`OPEN_PER_PEER`] of them: one more from it is closed unanswered, so
+//!   that a single client keeping its requests under way cannot take every slot and keep
+//!   the operator out.
 
+use std::collections::HashMap;
 use std::convert::Infallible;
-use std::net::SocketAddr;
-use std::sync::Arc;
+use std::net::{IpAddr, SocketAddr};
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
 
 use axum::Router;
@@ -41,6 +46,73 @@ pub(crate) const LIFETIME: Duration = Duration::from_secs(300);
 /// The connections open at once; one more is closed unanswered.
 pub(crate) const OPEN_AT_ONCE: usize = 1024;
 
+/// The connections one peer may hold at once: a sixteenth of [`OPEN_AT_ONCE`], far more
+/// than a browser opens (six), so that it takes many addresses to fill the page.
+pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
+
+/// How many connections each peer holds; a peer with none is not kept, so the table holds
+/// no more peers than there are connections open (and the one being accepted).
+#[derive(Default)]
+struct PerPeer {
+    open: Mutex<HashMap<IpAddr, PeerCount>>,
+}
+
+#[derive(Default)]
+struct PeerCount {
+    open: usize,
+    /// Whether a refusal of it was said: once while it holds any connection, so that a
+    /// peer cycling its connections at the cap does not fill the log.
+    said: bool,
+}
+
+/// One connection of `peer`, counted until dropped.
+struct PeerSlot {
+    table: Arc<PerPeer>,
+    peer: IpAddr,
+}
+
+impl PerPeer {
+    /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`]; its
+    /// first refusal is logged.
+    fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
+        let peer = super::throttle::peer_of(peer.ip());
+        let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
+        let count = open.entry(peer).or_default();
+        if count.open >= OPEN_PER_PEER {
+            if !count.said {
+                count.said = true;
+                tracing::warn!(
+                    %peer,
+                    open = OPEN_PER_PEER,
+                    "admin.connections_refused: one address holds as many connections as it may"
+                );
+            }
+            return None;
+        }
+        count.open += 1;
+        Some(PeerSlot {
+            table: Arc::clone(table),
+            peer,
+        })
+    }
+}
+
+impl Drop for PeerSlot {
+    fn drop(&mut self) {
+        let mut open = self
+            .table
+            .open
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(count) = open.get_mut(&self.peer) {
+            count.open = count.open.saturating_sub(1);
+            if count.open == 0 {
+                open.remove(&self.peer);
+            }
+        }
+    }
+}
+
 /// Serves `router` on `listener` until accepting fails for good (it does not: an axum
 /// listener retries its own errors).
 pub(crate) async fn serve<L>(mut listener: L, router: Router) -> std::io::Result<()>
@@ -48,10 +120,16 @@ where
     L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let open = Arc::new(Semaphore::new(OPEN_AT_ONCE));
+    let per_peer = Arc::new(PerPeer::default());
     // Said once each time the cap is reached, not once a connection.
     let mut refusing = false;
     loop {
         let (io, peer) = listener.accept().await;
+        // The peer's share first: a peer at its cap takes no slot of the others.
+        let Some(peer_slot) = PerPeer::take(&per_peer, peer) else {
+            drop(io);
+            continue;
+        };
         let Ok(slot) = Arc::clone(&open).try_acquire_owned() else {
             if !refusing {
                 tracing::warn!(
@@ -66,7 +144,7 @@ where
         refusing = false;
         let router = router.clone();
         tokio::spawn(async move {
-            let _slot = slot;
+            let _slots = (slot, peer_slot);
             connection(TokioIo::new(io), peer, router).await;
         });
     }
@@ -113,5 +191,55 @@ where
     if let Err(error) = ended {
         // A client gone, or cut by a timeout: worth a look only when debugging.
         tracing::debug!(%peer, %error, "admin.connection_ended");
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn at(address: &str) -> SocketAddr {
+        SocketAddr::new(address.parse().unwrap(), 4000)
+    }
+
+    #[test]
+    fn a_peer_holds_at_most_its_share_and_a_closed_connection_gives_its_slot_back() {
+        let table = Arc::new(PerPeer::default());
+        let mut held: Vec<PeerSlot> = (0..OPEN_PER_PEER)
+            .map(|_| PerPeer::take(&table, at("192.0.2.1")).expect("within its share"))
+            .collect();
+        assert!(PerPeer::take(&table, at("192.0.2.1")).is_none());
+        assert!(
+            PerPeer::take(&table, at("192.0.2.2")).is_some(),
+            "another peer has its own share"
+        );
+        held.pop();
+        assert!(PerPeer::take(&table, at("192.0.2.1")).is_some());
+    }
+
+    #[test]
+    fn a_peer_whose_connections_all_closed_is_forgotten() {
+        let table = Arc::new(PerPeer::default());
+        let slot = PerPeer::take(&table, at("192.0.2.1")).expect("a slot");
+        let other = PerPeer::take(&table, at("192.0.2.2")).expect("a slot");
+        assert_eq!(table.open.lock().unwrap().len(), 2);
+        drop(slot);
+        assert_eq!(table.open.lock().unwrap().len(), 1);
+        drop(other);
+        assert!(table.open.lock().unwrap().is_empty());
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_share_one_peers_connections() {
+        let table = Arc::new(PerPeer::default());
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PEER as u16)
+            .map(|n| {
+                let address = std::net::Ipv6Addr::new(0x2001, 0xdb8, 0, 1, 0, 0, 0, n);
+                PerPeer::take(&table, SocketAddr::from((address, 4000))).expect("a slot")
+            })
+            .collect();
+        assert!(PerPeer::take(&table, at("2001:db8:0:1::ffff")).is_none());
+        assert!(PerPeer::take(&table, at("2001:db8:0:2::1")).is_some());
+        drop(held);
     }
 }

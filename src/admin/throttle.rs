@@ -109,13 +109,19 @@ impl Throttle {
 /// The peer `address` is counted as: an IPv6 address by its /64, an IPv4 one (mapped into
 /// IPv6 or not) by itself.
 fn key(address: Option<IpAddr>) -> Peer {
-    address.map(|address| match address {
+    address.map(peer_of)
+}
+
+/// The peer `address` is counted as, for the throttle and the connections' cap: an IPv6
+/// address by its /64, an IPv4 one (mapped into IPv6 or not) by itself.
+pub(crate) fn peer_of(address: IpAddr) -> IpAddr {
+    match address {
         IpAddr::V4(_) => address,
         IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
         },
-    })
+    }
 }
 
 /// Drops every entry that no longer counts, and if none did, the one whose first wrong

@@ -146,8 +146,10 @@ impl Connection {
     /// option the caller allowed.
     pub(super) async fn open(settings: &ConnectionSettings) -> Result<Connection, SendError> {
         // A login whose token cannot be had now fails every connection: none is opened.
+        // The look waits for a fetch under way (it holds the login): bounded by the send,
+        // like the token itself, so that a slow source is not cut as the mail server's fault.
         if let Some(login) = &settings.oauth2
-            && let Some(remembered) = login.remembered_failure().await
+            && let Some(remembered) = within_send(login.remembered_failure()).await?
         {
             return Err(remembered);
         }
@@ -186,7 +188,7 @@ impl Connection {
             // fetch still under way.)
             if let Some(login) = &settings.oauth2
                 && (error.code().starts_with("oauth2.")
-                    || login.remembered_failure().await.is_some())
+                    || within_send(login.remembered_failure()).await?.is_some())
             {
                 return Err(error);
             }
@@ -482,18 +484,26 @@ pub(super) async fn for_send_until<F: std::future::Future>(
 async fn token_within_send(
     login: &crate::oauth::OAuthLogin,
 ) -> Result<crate::oauth::AccessToken, SendError> {
+    within_send(login.token()).await?
+}
+
+/// `wait` (a wait on the login: its token, or a look at its last failure, which waits for a
+/// fetch under way) bounded by the send it is for, its cut answered `oauth2.timeout`, not
+/// attempted.
+async fn within_send<F: std::future::Future>(wait: F) -> Result<F::Output, SendError> {
     let Ok(send_ends) = SEND_DEADLINE.try_with(|deadline| *deadline) else {
-        return login.token().await;
+        return Ok(wait.await);
     };
-    match tokio::time::timeout_at(send_ends, login.token()).await {
-        Ok(token) => token,
-        Err(_elapsed) => Err(SendError::fixed(
-            Category::Timeout,
-            "oauth2.timeout",
-            "the token source did not answer within the send's timeout; nothing was sent",
-        )
-        .not_attempted()),
-    }
+    tokio::time::timeout_at(send_ends, wait)
+        .await
+        .map_err(|_elapsed| {
+            SendError::fixed(
+                Category::Timeout,
+                "oauth2.timeout",
+                "the token source did not answer within the send's timeout; nothing was sent",
+            )
+            .not_attempted()
+        })
 }
 
 /// An OAuth 2.0 login (`XOAUTH2` or `OAUTHBEARER`) with the transport's kept token; a

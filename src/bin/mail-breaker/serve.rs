@@ -23,9 +23,11 @@
 //! form posted from the same host under the other scheme than the browser's is refused.
 //!
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
-//! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once); over TLS each
-//! handshake runs in a task of its own for 10 s at most, 64 at once, the oldest let go for a
-//! new one, so that connections that never finish theirs keep no one out.
+//! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
+//! one address: behind a proxy on this machine, 64 from the proxy); over TLS each
+//! handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one address,
+//! the oldest of the address with the most let go for a new one, so that connections that
+//! never finish theirs keep no one out.
 
 use std::net::SocketAddr;
 use std::path::{Path, PathBuf};

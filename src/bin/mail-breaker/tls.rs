@@ -1,10 +1,10 @@
 //! `serve --tls-cert FILE --tls-key FILE`: the page over TLS (rustls), each connection's
 //! handshake made before the page's server sees it, in a task of its own and for a bounded
-//! time, the oldest let go when too many are under way.
+//! time; when too many are under way, the oldest of the address that has the most is let go.
 
-use std::collections::VecDeque;
+use std::collections::{HashMap, VecDeque};
 use std::io;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::Duration;
@@ -24,11 +24,16 @@ use crate::exit::Failure;
 /// How long a client may take over its handshake; one that says nothing is cut then.
 const HANDSHAKE: Duration = Duration::from_secs(10);
 
-/// Handshakes under way at once. A connection beyond them lets the oldest go: the accept
-/// loop never waits for a slot, so silent connections cannot keep a client out, and an
-/// attacker must open connections faster than a real client's handshake takes (a few
-/// milliseconds) to keep one out, rather than 64 every 10 seconds.
+/// Handshakes under way at once. A connection beyond them lets one go: the accept loop
+/// never waits for a slot, so silent connections cannot keep a client out. The one let go
+/// is the oldest of the address with the most under way, so that an address opening
+/// connections faster than a distant client's handshake takes (two round trips) lets go
+/// of its own, never of that client's.
 const HANDSHAKES_AT_ONCE: usize = 64;
+
+/// Handshakes one address (an IPv6 /64) may have under way: one more from it lets its own
+/// oldest go. A browser opens six connections at most.
+const HANDSHAKES_PER_PEER: usize = 8;
 
 /// Handshaken connections waiting for the server to take them; beyond, one is dropped.
 const WAITING_AT_MOST: usize = 64;
@@ -82,21 +87,57 @@ pub struct TlsListener {
     local: SocketAddr,
 }
 
-/// The handshakes under way, oldest first: each one's number and what stops it.
+/// The handshakes under way, oldest first: each one's number, its peer and what stops it.
 #[derive(Default)]
 struct UnderWay {
     next: u64,
-    handshakes: VecDeque<(u64, AbortHandle)>,
+    handshakes: VecDeque<(u64, IpAddr, AbortHandle)>,
 }
 
 impl UnderWay {
-    /// Makes room for one more handshake: the oldest ones beyond the cap are stopped (their
-    /// connections closed).
-    fn make_room(&mut self) {
+    /// Makes room for one more handshake from `peer`: its own oldest is stopped (its
+    /// connection closed) when it has [`HANDSHAKES_PER_PEER`] under way, and while all
+    /// have [`HANDSHAKES_AT_ONCE`], the oldest of the peer with the most.
+    fn make_room(&mut self, peer: IpAddr) {
+        if self.of(peer) >= HANDSHAKES_PER_PEER {
+            self.stop_oldest_of(peer);
+        }
         while self.handshakes.len() >= HANDSHAKES_AT_ONCE {
-            if let Some((_, oldest)) = self.handshakes.pop_front() {
-                oldest.abort();
+            let mut counts: HashMap<IpAddr, usize> = HashMap::new();
+            for (_, each, _) in &self.handshakes {
+                *counts.entry(*each).or_default() += 1;
             }
+            // The first peer (oldest) among those with the most: ties go as before.
+            let most = counts.values().copied().max().unwrap_or(0);
+            let Some(busiest) = self
+                .handshakes
+                .iter()
+                .map(|(_, each, _)| *each)
+                .find(|each| counts.get(each) == Some(&most))
+            else {
+                return;
+            };
+            self.stop_oldest_of(busiest);
+        }
+    }
+
+    /// The handshakes `peer` has under way.
+    fn of(&self, peer: IpAddr) -> usize {
+        self.handshakes
+            .iter()
+            .filter(|(_, each, _)| *each == peer)
+            .count()
+    }
+
+    /// Stops `peer`'s oldest handshake under way.
+    fn stop_oldest_of(&mut self, peer: IpAddr) {
+        if let Some(at) = self
+            .handshakes
+            .iter()
+            .position(|(_, each, _)| *each == peer)
+            && let Some((_, _, oldest)) = self.handshakes.remove(at)
+        {
+            oldest.abort();
         }
     }
 
@@ -107,14 +148,14 @@ impl UnderWay {
         number
     }
 
-    /// Keeps `handshake`, under `number`.
-    fn add(&mut self, number: u64, handshake: AbortHandle) {
-        self.handshakes.push_back((number, handshake));
+    /// Keeps `handshake` of `peer`, under `number`.
+    fn add(&mut self, number: u64, peer: IpAddr, handshake: AbortHandle) {
+        self.handshakes.push_back((number, peer, handshake));
     }
 
     /// Forgets handshake `number`: it ended.
     fn remove(&mut self, number: u64) {
-        self.handshakes.retain(|(each, _)| *each != number);
+        self.handshakes.retain(|(each, _, _)| *each != number);
     }
 }
 
@@ -143,7 +184,8 @@ impl TlsListener {
                 };
                 {
                     let mut handshakes = under_way.lock().unwrap_or_else(PoisonError::into_inner);
-                    handshakes.make_room();
+                    let from = peer_of(peer.ip());
+                    handshakes.make_room(from);
                     let number = handshakes.number();
                     let (acceptor, ready, under_way) =
                         (acceptor.clone(), ready.clone(), Arc::clone(&under_way));
@@ -165,11 +207,23 @@ impl TlsListener {
                             Err(_) => tracing::debug!(%peer, "serve.tls_handshake_timed_out"),
                         }
                     });
-                    handshakes.add(number, task.abort_handle());
+                    handshakes.add(number, from, task.abort_handle());
                 }
             }
         });
         Ok(TlsListener { handshaken, local })
+    }
+}
+
+/// The peer `address` is counted as: an IPv6 address by its /64 (what one host is usually
+/// given), an IPv4 one (mapped into IPv6 or not) by itself, as the page's server counts it.
+fn peer_of(address: IpAddr) -> IpAddr {
+    match address {
+        IpAddr::V4(_) => address,
+        IpAddr::V6(v6) => match v6.to_ipv4_mapped() {
+            Some(v4) => IpAddr::V4(v4),
+            None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
+        },
     }
 }
 
@@ -187,5 +241,96 @@ impl axum::serve::Listener for TlsListener {
 
     fn local_addr(&self) -> io::Result<SocketAddr> {
         Ok(self.local)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A handshake of `peer` that never ends, kept in `under_way` as the accept loop keeps it.
+    fn pending(under_way: &mut UnderWay, peer: IpAddr) -> tokio::task::JoinHandle<()> {
+        under_way.make_room(peer);
+        let number = under_way.number();
+        let task = tokio::spawn(std::future::pending::<()>());
+        under_way.add(number, peer, task.abort_handle());
+        task
+    }
+
+    async fn stopped(task: &tokio::task::JoinHandle<()>) -> bool {
+        tokio::task::yield_now().await;
+        task.is_finished()
+    }
+
+    fn v4(last: u8) -> IpAddr {
+        IpAddr::from([192, 0, 2, last])
+    }
+
+    #[tokio::test]
+    async fn a_peer_at_its_share_lets_its_own_oldest_handshake_go_and_no_one_elses() {
+        let mut under_way = UnderWay::default();
+        let other = pending(&mut under_way, v4(9));
+        let own: Vec<_> = (0..HANDSHAKES_PER_PEER)
+            .map(|_| pending(&mut under_way, v4(1)))
+            .collect();
+        let newest = pending(&mut under_way, v4(1));
+        assert!(stopped(&own[0]).await, "its own oldest goes");
+        for task in &own[1..] {
+            assert!(!stopped(task).await);
+        }
+        assert!(!stopped(&other).await, "another peer's is kept");
+        assert!(!stopped(&newest).await);
+        assert_eq!(under_way.of(v4(1)), HANDSHAKES_PER_PEER);
+        assert_eq!(under_way.of(v4(9)), 1);
+    }
+
+    #[tokio::test]
+    async fn at_the_cap_the_oldest_handshake_of_the_peer_with_the_most_goes() {
+        let mut under_way = UnderWay::default();
+        let lone = pending(&mut under_way, v4(200));
+        let mut tasks = Vec::new();
+        // The rest of the cap: peers 1, 2, ... with 7 each, the last with fewer.
+        let mut peer = 1;
+        while under_way.handshakes.len() < HANDSHAKES_AT_ONCE {
+            if under_way.of(v4(peer)) == HANDSHAKES_PER_PEER - 1 {
+                peer += 1;
+            }
+            tasks.push((peer, pending(&mut under_way, v4(peer))));
+        }
+        let newcomer = pending(&mut under_way, v4(250));
+        assert!(!stopped(&lone).await, "the oldest, but of a peer with one");
+        assert!(
+            stopped(&tasks[0].1).await,
+            "the oldest of the busiest peer goes"
+        );
+        assert_eq!(tasks[0].0, 1);
+        for (_, task) in &tasks[1..] {
+            assert!(!stopped(task).await);
+        }
+        assert!(!stopped(&newcomer).await);
+        assert_eq!(under_way.handshakes.len(), HANDSHAKES_AT_ONCE);
+    }
+
+    #[tokio::test]
+    async fn a_handshake_that_ended_is_forgotten() {
+        let mut under_way = UnderWay::default();
+        let task = pending(&mut under_way, v4(1));
+        let number = under_way.handshakes[0].0;
+        under_way.remove(number);
+        assert_eq!(under_way.of(v4(1)), 0);
+        assert!(under_way.handshakes.is_empty());
+        task.abort();
+    }
+
+    #[test]
+    fn the_addresses_of_one_ipv6_64_are_one_peer_and_a_mapped_ipv4_is_the_ipv4() {
+        let a: IpAddr = "2001:db8:1:2::1".parse().unwrap();
+        let b: IpAddr = "2001:db8:1:2:ffff::9".parse().unwrap();
+        let c: IpAddr = "2001:db8:1:3::1".parse().unwrap();
+        assert_eq!(peer_of(a), peer_of(b));
+        assert_ne!(peer_of(a), peer_of(c));
+        assert_eq!(peer_of(a), "2001:db8:1:2::".parse::<IpAddr>().unwrap());
+        assert_eq!(peer_of("::ffff:192.0.2.1".parse().unwrap()), v4(1));
+        assert_eq!(peer_of(v4(1)), v4(1));
     }
 }
