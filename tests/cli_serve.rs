@@ -655,6 +655,25 @@ fn a_credential_with_a_plain_http_public_origin_is_refused() {
     assert!(url.is_none(), "a credential over plain http");
 }
 
+/// Hostile review of issue 63: a URL parser drops the spaces and controls around a URL, so
+/// the refusal of a plain-http origin does too.
+#[test]
+fn a_credential_with_a_plain_http_public_origin_behind_a_space_is_refused() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--public-origin",
+            " http://ops.example.com",
+            "--behind-tls-proxy",
+            "--dsn",
+            DSN,
+        ],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
+    );
+    assert!(url.is_none(), "a credential over plain http");
+}
+
 // ---------------------------------------------------------------------------------------
 // Review of issue 63, second pass: connections that hold the server, origins, redaction
 

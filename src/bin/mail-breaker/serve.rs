@@ -116,7 +116,12 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
         && args
             .public_origin
             .as_deref()
-            .is_some_and(|url| url.to_ascii_lowercase().starts_with("http://"))
+            // Read as the URL parser reads it: without the spaces and controls around it.
+            .is_some_and(|url| {
+                url.trim_matches(|c: char| c <= ' ')
+                    .to_ascii_lowercase()
+                    .starts_with("http://")
+            })
     {
         return Err(Failure::usage(
             "--public-origin is plain http://: the credential would cross the network in clear; \
