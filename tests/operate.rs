@@ -159,6 +159,29 @@ async fn an_isolated_breaker_refuses_every_send_as_isolated_however_long_it_wait
 }
 
 #[tokio::test(start_paused = true)]
+async fn isolating_one_breaker_of_a_shared_memory_store_leaves_the_others_sending() {
+    let store: Arc<dyn mail_breaker::BreakerStore> = Arc::new(mail_breaker::MemoryStore::new());
+    let (first, second) = (Scripted::new("first"), Scripted::new("second"));
+    let shared = |inner: &Scripted| {
+        CircuitBreakerTransport::builder(inner.clone())
+            .store(Arc::clone(&store))
+            .build()
+            .expect("valid settings")
+    };
+    let (isolated, other) = (shared(&first), shared(&second));
+
+    isolated.isolate().await;
+
+    let refused = isolated.send(&message()).await.unwrap_err();
+    assert_eq!(refused.code(), "breaker.isolated");
+    other
+        .send(&message())
+        .await
+        .expect("another breaker of the store is not isolated");
+    assert_eq!((first.sends(), second.sends()), (0, 1));
+}
+
+#[tokio::test(start_paused = true)]
 async fn isolating_an_open_breaker_keeps_it_open_past_its_reset_timeout() {
     let inner = Scripted::new("p");
     let breaker = breaker(&inner, 1);
