@@ -209,3 +209,34 @@ async fn a_body_that_is_not_the_providers_json_is_refused_after_the_credentials(
     }
     assert_eq!(sink.events(), vec![]);
 }
+
+#[tokio::test]
+async fn a_record_without_record_type_reads_as_a_bounce_only_with_both_its_type_and_bounced_at() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let credentials = basic("postmark", "s3cret-password");
+    let unknown = EventKind::Unknown {
+        provider_kind: String::new(),
+    };
+    for (body, kind) in [
+        (
+            r#"{"ID":7,"Type":"HardBounce","Email":"a@example.com"}"#,
+            &unknown,
+        ),
+        (
+            r#"{"ID":8,"BouncedAt":"2019-11-05T16:33:54Z","Email":"a@example.com"}"#,
+            &unknown,
+        ),
+        (
+            r#"{"ID":9,"Type":"HardBounce","BouncedAt":"2019-11-05T16:33:54Z","Email":"a@example.com"}"#,
+            &EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: Some("HardBounce".into()),
+            },
+        ),
+    ] {
+        let (status, answer) = post(&router, "/postmark", &credentials, body).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {answer}");
+        assert_eq!(&sink.events().last().unwrap().kind, kind, "{body}");
+    }
+}
