@@ -288,3 +288,46 @@ fn allow_insecure_http_on_a_provider_transport_is_logged_once_as_a_warning() {
     assert!(text.contains("WARN") && text.contains("postmark"), "{text}");
     assert!(!text.contains("token-never-logged"), "{text}");
 }
+
+#[cfg(feature = "webhooks")]
+#[tokio::test]
+async fn a_member_without_a_rate_limit_that_reaches_throttle_warns_that_it_has_no_rate_to_halve() {
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, EventSink, Provider};
+    use mail_breaker::reputation::{ReputationBreaker, Tier};
+
+    let (captured, _guard) = capture();
+    let breaker = ReputationBreaker::builder("ses").build().unwrap();
+    let member = breaker.wrap(Scripted::new("ses"));
+    for _ in 0..1_000 {
+        member.send(&message()).await.unwrap();
+    }
+    let bounces: Vec<DeliveryEvent> = (0..30)
+        .map(|n| {
+            let kind = EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: None,
+            };
+            let at = std::time::SystemTime::UNIX_EPOCH;
+            let mut event = DeliveryEvent::new(
+                Provider::Ses,
+                format!("b{n}"),
+                kind,
+                format!("gone{n}@example.org"),
+                at,
+            );
+            event.member = Some("ses".into());
+            event
+        })
+        .collect();
+    breaker.keep(&bounces).await.unwrap();
+    assert_eq!(breaker.tier(), Tier::Throttle);
+    let logged = captured.text();
+    let line = logged
+        .lines()
+        .find(|line| line.contains("reputation.throttle_unpaced"))
+        .unwrap_or_else(|| panic!("no warning in {logged}"));
+    assert!(
+        line.contains("WARN") && line.contains("member=ses"),
+        "{line}"
+    );
+}

@@ -1,6 +1,7 @@
 //! Property test (issue 45, point 15): the limiter of one process and the fleet's script in
 //! Redis (`src/rate/rate.lua`, on a real redis-server) give the same answers to the same
-//! sequence. Random sequences of waits, sends and throttled sends drive a local
+//! sequence. Random sequences of waits, sends, throttled sends and a factor of ½ turned on and
+//! off (a reputation breaker's throttle, `slowed_by`) drive a local
 //! `RateLimitTransport` under tokio's paused clock, and the script, timed by its test-only
 //! clock argument, along the same timeline: each send must go at once in both, or be refused
 //! in both with the same `retry_after`, at the same rate (in thousandths of a send a second).
@@ -33,6 +34,22 @@ enum Op {
     Send(u32),
     /// A send to this many recipients that the provider answers with a throttle.
     Throttled(u32),
+    /// From now on the limiter is slowed by half (a reputation breaker's throttle), or not.
+    Slowed(bool),
+}
+
+/// A factor the test turns: ½ while set, else 1.
+#[derive(Debug, Clone, Default)]
+struct Half(std::sync::Arc<std::sync::atomic::AtomicBool>);
+
+impl mail_breaker::rate::RateFactor for Half {
+    fn rate_factor(&self) -> f64 {
+        if self.0.load(std::sync::atomic::Ordering::Relaxed) {
+            0.5
+        } else {
+            1.0
+        }
+    }
 }
 
 fn op() -> impl Strategy<Value = Op> {
@@ -41,6 +58,7 @@ fn op() -> impl Strategy<Value = Op> {
         3 => (0u64..1_500_000).prop_map(Op::Wait),
         5 => prop_oneof![3 => Just(1u32), 1 => 2u32..9].prop_map(Op::Send),
         1 => (1u32..4).prop_map(Op::Throttled),
+        1 => any::<bool>().prop_map(Op::Slowed),
     ]
 }
 
@@ -134,6 +152,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                 .build()
                 .expect("a runtime");
             let provider = Scripted::new("ses");
+            let half = Half::default();
             let limited = local_runtime.block_on(async {
                 RateLimitTransport::builder(provider.clone())
                     .per_second(settings.per_second)
@@ -142,24 +161,27 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     .max_wait(Duration::ZERO)
                     .adaptive(true)
                     .cost_per_recipient()
+                    .slowed_by(half.clone())
                     .build()
                     .expect("valid settings")
             });
-            let script_call = |op: &str, cost: u32, now: u64| -> Result<Vec<i64>, TestCaseError> {
-                let mut call = script.key(&key);
-                call.arg(op)
-                    .arg(settings.per_second)
-                    .arg(settings.burst)
-                    .arg(0)
-                    .arg(settings.floor)
-                    .arg(60_000)
-                    .arg("model")
-                    .arg(cost)
-                    .arg(now);
-                redis_runtime
-                    .block_on(call.invoke_async(&mut connection.clone()))
-                    .map_err(|error| TestCaseError::fail(error.to_string()))
-            };
+            let script_call =
+                |op: &str, cost: u32, now: u64, factor: f64| -> Result<Vec<i64>, TestCaseError> {
+                    let mut call = script.key(&key);
+                    call.arg(op)
+                        .arg(settings.per_second)
+                        .arg(settings.burst)
+                        .arg(0)
+                        .arg(settings.floor)
+                        .arg(60_000)
+                        .arg("model")
+                        .arg(cost)
+                        .arg(now)
+                        .arg(factor);
+                    redis_runtime
+                        .block_on(call.invoke_async(&mut connection.clone()))
+                        .map_err(|error| TestCaseError::fail(error.to_string()))
+                };
             let mut clock = 0u64;
             for (step, op) in ops.iter().enumerate() {
                 let (throttled, recipients) = match op {
@@ -170,10 +192,16 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                     }
                     Op::Send(recipients) => (false, *recipients),
                     Op::Throttled(recipients) => (true, *recipients),
+                    Op::Slowed(slowed) => {
+                        half.0.store(*slowed, std::sync::atomic::Ordering::Relaxed);
+                        continue;
+                    }
                 };
+                let factor = mail_breaker::rate::RateFactor::rate_factor(&half);
                 let message = message_to(recipients);
                 let (local, rate_after) = local_runtime.block_on(async {
-                    let rate = (limited.per_second() * 1000.0).floor() as i64;
+                    // The script says its rate before the factor; x * ½ / ½ is x exactly.
+                    let rate = (limited.per_second() / factor * 1000.0).floor() as i64;
                     if throttled {
                         provider.then([throttle()]);
                     }
@@ -188,9 +216,12 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                         },
                         _ => Answer::Sent { wait: waited, rate },
                     };
-                    (local, (limited.per_second() * 1000.0).floor() as i64)
+                    (
+                        local,
+                        (limited.per_second() / factor * 1000.0).floor() as i64,
+                    )
                 });
-                let said = script_call("take", recipients, EPOCH + clock)?;
+                let said = script_call("take", recipients, EPOCH + clock, factor)?;
                 let script = match said[..] {
                     [1, wait, rate, _] => Answer::Sent {
                         wait: wait as u64,
@@ -214,7 +245,7 @@ fn the_local_limiter_and_the_fleets_script_answer_a_sequence_alike() {
                 if let Answer::Sent { wait, .. } = local {
                     clock += wait;
                     if throttled {
-                        let said = script_call("throttle", 1, EPOCH + clock)?;
+                        let said = script_call("throttle", 1, EPOCH + clock, factor)?;
                         prop_assert_eq!(
                             said.get(2).copied(),
                             Some(rate_after),

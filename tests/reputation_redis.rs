@@ -216,3 +216,40 @@ async fn the_script_decides_as_the_memory_store_does_after_any_sequence() {
         }
     }
 }
+
+/// A member throttled at 3 % hard bounces, then diluted by clean sends, as (sends added,
+/// tier after).
+async fn throttle_lasts_until_below_warn(store: &dyn ReputationStore, member: &str) {
+    let rules = ReputationRules::default();
+    store.record(member, &rules, 1_000, &[]).await.unwrap();
+    let heard: Vec<Heard> = (0..30)
+        .map(|i| Heard {
+            id: format!("b{i}"),
+            signal: Signal::HardBounce,
+        })
+        .collect();
+    let recorded = store.record(member, &rules, 0, &heard).await.unwrap();
+    assert_eq!(recorded.standing.tier, Tier::Throttle, "30 in 1,000: 3 %");
+    for (sends, tier) in [
+        (499, Tier::Throttle),
+        (1, Tier::Throttle),
+        (1, Tier::Healthy),
+    ] {
+        let recorded = store.record(member, &rules, sends, &[]).await.unwrap();
+        let window = recorded.standing.window;
+        assert_eq!(
+            recorded.standing.tier, tier,
+            "{} hard bounces in {} sends",
+            window.hard_bounces, window.sends
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_throttle_lasts_until_the_rates_fall_below_warn_in_redis_as_in_memory() {
+    throttle_lasts_until_below_warn(&MemoryReputation::new(), "memory").await;
+    let Some(server) = RedisServer::start("reputation_throttle_lasts") else {
+        return;
+    };
+    throttle_lasts_until_below_warn(&*store(&server, "reputation-throttle").await, "redis").await;
+}

@@ -25,7 +25,9 @@ fn basic(user: &str, password: &str) -> Vec<(&'static str, String)> {
     )]
 }
 
-// Facts of the sample of https://postmarkapp.com/developer/webhooks/bounce-webhook
+// Facts of the sample of https://postmarkapp.com/developer/webhooks/bounce-webhook (the
+// stored copies of that page reached for this check end before its sample: its fields are
+// those of the spam complaint's sample, which was checked, with the bounce's values)
 const BOUNCE: &str = r#"{"RecordType":"Bounce","MessageStream":"outbound","ID":4323372036854775807,"Type":"HardBounce","TypeCode":1,"Name":"Hard bounce","Tag":"Test","MessageID":"883953f4-6105-42a2-a16a-77a8eac79483","Metadata":{"a_key":"a_value","b_key":"b_value"},"ServerID":23,"Description":"The server was unable to deliver your message (ex: unknown user, mailbox not found).","Details":"Test bounce details","Email":"john@example.com","From":"sender@example.com","BouncedAt":"2019-11-05T16:33:54.9070259Z","DumpAvailable":true,"Inactive":true,"CanActivate":true,"Subject":"Test subject","Content":"<Full dump of bounce>"}"#;
 
 #[tokio::test]
@@ -133,17 +135,31 @@ async fn the_postmark_documented_samples_parse_to_their_kinds() {
         (BOUNCE.replace("\"HardBounce\"", "\"BadEmailAddress\"").replace("4323372036854775807", "6"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Permanent, subtype: Some("BadEmailAddress".into()) }),
         (BOUNCE.replace("\"HardBounce\"", "\"AutoResponder\"").replace("4323372036854775807", "7"), "john@example.com", EventKind::Unknown { provider_kind: "AutoResponder".into() }),
         (BOUNCE.replace("\"HardBounce\"", "\"SomeNewType\"").replace("4323372036854775807", "8"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Undetermined, subtype: Some("SomeNewType".into()) }),
-        // https://postmarkapp.com/developer/webhooks/spam-complaint-webhook
-        (r#"{"RecordType":"SpamComplaint","MessageStream":"outbound","ID":42,"Type":"SpamComplaint","TypeCode":512,"Name":"Spam complaint","Tag":"Test","MessageID":"00000000-0000-0000-0000-000000000000","ServerID":1234,"Description":"","Details":"Test spam complaint details","Email":"john@example.com","From":"sender@example.com","BouncedAt":"2019-11-05T16:33:54.9070259Z","DumpAvailable":true,"Inactive":true,"CanActivate":false,"Subject":"Test subject","Content":"<Abuse report dump>"}"#.to_owned(), "john@example.com", EventKind::Complained { feedback: None }),
+        // https://postmarkapp.com/developer/webhooks/spam-complaint-webhook ("Example JSON
+        // webhook data"; its TypeCode is 512 there, though the bounce types say 100001)
+        (r#"{"RecordType":"SpamComplaint","MessageStream":"outbound","ID":42,"Type":"SpamComplaint","TypeCode":512,"Name":"Spam complaint","Tag":"Test","MessageID":"00000000-0000-0000-0000-000000000000","Metadata":{"a_key":"a_value","b_key":"b_value"},"ServerID":1234,"Description":"","Details":"Test spam complaint details","Email":"john@example.com","From":"sender@example.com","BouncedAt":"2019-11-05T16:33:54.9070259Z","DumpAvailable":true,"Inactive":true,"CanActivate":false,"Subject":"Test subject","Content":"<Abuse report dump>"}"#.to_owned(), "john@example.com", EventKind::Complained { feedback: None }),
         // https://postmarkapp.com/developer/webhooks/delivery-webhook
         (r#"{"RecordType":"Delivery","ServerID":23,"MessageStream":"outbound","MessageID":"00000000-0000-0000-0000-000000000000","Recipient":"john@example.com","Tag":"welcome-email","DeliveredAt":"2019-11-05T16:33:54.9070259Z","Details":"Test delivery webhook details","Metadata":{"a_key":"a_value","b_key":"b_value"}}"#.to_owned(), "john@example.com", EventKind::Delivered),
+        // https://postmarkapp.com/developer/webhooks/spam-complaint-webhook: the page's curl
+        // request, "the same JSON format that the Postmark servers will use", has no RecordType.
+        (r#"{"ID":43,"Type":"SpamComplaint","TypeCode":512,"Name":"Spam complaint","Tag":"Test","MessageID":"00000000-0000-0000-0000-000000000000","ServerID":1234,"Description":"","Details":"Test spam complaint details","Email":"john@example.com","From":"sender@example.com","BouncedAt":"2018-02-20T12:54:23.3396434-05:00","DumpAvailable":true,"Inactive":true,"CanActivate":false,"Subject":"Test subject"}"#.to_owned(), "john@example.com", EventKind::Complained { feedback: None }),
+        // https://postmarkapp.com/support/article/1067-how-do-i-enable-delivery-webhooks
+        // ("Example delivery webhook event": no RecordType; the recipient as the page spells it)
+        (r#"{"MessageID":"a94dfe84-8ab9-43cf-8a1c-ac234c296e25","Recipient":"recipeint@example.com","Tag":"Your Tag","DeliveredAt":"2016-12-01T15:41:45-05:00","Details":"smtp;250 2.0.0 OK 1480624905 l186si10190883ite.73- gsmtp"}"#.to_owned(), "recipeint@example.com", EventKind::Delivered),
         // https://postmarkapp.com/developer/webhooks/open-tracking-webhook
         (r#"{"RecordType":"Open","MessageStream":"outbound","FirstOpen":true,"Client":{"Name":"Chrome 35.0.1916.153","Company":"Google","Family":"Chrome"},"OS":{"Name":"OS X 10.7 Lion","Company":"Apple Computer, Inc.","Family":"OS X 10"},"Platform":"WebMail","UserAgent":"Mozilla/5.0","ReadSeconds":5,"Geo":{"CountryISOCode":"RS","Country":"Serbia"},"MessageID":"00000000-0000-0000-0000-000000000000","Metadata":{"a_key":"a_value"},"ReceivedAt":"2019-11-05T16:33:54.9070259Z","Tag":"welcome-email","Recipient":"john@example.com"}"#.to_owned(), "john@example.com", EventKind::Opened),
         // https://postmarkapp.com/developer/webhooks/click-webhook
         (r#"{"RecordType":"Click","MessageStream":"outbound","ClickLocation":"HTML","Client":{"Name":"Chrome 35.0.1916.153","Company":"Google","Family":"Chrome"},"OS":{"Name":"OS X 10.7 Lion","Company":"Apple Computer, Inc.","Family":"OS X 10"},"Platform":"Desktop","UserAgent":"Mozilla/5.0","OriginalLink":"https://example.com","Geo":{"CountryISOCode":"RS","Country":"Serbia"},"MessageID":"00000000-0000-0000-0000-000000000000","Metadata":{"a_key":"a_value"},"ReceivedAt":"2019-11-05T16:33:54.9070259Z","Tag":"welcome-email","Recipient":"john@example.com"}"#.to_owned(), "john@example.com", EventKind::Clicked),
-        // https://postmarkapp.com/developer/webhooks/subscription-change-webhook
-        (r#"{"RecordType":"SubscriptionChange","MessageID":"00000000-0000-0000-0000-000000000000","ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"bounced-address@wildbit.com","Origin":"Recipient","SuppressSending":true,"SuppressionReason":"HardBounce","Tag":"my-tag","Metadata":{"example":"value"}}"#.to_owned(), "bounced-address@wildbit.com", EventKind::Unknown { provider_kind: "SubscriptionChange".into() }),
-        (r#"{"RecordType":"SubscriptionChange","MessageID":"00000000-0000-0000-0000-000000000001","ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"unsubscribed@example.com","Origin":"Recipient","SuppressSending":true,"SuppressionReason":"ManualSuppression"}"#.to_owned(), "unsubscribed@example.com", EventKind::Unsubscribed),
+        // https://postmarkapp.com/developer/webhooks/subscription-change-webhook ("Example
+        // JSON webhook data")
+        (r#"{"RecordType":"SubscriptionChange","MessageID":"883953f4-6105-42a2-a16a-77a8eac79483","ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"bounced-address@wildbit.com","Origin":"Recipient","SuppressSending":true,"SuppressionReason":"HardBounce","Tag":"my-tag","Metadata":{"example":"value","example_2":"value"}}"#.to_owned(), "bounced-address@wildbit.com", EventKind::Unknown { provider_kind: "SubscriptionChange".into() }),
+        // The same page's rules, not a sample: "If a recipient unsubscribes, they will be
+        // suppressed with the SuppressionReason of ManualSuppression" (Origin Recipient);
+        // a suppression by the sender (Origin Customer or Admin, MessageID null) is none;
+        // a reactivation has SuppressSending false and SuppressionReason null.
+        (r#"{"RecordType":"SubscriptionChange","MessageID":"883953f4-6105-42a2-a16a-77a8eac79484","ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"unsubscribed@example.com","Origin":"Recipient","SuppressSending":true,"SuppressionReason":"ManualSuppression","Tag":"my-tag","Metadata":{}}"#.to_owned(), "unsubscribed@example.com", EventKind::Unsubscribed),
+        (r#"{"RecordType":"SubscriptionChange","MessageID":null,"ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"suppressed-by-us@example.com","Origin":"Customer","SuppressSending":true,"SuppressionReason":"ManualSuppression","Tag":null,"Metadata":{}}"#.to_owned(), "suppressed-by-us@example.com", EventKind::Unknown { provider_kind: "SubscriptionChange".into() }),
+        (r#"{"RecordType":"SubscriptionChange","MessageID":null,"ServerID":123456,"MessageStream":"outbound","ChangedAt":"2020-02-01T10:53:34.416071Z","Recipient":"reactivated@example.com","Origin":"Admin","SuppressSending":false,"SuppressionReason":null,"Tag":null,"Metadata":{}}"#.to_owned(), "reactivated@example.com", EventKind::Unknown { provider_kind: "SubscriptionChange".into() }),
         (r#"{"RecordType":"SomethingNew","Recipient":"john@example.com"}"#.to_owned(), "john@example.com", EventKind::Unknown { provider_kind: "SomethingNew".into() }),
     ];
     for (index, (body, recipient, kind)) in samples.iter().enumerate() {
@@ -192,4 +208,35 @@ async fn a_body_that_is_not_the_providers_json_is_refused_after_the_credentials(
         assert_eq!(status, StatusCode::BAD_REQUEST, "{body:?}");
     }
     assert_eq!(sink.events(), vec![]);
+}
+
+#[tokio::test]
+async fn a_record_without_record_type_reads_as_a_bounce_only_with_both_its_type_and_bounced_at() {
+    let sink = Recorder::new();
+    let router = router(&sink);
+    let credentials = basic("postmark", "s3cret-password");
+    let unknown = EventKind::Unknown {
+        provider_kind: String::new(),
+    };
+    for (body, kind) in [
+        (
+            r#"{"ID":7,"Type":"HardBounce","Email":"a@example.com"}"#,
+            &unknown,
+        ),
+        (
+            r#"{"ID":8,"BouncedAt":"2019-11-05T16:33:54Z","Email":"a@example.com"}"#,
+            &unknown,
+        ),
+        (
+            r#"{"ID":9,"Type":"HardBounce","BouncedAt":"2019-11-05T16:33:54Z","Email":"a@example.com"}"#,
+            &EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: Some("HardBounce".into()),
+            },
+        ),
+    ] {
+        let (status, answer) = post(&router, "/postmark", &credentials, body).await;
+        assert_eq!(status, StatusCode::OK, "{body}: {answer}");
+        assert_eq!(&sink.events().last().unwrap().kind, kind, "{body}");
+    }
 }

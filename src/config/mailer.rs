@@ -524,6 +524,7 @@ fn build_member(
                 store,
                 path,
                 per_recipient,
+                &reputation,
             )?);
             let held = MemberLimiter {
                 name: name.clone(),
@@ -753,10 +754,16 @@ fn build_rate(
     store: Option<&Store>,
     path: &str,
     per_recipient: bool,
+    reputation: &HeldReputation,
 ) -> Result<RateLimitTransport<Box<dyn Transport>>, ConfigError> {
     let mut builder = RateLimitTransport::builder(provider)
         .name(name)
         .per_second(rate.per_second);
+    // The reputation breaker's throttle halves the member's rate (issue 64).
+    #[cfg(feature = "webhooks")]
+    if let Some(reputation) = reputation {
+        builder = builder.slowed_by(reputation.clone());
+    }
     if per_recipient {
         builder = builder.cost_per_recipient();
     }

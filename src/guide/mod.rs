@@ -59,7 +59,7 @@ chapter!(
     ["ses", "postmark", "resend", "sendgrid", "mailgun"]
 );
 chapter!(outbox, "outbox.md", ["smtp", "outbox", "postgres"]);
-chapter!(rate_limits, "rate_limits.md", ["ses", "redis"]);
+chapter!(rate_limits, "rate_limits.md", ["ses", "redis", "webhooks"]);
 chapter!(
     configuration,
     "configuration.md",

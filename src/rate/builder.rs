@@ -33,6 +33,7 @@ pub struct RateLimitBuilder<T> {
     /// `None`: the processes Redis last said share the limiter.
     members: Option<u32>,
     per_recipient: bool,
+    slowed_by: Option<Arc<dyn super::RateFactor>>,
     #[cfg(feature = "redis")]
     shared: Option<Arc<crate::RedisStore>>,
 }
@@ -50,6 +51,7 @@ impl<T: Transport> RateLimitBuilder<T> {
             name: None,
             members: None,
             per_recipient: false,
+            slowed_by: None,
             #[cfg(feature = "redis")]
             shared: None,
         }
@@ -161,6 +163,39 @@ impl<T: Transport> RateLimitBuilder<T> {
         self
     }
 
+    /// Multiplies the rate by what `factor` says at each send (see
+    /// [`RateFactor`](super::RateFactor)): a member's
+    /// [`ReputationBreaker`](crate::reputation::ReputationBreaker) (feature `webhooks`)
+    /// halves the member's rate while it throttles, and gives it back whole once its rates
+    /// fall below warn. The factor applies after a provider's throttles (an adaptive rate at
+    /// its floor is halved below it) and, shared, to the fleet's budget as this process draws
+    /// from it: every process whose breaker shares its store throttles alike.
+    ///
+    /// A [`Mailer`](crate::Mailer) does this for each member with both a `rate` and a
+    /// `reputation`. By hand, hand the limiter the breaker that wraps the provider:
+    ///
+    /// ```
+    /// # #[cfg(feature = "webhooks")] {
+    /// use mail_breaker::{LettreTransport, RateLimitTransport};
+    /// use mail_breaker::reputation::ReputationBreaker;
+    /// # use lettre::transport::stub::AsyncStubTransport;
+    /// # let ses = LettreTransport::new(AsyncStubTransport::new_ok(), |_| unreachable!()).with_name("ses");
+    ///
+    /// let reputation = ReputationBreaker::builder("ses").build()?;
+    /// let member = RateLimitTransport::builder(reputation.wrap(ses))
+    ///     .per_second(14.0)
+    ///     .slowed_by(reputation.clone()) // 7 a second while it throttles
+    ///     .build()?;
+    /// assert!(reputation.is_paced());
+    /// assert_eq!(member.per_second(), 14.0);
+    /// # }
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn slowed_by(mut self, factor: impl super::RateFactor + 'static) -> Self {
+        self.slowed_by = Some(Arc::new(factor));
+        self
+    }
+
     /// The limiter, or a [`ConfigError`] naming the first setting out of range.
     pub fn build(self) -> Result<RateLimitTransport<T>, ConfigError> {
         let per_second = self.per_second.ok_or_else(|| {
@@ -210,6 +245,9 @@ impl<T: Transport> RateLimitBuilder<T> {
         };
         #[cfg(not(feature = "redis"))]
         let limiter = super::Limiter::Local(local());
+        if let Some(factor) = &self.slowed_by {
+            factor.read_by(&name);
+        }
         Ok(RateLimitTransport {
             limiter,
             inner: self.inner,
@@ -219,6 +257,8 @@ impl<T: Transport> RateLimitBuilder<T> {
             adaptive: self.adaptive,
             per_recipient: self.per_recipient,
             recorded: super::Recorded::default(),
+            slowed_by: self.slowed_by,
+            last_factor: std::sync::atomic::AtomicU64::new(1.0_f64.to_bits()),
         })
     }
 }

@@ -45,12 +45,14 @@ impl LocalLimiter {
         self.state.lock().unwrap_or_else(PoisonError::into_inner)
     }
 
-    /// Reserves the next `cost` slots for a send that may wait up to `max_wait`.
-    pub(crate) fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
+    /// Reserves the next `cost` slots, at the rate times `factor`, for a send that may wait
+    /// up to `max_wait`.
+    pub(crate) fn reserve(&self, max_wait: Duration, cost: u32, factor: f64) -> Slot {
         let now = self.now();
         let mut state = self.state();
         let rate = Rate {
-            per_second: state.rate.at(now),
+            // The same product as the fleet's script, so that both have the same `f64`.
+            per_second: state.rate.at(now) * factor,
             burst: self.burst,
         };
         state.gcra.reserve(now, rate, max_wait, cost)
@@ -62,7 +64,7 @@ impl LocalLimiter {
         self.state().rate.throttled(now);
     }
 
-    /// The rate allowed now.
+    /// The rate allowed now, before any factor.
     pub(crate) fn per_second(&self) -> f64 {
         let now = self.now();
         self.state().rate.at(now)

@@ -2,6 +2,7 @@
 //! sends in flight, and a rate that a provider's throttles lower and quiet seconds restore.
 
 use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::Duration;
 
 use tokio::sync::Semaphore;
@@ -22,6 +23,43 @@ use local::LocalLimiter;
 
 /// The code of the error a limiter answers when a send cannot have a slot in time.
 pub const RATE_LIMITED: &str = "rate.limited";
+
+/// Something outside a limiter that slows it: the factor its rate is multiplied by, read at
+/// each send. A member's [`ReputationBreaker`](crate::reputation::ReputationBreaker)
+/// (feature `webhooks`) is one: ½ while it throttles, 1 otherwise. Handed to a limiter with
+/// [`slowed_by`](RateLimitBuilder::slowed_by).
+///
+/// ```
+/// use mail_breaker::rate::RateFactor;
+///
+/// #[derive(Debug)]
+/// struct Night;
+/// impl RateFactor for Night {
+///     fn rate_factor(&self) -> f64 {
+///         0.25
+///     }
+/// }
+/// assert_eq!(Night.rate_factor(), 0.25);
+/// ```
+pub trait RateFactor: Send + Sync + std::fmt::Debug {
+    /// The factor now, above 0 and at most 1; anything else (0, a negative number, more than
+    /// 1, NaN) is read as 1: it never stops a limiter nor speeds it past its rate.
+    fn rate_factor(&self) -> f64;
+
+    /// Told once that the limiter named `limiter` reads this factor (when it is built).
+    fn read_by(&self, limiter: &str) {
+        let _ = limiter;
+    }
+}
+
+/// `factor` as a limiter reads it: in (0, 1], else 1.
+fn sane(factor: f64) -> f64 {
+    if factor > 0.0 && factor <= 1.0 {
+        factor
+    } else {
+        1.0
+    }
+}
 
 /// A [`Transport`] that sends at most at a provider's rate: `per_second` on average,
 /// `burst` at once, at most `max_in_flight` under way.
@@ -72,6 +110,10 @@ pub struct RateLimitTransport<T> {
     per_recipient: bool,
     /// Its metrics' handles, under the `metrics` feature.
     recorded: Recorded,
+    /// What slows the rate from outside (a reputation breaker's throttle), if anything.
+    slowed_by: Option<Arc<dyn RateFactor>>,
+    /// The factor read at the last send, as `f64` bits: a change is logged and measured.
+    last_factor: AtomicU64,
 }
 
 impl<T: Transport> RateLimitTransport<T> {
@@ -81,9 +123,31 @@ impl<T: Transport> RateLimitTransport<T> {
     }
 
     /// The rate allowed now, in sends per second: the configured rate, or less while an
-    /// adaptive limiter recovers from a throttle.
+    /// adaptive limiter recovers from a throttle or what it is
+    /// [slowed by](RateLimitBuilder::slowed_by) slows it.
     pub fn per_second(&self) -> f64 {
-        self.limiter.per_second()
+        self.limiter.per_second() * self.factor()
+    }
+
+    /// The factor what it is [slowed by](RateLimitBuilder::slowed_by) says now (1 when
+    /// nothing slows it).
+    fn factor(&self) -> f64 {
+        self.slowed_by
+            .as_ref()
+            .map_or(1.0, |slowed_by| sane(slowed_by.rate_factor()))
+    }
+
+    /// The factor for this send; a change since the last send is logged and sets the rate's
+    /// gauge.
+    fn read_factor(&self) -> f64 {
+        let factor = self.factor();
+        let before = f64::from_bits(self.last_factor.swap(factor.to_bits(), Ordering::Relaxed));
+        if before != factor {
+            let per_second = self.limiter.per_second() * factor;
+            tracing::info!(limiter = %self.name, factor, per_second, "rate.slowed_by: the rate follows its factor");
+            self.recorded.per_second(&self.name, per_second);
+        }
+        factor
     }
 
     /// The limiter's name: the inner transport's, unless set.
@@ -127,6 +191,7 @@ impl<T: Transport> RateLimitTransport<T> {
         // No wait passes the deadline of the send this is part of (DESIGN §19): a slot
         // further off is refused now, as one past max_wait is, and nothing is sent.
         let max_wait = self.max_wait_within_deadline();
+        let factor = self.read_factor();
         let (permit, queued) = match &self.in_flight {
             Some(places) => {
                 let asked = Instant::now();
@@ -140,7 +205,7 @@ impl<T: Transport> RateLimitTransport<T> {
         };
         match self
             .limiter
-            .reserve(max_wait.saturating_sub(queued), cost)
+            .reserve(max_wait.saturating_sub(queued), cost, factor)
             .await
         {
             Slot::After(wait) => {
@@ -204,7 +269,7 @@ impl<T: Transport> RateLimitTransport<T> {
             && !error.is_not_attempted()
         {
             self.limiter.throttled().await;
-            let now = self.limiter.per_second();
+            let now = self.per_second();
             tracing::info!(limiter = %self.name, per_second = now, "rate.throttled");
             self.recorded.per_second(&self.name, now);
         }
@@ -221,11 +286,12 @@ enum Limiter {
 }
 
 impl Limiter {
-    async fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
+    /// Reserves `cost` slots at the rate times `factor`.
+    async fn reserve(&self, max_wait: Duration, cost: u32, factor: f64) -> Slot {
         match self {
-            Limiter::Local(local) => local.reserve(max_wait, cost),
+            Limiter::Local(local) => local.reserve(max_wait, cost, factor),
             #[cfg(feature = "redis")]
-            Limiter::Shared(shared) => shared.reserve(max_wait, cost).await,
+            Limiter::Shared(shared) => shared.reserve(max_wait, cost, factor).await,
         }
     }
 
@@ -237,6 +303,7 @@ impl Limiter {
         }
     }
 
+    /// The rate before any factor: configured, or lowered by the provider's throttles.
     fn per_second(&self) -> f64 {
         match self {
             Limiter::Local(local) => local.per_second(),

@@ -13,9 +13,12 @@
 -- ARGV[6]  how long the hash stays after its last write, ms
 -- ARGV[7]  the calling process's name in the fleet (the store's member name)
 -- ARGV[8]  how many slots the send costs (one per recipient when counted so; at least 1)
--- ARGV[9]  (tests only) the time, µs, instead of the server's clock
+-- ARGV[9]  (tests only) the time, µs, instead of the server's clock; empty: the server's
+-- ARGV[10] what the rate is multiplied by for this send (a reputation breaker's throttle:
+--          0.5), in (0, 1]; absent: 1. The adaptive state is kept without it.
 --
--- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second, members}: granted 1
+-- Replies {granted, wait_or_retry_after_us, rate_in_millis_per_second, members} (the rate
+-- before ARGV[10]): granted 1
 -- with the wait before the reserved slot, 0 with how long past the longest wait the slot
 -- would come (nothing reserved); "throttle" replies {2, 0, the new rate, members}. `members`
 -- is how many processes called within the last ten minutes, this one included: while Redis
@@ -30,10 +33,12 @@ local floor_rate = math.min(tonumber(ARGV[5]), configured)
 local expiry = tonumber(ARGV[6])
 local member = ARGV[7] or ''
 local cost = math.max(tonumber(ARGV[8]) or 1, 1)
-local now
-if ARGV[9] then
-    now = tonumber(ARGV[9])
-else
+local factor = tonumber(ARGV[10]) or 1
+if not (factor > 0 and factor <= 1) then
+    factor = 1
+end
+local now = tonumber(ARGV[9] or '')
+if now == nil then
     local time = redis.call('TIME')
     now = tonumber(time[1]) * 1000000 + tonumber(time[2])
 end
@@ -83,8 +88,9 @@ if op == 'throttle' then
     return {2, 0, math.floor(halved * 1000), members}
 end
 
--- The interval, rounded up: never faster than the rate.
-local interval = math.ceil(1000000 / rate)
+-- The interval, rounded up: never faster than the rate (times the factor, the same product
+-- as src/rate/local.rs's).
+local interval = math.ceil(1000000 / (rate * factor))
 if interval ~= interval or interval < 1 then
     interval = 1
 elseif interval >= CAP then

@@ -121,16 +121,16 @@ impl SharedLimiter {
         }
     }
 
-    /// Reserves the next slot in the fleet's budget, or in this process's share of it while
-    /// Redis does not answer.
-    pub(crate) async fn reserve(&self, max_wait: Duration, cost: u32) -> Slot {
+    /// Reserves the next slot in the fleet's budget at its rate times `factor`, or in this
+    /// process's share of it while Redis does not answer.
+    pub(crate) async fn reserve(&self, max_wait: Duration, cost: u32, factor: f64) -> Slot {
         if self.may_ask() {
             let micros = u64::try_from(max_wait.as_micros()).unwrap_or(u64::MAX);
-            if let Some(Said::Slot(slot)) = self.call("take", micros, cost).await {
+            if let Some(Said::Slot(slot)) = self.call("take", micros, cost, factor).await {
                 return slot;
             }
         }
-        self.fallback().limiter.reserve(max_wait, cost)
+        self.fallback().limiter.reserve(max_wait, cost, factor)
     }
 
     fn fallback(&self) -> std::sync::MutexGuard<'_, Fallback> {
@@ -151,11 +151,12 @@ impl SharedLimiter {
     pub(crate) async fn throttled(&self) {
         self.fallback().limiter.throttled();
         if self.may_ask() {
-            let _ = self.call("throttle", 0, 1).await;
+            let _ = self.call("throttle", 0, 1, 1.0).await;
         }
     }
 
-    /// The rate Redis last said, or this process's share while Redis does not answer.
+    /// The rate Redis last said (before any factor), or this process's share while Redis
+    /// does not answer.
     pub(crate) fn per_second(&self) -> f64 {
         if self.silent() {
             self.fallback().limiter.per_second()
@@ -187,7 +188,7 @@ impl SharedLimiter {
         }
     }
 
-    async fn call(&self, op: &str, max_wait_micros: u64, cost: u32) -> Option<Said> {
+    async fn call(&self, op: &str, max_wait_micros: u64, cost: u32, factor: f64) -> Option<Said> {
         let mut connection = self.connection.clone();
         let mut invocation = self.script.key(&self.key);
         invocation
@@ -198,7 +199,10 @@ impl SharedLimiter {
             .arg(self.floor)
             .arg(u64::try_from(IDLE_EXPIRY.as_millis()).unwrap_or(u64::MAX))
             .arg(&self.member)
-            .arg(cost);
+            .arg(cost)
+            // No test clock: the server's.
+            .arg("")
+            .arg(factor);
         let reply: Result<Result<Vec<i64>, _>, _> =
             tokio::time::timeout(self.timeout, invocation.invoke_async(&mut connection)).await;
         match reply {

@@ -4,7 +4,7 @@
 
 use std::fmt;
 use std::sync::Arc;
-use std::sync::atomic::{AtomicI64, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicI64, Ordering};
 
 use async_trait::async_trait;
 
@@ -29,9 +29,13 @@ type Listener = dyn Fn(&str, TierChange) + Send + Sync;
 ///   bounces and complaints whose [`member`](DeliveryEvent::member) is its own, each
 ///   `(provider, event id, recipient)` once; other events and other members' change nothing.
 /// - `warn`: the listener set with [`on_tier_change`](ReputationBuilder::on_tier_change)
-///   is called, the metrics say it, [`tier`](Self::tier) shows it. `throttle`:
-///   [`rate_factor`](Self::rate_factor) is ½ until the rates fall below warn (the rate
-///   limiter does not read it by itself yet: an application halves its rate with it).
+///   is called, the metrics say it, [`tier`](Self::tier) shows it. `throttle`: the same,
+///   and [`rate_factor`](Self::rate_factor) is ½ until the rates fall below warn: a
+///   [`RateLimitTransport`](crate::RateLimitTransport) built
+///   [`slowed_by`](crate::RateLimitBuilder::slowed_by) the breaker sends at half its rate
+///   (a [`Mailer`](crate::Mailer) does so for a member with a `rate` and a `reputation`).
+///   A member without a rate limit has no rate to halve: it sends as before, and the change
+///   to `throttle` is logged as a warning saying so (`reputation.throttle_unpaced`).
 ///   `open`: only [`reset`](Self::reset), by a person, closes it; it never half-opens.
 /// - Its state is in its [`ReputationStore`]: the process's [`MemoryReputation`] by
 ///   default, a `RedisStore` to share it with a fleet.
@@ -78,6 +82,8 @@ struct Shared {
     /// The tier this process last heard from the store, as [`Tier::number`].
     last: AtomicI64,
     listener: Option<Arc<Listener>>,
+    /// Whether a rate limiter reads [`ReputationBreaker::rate_factor`].
+    paced: AtomicBool,
 }
 
 impl ReputationBreaker {
@@ -141,9 +147,11 @@ impl ReputationBreaker {
         Tier::from_number(self.shared.last.load(Ordering::Relaxed))
     }
 
-    /// What the member's sending rate should be multiplied by now: ½ from `throttle` up,
-    /// 1 otherwise. A [`RateLimitTransport`](crate::RateLimitTransport) does not read it by
-    /// itself: an application that paces the member reads it.
+    /// What the member's sending rate is multiplied by now: ½ from `throttle` up, 1
+    /// otherwise, as this process last heard the tier (at the member's last send or event,
+    /// so a send paced just after another process throttled it may still go at the whole
+    /// rate). A [`RateLimitTransport`](crate::RateLimitTransport) reads it at each send when
+    /// built [`slowed_by`](crate::RateLimitBuilder::slowed_by) the breaker.
     ///
     /// ```
     /// use mail_breaker::reputation::ReputationBreaker;
@@ -158,6 +166,19 @@ impl ReputationBreaker {
         } else {
             1.0
         }
+    }
+
+    /// Whether a rate limiter reads this breaker's [`rate_factor`](Self::rate_factor) (one
+    /// was built [`slowed_by`](crate::RateLimitBuilder::slowed_by) it): whether `throttle`
+    /// slows the member.
+    ///
+    /// ```
+    /// # use mail_breaker::reputation::ReputationBreaker;
+    /// assert!(!ReputationBreaker::builder("ses").build()?.is_paced());
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// ```
+    pub fn is_paced(&self) -> bool {
+        self.shared.paced.load(Ordering::Relaxed)
     }
 
     /// Where the member stands now, as the store says (for the page, a command, a test).
@@ -327,6 +348,12 @@ impl ReputationBreaker {
             complaints = window.complaints,
             "reputation.tier_changed"
         );
+        if change.to == Tier::Throttle && !self.is_paced() {
+            tracing::warn!(
+                member = %member,
+                "reputation.throttle_unpaced: the member has no rate limit to halve; it sends as before"
+            );
+        }
         if let Some(listener) = &self.shared.listener {
             listener(member, change);
         }
@@ -367,6 +394,17 @@ fn record_metrics(member: &str, standing: Standing) {
             .set(standing.window.hard_bounce_rate());
         ::metrics::gauge!(crate::metrics::REPUTATION_COMPLAINT_RATE, "member" => label)
             .set(standing.window.complaint_rate());
+    }
+}
+
+impl crate::rate::RateFactor for ReputationBreaker {
+    /// ½ from `throttle` up: see [`ReputationBreaker::rate_factor`].
+    fn rate_factor(&self) -> f64 {
+        ReputationBreaker::rate_factor(self)
+    }
+
+    fn read_by(&self, _limiter: &str) {
+        self.shared.paced.store(true, Ordering::Relaxed);
     }
 }
 
@@ -528,6 +566,7 @@ impl ReputationBuilder {
                 failover: self.failover,
                 last: AtomicI64::new(Tier::Healthy.number()),
                 listener: self.listener,
+                paced: AtomicBool::new(false),
             }),
         })
     }

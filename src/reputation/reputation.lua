@@ -120,7 +120,10 @@ else
     tier = 3
   else
     local w = window()
+    local before = tier
     tier = math.max(level(limits.b, w[2], w[1]), level(limits.c, w[3], w[1]))
+    -- A throttle lasts until the rates fall below warn.
+    if tier == 1 and before == 2 then tier = 2 end
     if tier == 3 then open = 1 end
   end
   st.new = new

@@ -323,11 +323,16 @@ impl Reputation {
             return Tier::Open;
         }
         let window = self.window();
-        let tier = level(&rules.hard_bounces, window.hard_bounces, window.sends).max(level(
+        let mut tier = level(&rules.hard_bounces, window.hard_bounces, window.sends).max(level(
             &rules.complaints,
             window.complaints,
             window.sends,
         ));
+        // A throttle lasts until the rates fall below warn (issue 64), so that a member
+        // whose rate just dips under the throttle threshold is not at full speed again.
+        if tier == Tier::Warn && self.tier == Tier::Throttle {
+            tier = Tier::Throttle;
+        }
         self.open = tier == Tier::Open;
         tier
     }

@@ -95,12 +95,31 @@ fn a_throttle_lasts_until_the_rates_fall_below_warn() {
     let rules = defaults();
     let mut member = after(1_000, bounces(30));
     assert_eq!(member.tier(), Tier::Throttle);
-    member.record(&rules, Counts::sends(499)); // 30 in 1,499: 2.001 %
-    assert_eq!(member.tier(), Tier::Warn);
+    member.record(&rules, Counts::sends(499)); // 30 in 1,499: 2.001 %, under throttle's 3 %
+    assert_eq!(member.tier(), Tier::Throttle, "still at or above warn");
     member.record(&rules, Counts::sends(1)); // 30 in 1,500: 2 %, still at warn
-    assert_eq!(member.tier(), Tier::Warn);
+    assert_eq!(member.tier(), Tier::Throttle);
     member.record(&rules, Counts::sends(1));
     assert_eq!(member.tier(), Tier::Healthy);
+}
+
+#[test]
+fn a_member_that_reaches_warn_from_below_is_warned_not_throttled() {
+    let rules = defaults();
+    let mut member = after(1_000, bounces(25));
+    assert_eq!(member.tier(), Tier::Warn);
+    member.record(&rules, bounces(4)); // 29 in 1,000: 2.9 %
+    assert_eq!(member.tier(), Tier::Warn);
+}
+
+#[test]
+fn a_throttle_that_fell_below_warn_warns_again_before_it_throttles_again() {
+    let rules = defaults();
+    let mut member = after(1_000, bounces(30));
+    member.record(&rules, Counts::sends(501)); // 30 in 1,501: under 2 %
+    assert_eq!(member.tier(), Tier::Healthy);
+    member.record(&rules, bounces(1)); // 31 in 1,501: 2.07 %
+    assert_eq!(member.tier(), Tier::Warn);
 }
 
 #[test]
@@ -165,13 +184,16 @@ fn a_tier_read_from_a_store_is_open_unless_it_is_a_known_number() {
 /// The rules as written, over every unit counted: each send, bounce and complaint is in the
 /// bucket numbered by the sends before it (over the bucket size); the window is the current
 /// bucket and the `buckets - 1` before it; each rate decides past its minimum volume, the
-/// highest threshold reached wins; open stays until reset.
+/// highest threshold reached wins; a throttle lasts while a rate is at or above warn; open
+/// stays until reset.
 #[derive(Default)]
 struct Model {
     /// (bucket, what) for each unit: 0 a send, 1 a bounce, 2 a complaint.
     units: Vec<(u64, u8)>,
     sends: u64,
     open: bool,
+    /// Whether the last tier was `Throttle`.
+    throttled: bool,
 }
 
 impl Model {
@@ -208,8 +230,13 @@ impl Model {
             .find(|(ppm, _)| rate >= f64::from(*ppm) - 1e-9)
             .map_or(Tier::Healthy, |(_, tier)| tier)
         };
-        let tier =
+        let mut tier =
             rate_tier(&rules.hard_bounces, hard).max(rate_tier(&rules.complaints, complained));
+        // A throttle lasts while a rate is at or above its warn threshold.
+        if tier == Tier::Warn && self.throttled {
+            tier = Tier::Throttle;
+        }
+        self.throttled = tier == Tier::Throttle;
         self.open |= tier == Tier::Open;
         if self.open { Tier::Open } else { tier }
     }

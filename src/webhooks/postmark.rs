@@ -118,7 +118,7 @@ pub(crate) fn read(body: &[u8]) -> Result<Vec<DeliveryEvent>, Refused> {
     if !record.is_object() {
         return Err(Refused::Malformed("Postmark's webhook JSON"));
     }
-    let record_type = text(&record, &["RecordType"]).unwrap_or("");
+    let record_type = text(&record, &["RecordType"]).unwrap_or_else(|| untyped(&record));
     let (kind, recipient, time) = match record_type {
         "Bounce" | "SpamComplaint" => {
             let bounce_type = text(&record, &["Type"]).unwrap_or("");
@@ -133,8 +133,14 @@ pub(crate) fn read(body: &[u8]) -> Result<Vec<DeliveryEvent>, Refused> {
             // Only a recipient's own request reads as unsubscribed: Postmark's suppressions
             // after a hard bounce or a complaint come with their Bounce or SpamComplaint
             // record, which is the event; counting both would count it twice.
-            let kind = match (suppressed, reason) {
-                (Some(true), Some("ManualSuppression")) => EventKind::Unsubscribed,
+            // Postmark: "If a recipient unsubscribes, they will be suppressed with the
+            // SuppressionReason of ManualSuppression"; the sender's own suppressions (Origin
+            // Customer or Admin) are no unsubscribe.
+            let origin = text(&record, &["Origin"]);
+            let kind = match (suppressed, reason, origin) {
+                (Some(true), Some("ManualSuppression"), Some("Recipient")) => {
+                    EventKind::Unsubscribed
+                }
                 _ => EventKind::Unknown {
                     provider_kind: "SubscriptionChange".to_owned(),
                 },
@@ -165,6 +171,21 @@ pub(crate) fn read(body: &[u8]) -> Result<Vec<DeliveryEvent>, Refused> {
         .filter(|d| !d.is_empty())
         .map(str::to_owned);
     Ok(vec![event])
+}
+
+/// The record type of a record without `RecordType`, as Postmark's older hooks post them
+/// and its documentation's curl examples still show: a bounce (or spam complaint) by its
+/// `Type` and `BouncedAt`, a delivery by its `DeliveredAt`; else none.
+fn untyped(record: &Value) -> &'static str {
+    if text(record, &["Type"]) == Some("SpamComplaint") {
+        "SpamComplaint"
+    } else if text(record, &["BouncedAt"]).is_some() && text(record, &["Type"]).is_some() {
+        "Bounce"
+    } else if text(record, &["DeliveredAt"]).is_some() {
+        "Delivery"
+    } else {
+        ""
+    }
 }
 
 /// Postmark's bounce `Type`s in the vocabulary.

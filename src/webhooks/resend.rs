@@ -157,7 +157,8 @@ pub(crate) fn read(svix_id: &str, body: &[u8]) -> Result<Vec<DeliveryEvent>, Ref
     let name = text(&payload, &["type"]).unwrap_or("");
     let kind = match name {
         "email.delivered" => EventKind::Delivered,
-        "email.delivery_delayed" => EventKind::Deferred,
+        // Resend's event-types page shows its sample as `email.delivered_delayed`.
+        "email.delivery_delayed" | "email.delivered_delayed" => EventKind::Deferred,
         "email.complained" => EventKind::Complained { feedback: None },
         "email.opened" => EventKind::Opened,
         "email.clicked" => EventKind::Clicked,
