@@ -579,6 +579,23 @@ async fn an_outbox_worker_sets_the_gauges_from_the_counts_it_read() {
     let _ = std::fs::remove_dir_all(&folder);
 }
 
+#[test]
+fn a_rate_limiter_shows_its_rate_from_when_it_is_built_before_any_send() {
+    use mail_breaker::metrics::RATE_PER_SECOND;
+    let (mut recorded, _guard) = Recorded::start();
+
+    let _limited = mail_breaker::RateLimitTransport::builder(Scripted::new("idle"))
+        .per_second(7.0)
+        .build()
+        .expect("valid settings");
+
+    assert_eq!(
+        recorded.gauge(RATE_PER_SECOND, &[("transport", "idle")]),
+        7.0,
+        "a limiter that has not sent yet shows its rate all the same"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rate_limiter_counts_its_refusals_and_shows_its_rate() {
     use mail_breaker::metrics::{RATE_PER_SECOND, RATE_REFUSED_TOTAL, RATE_WAIT_SECONDS};
