@@ -12,8 +12,6 @@
 //! | `webhooks.resend.secret` | the endpoint's Svix signing secret, `whsec_...` |
 //! | `webhooks.PROVIDER.member` | the member whose events these are (its `name`); default: the one member of that provider (`ses://`, `postmark://`...), if there is exactly one |
 
-use std::fmt;
-
 use super::ConfigError;
 use super::provider::{Api, Provider, Secret};
 use super::read::Node;
@@ -251,6 +249,7 @@ impl WebhooksConfig {
     /// The member each provider's events are about, by name: the one named, else the one
     /// member of its kind; `names` are the members' names in the configuration's order. A
     /// member named that the stack does not have is an error naming the key.
+    #[cfg(feature = "webhooks")]
     pub(crate) fn members(
         &self,
         members: &[MemberConfig],
@@ -300,8 +299,8 @@ pub(crate) struct Receivers {
 }
 
 #[cfg(feature = "webhooks")]
-impl fmt::Debug for Receivers {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Debug for Receivers {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("Receivers")
             .field("members", &self.members)
             .finish_non_exhaustive()
@@ -450,8 +449,8 @@ pub struct MailerEvents {
 }
 
 #[cfg(feature = "webhooks")]
-impl fmt::Debug for MailerEvents {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl std::fmt::Debug for MailerEvents {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         f.debug_struct("MailerEvents")
             .field("list", &self.list)
             .field(
