@@ -363,3 +363,72 @@ fn webhooks_only_takes_none_of_the_pages_options() {
         assert_eq!(output.status.code(), Some(2), "{option:?}");
     }
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn webhooks_only_over_tls_on_an_address_that_is_not_loopback_keeps_a_signed_event() {
+    let Some(certificates) = support::test_certs::TestCertificates::make("cli_serve_webhooks_tls")
+    else {
+        return;
+    };
+    let (cert, key) = (
+        certificates.path("server.pem"),
+        certificates.path("server.key"),
+    );
+    // The outbox is made on a runtime of its own, off this one.
+    let (_dir, dsn) = tokio::task::spawn_blocking(|| stack(""))
+        .await
+        .expect("an outbox");
+    let (_server, port) = start(
+        &[
+            "--listen",
+            "0.0.0.0:0",
+            "--webhooks-only",
+            "--tls-cert",
+            cert.to_str().expect("a UTF-8 path"),
+            "--tls-key",
+            key.to_str().expect("a UTF-8 path"),
+            "--dsn",
+            &dsn,
+        ],
+        &[],
+    );
+    let ca = std::fs::read(certificates.path("ca.pem")).expect("the CA");
+    let client = reqwest::Client::builder()
+        .add_root_certificate(reqwest::Certificate::from_pem(&ca).expect("a PEM CA"))
+        .build()
+        .expect("a client");
+    let mut request = client
+        .post(format!("https://localhost:{port}/webhooks/resend"))
+        .body(BOUNCED);
+    for (name, value) in signed(SECRET, "msg_7", BOUNCED) {
+        request = request.header(name, value);
+    }
+    let answer = request.send().await.expect("an answer over TLS");
+    assert_eq!(answer.status(), 200);
+    let dsn_for_list = dsn.clone();
+    let listed = tokio::task::spawn_blocking(move || suppressed(&dsn_for_list))
+        .await
+        .expect("the command ran");
+    assert_eq!(listed, ["gone@example.org"]);
+}
+
+#[test]
+fn a_read_only_page_keeps_its_receivers_which_are_no_action_of_the_page() {
+    let (_dir, dsn) = stack("");
+    let (_server, port) = start(
+        &["--listen", "127.0.0.1:0", "--read-only", "--dsn", &dsn],
+        &[],
+    );
+    assert_eq!(
+        send(port, "POST", "/breakers/relay/isolate", &[], "").0,
+        405
+    );
+    let (status, _) = send(
+        port,
+        "POST",
+        "/webhooks/resend",
+        &signed(SECRET, "msg_8", BOUNCED),
+        BOUNCED,
+    );
+    assert_eq!(status, 200);
+}

@@ -60,7 +60,8 @@ pub struct ServeArgs {
     /// The address to listen on (`127.0.0.1:0`: any free port).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8025")]
     listen: SocketAddr,
-    /// Show the page without its actions (isolate, reset, requeue, purge): every POST is 405.
+    /// Show the page without its actions (isolate, reset, requeue, purge): every POST to the
+    /// page is 405. The webhook receivers, which are no action of the page, still take events.
     #[arg(long)]
     read_only: bool,
     /// A `NAME:PORT` the page answers to, beside its loopback names; required when listening
