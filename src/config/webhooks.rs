@@ -496,3 +496,139 @@ impl crate::events::EventSink for MailerEvents {
         })
     }
 }
+
+#[cfg(all(test, feature = "webhooks"))]
+mod tests {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicBool, Ordering};
+    use std::time::SystemTime;
+
+    use async_trait::async_trait;
+
+    use super::MailerEvents;
+    use crate::events::{BounceKind, DeliveryEvent, EventKind, EventSink, KeepError, Provider};
+    use crate::reputation::{
+        Heard, MemoryReputation, Recorded, ReputationBreaker, ReputationRules, ReputationStore,
+        Standing, TierChange,
+    };
+    use crate::suppression::SuppressionList;
+
+    /// A memory store that fails every call while `failing` is set (Redis away).
+    #[derive(Debug, Default)]
+    struct Flaky {
+        inner: MemoryReputation,
+        failing: AtomicBool,
+    }
+
+    impl Flaky {
+        fn check(&self) -> Result<(), KeepError> {
+            if self.failing.load(Ordering::SeqCst) {
+                return Err(KeepError::new("the test's store is away"));
+            }
+            Ok(())
+        }
+    }
+
+    #[async_trait]
+    impl ReputationStore for Flaky {
+        async fn record(
+            &self,
+            member: &str,
+            rules: &ReputationRules,
+            sends: u64,
+            heard: &[Heard],
+        ) -> Result<Recorded, KeepError> {
+            self.check()?;
+            self.inner.record(member, rules, sends, heard).await
+        }
+
+        async fn standing(
+            &self,
+            member: &str,
+            rules: &ReputationRules,
+        ) -> Result<Standing, KeepError> {
+            self.check()?;
+            self.inner.standing(member, rules).await
+        }
+
+        async fn reset(
+            &self,
+            member: &str,
+            rules: &ReputationRules,
+        ) -> Result<TierChange, KeepError> {
+            self.check()?;
+            self.inner.reset(member, rules).await
+        }
+    }
+
+    fn bounce(id: &str, to: &str) -> DeliveryEvent {
+        let mut event = DeliveryEvent::new(
+            Provider::Ses,
+            id,
+            EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: None,
+            },
+            to,
+            SystemTime::now(),
+        );
+        event.member = Some("ses".into());
+        event
+    }
+
+    #[tokio::test]
+    async fn a_breaker_that_cannot_keep_an_event_fails_the_keep_and_the_resent_event_counts_once_in_each()
+     {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = crate::outbox::Outbox::sqlite(dir.path().join("outbox.db"))
+            .await
+            .unwrap();
+        let list = SuppressionList::in_outbox(&outbox).unwrap();
+        let store = Arc::new(Flaky::default());
+        let breaker = ReputationBreaker::builder("ses")
+            .store(Arc::clone(&store) as Arc<dyn ReputationStore>)
+            .build()
+            .unwrap();
+        let sink = MailerEvents::new(Some(list.clone()), vec![breaker.clone()]).unwrap();
+        let event = bounce("sns-1", "gone@example.org");
+        store.failing.store(true, Ordering::SeqCst);
+        assert!(
+            sink.keep(std::slice::from_ref(&event)).await.is_err(),
+            "the provider is answered 5xx and sends it again"
+        );
+        assert!(list.contains("gone@example.org").await.unwrap());
+        store.failing.store(false, Ordering::SeqCst);
+        assert_eq!(
+            sink.keep(std::slice::from_ref(&event)).await.unwrap().new,
+            1,
+            "new to the breaker"
+        );
+        assert_eq!(sink.keep(&[event]).await.unwrap().new, 0, "new to none");
+        let standing = breaker.standing().await.unwrap();
+        assert_eq!(standing.window.hard_bounces, 1);
+    }
+
+    #[tokio::test]
+    async fn new_counts_the_events_the_list_or_the_breakers_had_not_kept() {
+        let dir = tempfile::tempdir().unwrap();
+        let outbox = crate::outbox::Outbox::sqlite(dir.path().join("outbox.db"))
+            .await
+            .unwrap();
+        let list = SuppressionList::in_outbox(&outbox).unwrap();
+        let breaker = ReputationBreaker::builder("ses").build().unwrap();
+        let other = ReputationBreaker::builder("postmark").build().unwrap();
+        let sink = MailerEvents::new(Some(list), vec![breaker, other]).unwrap();
+        let events = [
+            bounce("sns-2", "a@example.org"),
+            bounce("sns-3", "b@example.org"),
+        ];
+        assert_eq!(sink.keep(&events).await.unwrap().new, 2);
+        let only_breakers = MailerEvents::new(
+            None,
+            vec![ReputationBreaker::builder("ses").build().unwrap()],
+        )
+        .unwrap();
+        assert_eq!(only_breakers.keep(&events).await.unwrap().new, 2);
+        assert!(MailerEvents::new(None, Vec::new()).is_none());
+    }
+}
