@@ -430,3 +430,107 @@ async fn no_webhook_secret_shows_in_debug() {
         "the table is shown, its secrets starred: {shown}"
     );
 }
+
+#[test]
+fn a_postmark_password_has_at_least_12_characters() {
+    let base = "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true\
+                &webhooks.postmark.user=postmark";
+    let error =
+        Mailer::from_dsn(&format!("{base}&webhooks.postmark.password=elevenchars")).unwrap_err();
+    assert_eq!(error.setting(), "webhooks.postmark.password");
+    assert!(Mailer::from_dsn(&format!("{base}&webhooks.postmark.password=twelve-chars")).is_ok());
+    let error = Mailer::from_dsn(&format!(
+        "{base}&webhooks.postmark.user=&webhooks.postmark.password=twelve-chars"
+    ))
+    .unwrap_err();
+    assert_eq!(error.setting(), "webhooks.postmark.user", "an empty user");
+}
+
+#[test]
+fn an_ses_topic_is_an_sns_topics_whole_arn() {
+    let base = "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true";
+    let read = |topics: &str| Mailer::from_dsn(&format!("{base}&webhooks.ses.topics={topics}"));
+    assert!(read("arn:aws:sns:us-east-1:123456789012:ses-events").is_ok());
+    assert!(
+        read("arn:aws:sns:us-east-1:123456789012:a,arn:aws-cn:sns:cn-north-1:123456789012:b")
+            .is_ok(),
+        "several, separated by commas"
+    );
+    for refused in [
+        "arn:aws:sqs:us-east-1:123456789012:queue",
+        "xrn:aws:sns:us-east-1:123456789012:ses",
+        "arn:aws:sns:us-east-1:123456789012:",
+        "arn:aws:sns:us-east-1:123456789012",
+        "arn:aws:sns:us-east-1:123456789012:ses:extra",
+        "arn::sns:us-east-1:123456789012:ses",
+        "arn:aws:sns:us-east-1:123456789012:ok,not-an-arn",
+    ] {
+        let error = read(refused).unwrap_err();
+        assert_eq!(error.setting(), "webhooks.ses.topics", "{refused}");
+    }
+}
+
+#[test]
+fn receivers_keep_events_in_a_suppression_list_alone_or_in_reputation_breakers_alone() {
+    let list_only = format!(
+        "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true\
+         &webhooks.resend.secret={SECRET}"
+    );
+    assert!(Mailer::from_dsn(&list_only).is_ok());
+    let breakers_only = format!(
+        "smtp://relay.example.com?name=relay&reputation.failover=false\
+         &webhooks.resend.secret={SECRET}&webhooks.resend.member=relay"
+    );
+    assert!(Mailer::from_dsn(&breakers_only).is_ok());
+}
+
+#[tokio::test]
+async fn without_a_member_of_the_providers_kind_its_events_feed_the_list_and_no_breaker() {
+    let dir = folder();
+    let dsn = format!(
+        "smtp://127.0.0.1:25?name=relay&reputation.failover=false\
+         &outbox=sqlite://{}/outbox.db&suppression=true&webhooks.resend.secret={SECRET}",
+        dir.path().display()
+    );
+    let mailer = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let router = mailer.webhooks().unwrap().router();
+    let (status, _) = post(
+        &router,
+        "/resend",
+        &signed(SECRET, "msg_9", BOUNCED),
+        BOUNCED,
+    )
+    .await;
+    assert_eq!(status, StatusCode::OK);
+    assert!(
+        mailer
+            .suppression()
+            .unwrap()
+            .contains("gone@example.org")
+            .await
+            .unwrap()
+    );
+    let relay = mailer
+        .reputation("relay")
+        .unwrap()
+        .standing()
+        .await
+        .unwrap();
+    assert_eq!(relay.window.hard_bounces, 0, "the events name no member");
+}
+
+#[tokio::test]
+async fn the_mailers_event_sink_shows_what_it_feeds_in_debug() {
+    let dir = folder();
+    let mailer = Mailer::from_dsn(&dsn(&dir, ""))
+        .unwrap()
+        .build()
+        .await
+        .unwrap();
+    let shown = format!("{:?}", mailer.event_sink().unwrap());
+    assert!(
+        shown.contains("MailerEvents") && shown.contains("\"resend\""),
+        "{shown}"
+    );
+    assert!(shown.contains("SuppressionList"), "{shown}");
+}

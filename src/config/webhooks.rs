@@ -299,15 +299,6 @@ pub(crate) struct Receivers {
 }
 
 #[cfg(feature = "webhooks")]
-impl std::fmt::Debug for Receivers {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("Receivers")
-            .field("members", &self.members)
-            .finish_non_exhaustive()
-    }
-}
-
-#[cfg(feature = "webhooks")]
 impl Receivers {
     /// The receivers `config` names, for the members named `names` (in the configuration's
     /// order).
