@@ -534,3 +534,18 @@ async fn the_mailers_event_sink_shows_what_it_feeds_in_debug() {
     );
     assert!(shown.contains("SuppressionList"), "{shown}");
 }
+
+#[test]
+fn the_body_limit_is_from_1_kib_to_64_mib() {
+    let base = format!(
+        "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true\
+         &webhooks.resend.secret={SECRET}"
+    );
+    let read = |bytes: u64| Mailer::from_dsn(&format!("{base}&webhooks.body_limit={bytes}"));
+    assert!(read(1024).is_ok());
+    assert!(read(64 * 1024 * 1024).is_ok());
+    for refused in [1023, 64 * 1024 * 1024 + 1] {
+        let error = read(refused).unwrap_err();
+        assert_eq!(error.setting(), "webhooks.body_limit", "{refused}");
+    }
+}
