@@ -404,13 +404,55 @@ impl Admin {
     where
         L: axum::serve::Listener<Addr = std::net::SocketAddr>,
     {
+        self.serve_beside(listener, Router::new()).await
+    }
+
+    /// Serves the page as [`serve`](Self::serve) does, with `beside`'s routes next to it
+    /// and outside its checks: no host, token, origin or credential is asked of them, so
+    /// each must authenticate its requests itself (the webhook receivers, which
+    /// `mail-breaker serve` mounts at `/webhooks/`). Their paths must not be the page's.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # async fn run(mailer: Arc<mail_breaker::Mailer>, receivers: axum::Router) -> std::io::Result<()> {
+    /// // `receivers`: `Router::new().nest("/webhooks", mailer.webhooks()?.router())`.
+    /// let admin = mail_breaker::admin::Admin::new(mailer);
+    /// let listener = tokio::net::TcpListener::bind("127.0.0.1:8025").await?;
+    /// admin.serve_beside(listener, receivers).await
+    /// # }
+    /// ```
+    pub async fn serve_beside<L>(&self, listener: L, beside: Router) -> std::io::Result<()>
+    where
+        L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+    {
         let loopback = guard::loopback_hosts(listener.local_addr()?);
         let admin = match loopback {
             Some(hosts) if self.shared.hosts.is_none() => self.clone().allow_hosts(hosts),
             _ => self.clone(),
         };
-        serve::serve(listener, admin.router()).await
+        // The page's checks are layers of its own router: merged, they stay on its routes.
+        serve::serve(listener, beside.merge(admin.router())).await
     }
+}
+
+/// Serves `router` alone on `listener`, its connections held within the bounds
+/// [`Admin::serve`] holds the page's to (headers within 10 s, a request 30 s, a connection 5
+/// minutes, 1024 at once): what `mail-breaker serve --webhooks-only` serves the receivers
+/// with.
+///
+/// ```no_run
+/// # async fn run(receivers: axum::Router) -> std::io::Result<()> {
+/// // `receivers`: the webhooks' router, which checks each request itself.
+/// let app = axum::Router::new().nest("/webhooks", receivers);
+/// let listener = tokio::net::TcpListener::bind("127.0.0.1:8026").await?;
+/// mail_breaker::admin::serve_bounded(listener, app).await
+/// # }
+/// ```
+pub async fn serve_bounded<L>(listener: L, router: Router) -> std::io::Result<()>
+where
+    L: axum::serve::Listener<Addr = std::net::SocketAddr>,
+{
+    serve::serve(listener, router).await
 }
 
 /// `Admin::new(mailer).router()`: the page with its actions behind a random token.

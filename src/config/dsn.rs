@@ -13,7 +13,7 @@
 //!   rest stay in the URL for the provider.
 //! - `failover(...)` and `roundrobin(...)` pool their members, separated by spaces; the
 //!   options after the closing parenthesis are the stack's: `retry.*`, `outbox`,
-//!   `outbox.*`, `redis`, `redis.*`, `suppression` and `suppression.*`.
+//!   `outbox.*`, `redis`, `redis.*`, `suppression`, `suppression.*` and `webhooks.*`.
 //! - `retry(...)` wraps one pool or one member; its options are the retry's (`attempts=4`).
 //! - A lone member takes the stack's options in its own query.
 
@@ -35,7 +35,14 @@ const MEMBER_KEYS: [&str; 9] = [
 ];
 const MEMBER_PREFIXES: [&str; 3] = ["breaker.", "rate.", "reputation."];
 /// The stack's settings: these keys, and those under them.
-const STACK_KEYS: [&str; 5] = ["retry", "outbox", "redis", "at_most_once", "suppression"];
+const STACK_KEYS: [&str; 6] = [
+    "retry",
+    "outbox",
+    "redis",
+    "at_most_once",
+    "suppression",
+    "webhooks",
+];
 
 /// The tree of `dsn`: `strategy`, `member` (a list), and the stack's tables.
 pub(crate) fn parse(dsn: &str) -> Result<Value, ConfigError> {

@@ -118,6 +118,9 @@ pub struct Mailer {
     /// The members' reputation breakers (`reputation.*`), in the configuration's order.
     #[cfg(feature = "webhooks")]
     reputations: Vec<crate::reputation::ReputationBreaker>,
+    /// The webhook receivers the configuration names (`webhooks.*`).
+    #[cfg(feature = "webhooks")]
+    receivers: Option<super::webhooks::Receivers>,
     config: MailerConfig,
 }
 
@@ -247,6 +250,55 @@ impl Mailer {
         self.suppression.as_ref()
     }
 
+    /// The sink the webhook receivers keep events in: the suppression list (when the stack
+    /// has one) and every member's reputation breaker, each event kept once by its id; `None`
+    /// when the stack has neither. See [`MailerEvents`](super::MailerEvents).
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// let mailer = mail_breaker::Mailer::from_dsn("smtp://127.0.0.1:2525?name=relay&reputation.failover=false")?
+    ///     .build()
+    ///     .await?;
+    /// assert!(mailer.event_sink().is_some(), "the relay's reputation breaker");
+    /// let plain = mail_breaker::Mailer::from_dsn("smtp://127.0.0.1:2525")?.build().await?;
+    /// assert!(plain.event_sink().is_none(), "nothing to feed");
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "webhooks")]
+    pub fn event_sink(&self) -> Option<super::MailerEvents> {
+        super::MailerEvents::new(self.suppression.clone(), self.reputations.clone())
+    }
+
+    /// The webhook receivers the configuration names (`webhooks.*`: each provider's secret,
+    /// the member its events are about, the body limit), keeping what they verify in
+    /// [`event_sink`](Self::event_sink); `None` without a `webhooks` table. Each call gives
+    /// receivers of their own (Mailgun's used tokens are remembered per receiver): build the
+    /// router once.
+    ///
+    /// ```
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// let dsn = format!(
+    ///     "resend://re_123@default?outbox=sqlite://{}/outbox.db&suppression=true\
+    ///      &webhooks.resend.secret=whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw",
+    ///     dir.path().display()
+    /// );
+    /// let mailer = mail_breaker::Mailer::from_dsn(&dsn)?.build().await?;
+    /// let receivers = mailer.webhooks().expect("a webhooks table");
+    /// // Providers post to /webhooks/resend; each route authenticates itself.
+    /// let app: axum::Router = axum::Router::new().nest("/webhooks", receivers.router());
+    /// # let _ = app;
+    /// # Ok::<(), mail_breaker::ConfigError>(())
+    /// # }).unwrap();
+    /// ```
+    #[cfg(feature = "webhooks")]
+    pub fn webhooks(&self) -> Option<crate::webhooks::Webhooks> {
+        let receivers = self.receivers.as_ref()?;
+        let sink = self.event_sink()?;
+        Some(receivers.webhooks(Arc::new(sink)))
+    }
+
     /// Whether the members' breakers keep their state in a shared store (Redis, `[redis]`
     /// or `redis=` in the DSN), so that [`isolate`](crate::CircuitBreakerTransport::isolate)
     /// and [`reset`](crate::CircuitBreakerTransport::reset) reach every process that shares
@@ -354,6 +406,18 @@ impl MailerConfig {
             breakers.push((name, breaker));
             limiters.extend(limiter);
         }
+        #[cfg(feature = "webhooks")]
+        let receivers = match &self.webhooks {
+            Some(webhooks) => {
+                let names: Vec<&str> = breakers.iter().map(|(name, _)| name.as_str()).collect();
+                Some(super::webhooks::Receivers::new(
+                    webhooks,
+                    &self.members,
+                    &names,
+                )?)
+            }
+            None => None,
+        };
         let pooled: Box<dyn Transport> = match breakers.as_slice() {
             [(_, only)] => Box::new(Arc::clone(only)),
             members => {
@@ -400,6 +464,8 @@ impl MailerConfig {
                 suppression,
                 #[cfg(feature = "webhooks")]
                 reputations,
+                #[cfg(feature = "webhooks")]
+                receivers,
                 config: self,
             })
         }

@@ -37,7 +37,7 @@
 //! - `failover(A B ...)` tries the members in order (or by `priority`), `roundrobin(A B ...)`
 //!   in turn; the options after the closing parenthesis are the stack's: `at_most_once`,
 //!   `retry.*`, `outbox` (a URL) and `outbox.*`, `redis` (a URL) and `redis.*`,
-//!   `suppression` (a flag) and `suppression.*`.
+//!   `suppression` (a flag) and `suppression.*`, `webhooks.*`.
 //! - `retry(...)` wraps a pool or a member, its options the retry's (`attempts=4`).
 //!
 //! # The TOML document
@@ -58,6 +58,7 @@
 //! | `outbox` | `url` (`sqlite:///path` or `postgres://...`), `concurrency`, `lease`, `max_age`, `poll`, `queue_only`, `at_most_once` |
 //! | `redis` | `url` or `cluster`, `quorum`, `member`, `namespace`, `timeout`, `retry_interval`, `ca` (a PEM file) |
 //! | `suppression` | a flag (`suppression=true`), or a table: `enabled` (true when not given), `store` (`outbox`, the default: the outbox's database; or `redis`: the stack's `[redis]`); feature `webhooks`. The list ([`crate::suppression`]) is asked before every send, as the first layer behind the outbox |
+//! | `webhooks` | `body_limit` (bytes), and a table per provider: `ses` (`topics`: the SNS topics' ARNs), `postmark` (`user`, `password`), `sendgrid` (`public_key`), `mailgun` (`signing_key`), `resend` (`secret`), each with `member` (whose events these are; default the one member of that provider); feature `webhooks`. `Mailer::webhooks()` builds the receivers, which keep events in `Mailer::event_sink()` |
 //!
 //! Durations carry their unit: `250ms`, `30s`, `10m`, `1h`, `3d`. Numbers may be written as
 //! text (a DSN's are). `${NAME}` anywhere in a value is read from the environment, after the
@@ -82,9 +83,13 @@ mod read;
 mod smtp_url;
 #[cfg(feature = "config")]
 mod tree;
+#[cfg(feature = "config")]
+mod webhooks;
 
 pub use crate::error::ConfigError;
 #[cfg(feature = "config")]
 pub use mailer::{Mailer, MemberBreaker, MemberLimiter};
 #[cfg(feature = "config")]
 pub use tree::MailerConfig;
+#[cfg(all(feature = "config", feature = "webhooks"))]
+pub use webhooks::MailerEvents;

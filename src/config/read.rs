@@ -115,6 +115,15 @@ impl<'a> Node<'a> {
         }
     }
 
+    /// Secret text (a key, a password), with `${NAME}` read from the environment; an error
+    /// says what was expected, never what was written.
+    pub(crate) fn secret_text(&self) -> Result<String, ConfigError> {
+        match self.value {
+            Value::String(text) => expand(text).map_err(|reason| self.error(reason)),
+            _ => Err(self.error("expected text")),
+        }
+    }
+
     /// A URL, with `${NAME}` read from the environment: a value put in after the URL's
     /// `://` is percent-encoded, so that reading the URL gives it back exactly as the
     /// environment holds it (a secret holding `%41` stays `%41`), never decoded.

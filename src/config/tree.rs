@@ -53,6 +53,8 @@ pub struct MailerConfig {
     pub(crate) redis: Option<RedisConfig>,
     /// The suppression list, asked before every send (`suppression=true`).
     pub(crate) suppression: Option<SuppressionConfig>,
+    /// The webhook receivers (`webhooks.*`).
+    pub(crate) webhooks: Option<super::webhooks::WebhooksConfig>,
 }
 
 /// Where the suppression list is kept.
@@ -350,7 +352,11 @@ impl MailerConfig {
         let outbox = fields.read("outbox", outbox)?;
         let redis = fields.read("redis", redis)?;
         let suppression = fields.read("suppression", suppression)?.flatten();
+        let webhooks = fields.read("webhooks", super::webhooks::read)?;
         fields.finish()?;
+        if let Some(webhooks) = &webhooks {
+            webhooks.check(&members, suppression.is_some())?;
+        }
         match suppression {
             Some(SuppressionConfig::Outbox) if outbox.is_none() => {
                 return Err(ConfigError::new(
@@ -385,6 +391,7 @@ impl MailerConfig {
             outbox,
             redis,
             suppression,
+            webhooks,
         })
     }
 }
@@ -399,6 +406,7 @@ impl fmt::Debug for MailerConfig {
             .field("outbox", &self.outbox)
             .field("redis", &self.redis)
             .field("suppression", &self.suppression)
+            .field("webhooks", &self.webhooks)
             .finish()
     }
 }

@@ -1,5 +1,6 @@
-//! `mail-breaker serve [--listen ADDR] [--read-only]`: the operator page
-//! ([`mail_breaker::admin`]) over the configured stack, until Ctrl-C.
+//! `mail-breaker serve [--listen ADDR] [--read-only] [--webhooks-only]`: the operator page
+//! ([`mail_breaker::admin`]) over the configured stack, and the webhook receivers
+//! ([`mail_breaker::webhooks`]) it configures, until Ctrl-C.
 //!
 //! ```text
 //! mail-breaker serve --dsn "$MAILER_DSN"                    # http://127.0.0.1:8025/
@@ -22,6 +23,16 @@
 //! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees; a
 //! form posted from the same host under the other scheme than the browser's is refused.
 //!
+//! With receivers configured (`webhooks.*`), it also serves them at `/webhooks/{provider}`
+//! (`/webhooks/ses`, `/webhooks/resend`...), outside the page's host, token, origin and
+//! credential checks: each route authenticates its requests itself (a signature, or
+//! Postmark's basic credentials), and reads at most `webhooks.body_limit` bytes (413 past
+//! it). `--webhooks-only` serves the receivers without the page (every other path 404), so it
+//! needs no credential and takes none of the page's options. Receivers on an address that is
+//! not loopback need TLS (`--tls-cert`/`--tls-key`) or `--behind-tls-proxy` however the
+//! page is served: Postmark's credentials and the recipients' addresses would otherwise
+//! cross the network in clear.
+//!
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
 //! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
 //! one address: behind a proxy on this machine, 64 from the proxy); over TLS each
@@ -33,6 +44,7 @@ use std::net::SocketAddr;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
+use axum::Router;
 use clap::Args;
 use mail_breaker::admin::{Admin, Credential};
 
@@ -50,7 +62,8 @@ pub struct ServeArgs {
     /// The address to listen on (`127.0.0.1:0`: any free port).
     #[arg(long, value_name = "ADDR", default_value = "127.0.0.1:8025")]
     listen: SocketAddr,
-    /// Show the page without its actions (isolate, reset, requeue, purge): every POST is 405.
+    /// Show the page without its actions (isolate, reset, requeue, purge): every POST to the
+    /// page is 405. The webhook receivers, which are no action of the page, still take events.
     #[arg(long)]
     read_only: bool,
     /// A `NAME:PORT` the page answers to, beside its loopback names; required when listening
@@ -76,9 +89,24 @@ pub struct ServeArgs {
     /// forms posted from it may act whatever `Host` the proxy sends.
     #[arg(long, value_name = "URL")]
     public_origin: Option<String>,
+    /// Serve only the webhook receivers (`/webhooks/{provider}`, configured by `webhooks.*`),
+    /// without the page: no credential needed; TLS or --behind-tls-proxy off loopback.
+    #[arg(
+        long,
+        conflicts_with_all = ["read_only", "allow_host", "credential_file", "public_origin"]
+    )]
+    webhooks_only: bool,
 }
 
 pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failure> {
+    // Each route authenticates itself: mounted beside the page, outside its checks.
+    let receivers = stack
+        .mailer
+        .webhooks()
+        .map(|webhooks| Router::new().nest("/webhooks", webhooks.router()));
+    if args.webhooks_only {
+        return serve_webhooks_only(receivers, out, &args).await;
+    }
     let credential = credential(args.credential_file.as_deref())?;
     // Behind a proxy on this machine the page is as public as the proxy: naming a public
     // origin, a TLS proxy or a host that is not loopback says requests come from off it.
@@ -137,20 +165,10 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
             args.listen
         )));
     }
-    let listener = tokio::net::TcpListener::bind(args.listen)
-        .await
-        .map_err(|error| {
-            Failure::new(
-                Exit::Other,
-                format!("cannot listen on {}: {error}", args.listen),
-            )
-        })?;
-    let address = listener.local_addr().map_err(|error| {
-        Failure::new(
-            Exit::Other,
-            format!("cannot read the listening address: {error}"),
-        )
-    })?;
+    if receivers.is_some() && public && tls.is_none() && !args.behind_tls_proxy {
+        return Err(receivers_in_clear(args.listen));
+    }
+    let (listener, address) = bind(args.listen).await?;
     let mut admin = Admin::new(Arc::new(stack.mailer));
     if args.read_only {
         admin = admin.read_only();
@@ -189,13 +207,19 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
             ""
         }
     ));
+    if receivers.is_some() {
+        out.note(&format!(
+            "and the webhook receivers on {scheme}://{address}/webhooks/{{provider}}"
+        ));
+    }
+    let beside = receivers.unwrap_or_default();
     let served = async {
         match tls {
             Some(acceptor) => {
                 let listener = crate::tls::TlsListener::new(listener, acceptor)?;
-                admin.serve(listener).await
+                admin.serve_beside(listener, beside).await
             }
-            None => admin.serve(listener).await,
+            None => admin.serve_beside(listener, beside).await,
         }
     };
     tokio::select! {
@@ -205,6 +229,77 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
         },
         _ = tokio::signal::ctrl_c() => Ok(Exit::Ok),
     }
+}
+
+/// `--webhooks-only`: the receivers alone, no page; off loopback over TLS only.
+async fn serve_webhooks_only(
+    receivers: Option<Router>,
+    out: &Out,
+    args: &ServeArgs,
+) -> Result<Exit, Failure> {
+    let Some(receivers) = receivers else {
+        return Err(Failure::usage(
+            "--webhooks-only: the configuration names no webhook receivers; add their secrets, \
+             such as webhooks.resend.secret=... or webhooks.ses.topics=ARN (a [webhooks] table \
+             in TOML)"
+                .to_owned(),
+        ));
+    };
+    let tls = match (&args.tls_cert, &args.tls_key) {
+        (Some(cert), Some(key)) => Some(crate::tls::acceptor(cert, key)?),
+        _ => None,
+    };
+    if !args.listen.ip().is_loopback() && tls.is_none() && !args.behind_tls_proxy {
+        return Err(receivers_in_clear(args.listen));
+    }
+    let (listener, address) = bind(args.listen).await?;
+    let scheme = if tls.is_some() { "https" } else { "http" };
+    out.line(&format!("{scheme}://{address}/"));
+    out.note(&format!(
+        "serving the webhook receivers on {scheme}://{address}/webhooks/{{provider}}, without \
+         the page (Ctrl-C stops)"
+    ));
+    let served = async {
+        match tls {
+            Some(acceptor) => {
+                let listener = crate::tls::TlsListener::new(listener, acceptor)?;
+                mail_breaker::admin::serve_bounded(listener, receivers).await
+            }
+            None => mail_breaker::admin::serve_bounded(listener, receivers).await,
+        }
+    };
+    tokio::select! {
+        served = served => match served {
+            Ok(()) => Ok(Exit::Ok),
+            Err(error) => Err(Failure::new(Exit::Other, format!("the receivers stopped: {error}"))),
+        },
+        _ = tokio::signal::ctrl_c() => Ok(Exit::Ok),
+    }
+}
+
+/// Receivers on a public address without TLS: refused.
+fn receivers_in_clear(listen: SocketAddr) -> Failure {
+    Failure::usage(format!(
+        "--listen {listen} is reachable from off this machine, and the webhook receivers would \
+         take Postmark's credentials and the recipients' addresses in clear: give --tls-cert \
+         FILE and --tls-key FILE, or --behind-tls-proxy when a proxy in front terminates TLS"
+    ))
+}
+
+/// The listener on `listen`, and the address it got.
+async fn bind(listen: SocketAddr) -> Result<(tokio::net::TcpListener, SocketAddr), Failure> {
+    let listener = tokio::net::TcpListener::bind(listen)
+        .await
+        .map_err(|error| {
+            Failure::new(Exit::Other, format!("cannot listen on {listen}: {error}"))
+        })?;
+    let address = listener.local_addr().map_err(|error| {
+        Failure::new(
+            Exit::Other,
+            format!("cannot read the listening address: {error}"),
+        )
+    })?;
+    Ok((listener, address))
 }
 
 /// The names a browser on this machine gives a page on `port`.
