@@ -118,6 +118,9 @@ pub struct Mailer {
     /// The members' reputation breakers (`reputation.*`), in the configuration's order.
     #[cfg(feature = "webhooks")]
     reputations: Vec<crate::reputation::ReputationBreaker>,
+    /// The SES members' own transports by name, for reading their accounts' standing.
+    #[cfg(feature = "ses")]
+    ses_members: Vec<(String, crate::SesTransport)>,
     config: MailerConfig,
 }
 
@@ -178,6 +181,27 @@ impl Mailer {
     #[cfg(feature = "webhooks")]
     pub fn reputations(&self) -> impl Iterator<Item = &crate::reputation::ReputationBreaker> {
         self.reputations.iter()
+    }
+
+    /// The SES transport of the member named `name`, when that member sends through Amazon
+    /// SES: its [`account`](crate::SesTransport::account) says the account's enforcement
+    /// status (HEALTHY, PROBATION, SHUTDOWN), shown beside the member's reputation breaker.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mailer = mail_breaker::Mailer::from_dsn("ses://eu-west-1?name=ses")?.build().await?;
+    /// if let Some(ses) = mailer.ses("ses") {
+    ///     println!("{}", ses.account().await?.enforcement);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "ses")]
+    pub fn ses(&self, name: &str) -> Option<&crate::SesTransport> {
+        self.ses_members
+            .iter()
+            .find(|(member, _)| member == name)
+            .map(|(_, ses)| ses)
     }
 
     /// Every member's rate limit, in the configuration's order (members without one left out).
@@ -337,14 +361,20 @@ impl MailerConfig {
         let reputation_store = ();
         #[cfg(feature = "webhooks")]
         let mut reputations = Vec::new();
+        #[cfg(feature = "ses")]
+        let mut ses_members = Vec::new();
         for (index, member) in self.members.iter().enumerate() {
             let path = format!("member[{index}]");
-            let (name, breaker, limiter, reputation) =
+            let (name, breaker, limiter, reputation, ses) =
                 build_member(member, &path, store.as_ref(), &reputation_store)?;
             #[cfg(feature = "webhooks")]
             reputations.extend(reputation);
             #[cfg(not(feature = "webhooks"))]
             let () = reputation;
+            #[cfg(feature = "ses")]
+            ses_members.extend(ses.map(|ses| (name.clone(), ses)));
+            #[cfg(not(feature = "ses"))]
+            let () = ses;
             if let Some(taken) = breakers.iter().position(|(other, _)| *other == name) {
                 return Err(ConfigError::new(
                     format!("{path}.name"),
@@ -400,6 +430,8 @@ impl MailerConfig {
                 suppression,
                 #[cfg(feature = "webhooks")]
                 reputations,
+                #[cfg(feature = "ses")]
+                ses_members,
                 config: self,
             })
         }
@@ -410,6 +442,8 @@ impl MailerConfig {
             limiters,
             #[cfg(feature = "webhooks")]
             reputations,
+            #[cfg(feature = "ses")]
+            ses_members,
             config: self,
         })
     }
@@ -492,7 +526,13 @@ fn with_reputation(
     Ok((provider, ()))
 }
 
-/// A member's name, breaker, rate limit and reputation breaker.
+/// An SES member's own transport as the mailer keeps it, for its account's standing.
+#[cfg(feature = "ses")]
+type HeldSes = Option<crate::SesTransport>;
+#[cfg(not(feature = "ses"))]
+type HeldSes = ();
+
+/// A member's name, breaker, rate limit, reputation breaker and (SES) own transport.
 fn build_member(
     member: &MemberConfig,
     path: &str,
@@ -504,10 +544,11 @@ fn build_member(
         Arc<MemberBreaker>,
         Option<MemberLimiter>,
         HeldReputation,
+        HeldSes,
     ),
     ConfigError,
 > {
-    let provider = build_provider(&member.provider, &member.connection, path)?;
+    let (provider, ses) = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
         .clone()
@@ -537,7 +578,7 @@ fn build_member(
     };
     let breaker = build_breaker(paced, &member.breaker, store)
         .map_err(|error| error.within(&format!("{path}.breaker")))?;
-    Ok((name, Arc::new(breaker), limiter, reputation))
+    Ok((name, Arc::new(breaker), limiter, reputation, ses))
 }
 
 /// The member's provider, reached as `connection` says. `path` is the member's: an error in
@@ -546,8 +587,12 @@ fn build_provider(
     provider: &Provider,
     connection: &ConnectionConfig,
     path: &str,
-) -> Result<Box<dyn Transport>, ConfigError> {
+) -> Result<(Box<dyn Transport>, HeldSes), ConfigError> {
     let url_path = format!("{path}.url");
+    #[cfg(not(feature = "ses"))]
+    let none = ();
+    #[cfg(feature = "ses")]
+    let none = None;
     match provider {
         #[cfg(feature = "smtp")]
         Provider::Smtp { url } => {
@@ -562,7 +607,7 @@ fn build_provider(
                     };
                     error.within(within)
                 })?;
-            Ok(Box::new(smtp))
+            Ok((Box::new(smtp), none))
         }
         #[cfg(feature = "ses")]
         Provider::Ses { region, endpoint } => {
@@ -570,7 +615,8 @@ fn build_provider(
             if let Some(timeout) = connection.timeout {
                 ses = ses.with_timeout(timeout);
             }
-            Ok(Box::new(ses))
+            // A clone shares the client: the account is read with the member's own.
+            Ok((Box::new(ses.clone()), Some(ses)))
         }
         Provider::Api {
             api,
@@ -586,7 +632,8 @@ fn build_provider(
             endpoint.as_deref(),
             connection.timeout,
             &url_path,
-        ),
+        )
+        .map(|transport| (transport, none)),
         #[allow(unreachable_patterns)]
         _ => Err(ConfigError::new(
             url_path,
