@@ -180,6 +180,10 @@ async fn a_member_with_a_reputation_breaker_has_a_card_with_its_tier_rates_volum
     assert_eq!(ses["failover"], false);
 
     let shown = page(&router, "/").await;
+    assert!(
+        shown.contains(r#"class="card half_open" data-reputation="ses""#),
+        "warn is coloured as a breaker half open: {shown}"
+    );
     let card = card(&shown, "ses");
     assert!(card.contains(r#"data-tier="warn""#), "{card}");
     assert!(card.contains("10.00 %"), "the hard-bounce rate: {card}");
@@ -254,6 +258,10 @@ async fn a_member_that_is_not_ses_has_a_card_without_an_account_status() {
     assert_eq!(read[0]["ses"], Value::Null, "{read}");
     let shown = page(&router, "/").await;
     assert!(!card(&shown, "relay").contains("data-enforcement"));
+    assert!(
+        shown.contains(r#"class="card closed" data-reputation="relay""#),
+        "healthy is coloured as a closed breaker: {shown}"
+    );
 }
 
 #[tokio::test]
@@ -278,6 +286,10 @@ async fn a_post_with_the_token_resets_an_open_reputation_breaker_and_clears_its_
     let admin = Admin::new(Arc::clone(&mailer));
     let router = admin.router();
     let shown = page(&router, "/").await;
+    assert!(
+        shown.contains(r#"class="card open" data-reputation="ses""#),
+        "{shown}"
+    );
     assert!(
         card(&shown, "ses").contains(r#"action="/reputation/ses/reset""#),
         "an open breaker offers its reset: {shown}"

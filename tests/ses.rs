@@ -624,6 +624,7 @@ async fn the_account_reads_healthy_probation_and_shutdown_as_ses_says_them() {
             .expect(said);
         assert_eq!(account.enforcement, read, "{said}");
         assert_eq!(account.enforcement.as_str(), said);
+        assert_eq!(account.enforcement.to_string(), said);
         assert_eq!(account.sending_enabled, said != "SHUTDOWN", "{said}");
         assert!(account.production_access, "{said}");
     }

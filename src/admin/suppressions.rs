@@ -274,5 +274,7 @@ mod tests {
         }
         let long = format!("q={}", "a".repeat(321));
         assert!(Search::from_query(Some(&long), "q").is_err());
+        let longest = format!("q={}", "a".repeat(320));
+        assert!(Search::from_query(Some(&longest), "q").is_ok());
     }
 }

@@ -365,8 +365,13 @@ impl MailerConfig {
         let mut ses_members = Vec::new();
         for (index, member) in self.members.iter().enumerate() {
             let path = format!("member[{index}]");
-            let (name, breaker, limiter, reputation, ses) =
-                build_member(member, &path, store.as_ref(), &reputation_store)?;
+            let BuiltMember {
+                name,
+                breaker,
+                limiter,
+                reputation,
+                ses,
+            } = build_member(member, &path, store.as_ref(), &reputation_store)?;
             #[cfg(feature = "webhooks")]
             reputations.extend(reputation);
             #[cfg(not(feature = "webhooks"))]
@@ -532,22 +537,23 @@ type HeldSes = Option<crate::SesTransport>;
 #[cfg(not(feature = "ses"))]
 type HeldSes = ();
 
+/// What building one member gives the mailer.
+struct BuiltMember {
+    name: String,
+    breaker: Arc<MemberBreaker>,
+    limiter: Option<MemberLimiter>,
+    reputation: HeldReputation,
+    /// The SES member's own transport, for its account's standing.
+    ses: HeldSes,
+}
+
 /// A member's name, breaker, rate limit, reputation breaker and (SES) own transport.
 fn build_member(
     member: &MemberConfig,
     path: &str,
     store: Option<&Store>,
     reputation_store: &ReputationStore,
-) -> Result<
-    (
-        String,
-        Arc<MemberBreaker>,
-        Option<MemberLimiter>,
-        HeldReputation,
-        HeldSes,
-    ),
-    ConfigError,
-> {
+) -> Result<BuiltMember, ConfigError> {
     let (provider, ses) = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
@@ -578,7 +584,13 @@ fn build_member(
     };
     let breaker = build_breaker(paced, &member.breaker, store)
         .map_err(|error| error.within(&format!("{path}.breaker")))?;
-    Ok((name, Arc::new(breaker), limiter, reputation, ses))
+    Ok(BuiltMember {
+        name,
+        breaker: Arc::new(breaker),
+        limiter,
+        reputation,
+        ses,
+    })
 }
 
 /// The member's provider, reached as `connection` says. `path` is the member's: an error in

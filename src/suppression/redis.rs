@@ -411,10 +411,14 @@ impl Store for RedisList {
                     .flatten()
                     .filter(|entry| in_force(entry, now)),
             );
-            cursor = next;
-            if cursor == 0 || found.len() >= limit {
+            // A cursor of 0 is the end of the index: another call would start it again.
+            if next == 0 {
                 break;
             }
+            if found.len() >= limit {
+                break;
+            }
+            cursor = next;
         }
         found.sort_by(|a, b| a.address.cmp(&b.address));
         found.dedup_by(|a, b| a.address == b.address);

@@ -420,6 +420,21 @@ pub async fn a_search_finds_the_addresses_holding_a_text_by_address_at_most_as_m
     }
     assert!(list.search("nobody", 10).await.unwrap().is_empty());
     assert!(list.search("shop", 0).await.unwrap().is_empty());
+
+    // A list larger than one read of the store's index (Redis scans about 500 at a time).
+    let bulk: String = (0..1_500)
+        .map(|n| format!("bulk{n:04}@example.net\n"))
+        .collect();
+    list.import(&bulk, Reason::Manual).await.unwrap();
+    let expected: Vec<String> = (1_490..1_500)
+        .map(|n| format!("bulk{n:04}@example.net"))
+        .collect();
+    assert_eq!(
+        found(list.search("bulk149", 100).await.unwrap()),
+        expected,
+        "every match, wherever the index holds it"
+    );
+    assert_eq!(found(list.search("bulk", 20).await.unwrap()).len(), 20);
 }
 
 /// One test per rule, each on a store of its own from `$open(test_name)`.
