@@ -494,3 +494,29 @@ async fn a_mailer_without_a_suppression_list_shows_no_list_and_its_api_answers_n
     assert_eq!(json(&router, "/api/suppressions").await, Value::Null);
     assert!(!page(&router, "/").await.contains(r#"id="suppressions""#));
 }
+
+#[tokio::test]
+async fn a_suppression_list_whose_store_fails_is_503_with_why_and_the_page_says_so() {
+    let dir = folder("store-fails");
+    let mailer = suppressing(dir.path(), &["kept@example.org"]).await;
+    // The list's table gone under the mailer: every read of it fails.
+    let file = dir.path().join("outbox.db");
+    let db = sqlx::SqlitePool::connect(&format!("sqlite://{}", file.display()))
+        .await
+        .unwrap();
+    sqlx::query("DROP TABLE mail_breaker_suppression")
+        .execute(&db)
+        .await
+        .unwrap();
+    let router = Admin::new(mailer).router();
+    let response = call(&router, get("/api/suppressions")).await;
+    assert_eq!(response.status(), StatusCode::SERVICE_UNAVAILABLE);
+    let body: Value = serde_json::from_str(&text(response).await).unwrap();
+    assert_eq!(body["error"]["code"], "suppression.store", "{body}");
+    assert!(
+        page(&router, "/")
+            .await
+            .contains("The suppression list did not answer"),
+        "the page shows the rest, and says why the list is missing"
+    );
+}
