@@ -100,7 +100,7 @@ pub use adapters::http::resend::{ResendTransport, classify_resend_error};
 pub use adapters::http::sendgrid::{SendGridTransport, classify_sendgrid_error};
 pub use adapters::lettre::LettreTransport;
 #[cfg(feature = "ses")]
-pub use adapters::ses::{SesTransport, classify_ses_error};
+pub use adapters::ses::{SesAccount, SesEnforcement, SesTransport, classify_ses_error};
 #[cfg(feature = "smtp")]
 pub use adapters::smtp::{SmtpBuilder, SmtpTransport, classify_smtp_error, classify_smtp_reply};
 pub use breaker::{CircuitBreakerTransport, Scope, StateChange};

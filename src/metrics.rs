@@ -253,6 +253,18 @@ pub fn describe() {
         SUPPRESSED_TOTAL,
         "Recipients the suppression list held back, by reason"
     );
+    describe_gauge!(
+        REPUTATION_TIER,
+        "A member's reputation tier: 0 healthy, 1 warn, 2 throttle, 3 open"
+    );
+    describe_gauge!(
+        REPUTATION_HARD_BOUNCE_RATE,
+        "A member's hard bounces over its sends in the reputation window"
+    );
+    describe_gauge!(
+        REPUTATION_COMPLAINT_RATE,
+        "A member's complaints over its sends in the reputation window"
+    );
 }
 
 /// Whether the `metrics` feature is compiled in: without it the rooms that record through

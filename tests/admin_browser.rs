@@ -238,3 +238,90 @@ async fn a_page_with_an_open_breaker_queued_mail_and_a_dead_letter_reads_in_ligh
     drop(mailer);
     let _ = std::fs::remove_dir_all(&dir);
 }
+
+/// An SES member at an in-test SESv2 endpoint whose account is on probation, its reputation
+/// breaker opened by its bounces, and a suppression list: the page shows the card, its SES
+/// status and the list, and its Reset button closes the breaker.
+#[cfg(all(feature = "webhooks", feature = "ses"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_page_shows_an_open_reputation_breaker_beside_its_ses_status_and_its_reset_closes_it() {
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    use mail_breaker::reputation::Tier;
+    use mail_breaker::suppression::Reason;
+    use support::ses_faults::{Fault, FaultServer};
+
+    const TEST: &str = "the_page_shows_an_open_reputation_breaker";
+    let _one = ONE_BROWSER.lock().await;
+    let Some(browser) = Chromium::start(TEST).await else {
+        return;
+    };
+    // SAFETY: this file's only test that reads these; the values are the same for any other.
+    unsafe {
+        std::env::set_var("AWS_ACCESS_KEY_ID", "AKIDTESTONLY");
+        std::env::set_var("AWS_SECRET_ACCESS_KEY", "test-secret-never-shown");
+    }
+    let ses = FaultServer::start(Fault::json(
+        200,
+        r#"{"EnforcementStatus":"PROBATION","ProductionAccessEnabled":true,"SendingEnabled":true}"#,
+    ))
+    .await;
+    let dir = tempfile::Builder::new()
+        .prefix("mail-breaker-admin-browser-reputation-")
+        .tempdir()
+        .unwrap();
+    let dsn = format!(
+        "ses://us-east-1?endpoint={}&name=ses&reputation.hard_bounces.min_sends=10\
+         &reputation.complaints.min_sends=10&reputation.window_sends=20&reputation.buckets=2\
+         &reputation.hard_bounces.open=30%25&outbox=sqlite://{}&outbox.poll=1h&suppression=true",
+        ses.endpoint(),
+        dir.path().join("outbox.db").display()
+    );
+    let mailer = Arc::new(Mailer::from_dsn(&dsn).unwrap().build().await.unwrap());
+    for n in 0..10 {
+        mailer.send(&message(&format!("order {n}"))).await.unwrap();
+    }
+    let bounces: Vec<DeliveryEvent> = (0..3)
+        .map(|n| {
+            let bounce = EventKind::Bounced {
+                bounce: BounceKind::Permanent,
+                subtype: None,
+            };
+            let to = format!("gone{n}@example.org");
+            let mut event = DeliveryEvent::new(
+                Provider::Ses,
+                format!("b-{n}"),
+                bounce,
+                to,
+                std::time::SystemTime::now(),
+            );
+            event.member = Some("ses".into());
+            event
+        })
+        .collect();
+    let breaker = mailer.reputation("ses").unwrap();
+    breaker.record(&bounces).await.unwrap();
+    let list = mailer.suppression().unwrap();
+    list.add("gone0@example.org", Reason::Bounced)
+        .await
+        .unwrap();
+    let (url, server) = serve(Admin::new(Arc::clone(&mailer))).await;
+
+    let page = browser.page(1000, 900).await;
+    page.goto(&url).await;
+    const TIER: &str = "document.querySelector('[data-reputation] [data-tier]')?.dataset.tier";
+    expect(&page, TIER, json!("open"), "the member's bounces opened it").await;
+    let status = page
+        .eval("document.querySelector('[data-reputation] [data-enforcement]')?.dataset.enforcement")
+        .await;
+    assert_eq!(status, Some(json!("PROBATION")));
+    let listed = page
+        .eval("document.querySelector('#suppressions td')?.textContent")
+        .await;
+    assert_eq!(listed, Some(json!("gone0@example.org")));
+
+    page.click("[data-reputation] form[action$='/reset'] button")
+        .await;
+    expect(&page, TIER, json!("healthy"), "after Reset reputation").await;
+    assert_eq!(breaker.standing().await.unwrap().tier, Tier::Healthy);
+    server.abort();
+}

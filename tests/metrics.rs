@@ -661,6 +661,9 @@ fn describe_gives_every_metric_its_description_and_the_durations_their_unit() {
         OUTBOX_DEAD,
         OUTBOX_OLDEST_SECONDS,
         RATE_PER_SECOND,
+        REPUTATION_TIER,
+        REPUTATION_HARD_BOUNCE_RATE,
+        REPUTATION_COMPLAINT_RATE,
     ];
     let histograms = [SEND_SECONDS, RATE_WAIT_SECONDS];
     metrics::with_local_recorder(&recorder, || {
@@ -1009,5 +1012,90 @@ async fn a_transport_renamed_after_its_first_send_is_counted_under_its_new_name(
     assert_eq!(
         recorded.counter(RETRIES_TOTAL, &[("transport", "after")]),
         1
+    );
+}
+
+#[cfg(feature = "webhooks")]
+#[tokio::test]
+async fn each_members_bounce_and_complaint_rates_and_tier_are_gauges_labelled_by_the_member() {
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    use mail_breaker::metrics::{
+        REPUTATION_COMPLAINT_RATE, REPUTATION_HARD_BOUNCE_RATE, REPUTATION_TIER,
+    };
+    use mail_breaker::reputation::{Limits, ReputationBreaker, ReputationRules};
+
+    let (mut recorded, _guard) = Recorded::start();
+    // 10 sends make a volume; warn at 5 %, throttle at 20 %, open at 30 % for both rates.
+    let limits = Limits {
+        warn: 50_000,
+        throttle: 200_000,
+        open: 300_000,
+        minimum_sends: 10,
+    };
+    let breaker = |member: &str| {
+        ReputationBreaker::builder(member)
+            .rules(ReputationRules {
+                hard_bounces: limits,
+                complaints: limits,
+                window_sends: 20,
+                buckets: 2,
+            })
+            .build()
+            .unwrap()
+    };
+    let (ses, postmark) = (breaker("ses"), breaker("postmark"));
+    for member in [&ses, &postmark] {
+        let transport = member.wrap(Scripted::new(member.member()));
+        for _ in 0..10 {
+            transport.send(&message()).await.unwrap();
+        }
+    }
+    let heard = |member: &str, kind: EventKind| {
+        let mut event = DeliveryEvent::new(
+            Provider::Ses,
+            format!("{member}-1"),
+            kind,
+            "someone@example.org",
+            std::time::SystemTime::now(),
+        );
+        event.member = Some(member.into());
+        event
+    };
+    let bounce = EventKind::Bounced {
+        bounce: BounceKind::Permanent,
+        subtype: None,
+    };
+    ses.record(&[heard("ses", bounce)]).await.unwrap();
+    let complaint = EventKind::Complained { feedback: None };
+    postmark
+        .record(&[heard("postmark", complaint)])
+        .await
+        .unwrap();
+
+    let gauge = |recorded: &mut Recorded, name: &str, member: &str| {
+        let series = series(MetricKind::Gauge, name, &[("member", member)]);
+        recorded.gauges.get(&series).copied()
+    };
+    recorded.read();
+    assert_eq!(
+        gauge(&mut recorded, REPUTATION_HARD_BOUNCE_RATE, "ses"),
+        Some(0.1)
+    );
+    assert_eq!(
+        gauge(&mut recorded, REPUTATION_COMPLAINT_RATE, "ses"),
+        Some(0.0)
+    );
+    assert_eq!(
+        gauge(&mut recorded, REPUTATION_TIER, "ses"),
+        Some(1.0),
+        "warn"
+    );
+    assert_eq!(
+        gauge(&mut recorded, REPUTATION_COMPLAINT_RATE, "postmark"),
+        Some(0.1)
+    );
+    assert_eq!(
+        gauge(&mut recorded, REPUTATION_HARD_BOUNCE_RATE, "postmark"),
+        Some(0.0)
     );
 }

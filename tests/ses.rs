@@ -14,6 +14,7 @@ use futures::StreamExt;
 use mail_breaker::{
     Category, CircuitBreakerTransport, Message, SendError, SesTransport, State, Transport,
 };
+use mail_breaker::{SesAccount, SesEnforcement as Enforcement};
 use support::moto::Moto;
 use support::servers::free_port;
 use support::ses_faults::{Fault, FaultServer};
@@ -600,4 +601,78 @@ async fn debug_shows_the_settings_and_no_secret() {
     assert!(text.contains("transactional"), "{text}");
     assert!(text.contains("concurrency: 3"), "{text}");
     assert!(!text.contains(SECRET_KEY), "{text}");
+}
+
+// ---- the account's standing (GetAccount), for the page and `mail-breaker reputation` ----
+
+async fn account_against(fault: Fault) -> Result<SesAccount, SendError> {
+    let server = FaultServer::start(fault).await;
+    SesTransport::new(client(&server.endpoint()))
+        .account()
+        .await
+}
+
+#[tokio::test]
+async fn the_account_reads_healthy_probation_and_shutdown_as_ses_says_them() {
+    for (said, read) in [
+        ("HEALTHY", Enforcement::Healthy),
+        ("PROBATION", Enforcement::Probation),
+        ("SHUTDOWN", Enforcement::Shutdown),
+    ] {
+        let account = account_against(account(said != "SHUTDOWN", true, said))
+            .await
+            .expect(said);
+        assert_eq!(account.enforcement, read, "{said}");
+        assert_eq!(account.enforcement.as_str(), said);
+        assert_eq!(account.enforcement.to_string(), said);
+        assert_eq!(account.sending_enabled, said != "SHUTDOWN", "{said}");
+        assert!(account.production_access, "{said}");
+    }
+}
+
+#[tokio::test]
+async fn an_enforcement_status_ses_adds_later_is_kept_as_it_is_said() {
+    let account = account_against(account(true, false, "UNDER_REVIEW"))
+        .await
+        .expect("an answer");
+    assert_eq!(
+        account.enforcement,
+        Enforcement::Other("UNDER_REVIEW".into())
+    );
+    assert_eq!(account.enforcement.as_str(), "UNDER_REVIEW");
+    assert!(!account.production_access);
+}
+
+#[tokio::test]
+async fn an_account_that_cannot_be_read_is_an_error_with_its_reason_never_a_panic() {
+    let error = account_against(Fault::ses_error(403, "AccessDeniedException", "no access"))
+        .await
+        .expect_err("access denied");
+    assert_eq!(error.category(), Category::Authentication);
+    for fault in [
+        Fault::Drop,
+        Fault::json(200, "{not json"),
+        Fault::json(200, "[]"),
+    ] {
+        let read = account_against(fault.clone()).await;
+        if let Err(error) = read {
+            assert!(!error.message().is_empty(), "{fault:?}");
+        }
+    }
+}
+
+#[tokio::test]
+async fn reading_the_account_of_a_server_that_never_answers_ends_at_its_own_short_timeout() {
+    let server = FaultServer::start(Fault::Hang).await;
+    // A client of its own with a long operation timeout: the reading's bound is its own.
+    let ses = SesTransport::new(client_with_timeout(
+        &server.endpoint(),
+        Duration::from_secs(3_600),
+    ));
+    let error = ses
+        .account_within(Duration::from_millis(200))
+        .await
+        .expect_err("no answer");
+    assert_eq!(error.code(), "ses.timeout");
+    assert_eq!(error.category(), Category::Timeout);
 }

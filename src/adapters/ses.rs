@@ -13,8 +13,10 @@ use aws_sdk_sesv2::types::{Destination, EmailContent, RawMessage};
 
 use crate::{Category, Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
+mod account;
 mod classify;
 
+pub use account::{ACCOUNT_TIMEOUT, SesAccount, SesEnforcement};
 pub use classify::classify_ses_error;
 
 /// The operation timeout [`SesTransport::new`] gives a client that has none.

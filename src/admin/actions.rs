@@ -27,10 +27,10 @@ pub(crate) async fn read_only() -> Response {
 }
 
 /// The form's fields: only `token` is read.
-type Fields = HashMap<String, String>;
+pub(crate) type Fields = HashMap<String, String>;
 
 /// Refuses a request to `uri` that may not act (403, logged), else `None`.
-fn refused(
+pub(crate) fn refused(
     shared: &Shared,
     uri: &Uri,
     headers: &HeaderMap,
@@ -56,7 +56,7 @@ fn refused(
 }
 
 /// Back to the page the form was on: the path this router is mounted at.
-fn back(original: &Uri, routed: &Uri) -> Response {
+pub(crate) fn back(original: &Uri, routed: &Uri) -> Response {
     back_saying(original, routed, None)
 }
 
@@ -71,7 +71,7 @@ fn back_saying(original: &Uri, routed: &Uri, notice: Option<Notice>) -> Response
     }
 }
 
-fn not_found(what: String) -> Response {
+pub(crate) fn not_found(what: String) -> Response {
     (StatusCode::NOT_FOUND, format!("{what}\n")).into_response()
 }
 

@@ -18,6 +18,10 @@
 //! | `GET /?before=ID`, `GET /api/dead?before=ID&limit=N` | the dead letters older than `ID`, newest first (`N` up to 1000, 100 by default): the page's "older" link carries the last one's id |
 //! | `POST /breakers/{name}/isolate`, `POST /breakers/{name}/reset` | hold a member's breaker open, or close it |
 //! | `POST /outbox/dead/{id}/requeue`, `POST /outbox/dead/{id}/purge` | send a dead letter again, or delete it |
+//! | `GET /api/reputation` | each member's reputation breaker (feature `webhooks`): tier, rates, sends counted, thresholds, and an SES member's account enforcement status (`HEALTHY`, `PROBATION`, `SHUTDOWN`, or `unknown` with why) |
+//! | `POST /reputation/{name}/reset` | close a member's reputation breaker and clear its counts: only a person does |
+//! | `GET /api/suppressions?q=TEXT&limit=N`, `GET /?suppressed=TEXT` | the suppression list's addresses holding `TEXT` (letters without case), by address, `N` up to 1000 (100 by default); `null` without a list |
+//! | `POST /suppressions/{address}/remove` | take an address off the suppression list |
 //!
 //! A member's name goes into a path percent-encoded (`smtp%3A%2F%2Frelay%3A587`).
 //!
@@ -77,7 +81,11 @@ mod credential;
 mod guard;
 mod page;
 mod read;
+#[cfg(feature = "webhooks")]
+mod reputation;
 mod serve;
+#[cfg(feature = "webhooks")]
+mod suppressions;
 mod text;
 mod throttle;
 
@@ -108,6 +116,9 @@ pub(crate) struct Shared {
     pub(crate) scheme: Option<&'static str>,
     /// The outbox's counts over the last hour, for the chart.
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
+    /// The SES accounts' last readings (see [`reputation::SesReadings`]).
+    #[cfg(feature = "webhooks")]
+    pub(crate) ses_readings: reputation::SesReadings,
 }
 
 impl fmt::Debug for Admin {
@@ -137,6 +148,8 @@ impl Admin {
             public_origin: None,
             scheme: None,
             history: Mutex::new(VecDeque::new()),
+            #[cfg(feature = "webhooks")]
+            ses_readings: reputation::SesReadings::default(),
         })
     }
 
@@ -298,6 +311,8 @@ impl Admin {
             public_origin: shared.public_origin.clone(),
             scheme: shared.scheme,
             history: Mutex::new(VecDeque::new()),
+            #[cfg(feature = "webhooks")]
+            ses_readings: reputation::SesReadings::default(),
         }
     }
 
@@ -347,6 +362,11 @@ impl Admin {
                 .route(actions[2], post(actions::on_dead_letter::<true>))
                 .route(actions[3], post(actions::on_dead_letter::<false>))
         };
+        #[cfg(feature = "webhooks")]
+        let routes = suppressions::routes(
+            reputation::routes(routes, self.shared.read_only),
+            self.shared.read_only,
+        );
         // The host is checked before the credential is asked for: a browser sent to the page
         // under another site's name (DNS rebinding) is not prompted for it.
         let routes = match &self.shared.credential {

@@ -66,6 +66,9 @@ svg.chart .queued { stroke: var(--half); } svg.chart circle.queued { fill: var(-
 .notice { background: var(--card); border: 1px solid var(--half); border-left: 6px solid var(--half);
   border-radius: 8px; padding: .5rem .9rem; margin: .5rem 0; }
 nav.pages { display: flex; gap: 1rem; margin: .5rem 0; }
+form.search { display: flex; gap: .4rem; margin: 0 0 .5rem; }
+input[type=search] { font: inherit; padding: .35rem .5rem; border-radius: 6px; border: 1px solid var(--line);
+  background: var(--card); color: var(--fg); min-width: 0; flex: 0 1 20rem; }
 nav.pages a { color: var(--fg); }
 @media (max-width: 600px) {
   table#dead thead { display: none; }
@@ -93,6 +96,7 @@ pub(crate) async fn show(
     let limiters = read::limiters(&shared);
     let outbox = read::outbox(&shared).await;
     let dead = read::dead(&shared, dead_page).await;
+    let reputation = reputation_sections(&shared, &mount, query.as_deref()).await;
     let page = Page {
         shared: &shared,
         mount: &mount,
@@ -100,7 +104,7 @@ pub(crate) async fn show(
         notice: query.as_deref().and_then(Notice::from_query),
         dead_page,
     };
-    let markup = page.render(&breakers, &limiters, outbox, dead);
+    let markup = page.render(&breakers, &limiters, outbox, dead, reputation);
     (
         [
             (header::CONTENT_TYPE, "text/html; charset=utf-8"),
@@ -115,6 +119,34 @@ pub(crate) async fn show(
         markup.into_string(),
     )
         .into_response()
+}
+
+/// The reputation cards and the suppression list (feature `webhooks`), rendered apart: the
+/// cards go after the breakers, the list after the dead letters.
+#[cfg(feature = "webhooks")]
+async fn reputation_sections(
+    shared: &Shared,
+    mount: &str,
+    query: Option<&str>,
+) -> (Markup, Markup) {
+    use super::{reputation, suppressions};
+    let cards = reputation::cards(shared).await;
+    // A search the page cannot read lists the first addresses, as an empty one does.
+    let search =
+        suppressions::Search::from_query(query, "suppressed").unwrap_or(suppressions::Search {
+            text: String::new(),
+            limit: suppressions::SUPPRESSIONS_SHOWN,
+        });
+    let found = suppressions::find(shared, &search).await;
+    (
+        reputation::section(shared, mount, &cards),
+        suppressions::section(shared, mount, &search, found),
+    )
+}
+
+#[cfg(not(feature = "webhooks"))]
+async fn reputation_sections(_: &Shared, _: &str, _: Option<&str>) -> (Markup, Markup) {
+    (html! {}, html! {})
 }
 
 /// What an action tells the page it sends the browser back to (`?notice=...`): a fixed
@@ -180,6 +212,7 @@ impl Page<'_> {
         limiters: &[Limiter],
         outbox: Option<Result<Outbox, crate::SendError>>,
         dead: Option<Result<DeadLetters, crate::SendError>>,
+        (reputation, suppressions): (Markup, Markup),
     ) -> Markup {
         html! {
             (DOCTYPE)
@@ -206,6 +239,7 @@ impl Page<'_> {
                     div class="cards" id="breakers" {
                         @for breaker in breakers { (self.breaker(breaker)) }
                     }
+                    (reputation)
                     @if !limiters.is_empty() {
                         h2 { "Rate limits" }
                         (self.limiters(limiters))
@@ -216,6 +250,7 @@ impl Page<'_> {
                         h2 { "Dead letters" }
                         (self.dead(dead))
                     }
+                    (suppressions)
                 }
             }
         }

@@ -121,6 +121,9 @@ pub struct Mailer {
     /// The webhook receivers the configuration names (`webhooks.*`).
     #[cfg(feature = "webhooks")]
     receivers: Option<super::webhooks::Receivers>,
+    /// The SES members' own transports by name, for reading their accounts' standing.
+    #[cfg(feature = "ses")]
+    ses_members: Vec<(String, crate::SesTransport)>,
     config: MailerConfig,
 }
 
@@ -181,6 +184,27 @@ impl Mailer {
     #[cfg(feature = "webhooks")]
     pub fn reputations(&self) -> impl Iterator<Item = &crate::reputation::ReputationBreaker> {
         self.reputations.iter()
+    }
+
+    /// The SES transport of the member named `name`, when that member sends through Amazon
+    /// SES: its [`account`](crate::SesTransport::account) says the account's enforcement
+    /// status (HEALTHY, PROBATION, SHUTDOWN), shown beside the member's reputation breaker.
+    ///
+    /// ```no_run
+    /// # async fn run() -> Result<(), Box<dyn std::error::Error>> {
+    /// let mailer = mail_breaker::Mailer::from_dsn("ses://eu-west-1?name=ses")?.build().await?;
+    /// if let Some(ses) = mailer.ses("ses") {
+    ///     println!("{}", ses.account().await?.enforcement);
+    /// }
+    /// # Ok(())
+    /// # }
+    /// ```
+    #[cfg(feature = "ses")]
+    pub fn ses(&self, name: &str) -> Option<&crate::SesTransport> {
+        self.ses_members
+            .iter()
+            .find(|(member, _)| member == name)
+            .map(|(_, ses)| ses)
     }
 
     /// Every member's rate limit, in the configuration's order (members without one left out).
@@ -389,14 +413,25 @@ impl MailerConfig {
         let reputation_store = ();
         #[cfg(feature = "webhooks")]
         let mut reputations = Vec::new();
+        #[cfg(feature = "ses")]
+        let mut ses_members = Vec::new();
         for (index, member) in self.members.iter().enumerate() {
             let path = format!("member[{index}]");
-            let (name, breaker, limiter, reputation) =
-                build_member(member, &path, store.as_ref(), &reputation_store)?;
+            let BuiltMember {
+                name,
+                breaker,
+                limiter,
+                reputation,
+                ses,
+            } = build_member(member, &path, store.as_ref(), &reputation_store)?;
             #[cfg(feature = "webhooks")]
             reputations.extend(reputation);
             #[cfg(not(feature = "webhooks"))]
             let () = reputation;
+            #[cfg(feature = "ses")]
+            ses_members.extend(ses.map(|ses| (name.clone(), ses)));
+            #[cfg(not(feature = "ses"))]
+            let () = ses;
             if let Some(taken) = breakers.iter().position(|(other, _)| *other == name) {
                 return Err(ConfigError::new(
                     format!("{path}.name"),
@@ -466,6 +501,8 @@ impl MailerConfig {
                 reputations,
                 #[cfg(feature = "webhooks")]
                 receivers,
+                #[cfg(feature = "ses")]
+                ses_members,
                 config: self,
             })
         }
@@ -476,6 +513,8 @@ impl MailerConfig {
             limiters,
             #[cfg(feature = "webhooks")]
             reputations,
+            #[cfg(feature = "ses")]
+            ses_members,
             config: self,
         })
     }
@@ -558,22 +597,30 @@ fn with_reputation(
     Ok((provider, ()))
 }
 
-/// A member's name, breaker, rate limit and reputation breaker.
+/// An SES member's own transport as the mailer keeps it, for its account's standing.
+#[cfg(feature = "ses")]
+type HeldSes = Option<crate::SesTransport>;
+#[cfg(not(feature = "ses"))]
+type HeldSes = ();
+
+/// What building one member gives the mailer.
+struct BuiltMember {
+    name: String,
+    breaker: Arc<MemberBreaker>,
+    limiter: Option<MemberLimiter>,
+    reputation: HeldReputation,
+    /// The SES member's own transport, for its account's standing.
+    ses: HeldSes,
+}
+
+/// A member's name, breaker, rate limit, reputation breaker and (SES) own transport.
 fn build_member(
     member: &MemberConfig,
     path: &str,
     store: Option<&Store>,
     reputation_store: &ReputationStore,
-) -> Result<
-    (
-        String,
-        Arc<MemberBreaker>,
-        Option<MemberLimiter>,
-        HeldReputation,
-    ),
-    ConfigError,
-> {
-    let provider = build_provider(&member.provider, &member.connection, path)?;
+) -> Result<BuiltMember, ConfigError> {
+    let (provider, ses) = build_provider(&member.provider, &member.connection, path)?;
     let name = member
         .name
         .clone()
@@ -604,7 +651,13 @@ fn build_member(
     };
     let breaker = build_breaker(paced, &member.breaker, store)
         .map_err(|error| error.within(&format!("{path}.breaker")))?;
-    Ok((name, Arc::new(breaker), limiter, reputation))
+    Ok(BuiltMember {
+        name,
+        breaker: Arc::new(breaker),
+        limiter,
+        reputation,
+        ses,
+    })
 }
 
 /// The member's provider, reached as `connection` says. `path` is the member's: an error in
@@ -613,8 +666,12 @@ fn build_provider(
     provider: &Provider,
     connection: &ConnectionConfig,
     path: &str,
-) -> Result<Box<dyn Transport>, ConfigError> {
+) -> Result<(Box<dyn Transport>, HeldSes), ConfigError> {
     let url_path = format!("{path}.url");
+    #[cfg(not(feature = "ses"))]
+    let none = ();
+    #[cfg(feature = "ses")]
+    let none = None;
     match provider {
         #[cfg(feature = "smtp")]
         Provider::Smtp { url } => {
@@ -629,7 +686,7 @@ fn build_provider(
                     };
                     error.within(within)
                 })?;
-            Ok(Box::new(smtp))
+            Ok((Box::new(smtp), none))
         }
         #[cfg(feature = "ses")]
         Provider::Ses { region, endpoint } => {
@@ -637,7 +694,8 @@ fn build_provider(
             if let Some(timeout) = connection.timeout {
                 ses = ses.with_timeout(timeout);
             }
-            Ok(Box::new(ses))
+            // A clone shares the client: the account is read with the member's own.
+            Ok((Box::new(ses.clone()), Some(ses)))
         }
         Provider::Api {
             api,
@@ -653,7 +711,8 @@ fn build_provider(
             endpoint.as_deref(),
             connection.timeout,
             &url_path,
-        ),
+        )
+        .map(|transport| (transport, none)),
         #[allow(unreachable_patterns)]
         _ => Err(ConfigError::new(
             url_path,

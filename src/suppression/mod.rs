@@ -329,6 +329,14 @@ pub(crate) trait Store: Send + Sync + fmt::Debug {
         limit: u32,
         now: Millis,
     ) -> Result<Vec<Entry>, SuppressionError>;
+    /// Up to `limit` entries in force at `now` whose address holds `text` (ASCII letters
+    /// without case), by address.
+    async fn search(
+        &self,
+        text: &str,
+        limit: u32,
+        now: Millis,
+    ) -> Result<Vec<Entry>, SuppressionError>;
 }
 
 /// The clock a list reads: when a hold ends, what is pruned, when an address was added.
@@ -562,6 +570,37 @@ impl SuppressionList {
     ) -> Result<Vec<Suppression>, SuppressionError> {
         let page = self.store.page(after, limit, self.now()).await?;
         Ok(page.into_iter().map(Entry::public).collect())
+    }
+
+    /// Up to `limit` entries in force now whose address holds `text`, by address: the
+    /// letters A to Z compared without case, every other character as written (`%`, `_`,
+    /// `*` are no patterns). For an operator looking for an address; an empty `text` holds
+    /// in every address.
+    ///
+    /// ```
+    /// # use mail_breaker::outbox::Outbox;
+    /// # use mail_breaker::suppression::{Reason, SuppressionList};
+    /// # tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap().block_on(async {
+    /// # let dir = tempfile::tempdir().unwrap();
+    /// # let list = SuppressionList::in_outbox(&Outbox::sqlite(dir.path().join("mail.db")).await?)?;
+    /// list.add("ann@shop.example", Reason::Bounced).await?;
+    /// list.add("bob@example.org", Reason::Manual).await?;
+    /// let found = list.search("SHOP", 50).await?;
+    /// assert_eq!(found.len(), 1);
+    /// assert_eq!(found[0].address, "ann@shop.example");
+    /// # Ok::<(), Box<dyn std::error::Error>>(())
+    /// # }).unwrap();
+    /// ```
+    pub async fn search(
+        &self,
+        text: &str,
+        limit: u32,
+    ) -> Result<Vec<Suppression>, SuppressionError> {
+        if limit == 0 {
+            return Ok(Vec::new());
+        }
+        let found = self.store.search(text, limit, self.now()).await?;
+        Ok(found.into_iter().map(Entry::public).collect())
     }
 
     /// Imports a CSV file's addresses, all or none (one transaction): each is suppressed for

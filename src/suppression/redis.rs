@@ -376,4 +376,73 @@ impl Store for RedisList {
         page.truncate(limit);
         Ok(page)
     }
+
+    async fn search(
+        &self,
+        text: &str,
+        limit: u32,
+        now: Millis,
+    ) -> Result<Vec<Entry>, SuppressionError> {
+        let limit = usize::try_from(limit).unwrap_or(usize::MAX);
+        let pattern = format!("*{}*", glob_text(text));
+        let mut found = Vec::new();
+        let mut cursor: u64 = 0;
+        // ZSCAN filters on the server; each call reads about 500 of the index. It goes on
+        // until `limit` entries in force are found or the index ends.
+        loop {
+            let mut connection = self.connection.clone();
+            let command = ::redis::cmd("ZSCAN")
+                .arg(self.index_key())
+                .arg(cursor)
+                .arg("MATCH")
+                .arg(&pattern)
+                .arg("COUNT")
+                .arg(500)
+                .to_owned();
+            let (next, scored): (u64, Vec<String>) = self
+                .bounded("searching the list", command.query_async(&mut connection))
+                .await?;
+            // ZSCAN answers each member followed by its score.
+            let addresses: Vec<String> = scored.into_iter().step_by(2).collect();
+            let entries = self.read(&addresses).await?;
+            found.extend(
+                entries
+                    .into_iter()
+                    .flatten()
+                    .filter(|entry| in_force(entry, now)),
+            );
+            // A cursor of 0 is the end of the index: another call would start it again.
+            if next == 0 {
+                break;
+            }
+            if found.len() >= limit {
+                break;
+            }
+            cursor = next;
+        }
+        found.sort_by(|a, b| a.address.cmp(&b.address));
+        found.dedup_by(|a, b| a.address == b.address);
+        found.truncate(limit);
+        Ok(found)
+    }
+}
+
+/// `text` as the inside of a Redis glob: `*`, `?`, `[`, `]` and `\` matched as written,
+/// and each letter A to Z as `[aA]`, without case.
+fn glob_text(text: &str) -> String {
+    let mut glob = String::with_capacity(text.len() * 2);
+    for c in text.chars() {
+        if c.is_ascii_alphabetic() {
+            glob.push('[');
+            glob.push(c.to_ascii_lowercase());
+            glob.push(c.to_ascii_uppercase());
+            glob.push(']');
+        } else {
+            if matches!(c, '*' | '?' | '[' | ']' | '\\' | '^' | '-') {
+                glob.push('\\');
+            }
+            glob.push(c);
+        }
+    }
+    glob
 }

@@ -104,6 +104,26 @@ const PAGE: &str = "SELECT address, reason, provider, event_id, suppressed_at, h
      FROM mail_breaker_suppression WHERE address > $2 \
      AND (hold_until IS NULL OR hold_until > $1) ORDER BY address LIMIT $3";
 
+/// Entries in force at `$1` whose address holds `$2` (a `LIKE` pattern's text, escaped
+/// with `\`), by address, at most `$3`. `lower` on both sides: SQLite's `LIKE` ignores
+/// ASCII case and PostgreSQL's does not.
+const SEARCH: &str = "SELECT address, reason, provider, event_id, suppressed_at, hold_until \
+     FROM mail_breaker_suppression \
+     WHERE lower(address) LIKE '%' || lower($2) || '%' ESCAPE '\\' \
+     AND (hold_until IS NULL OR hold_until > $1) ORDER BY address LIMIT $3";
+
+/// `text` as the inside of a `LIKE` pattern: its `%`, `_` and `\` matched as written.
+fn like_text(text: &str) -> String {
+    let mut escaped = String::with_capacity(text.len());
+    for c in text.chars() {
+        if matches!(c, '%' | '_' | '\\') {
+            escaped.push('\\');
+        }
+        escaped.push(c);
+    }
+    escaped
+}
+
 /// Addresses looked up in one statement: well below SQLite's 32,766 parameters.
 const ADDRESSES_PER_LOOKUP: usize = 500;
 
@@ -381,5 +401,27 @@ impl Store for SqlStore {
         }
         .await;
         page.map_err(store_error("reading a page of the list"))
+    }
+
+    async fn search(
+        &self,
+        text: &str,
+        limit: u32,
+        now: Millis,
+    ) -> Result<Vec<Entry>, SuppressionError> {
+        let pattern = like_text(text);
+        let found: Result<Vec<Entry>, sqlx::Error> = async {
+            on_pool!(self, |db, sql| {
+                let rows = sqlx::query(&sql(SEARCH))
+                    .bind(now)
+                    .bind(&pattern)
+                    .bind(i64::from(limit))
+                    .fetch_all(db)
+                    .await?;
+                rows.iter().map(entry).collect()
+            })
+        }
+        .await;
+        found.map_err(store_error("searching the list"))
     }
 }

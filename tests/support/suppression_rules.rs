@@ -381,6 +381,62 @@ pub async fn an_import_adds_every_line_or_none(list: SuppressionList) {
     );
 }
 
+pub async fn a_search_finds_the_addresses_holding_a_text_by_address_at_most_as_many_as_asked(
+    list: SuppressionList,
+) {
+    for address in [
+        "ann@shop.example",
+        "bob@example.org",
+        "carol@SHOP.example",
+        "dave@shopping.example",
+        "x%_\\*?[y]@odd.example",
+    ] {
+        list.add(address, Reason::Manual).await.unwrap();
+    }
+    let found = |page: Vec<mail_breaker::suppression::Suppression>| -> Vec<String> {
+        page.into_iter().map(|entry| entry.address).collect()
+    };
+    assert_eq!(
+        found(list.search("shop", 10).await.unwrap()),
+        [
+            "ann@shop.example",
+            "carol@shop.example",
+            "dave@shopping.example"
+        ],
+        "by address, the domain as the list keeps it"
+    );
+    assert_eq!(
+        found(list.search("SHOP.EX", 10).await.unwrap()),
+        ["ann@shop.example", "carol@shop.example"],
+        "letters A to Z are found without case"
+    );
+    assert_eq!(found(list.search("shop", 2).await.unwrap()).len(), 2);
+    for literal in ["%", "_", "\\", "*", "?", "[y]"] {
+        assert_eq!(
+            found(list.search(literal, 10).await.unwrap()),
+            ["x%_\\*?[y]@odd.example"],
+            "{literal:?} is searched as written, not as a pattern"
+        );
+    }
+    assert!(list.search("nobody", 10).await.unwrap().is_empty());
+    assert!(list.search("shop", 0).await.unwrap().is_empty());
+
+    // A list larger than one read of the store's index (Redis scans about 500 at a time).
+    let bulk: String = (0..1_500)
+        .map(|n| format!("bulk{n:04}@example.net\n"))
+        .collect();
+    list.import(&bulk, Reason::Manual).await.unwrap();
+    let expected: Vec<String> = (1_490..1_500)
+        .map(|n| format!("bulk{n:04}@example.net"))
+        .collect();
+    assert_eq!(
+        found(list.search("bulk149", 100).await.unwrap()),
+        expected,
+        "every match, wherever the index holds it"
+    );
+    assert_eq!(found(list.search("bulk", 20).await.unwrap()).len(), 20);
+}
+
 /// One test per rule, each on a store of its own from `$open(test_name)`.
 #[macro_export]
 macro_rules! suppression_rules {
@@ -411,6 +467,7 @@ macro_rules! all_suppression_rules {
             the_domain_is_compared_without_case_and_the_local_part_as_written,
             add_get_remove_and_list_by_pages_work_by_hand,
             an_import_adds_every_line_or_none,
+            a_search_finds_the_addresses_holding_a_text_by_address_at_most_as_many_as_asked,
         );
     };
 }

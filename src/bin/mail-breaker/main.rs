@@ -3,7 +3,7 @@
 //!
 //! Built with the crate's `cli` feature: `cargo install mail-breaker --features cli`.
 //! Each command group is a module: `test_message` (`test`), `check`, `send` (which reads each
-//! file with `eml`), `breakers`, `outbox`, `suppressions`, `serve`, `completions`. Everything printed goes
+//! file with `eml`), `breakers`, `outbox`, `suppressions`, `reputation`, `serve`, `completions`. Everything printed goes
 //! through [`output::Out`], which shows every password, key and token of the configuration as
 //! `***`.
 
@@ -15,6 +15,7 @@ mod exit;
 mod outbox;
 mod output;
 mod redact;
+mod reputation;
 mod send;
 mod serve;
 mod stack;
@@ -95,6 +96,10 @@ enum Command {
     /// Read and change the suppression list (`suppression=true`): list, add, remove, import.
     #[command(after_help = EXIT_CODES)]
     Suppressions(suppressions::SuppressionsArgs),
+    /// Show each member's reputation breaker (tier, bounce and complaint rates, sends,
+    /// thresholds, an SES account's enforcement status); reset one for every process.
+    #[command(after_help = EXIT_CODES)]
+    Reputation(reputation::ReputationArgs),
     /// Print a shell completion script (bash, zsh or fish).
     Completions(completions::CompletionsArgs),
     /// Serve the operator page (breakers, limiters, the outbox, dead letters, and their
@@ -179,7 +184,10 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
     let result = runtime.block_on(async {
         let source = source?;
         let uses = match &cli.command {
-            Command::Check | Command::Breakers(_) | Command::Completions(_) => stack::Uses::Members,
+            Command::Check
+            | Command::Breakers(_)
+            | Command::Reputation(_)
+            | Command::Completions(_) => stack::Uses::Members,
             // A one-off send queues only in an outbox that exists: one made here would keep
             // mail that no worker of the application ever sends.
             Command::Test(_)
@@ -196,6 +204,7 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
             Command::Breakers(args) => breakers::run(&stack, &out, args).await,
             Command::Outbox(args) => outbox::run(&stack, &out, args).await,
             Command::Suppressions(args) => suppressions::run(&stack, &out, args).await,
+            Command::Reputation(args) => reputation::run(&stack, &out, args).await,
             Command::Serve(args) => serve::run(stack, &out, args).await,
             Command::Completions(_) => Ok(Exit::Ok),
         }
