@@ -118,6 +118,7 @@ pub(crate) struct Shared {
     pub(crate) history: Mutex<VecDeque<chart::Sample>>,
     /// The SES accounts' last readings (see [`reputation::SesReadings`]).
     #[cfg(feature = "webhooks")]
+    #[cfg_attr(not(feature = "ses"), allow(dead_code))]
     pub(crate) ses_readings: reputation::SesReadings,
 }
 
