@@ -503,3 +503,51 @@ async fn a_530_to_mail_from_on_a_reused_oauth_session_logs_in_afresh_on_a_new_co
     assert_eq!(source.asked(), 2, "the expired token was forgotten");
     assert_eq!(server.data().len(), 2, "both messages delivered");
 }
+
+/// The server of a kept session whose second `MAIL FROM` is answered `reply`: logged in with
+/// XOAUTH2 when the client asks, counting its `MAIL`s.
+async fn second_mail_answered(reply: &'static [u8]) -> RawSmtp {
+    let mails = std::sync::Arc::new(AtomicUsize::new(0));
+    RawSmtp::start(b"220 raw.test ESMTP\r\n".to_vec(), move |command| {
+        match command {
+            "EHLO" => Answer::Say(b"250-raw.test\r\n250 AUTH XOAUTH2\r\n".to_vec()),
+            "AUTH" => Answer::Say(b"235 2.7.0 ok\r\n".to_vec()),
+            "MAIL" if mails.fetch_add(1, Ordering::SeqCst) == 1 => Answer::Say(reply.to_vec()),
+            other => Answer::healthy(other),
+        }
+    })
+    .await
+}
+
+#[tokio::test]
+async fn a_refusal_of_the_sender_on_a_reused_oauth_session_is_the_answer_not_an_expired_token() {
+    let server = second_mail_answered(b"550 5.7.1 sender refused\r\n").await;
+    let source = Scripted::new(&["first-token", "second-token"]);
+    let smtp = in_clear(&server, source.clone(), None)
+        .auth_without_tls()
+        .build()
+        .expect("valid settings");
+    smtp.send(&message()).await.expect("first, on a new session");
+
+    let refused = smtp.send(&message()).await.expect_err("the sender is refused");
+
+    assert_eq!(refused.category(), Category::Rejected, "{refused:?}");
+    assert_eq!(server.connections(), 1, "{:?}", server.commands());
+    assert_eq!(source.asked(), 1, "the token was not taken for expired");
+}
+
+#[tokio::test]
+async fn a_530_on_a_reused_session_without_oauth_is_the_servers_answer_not_a_new_login() {
+    let server = second_mail_answered(b"530 5.7.0 Authentication required\r\n").await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .build()
+        .expect("valid settings");
+    smtp.send(&message()).await.expect("first, on a new session");
+
+    let refused = smtp.send(&message()).await.expect_err("refused");
+
+    assert!(!refused.is_not_attempted(), "{refused:?}");
+    assert_eq!(server.connections(), 1, "{:?}", server.commands());
+}
