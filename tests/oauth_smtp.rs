@@ -508,14 +508,15 @@ async fn a_530_to_mail_from_on_a_reused_oauth_session_logs_in_afresh_on_a_new_co
 /// XOAUTH2 when the client asks, counting its `MAIL`s.
 async fn second_mail_answered(reply: &'static [u8]) -> RawSmtp {
     let mails = std::sync::Arc::new(AtomicUsize::new(0));
-    RawSmtp::start(b"220 raw.test ESMTP\r\n".to_vec(), move |command| {
-        match command {
+    RawSmtp::start(
+        b"220 raw.test ESMTP\r\n".to_vec(),
+        move |command| match command {
             "EHLO" => Answer::Say(b"250-raw.test\r\n250 AUTH XOAUTH2\r\n".to_vec()),
             "AUTH" => Answer::Say(b"235 2.7.0 ok\r\n".to_vec()),
             "MAIL" if mails.fetch_add(1, Ordering::SeqCst) == 1 => Answer::Say(reply.to_vec()),
             other => Answer::healthy(other),
-        }
-    })
+        },
+    )
     .await
 }
 
@@ -527,9 +528,14 @@ async fn a_refusal_of_the_sender_on_a_reused_oauth_session_is_the_answer_not_an_
         .auth_without_tls()
         .build()
         .expect("valid settings");
-    smtp.send(&message()).await.expect("first, on a new session");
+    smtp.send(&message())
+        .await
+        .expect("first, on a new session");
 
-    let refused = smtp.send(&message()).await.expect_err("the sender is refused");
+    let refused = smtp
+        .send(&message())
+        .await
+        .expect_err("the sender is refused");
 
     assert_eq!(refused.category(), Category::Rejected, "{refused:?}");
     assert_eq!(server.connections(), 1, "{:?}", server.commands());
@@ -544,10 +550,39 @@ async fn a_530_on_a_reused_session_without_oauth_is_the_servers_answer_not_a_new
         .timeout(TIMEOUT)
         .build()
         .expect("valid settings");
-    smtp.send(&message()).await.expect("first, on a new session");
+    smtp.send(&message())
+        .await
+        .expect("first, on a new session");
 
     let refused = smtp.send(&message()).await.expect_err("refused");
 
     assert!(!refused.is_not_attempted(), "{refused:?}");
     assert_eq!(server.connections(), 1, "{:?}", server.commands());
+}
+
+/// A token source with a bug.
+struct Panicking;
+
+#[async_trait::async_trait]
+impl TokenSource for Panicking {
+    async fn token(&self) -> Result<AccessToken, SendError> {
+        panic!("a bug in the token source")
+    }
+}
+
+#[tokio::test]
+async fn a_token_source_that_panics_is_answered_as_the_sources_bug_not_a_cancelled_fetch() {
+    let server = offering("AUTH XOAUTH2").await;
+    let smtp = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .timeout(TIMEOUT)
+        .oauth2(USER, std::sync::Arc::new(Panicking))
+        .auth_without_tls()
+        .build()
+        .expect("valid settings");
+
+    let error = smtp.send(&message()).await.expect_err("no token");
+
+    assert_eq!(error.code(), "oauth2.panicked", "{error:?}");
+    assert_eq!(error.category(), Category::Configuration);
 }

@@ -319,6 +319,13 @@ impl fmt::Display for Reach {
     }
 }
 
+#[cfg(test)]
+#[test]
+fn a_reach_says_in_words_whom_a_change_reached() {
+    assert_eq!(Reach::Fleet.to_string(), "every process sharing the store");
+    assert_eq!(Reach::ThisProcess.to_string(), "this process only");
+}
+
 /// The error of a store that cannot isolate or reset a breaker as a whole.
 fn whole_breaker_unsupported<S: fmt::Debug + ?Sized>(store: &S) -> crate::SendError {
     tracing::warn!(store = ?store, "store.isolate_unsupported: this store cannot isolate a breaker as a whole");
