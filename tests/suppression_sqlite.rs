@@ -170,3 +170,28 @@ async fn each_suppressed_recipient_is_counted_by_its_reason() {
         [("bounced".to_owned(), 2), ("complained".to_owned(), 1)]
     );
 }
+
+#[tokio::test]
+async fn an_import_of_more_addresses_than_one_write_takes_adds_and_counts_every_one() {
+    let (list, _folder) = open("import_in_parts").await.expect("SQLite");
+    let csv: String = (0..450).map(|n| format!("many{n}@example.net\n")).collect();
+    list.add(
+        "many7@example.net",
+        mail_breaker::suppression::Reason::Complained,
+    )
+    .await
+    .unwrap();
+
+    let imported = list
+        .import(&csv, mail_breaker::suppression::Reason::Manual)
+        .await
+        .unwrap();
+
+    assert_eq!((imported.read, imported.added), (450, 449));
+    assert!(list.contains("many449@example.net").await.unwrap());
+    assert_eq!(
+        list.get("many7@example.net").await.unwrap().unwrap().reason,
+        mail_breaker::suppression::Reason::Complained,
+        "an address already there is left as it is"
+    );
+}

@@ -621,7 +621,9 @@ impl SuppressionList {
     ///
     /// # Errors
     /// `Import` with the line's number for a line that is no address, a reason the list does
-    /// not know, or a header without an address column: nothing is imported then.
+    /// not know, or a header without an address column: nothing is imported then. A store
+    /// that fails partway (the addresses are written 200 at a time) may have kept the first
+    /// parts: importing the same file again completes it.
     ///
     /// ```
     /// # use mail_breaker::outbox::Outbox;
@@ -651,13 +653,23 @@ impl SuppressionList {
                 until: None,
             })
             .collect();
-        let added = self.store.put(&entries, false).await?;
+        // In parts: one script or statement for a whole export (Postmark's may hold 100,000
+        // addresses) would hold a shared Redis and outlast the store's timeout. An import
+        // cut halfway by an error is taken up again by importing the same file: an address
+        // already there is left as it is.
+        let mut added = 0;
+        for part in entries.chunks(IMPORT_PART) {
+            added += self.store.put(part, false).await?;
+        }
         Ok(Imported {
             read: entries.len(),
             added,
         })
     }
 }
+
+/// How many addresses an import writes in one call to the store.
+const IMPORT_PART: usize = 200;
 
 /// The key of `address`, or why it is none.
 fn key_of(address: &str) -> Result<String, SuppressionError> {
