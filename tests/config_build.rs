@@ -704,3 +704,27 @@ async fn an_existing_outbox_is_opened_only_if_its_file_is_there_and_none_is_made
         .unwrap();
     assert!(without.outbox().is_none(), "existing_outbox adds none");
 }
+
+#[cfg(feature = "webhooks")]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_its_outbox_a_stack_drops_the_suppression_list_kept_in_the_outboxs_database() {
+    let folder = tempfile::tempdir().unwrap();
+    let dsn = format!(
+        "smtp://127.0.0.1:1?outbox=sqlite://{}&suppression=true",
+        folder.path().join("outbox.db").display()
+    );
+
+    let mailer = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .without_outbox()
+        .build_without_worker()
+        .await
+        .expect("no outbox, so no list in its database: nothing to open");
+
+    assert!(mailer.outbox().is_none());
+    assert!(mailer.suppression().is_none());
+    assert!(
+        !folder.path().join("outbox.db").exists(),
+        "no outbox file made for the list"
+    );
+}
