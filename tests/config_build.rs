@@ -714,6 +714,15 @@ async fn without_its_outbox_a_stack_drops_the_suppression_list_kept_in_the_outbo
         folder.path().join("outbox.db").display()
     );
 
+    let with_outbox = Mailer::from_dsn(&dsn)
+        .unwrap()
+        .build_without_worker()
+        .await
+        .expect("an outbox and its list");
+    assert!(with_outbox.suppression().is_some());
+    drop(with_outbox);
+    std::fs::remove_file(folder.path().join("outbox.db")).unwrap();
+
     let mailer = Mailer::from_dsn(&dsn)
         .unwrap()
         .without_outbox()
