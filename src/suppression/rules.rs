@@ -37,7 +37,8 @@ pub(crate) fn time(at: Millis) -> SystemTime {
 }
 
 /// The key an address is kept under: the local part as written (mail servers may tell
-/// `Bob@` from `bob@`, RFC 5321 §2.4) and the domain in lower case (domains have no case).
+/// `Bob@` from `bob@`, RFC 5321 §2.4) and the domain in lower case (domains have no case),
+/// an internationalized domain as its punycode (`bücher.de` is `xn--bcher-kva.de`).
 /// Surrounding spaces and one pair of angle brackets are dropped. `Err` says why it is no
 /// address.
 pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
@@ -62,7 +63,17 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     if bare.len() > 320 {
         return Err("it is longer than an address can be (320 bytes)");
     }
-    Ok(format!("{local}@{}", domain.to_lowercase()))
+    Ok(format!("{local}@{}", domain_key(domain)))
+}
+
+/// A domain as one key whichever way it is written: in ASCII (an internationalized name as
+/// its punycode, as providers report it), lower case. What IDNA cannot read (an address
+/// literal, a name it refuses) is kept in lower case.
+fn domain_key(domain: &str) -> String {
+    match url::Host::parse(domain) {
+        Ok(url::Host::Domain(ascii)) => ascii,
+        _ => domain.to_lowercase(),
+    }
 }
 
 /// What one event asks of the list.
@@ -163,6 +174,20 @@ mod tests {
         assert_ne!(
             address_key("Bob@example.org"),
             address_key("bob@example.org")
+        );
+    }
+
+    #[test]
+    fn a_domain_in_unicode_and_the_same_domain_in_punycode_are_one_address() {
+        // A provider reports the domain as it went over the wire (ASCII, punycode); the
+        // application may hand the message over with the domain in Unicode.
+        assert_eq!(
+            address_key("bob@BÜCHER.de"),
+            address_key("bob@xn--bcher-kva.de")
+        );
+        assert_eq!(
+            address_key("bob@bücher.de").as_deref(),
+            Ok("bob@xn--bcher-kva.de")
         );
     }
 
