@@ -51,6 +51,8 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     let Some((local, domain)) = bare.rsplit_once('@') else {
         return Err("it has no @");
     };
+    // The root's dot names the same domain (`example.org.` is `example.org`).
+    let domain = domain.strip_suffix('.').unwrap_or(domain);
     if local.is_empty() {
         return Err("it has nothing before the @");
     }
@@ -188,6 +190,15 @@ mod tests {
         assert_eq!(
             address_key("bob@bücher.de").as_deref(),
             Ok("bob@xn--bcher-kva.de")
+        );
+    }
+
+    #[test]
+    fn a_domain_written_with_its_root_dot_is_the_same_domain() {
+        // `example.org.` is `example.org` to DNS and to the receiving server.
+        assert_eq!(
+            address_key("bob@Example.org."),
+            address_key("bob@example.org")
         );
     }
 
