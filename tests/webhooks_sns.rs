@@ -614,3 +614,45 @@ async fn sns_validator_and_this_receiver_agree_on_messages_signed_with_versions_
     }
     assert_eq!(sink.events().len(), 2);
 }
+
+#[tokio::test]
+async fn a_certificate_that_cannot_be_fetched_for_now_is_answered_5xx_so_that_sns_sends_it_again() {
+    // SNS takes any answer below 500 as delivered and never resends it: a bounce refused
+    // because this process could not reach AWS for a moment would be lost for good.
+    let Some(sns) = Sns::start(
+        "a_certificate_that_cannot_be_fetched_for_now_is_answered_5xx_so_that_sns_sends_it_again",
+    )
+    .await
+    else {
+        return;
+    };
+    let closed = {
+        let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+        listener.local_addr().unwrap()
+    };
+    let sink = Recorder::new();
+    let unreachable = Webhooks::new(sink.clone())
+        .ses(
+            mail_breaker::webhooks::SnsPolicy::new()
+                .allow_topic(TOPIC)
+                .resolve(webhooks_support::SNS_HOST, closed)
+                .trust_root_pem(&sns.ca_pem)
+                .unwrap()
+                .fetch_timeout(Duration::from_secs(2)),
+        )
+        .router();
+    let envelope = sns.notification(
+        SignatureVersion::V2,
+        "msg-unreachable",
+        BOUNCE,
+        SystemTime::now(),
+    );
+    let (status, body) = post(&unreachable, "/ses", &[], envelope.to_string()).await;
+    assert_eq!(status, StatusCode::SERVICE_UNAVAILABLE, "{body}");
+    assert_eq!(sink.events(), vec![]);
+    // Once AWS answers, the resend is kept.
+    let reachable = router(&sns, &sink, &[]);
+    let (status, body) = post(&reachable, "/ses", &[], envelope.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    assert_eq!(sink.events().len(), 1);
+}

@@ -37,7 +37,8 @@ pub(crate) fn time(at: Millis) -> SystemTime {
 }
 
 /// The key an address is kept under: the local part as written (mail servers may tell
-/// `Bob@` from `bob@`, RFC 5321 §2.4) and the domain in lower case (domains have no case).
+/// `Bob@` from `bob@`, RFC 5321 §2.4) and the domain in lower case (domains have no case),
+/// an internationalized domain as its punycode (`bücher.de` is `xn--bcher-kva.de`).
 /// Surrounding spaces and one pair of angle brackets are dropped. `Err` says why it is no
 /// address.
 pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
@@ -50,6 +51,8 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     let Some((local, domain)) = bare.rsplit_once('@') else {
         return Err("it has no @");
     };
+    // The root's dot names the same domain (`example.org.` is `example.org`).
+    let domain = domain.strip_suffix('.').unwrap_or(domain);
     if local.is_empty() {
         return Err("it has nothing before the @");
     }
@@ -62,7 +65,17 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     if bare.len() > 320 {
         return Err("it is longer than an address can be (320 bytes)");
     }
-    Ok(format!("{local}@{}", domain.to_lowercase()))
+    Ok(format!("{local}@{}", domain_key(domain)))
+}
+
+/// A domain as one key whichever way it is written: in ASCII (an internationalized name as
+/// its punycode, as providers report it), lower case. What IDNA cannot read (an address
+/// literal, a name it refuses) is kept in lower case.
+fn domain_key(domain: &str) -> String {
+    match url::Host::parse(domain) {
+        Ok(url::Host::Domain(ascii)) => ascii,
+        _ => domain.to_lowercase(),
+    }
 }
 
 /// What one event asks of the list.
@@ -162,6 +175,29 @@ mod tests {
         );
         assert_ne!(
             address_key("Bob@example.org"),
+            address_key("bob@example.org")
+        );
+    }
+
+    #[test]
+    fn a_domain_in_unicode_and_the_same_domain_in_punycode_are_one_address() {
+        // A provider reports the domain as it went over the wire (ASCII, punycode); the
+        // application may hand the message over with the domain in Unicode.
+        assert_eq!(
+            address_key("bob@BÜCHER.de"),
+            address_key("bob@xn--bcher-kva.de")
+        );
+        assert_eq!(
+            address_key("bob@bücher.de").as_deref(),
+            Ok("bob@xn--bcher-kva.de")
+        );
+    }
+
+    #[test]
+    fn a_domain_written_with_its_root_dot_is_the_same_domain() {
+        // `example.org.` is `example.org` to DNS and to the receiving server.
+        assert_eq!(
+            address_key("bob@Example.org."),
             address_key("bob@example.org")
         );
     }

@@ -30,6 +30,11 @@ pub(crate) enum Refused {
     /// SNS: the certificate could not be fetched or read.
     #[error("the signing certificate could not be fetched or read")]
     Certificate,
+    /// AWS could not be reached for the signing certificate (a network error, a timeout, a
+    /// `5xx`): the message may be genuine, so it is answered `503` and SNS sends it again
+    /// (SNS takes any answer below `500` as delivered).
+    #[error("the signing certificate could not be fetched for now; send it again")]
+    CertificateUnavailable,
     /// SNS: the topic is not in the allow-list.
     #[error("the topic is not allowed")]
     Topic,
@@ -57,6 +62,9 @@ impl IntoResponse for Refused {
                 self.to_string(),
             )
                 .into_response();
+        }
+        if self == Refused::CertificateUnavailable {
+            return (StatusCode::SERVICE_UNAVAILABLE, self.to_string()).into_response();
         }
         (StatusCode::BAD_REQUEST, self.to_string()).into_response()
     }

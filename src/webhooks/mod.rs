@@ -18,7 +18,9 @@
 //!   `401 Unauthorized`, as HTTP answers credentials.
 //! - `200 OK` once the sink kept the events. A report the provider resends with the same id
 //!   is answered `200` again, and the sink counts it once (see [`EventSink`]'s contract).
-//! - `503 Service Unavailable` when the sink failed, so that the provider sends it again.
+//! - `503 Service Unavailable` when the sink failed, or when AWS could not be reached for an
+//!   SNS signing certificate (SNS takes any answer below `500` as delivered), so that the
+//!   provider sends it again.
 //! - `413 Payload Too Large` for a body past [`Webhooks::body_limit`].
 //!
 //! # Example

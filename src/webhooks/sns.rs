@@ -357,11 +357,19 @@ impl SnsVerifier {
         if let Some(key) = cached {
             return Ok(key);
         }
-        let client = self.client.as_ref().map_err(|_| Refused::Certificate)?;
+        let client = self
+            .client
+            .as_ref()
+            .map_err(|_| Refused::CertificateUnavailable)?;
+        // Not reaching AWS says nothing of the message: answered 5xx, SNS sends it again.
         let response = client.get(url).send().await.map_err(|error| {
             tracing::warn!(%error, url, "the SNS signing certificate could not be fetched");
-            Refused::Certificate
+            Refused::CertificateUnavailable
         })?;
+        if response.status().is_server_error() {
+            tracing::warn!(status = %response.status(), url, "AWS failed to serve the SNS signing certificate");
+            return Err(Refused::CertificateUnavailable);
+        }
         if response.status() != reqwest::StatusCode::OK {
             // A redirect is refused as any other answer: the certificate is where the URL says.
             tracing::warn!(status = %response.status(), url, "the SNS signing certificate was not served");
