@@ -26,7 +26,7 @@
 //! | [`mail_breaker_rate_wait_seconds`](RATE_WAIT_SECONDS) | histogram | `transport` | how long sends waited for their turn at a rate limit |
 //! | [`mail_breaker_rate_per_second`](RATE_PER_SECOND) | gauge | `transport` | the rate a limiter allows now |
 //! | [`mail_breaker_rate_refused_total`](RATE_REFUSED_TOTAL) | counter | `transport` | sends a limiter answered `rate.limited` |
-//! | [`mail_breaker_suppressed_total`](SUPPRESSED_TOTAL) | counter | `reason` | recipients the suppression list held back (`bounced`, `complained`, `manual`) |
+//! | [`mail_breaker_suppressed_total`](SUPPRESSED_TOTAL) | counter | `reason` | recipients the suppression list held back (`bounced`, `complained`, `manual`, and `held` for a while after transient bounces) |
 //! | [`mail_breaker_reputation_tier`](REPUTATION_TIER) | gauge | `member` | a member's reputation tier: 0 healthy, 1 warn, 2 throttle, 3 open |
 //! | [`mail_breaker_reputation_hard_bounce_rate`](REPUTATION_HARD_BOUNCE_RATE) | gauge | `member` | hard bounces over sends in the reputation window |
 //! | [`mail_breaker_reputation_complaint_rate`](REPUTATION_COMPLAINT_RATE) | gauge | `member` | complaints over sends in the reputation window |

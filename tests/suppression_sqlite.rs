@@ -195,3 +195,85 @@ async fn an_import_of_more_addresses_than_one_write_takes_adds_and_counts_every_
         "an address already there is left as it is"
     );
 }
+
+/// A list driven by `clock` on which `held@example.org` is held for 24 hours after three
+/// transient bounces, and `gone@example.org` is suppressed for good.
+async fn with_a_hold(
+    clock: &Clock,
+) -> (
+    mail_breaker::suppression::SuppressionTransport<support::scripted::Scripted>,
+    support::scripted::Scripted,
+    tempfile::TempDir,
+) {
+    let (list, folder) = open("held").await.expect("a list");
+    let list = clock.drive(list);
+    for n in 0..3 {
+        let at = clock.now();
+        list.keep(&[bounce(
+            &format!("t{n}"),
+            BounceKind::Transient,
+            "held@example.org",
+            at,
+        )])
+        .await
+        .unwrap();
+    }
+    list.add(
+        "gone@example.org",
+        mail_breaker::suppression::Reason::Bounced,
+    )
+    .await
+    .unwrap();
+    let provider = support::scripted::Scripted::new("provider");
+    let transport = mail_breaker::suppression::SuppressionTransport::new(provider.clone(), list);
+    (transport, provider, folder)
+}
+
+#[tokio::test]
+async fn a_recipient_held_after_transient_bounces_is_deferred_until_the_hold_ends_not_refused() {
+    use mail_breaker::Transport;
+    let clock = Clock::new();
+    let (transport, provider, _folder) = with_a_hold(&clock).await;
+    clock.advance(std::time::Duration::from_secs(3_600));
+
+    let receipt = transport
+        .send(&to_all(&["held@example.org", "a@example.org"]))
+        .await
+        .expect("a@ is sent");
+
+    assert!(receipt.rejected_recipients().is_empty(), "{receipt:?}");
+    let deferred = receipt.deferred_recipients();
+    assert_eq!(deferred.len(), 1, "{receipt:?}");
+    assert_eq!(deferred[0].0.to_string(), "held@example.org");
+    assert_eq!(deferred[0].1.code(), "suppressed.held");
+    assert!(deferred[0].1.is_retryable());
+    assert_eq!(
+        deferred[0].1.retry_after(),
+        Some(std::time::Duration::from_secs(23 * 3_600)),
+        "until the hold ends"
+    );
+    assert_eq!(provider.sends(), 1);
+}
+
+#[tokio::test]
+async fn a_message_whose_recipients_are_all_held_or_suppressed_waits_for_the_hold_untried() {
+    use mail_breaker::Transport;
+    let clock = Clock::new();
+    let (transport, provider, _folder) = with_a_hold(&clock).await;
+
+    let error = transport
+        .send(&to_all(&["held@example.org", "gone@example.org"]))
+        .await
+        .expect_err("no one to send to now");
+
+    assert_eq!(error.code(), "suppressed.held");
+    assert!(
+        error.is_retryable() && error.is_not_attempted(),
+        "{error:?}"
+    );
+    assert_eq!(
+        error.retry_after(),
+        Some(std::time::Duration::from_secs(24 * 3_600))
+    );
+    assert_eq!(provider.sends(), 0);
+}

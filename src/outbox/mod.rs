@@ -178,6 +178,8 @@ impl DeadLetter {
     /// a dead letter of its own kind, which `mail-breaker outbox requeue --all` and the
     /// operator page do not requeue, since sending it again would be refused again (or, once
     /// the address is removed from the list, should be a person's decision, one at a time).
+    /// Not `suppressed.held`: an address held for a while after transient bounces is no
+    /// refusal, and mail that died waiting for it may be requeued as any other.
     ///
     /// ```
     /// use mail_breaker::outbox::Outbox;
@@ -208,9 +210,25 @@ impl DeadLetter {
     }
 }
 
-/// Whether an error's code says its recipients are suppressed.
+/// Whether an error's code says its recipients are suppressed (for good, not held a while).
 pub(crate) fn is_suppressed_code(code: &str) -> bool {
-    code.starts_with("suppressed.")
+    code.starts_with("suppressed.") && code != "suppressed.held"
+}
+
+#[cfg(test)]
+#[test]
+fn only_a_recipient_suppressed_for_good_makes_a_dead_letter_of_the_suppressed_kind() {
+    for code in [
+        "suppressed.bounced",
+        "suppressed.complained",
+        "suppressed.manual",
+        "suppressed.mixed",
+    ] {
+        assert!(is_suppressed_code(code), "{code}");
+    }
+    for code in ["suppressed.held", "smtp.550", "suppression.unavailable"] {
+        assert!(!is_suppressed_code(code), "{code}");
+    }
 }
 
 impl Outbox {

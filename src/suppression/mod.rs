@@ -8,7 +8,10 @@
 //!   good keeps its first cause.
 //! - **Transient bounces** (and undetermined ones) are counted per address: 3 within 72
 //!   hours (by the provider's times) suppress it for 24 hours from the last of them; then the
-//!   entry expires by itself. A permanent cause replaces such a hold.
+//!   entry expires by itself. A permanent cause replaces such a hold. Mail to a held address
+//!   waits: [`SuppressionTransport`] answers it deferred (`suppressed.held`, retryable, not
+//!   attempted, with the hold's end as its `retry_after`), so an outbox sends it once the hold
+//!   ends.
 //! - Each event is kept once by `(provider, event id, recipient)`: a provider sending a report
 //!   again changes nothing. Ids are remembered for 30 days, far past any provider's resends. [`keep`](EventSink::keep) is one transaction: all of its events
 //!   are kept, with their ids, or none.

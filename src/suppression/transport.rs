@@ -1,7 +1,7 @@
 //! [`SuppressionTransport`]: the list asked before every send, and suppressed recipients
 //! answered without the provider.
 
-use std::time::Duration;
+use std::time::{Duration, SystemTime};
 
 use async_trait::async_trait;
 
@@ -10,6 +10,9 @@ use crate::{Category, Envelope, Receipt, SendError, Transport};
 
 /// How long a message waits when the list cannot be read, before it is tried again.
 const UNREADABLE_WAIT: Duration = Duration::from_secs(5);
+
+/// The code of a recipient held for a while (not suppressed for good).
+const HELD: &str = "suppressed.held";
 
 /// A transport that asks a [`SuppressionList`] about every recipient before `inner` sends.
 ///
@@ -118,27 +121,37 @@ impl<T> SuppressionTransport<T> {
     }
 }
 
-/// The refusal of one suppressed recipient.
-fn suppressed(entry: &Suppression) -> SendError {
+/// What one suppressed recipient is answered at `now`: a refusal for an address suppressed
+/// for good; for one held after repeated transient bounces, a deferral until the hold ends,
+/// so that the message waits (in an outbox) instead of dying of a mailbox full for a day.
+fn suppressed(entry: &Suppression, now: SystemTime) -> SendError {
     let by = entry
         .provider
         .as_deref()
         .map(|provider| format!(" (reported by {provider})"))
         .unwrap_or_default();
-    let hold = if entry.until.is_some() {
-        "held after repeated transient bounces"
-    } else {
-        "on the suppression list"
-    };
-    SendError::new(
-        Category::Rejected,
-        entry.reason.code(),
-        format!(
-            "the recipient is {hold}: {}{by}; not sent to the provider",
-            entry.reason
-        ),
-    )
-    .about_the_message()
+    match entry.until {
+        Some(until) => SendError::new(
+            Category::ServiceUnavailable,
+            HELD,
+            format!(
+                "the recipient is held after repeated transient bounces: {}{by}; not sent to \
+                 the provider before the hold ends",
+                entry.reason
+            ),
+        )
+        .with_retry_after(until.duration_since(now).unwrap_or_default())
+        .not_attempted(),
+        None => SendError::new(
+            Category::Rejected,
+            entry.reason.code(),
+            format!(
+                "the recipient is on the suppression list: {}{by}; not sent to the provider",
+                entry.reason
+            ),
+        )
+        .about_the_message(),
+    }
 }
 
 /// The answer when the list cannot be read: nothing is sent, and the message waits.
@@ -178,6 +191,7 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
         if found.is_empty() {
             return self.inner.send_raw(envelope, raw).await;
         }
+        let now = (self.list.clock)();
         let mut refused = Vec::new();
         let mut others = Vec::new();
         for (to, key) in recipients.iter().zip(&keys) {
@@ -185,7 +199,7 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
                 .as_ref()
                 .and_then(|key| found.iter().find(|entry| entry.address == *key));
             match entry {
-                Some(entry) => refused.push((to.clone(), suppressed(entry))),
+                Some(entry) => refused.push((to.clone(), suppressed(entry, now))),
                 None => others.push(to.clone()),
             }
         }
@@ -195,6 +209,16 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
             ::metrics::counter!(crate::metrics::SUPPRESSED_TOTAL, "reason" => reason).increment(1);
         }
         if others.is_empty() {
+            // A held recipient makes the whole message wait for the earliest hold's end; those
+            // suppressed for good are answered when it is tried again.
+            if let Some(wait) = refused
+                .iter()
+                .filter(|(_, why)| why.code() == HELD)
+                .filter_map(|(_, why)| why.retry_after())
+                .min()
+            {
+                return Err(every_recipient_held(&refused, wait));
+            }
             return Err(every_recipient_suppressed(refused));
         }
         let narrowed = Envelope::new(envelope.from().cloned(), others).map_err(|error| {
@@ -206,13 +230,34 @@ impl<T: Transport> Transport for SuppressionTransport<T> {
         })?;
         let receipt = self.inner.send_raw(&narrowed, raw).await?;
         Ok(refused.into_iter().fold(receipt, |receipt, (to, why)| {
-            receipt.with_rejected_recipient(to, why)
+            if why.code() == HELD {
+                receipt.with_deferred_recipient(to, why)
+            } else {
+                receipt.with_rejected_recipient(to, why)
+            }
         }))
     }
 
     async fn verify(&self) -> Result<(), SendError> {
         self.inner.verify().await
     }
+}
+
+/// The answer when no recipient may be sent to now and some are only held: the message waits
+/// `wait`, the earliest hold's end, untried.
+fn every_recipient_held(refused: &[(lettre::Address, SendError)], wait: Duration) -> SendError {
+    let held = refused.iter().filter(|(_, why)| why.code() == HELD).count();
+    SendError::new(
+        Category::ServiceUnavailable,
+        HELD,
+        format!(
+            "no recipient may be sent to now: {held} held after repeated transient bounces, \
+             the others suppressed; nothing was sent to the provider"
+        ),
+    )
+    .with_retry_after(wait)
+    .not_attempted()
+    .with_causes(refused.iter().map(|(_, why)| why.clone()).collect())
 }
 
 /// The answer when every recipient is suppressed: their shared reason's code (or
