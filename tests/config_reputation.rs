@@ -98,3 +98,52 @@ async fn a_reputation_window_too_small_for_its_minimum_volume_is_an_error_naming
         .unwrap_err();
     assert_eq!(error.setting(), "member[0].reputation.window_sends");
 }
+
+#[path = "../examples/support/mod.rs"]
+mod embedded;
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_configured_members_mail_is_held_once_its_reputation_breaker_opens() {
+    use mail_breaker::Transport;
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    let server = embedded::EmbeddedSmtp::start();
+    let mailer = Mailer::from_dsn(&format!(
+        "smtp://127.0.0.1:{}?name=relay&reputation.window_sends=100&reputation.buckets=10\
+         &reputation.hard_bounces.min_sends=2&reputation.complaints.min_sends=2",
+        server.port()
+    ))
+    .unwrap()
+    .build()
+    .await
+    .unwrap();
+    let message = || {
+        mail_breaker::Message::builder()
+            .from("app@example.com".parse().unwrap())
+            .to("user@example.org".parse().unwrap())
+            .body(String::from("hello"))
+            .unwrap()
+    };
+    for _ in 0..2 {
+        mailer.send(&message()).await.expect("healthy: sent");
+    }
+    let breaker = mailer.reputation("relay").expect("a reputation breaker");
+    let mut bounce = DeliveryEvent::new(
+        Provider::Ses,
+        "bounce-1",
+        EventKind::Bounced {
+            bounce: BounceKind::Permanent,
+            subtype: None,
+        },
+        "user@example.org",
+        std::time::SystemTime::now(),
+    );
+    bounce.member = Some("relay".into());
+    breaker.record(&[bounce]).await.unwrap();
+    assert_eq!(breaker.tier(), Tier::Open, "one hard bounce in two sends");
+
+    let held = mailer.send(&message()).await.expect_err("held");
+
+    assert_eq!(held.code(), "reputation.open");
+    assert!(held.is_reputation_hold());
+    assert_eq!(server.accepted(), 2, "nothing more reached the provider");
+}
