@@ -218,6 +218,49 @@ async fn two_mailers_on_one_redis_share_their_breakers() {
     assert_eq!(server.accepted(), 0);
 }
 
+#[cfg(all(feature = "redis", feature = "webhooks"))]
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_mailers_on_one_redis_share_their_members_reputation() {
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    let Some(redis) = support::redis::RedisServer::start("config_shared_reputation") else {
+        return;
+    };
+    let server = EmbeddedSmtp::start();
+    let dsn = format!(
+        "{}?name=relay&redis={}&redis.namespace=config-reputation\
+         &reputation.window_sends=100&reputation.buckets=10\
+         &reputation.hard_bounces.min_sends=2&reputation.complaints.min_sends=2",
+        smtp(&server),
+        redis.url()
+    );
+    let one = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    let other = Mailer::from_dsn(&dsn).unwrap().build().await.unwrap();
+    for _ in 0..2 {
+        one.send(&message()).await.expect("healthy: sent");
+    }
+    let mut bounce = DeliveryEvent::new(
+        Provider::Ses,
+        "bounce-1",
+        EventKind::Bounced {
+            bounce: BounceKind::Permanent,
+            subtype: None,
+        },
+        "user@example.org",
+        std::time::SystemTime::now(),
+    );
+    bounce.member = Some("relay".into());
+    one.reputation("relay")
+        .unwrap()
+        .record(&[bounce])
+        .await
+        .unwrap();
+
+    let held = other.send(&message()).await.unwrap_err();
+
+    assert_eq!(held.code(), "reputation.open", "{held}");
+    assert_eq!(server.accepted(), 2);
+}
+
 #[cfg(feature = "redis")]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_redis_that_does_not_answer_does_not_stop_the_mailer_from_sending() {
