@@ -79,6 +79,18 @@ fn a_reputation_rate_must_be_a_percentage_above_zero_and_at_most_a_hundred() {
 }
 
 #[tokio::test]
+async fn a_reputation_rate_of_a_hundred_percent_is_the_highest_taken() {
+    let mailer =
+        Mailer::from_dsn("smtp://relay.example.com?name=relay&reputation.hard_bounces.open=100%25")
+            .expect("100% is at most a hundred")
+            .build()
+            .await
+            .unwrap();
+    let rules = mailer.reputation("relay").expect("a breaker").rules();
+    assert_eq!(rules.hard_bounces.open, 1_000_000);
+}
+
+#[tokio::test]
 async fn reputation_thresholds_that_do_not_rise_are_an_error_naming_the_rate() {
     let error = Mailer::from_dsn("smtp://relay.example.com?reputation.hard_bounces.open=2.5%25")
         .unwrap()
