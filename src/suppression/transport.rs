@@ -20,7 +20,13 @@ const HELD: &str = "suppressed.held";
 ///   (`suppressed.bounced`, `suppressed.complained`, `suppressed.manual`) in the receipt's
 ///   [`rejected_recipients`](Receipt::rejected_recipients), and `inner` never hears of it:
 ///   the message goes to the others alone.
-/// - When every recipient is suppressed, `inner` is not called at all: the answer is `Err`,
+/// - A recipient only held for a while (after repeated transient bounces) is deferred, not
+///   refused: `suppressed.held`, `ServiceUnavailable`, not attempted, with the hold's end as
+///   its `retry_after`, in the receipt's
+///   [`deferred_recipients`](Receipt::deferred_recipients); an outbox sends it once the hold
+///   ends. When no recipient may be sent to now and one of them is held, the whole message
+///   waits: `Err` `suppressed.held`, not attempted, until the earliest hold ends.
+/// - When every recipient is suppressed for good, `inner` is not called at all: the answer is `Err`,
 ///   `Rejected` and [about the message](SendError::is_about_the_message) (a pool passes no
 ///   member over for it, an outbox makes it a dead letter at once), coded as the
 ///   recipients' reason when they share one (`suppressed.mixed` when not), with one cause
