@@ -79,15 +79,18 @@ fn a_reputation_rate_must_be_a_percentage_above_zero_and_at_most_a_hundred() {
 }
 
 #[tokio::test]
-async fn a_reputation_rate_of_a_hundred_percent_is_the_highest_taken() {
-    let mailer =
-        Mailer::from_dsn("smtp://relay.example.com?name=relay&reputation.hard_bounces.open=100%25")
-            .expect("100% is at most a hundred")
-            .build()
-            .await
-            .unwrap();
+async fn a_reputation_rate_is_taken_from_one_part_per_million_to_a_hundred_percent() {
+    let mailer = Mailer::from_dsn(
+        "smtp://relay.example.com?name=relay&reputation.hard_bounces.open=100%25\
+         &reputation.complaints.warn=0.0001%25",
+    )
+    .expect("100% is at most a hundred, 0.0001% is one part per million")
+    .build()
+    .await
+    .unwrap();
     let rules = mailer.reputation("relay").expect("a breaker").rules();
     assert_eq!(rules.hard_bounces.open, 1_000_000);
+    assert_eq!(rules.complaints.warn, 1);
 }
 
 #[tokio::test]
