@@ -221,7 +221,7 @@ async fn two_mailers_on_one_redis_share_their_breakers() {
 #[cfg(all(feature = "redis", feature = "webhooks"))]
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_mailers_on_one_redis_share_their_members_reputation() {
-    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    use mail_breaker::events::BounceKind;
     let Some(redis) = support::redis::RedisServer::start("config_shared_reputation") else {
         return;
     };
@@ -238,13 +238,9 @@ async fn two_mailers_on_one_redis_share_their_members_reputation() {
     for _ in 0..2 {
         one.send(&message()).await.expect("healthy: sent");
     }
-    let mut bounce = DeliveryEvent::new(
-        Provider::Ses,
+    let mut bounce = support::suppression_rules::bounce(
         "bounce-1",
-        EventKind::Bounced {
-            bounce: BounceKind::Permanent,
-            subtype: None,
-        },
+        BounceKind::Permanent,
         "user@example.org",
         std::time::SystemTime::now(),
     );

@@ -473,20 +473,8 @@ async fn a_failed_token_fetch_is_remembered_so_a_thousand_sends_ask_the_endpoint
 
 #[tokio::test]
 async fn a_530_to_mail_from_on_a_reused_oauth_session_logs_in_afresh_on_a_new_connection() {
-    let mails = std::sync::Arc::new(AtomicUsize::new(0));
-    let counted = std::sync::Arc::clone(&mails);
-    let server = RawSmtp::start(b"220 raw.test ESMTP\r\n".to_vec(), move |command| {
-        match command {
-            "EHLO" => Answer::Say(b"250-raw.test\r\n250 AUTH XOAUTH2\r\n".to_vec()),
-            "AUTH" => Answer::Say(b"235 2.7.0 ok\r\n".to_vec()),
-            // The second transaction, on the kept session: its token expired meanwhile.
-            "MAIL" if counted.fetch_add(1, Ordering::SeqCst) == 1 => {
-                Answer::Say(b"530 5.7.57 Client not authenticated\r\n".to_vec())
-            }
-            other => Answer::healthy(other),
-        }
-    })
-    .await;
+    // The second transaction, on the kept session: its token expired meanwhile.
+    let server = second_mail_answered(b"530 5.7.57 Client not authenticated\r\n").await;
     let source = Scripted::new(&["first-token", "second-token"]);
     let smtp = in_clear(&server, source.clone(), None)
         .auth_without_tls()
