@@ -37,7 +37,7 @@
 //! why. (Doc links may point anywhere.)
 //!
 //! In one line: core (machine, transport, receipt and error, time) → stores → the breaker's
-//! shell → wrappers (pool, retry, cascade, rate) → adapters → outbox → configuration → the
+//! shell → wrappers (pool, retry, cascade, rate) → adapters and webhooks → outbox → configuration → the
 //! command and the page (bin, admin).
 //!
 //! | floor | modules | what stands there |
@@ -46,10 +46,10 @@
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
 //! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate`, `reputation` | transports around transports: failover and round robin, retries, rate limits, a member held back for its reputation |
-//! | 5. the adapters | `adapters`, `oauth` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login |
+//! | 5. the adapters | `adapters`, `oauth`, `webhooks` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login; the providers' webhooks, received and verified (an axum router) |
 //! | 6. the outbox | `outbox`, `suppression` | mail kept in a database until a provider takes it; the addresses no mail goes to, kept in the same database (or Redis) |
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |
-//! | 8. the command, the page and the guide | `bin`, `admin`, `guide`, `webhooks` | what an operator runs and reads; the providers' webhooks, received (an axum router beside the page); the user's manual (text only) |
+//! | 8. the command, the page and the guide | `bin`, `admin`, `guide` | what an operator runs and reads; the user's manual (text only) |
 #![warn(missing_docs)]
 // docs.rs (nightly, `--cfg docsrs`) marks each item with the features it needs.
 #![cfg_attr(docsrs, feature(doc_cfg))]
