@@ -1443,6 +1443,66 @@ async fn after_ten_wrong_credentials_from_one_peer_its_further_attempts_are_429_
     assert_eq!(later.status(), StatusCode::OK, "held back for ever");
 }
 
+/// A GET of `/api/breakers` from `peer` with `authorization`, which a proxy forwarded for
+/// the client `forwarded_for` (its `X-Forwarded-For`).
+fn forwarded(peer: &str, forwarded_for: &str, authorization: &str) -> Request<Body> {
+    let mut request = from_peer(peer, authorization);
+    request.headers_mut().insert(
+        "x-forwarded-for",
+        header::HeaderValue::from_str(forwarded_for).unwrap(),
+    );
+    request
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_client_alone() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let proxy = "10.0.0.5:50000";
+    let admin = Admin::new(mailer)
+        .credential(Credential::user("ops", password).unwrap())
+        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
+    let router = admin.router();
+    for guess in 0..10 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        // The guesser's own claim (left) is not believed: the proxy's entry (right) is.
+        let answer = call(&router, forwarded(proxy, "192.0.2.99, 203.0.113.7", &wrong)).await;
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {guess}");
+    }
+    let right = basic("ops", password);
+    let guesser = call(&router, forwarded(proxy, "203.0.113.7", &right)).await;
+    assert_eq!(guesser.status(), StatusCode::TOO_MANY_REQUESTS);
+    let operator = call(&router, forwarded(proxy, "198.51.100.1", &right)).await;
+    assert_eq!(
+        operator.status(),
+        StatusCode::OK,
+        "another client of the same proxy is not held back"
+    );
+}
+
+#[tokio::test]
+async fn a_forwarded_for_header_from_a_peer_that_is_not_a_trusted_proxy_changes_nothing() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let admin = Admin::new(mailer)
+        .credential(Credential::user("ops", password).unwrap())
+        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
+    let router = admin.router();
+    let guesser = "203.0.113.7:40000";
+    for guess in 0..10 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        // A new address claimed each time: were it believed, no count would reach ten.
+        let claim = format!("198.51.100.{guess}");
+        let answer = call(&router, forwarded(guesser, &claim, &wrong)).await;
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {guess}");
+    }
+    let right = basic("ops", password);
+    let held = call(&router, forwarded(guesser, "198.51.100.200", &right)).await;
+    assert_eq!(held.status(), StatusCode::TOO_MANY_REQUESTS);
+}
+
 /// Every field of every event logged while `during` runs, as its value reads.
 async fn logged_fields(during: impl std::future::Future<Output = ()>) -> Vec<String> {
     use tracing_subscriber::layer::SubscriberExt as _;

@@ -387,6 +387,59 @@ fn behind_a_tls_proxy_every_request_needs_the_credential_from_the_file() {
     assert!(breakers.contains("relay"), "{breakers}");
 }
 
+/// Hostile review 3 of issue 63: behind a proxy every request comes from the proxy's
+/// address; with `--trusted-proxy` one client's wrong credentials hold back that client,
+/// named by the proxy's `X-Forwarded-For`, and not everyone behind the proxy.
+#[test]
+fn behind_a_trusted_proxy_ten_wrong_credentials_hold_back_their_client_alone() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--behind-tls-proxy",
+            "--trusted-proxy",
+            "127.0.0.1",
+            "--dsn",
+            DSN,
+        ],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
+    );
+    let port = port_of(&url.expect("serve started"));
+    let host = format!("127.0.0.1:{port}");
+    let wrong = "Bearer a-wrong-token-of-enough-length";
+    for guess in 0..10 {
+        let (status, _) = send(
+            port,
+            "GET",
+            "/api/breakers",
+            &[
+                ("Host", &host),
+                ("Authorization", wrong),
+                ("X-Forwarded-For", "203.0.113.7"),
+            ],
+            "",
+        );
+        assert_eq!(status, 401, "guess {guess}");
+    }
+    let bearer = format!("Bearer {TOKEN}");
+    let from = |client: &str| {
+        send(
+            port,
+            "GET",
+            "/api/breakers",
+            &[
+                ("Host", &host),
+                ("Authorization", &bearer),
+                ("X-Forwarded-For", client),
+            ],
+            "",
+        )
+        .0
+    };
+    assert_eq!(from("203.0.113.7"), 429, "the guesser is held back");
+    assert_eq!(from("198.51.100.1"), 200, "another client is not");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn over_tls_the_page_answers_https_with_the_user_and_password_from_the_environment() {
     let Some(certificates) = support::test_certs::TestCertificates::make("cli_serve_tls") else {

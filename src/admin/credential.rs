@@ -2,7 +2,7 @@
 //! request ([`Admin::credential`](super::Admin::credential)).
 
 use std::fmt;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::Arc;
 
 use axum::extract::{ConnectInfo, Request};
@@ -174,13 +174,16 @@ impl fmt::Debug for Credential {
 pub(crate) async fn required(
     credential: Arc<Credential>,
     throttle: Arc<Throttle>,
+    proxies: Arc<[IpAddr]>,
     request: Request,
     next: Next,
 ) -> Response {
     let peer = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(address)| address.ip());
+        .map(|ConnectInfo(address)| {
+            super::throttle::client(address.ip(), request.headers(), &proxies)
+        });
     let now = Instant::now();
     if let Some(wait) = throttle.held(peer, now) {
         // Whatever it carries: a guess answered 200 here would let the guessing go on.

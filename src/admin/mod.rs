@@ -109,6 +109,9 @@ pub(crate) struct Shared {
     pub(crate) hosts: Option<Vec<String>>,
     /// What every request must carry, if anything.
     pub(crate) credential: Option<Arc<Credential>>,
+    /// The reverse proxies whose `X-Forwarded-For` names the client a wrong credential is
+    /// counted against.
+    pub(crate) trusted_proxies: Arc<[std::net::IpAddr]>,
     /// The origin the page is served under behind a proxy (`https://ops.example.com`), as a
     /// browser's `Origin` names it.
     pub(crate) public_origin: Option<String>,
@@ -146,6 +149,7 @@ impl Admin {
             chart_every: chart::EVERY,
             hosts: None,
             credential: None,
+            trusted_proxies: Arc::from([]),
             public_origin: None,
             scheme: None,
             history: Mutex::new(VecDeque::new()),
@@ -257,6 +261,35 @@ impl Admin {
         })
     }
 
+    /// The addresses of the reverse proxies in front of the page. A wrong credential that
+    /// comes through one is counted against the client the proxy names: the rightmost
+    /// address of `X-Forwarded-For` that is not itself one of these proxies (the entries to
+    /// its left are the client's own claims, which anyone can write). Without it, every
+    /// request through a proxy comes from the proxy's address, and ten wrong credentials
+    /// from one client hold back everyone behind it. List only proxies that append the
+    /// address they were reached from to `X-Forwarded-For` (nginx's
+    /// `$proxy_add_x_forwarded_for`); the header from any other peer is ignored, and a
+    /// request from a proxy without a readable one is counted against the proxy.
+    ///
+    /// ```no_run
+    /// # use std::sync::Arc;
+    /// # fn run(mailer: Arc<mail_breaker::Mailer>) {
+    /// use std::net::{IpAddr, Ipv4Addr};
+    ///
+    /// let proxy = IpAddr::V4(Ipv4Addr::new(10, 0, 0, 5));
+    /// let admin = mail_breaker::admin::Admin::new(mailer).trusted_proxies([proxy]);
+    /// # }
+    /// ```
+    pub fn trusted_proxies(self, proxies: impl IntoIterator<Item = std::net::IpAddr>) -> Admin {
+        Admin::with(Shared {
+            trusted_proxies: proxies
+                .into_iter()
+                .map(|proxy| proxy.to_canonical())
+                .collect(),
+            ..self.settings()
+        })
+    }
+
     /// The origin the page is served under (`https://ops.example.com`, or with its port),
     /// for a page behind a reverse proxy: a form POSTed from it may act even when the proxy
     /// sends the page another `Host` (nginx sends its upstream's name unless told
@@ -309,6 +342,7 @@ impl Admin {
             chart_every: shared.chart_every,
             hosts: shared.hosts.clone(),
             credential: shared.credential.clone(),
+            trusted_proxies: Arc::clone(&shared.trusted_proxies),
             public_origin: shared.public_origin.clone(),
             scheme: shared.scheme,
             history: Mutex::new(VecDeque::new()),
@@ -374,10 +408,12 @@ impl Admin {
             Some(credential) => {
                 let credential = Arc::clone(credential);
                 let throttle = Arc::new(throttle::Throttle::default());
+                let proxies = Arc::clone(&self.shared.trusted_proxies);
                 routes.layer(axum::middleware::from_fn(move |request, next| {
                     credential::required(
                         Arc::clone(&credential),
                         Arc::clone(&throttle),
+                        Arc::clone(&proxies),
                         request,
                         next,
                     )

@@ -13,6 +13,7 @@ use std::net::IpAddr;
 use std::sync::{Mutex, PoisonError};
 use std::time::Duration;
 
+use axum::http::HeaderMap;
 use tokio::time::Instant;
 
 /// The wrong credentials a peer may send within [`WINDOW`] before it is held back.
@@ -122,6 +123,45 @@ pub(crate) fn peer_of(address: IpAddr) -> IpAddr {
             None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
         },
     }
+}
+
+/// The client a request from `peer` is counted as: `peer` itself, unless it is one of the
+/// trusted `proxies` ([`Admin::trusted_proxies`](super::Admin::trusted_proxies)); then the
+/// rightmost address of `X-Forwarded-For` that is not itself a trusted proxy (the address the
+/// outermost trusted proxy was reached from: the entries to its left are the client's own
+/// claims), or `peer` when the header names none it can read.
+pub(crate) fn client(peer: IpAddr, headers: &HeaderMap, proxies: &[IpAddr]) -> IpAddr {
+    let trusted = |address: IpAddr| proxies.contains(&address.to_canonical());
+    if !trusted(peer) {
+        return peer;
+    }
+    let values: Vec<_> = headers.get_all("x-forwarded-for").iter().collect();
+    for value in values.into_iter().rev() {
+        let Ok(value) = value.to_str() else {
+            return peer;
+        };
+        for hop in value.rsplit(',') {
+            match hop_address(hop.trim()) {
+                Some(address) if trusted(address) => {}
+                Some(address) => return address,
+                // Unreadable: whom it names cannot be told, so the proxy answers for it.
+                None => return peer,
+            }
+        }
+    }
+    peer
+}
+
+/// The address of one `X-Forwarded-For` entry: `192.0.2.1`, `2001:db8::1`, or either with
+/// a port (`192.0.2.1:4000`, `[2001:db8::1]:4000`).
+fn hop_address(hop: &str) -> Option<IpAddr> {
+    hop.parse::<IpAddr>()
+        .or_else(|_| {
+            hop.parse::<std::net::SocketAddr>()
+                .map(|address| address.ip())
+        })
+        .ok()
+        .map(|address| address.to_canonical())
 }
 
 /// Drops every entry that no longer counts, and if none did, the one whose first wrong
@@ -271,5 +311,72 @@ mod tests {
         }
         throttle.wrong(v4(1), now + WINDOW);
         assert_eq!(throttle.len(), PEERS_AT_MOST / 2 + 1);
+    }
+
+    fn forwarded(values: &[&str]) -> HeaderMap {
+        let mut headers = HeaderMap::new();
+        for value in values {
+            headers.append("x-forwarded-for", value.parse().unwrap());
+        }
+        headers
+    }
+
+    fn ip(text: &str) -> IpAddr {
+        text.parse().unwrap()
+    }
+
+    #[test]
+    fn a_peer_that_is_no_trusted_proxy_is_its_own_client_whatever_it_forwards() {
+        let proxies = [ip("10.0.0.5")];
+        let headers = forwarded(&["198.51.100.1"]);
+        assert_eq!(
+            client(ip("203.0.113.7"), &headers, &proxies),
+            ip("203.0.113.7")
+        );
+    }
+
+    #[test]
+    fn through_a_trusted_proxy_the_client_is_the_rightmost_address_that_is_no_proxy() {
+        let proxies = [ip("10.0.0.5"), ip("10.0.0.6")];
+        let headers = forwarded(&["192.0.2.99, 203.0.113.7", "10.0.0.6"]);
+        assert_eq!(
+            client(ip("10.0.0.5"), &headers, &proxies),
+            ip("203.0.113.7")
+        );
+        let with_ports = forwarded(&["[2001:db8::1]:4000, 198.51.100.1:4000"]);
+        assert_eq!(
+            client(ip("10.0.0.5"), &with_ports, &proxies),
+            ip("198.51.100.1")
+        );
+        let mapped = forwarded(&["203.0.113.8"]);
+        assert_eq!(
+            client(ip("::ffff:10.0.0.5"), &mapped, &proxies),
+            ip("203.0.113.8"),
+            "a proxy's IPv4 address mapped into IPv6 is the proxy"
+        );
+    }
+
+    #[test]
+    fn a_trusted_proxys_request_without_a_readable_client_counts_against_the_proxy() {
+        let proxies = [ip("10.0.0.5")];
+        for values in [
+            &[][..],
+            &["unknown"],
+            &["203.0.113.7, garbage"],
+            &["10.0.0.5"],
+        ] {
+            let headers = forwarded(values);
+            assert_eq!(
+                client(ip("10.0.0.5"), &headers, &proxies),
+                ip("10.0.0.5"),
+                "{values:?}"
+            );
+        }
+        let mut opaque = HeaderMap::new();
+        opaque.insert(
+            "x-forwarded-for",
+            axum::http::HeaderValue::from_bytes(b"203.0.113.7\xff").unwrap(),
+        );
+        assert_eq!(client(ip("10.0.0.5"), &opaque, &proxies), ip("10.0.0.5"));
     }
 }

@@ -22,6 +22,9 @@
 //! over TLS: `--tls-cert`/`--tls-key`, or `--behind-tls-proxy` when a proxy in front
 //! terminates it. Behind a proxy, `--public-origin` names the origin the browser sees; a
 //! form posted from the same host under the other scheme than the browser's is refused.
+//! Ten wrong credentials within a minute hold their address back for five minutes; behind a
+//! proxy, `--trusted-proxy ADDR` counts them against the client the proxy names in
+//! `X-Forwarded-For` instead of the proxy, which would hold back everyone behind it.
 //!
 //! With receivers configured (`webhooks.*`), it also serves them at `/webhooks/{provider}`
 //! (`/webhooks/ses`, `/webhooks/resend`...), outside the page's host, token, origin and
@@ -40,7 +43,7 @@
 //! the oldest of the address with the most let go for a new one, so that connections that
 //! never finish theirs keep no one out.
 
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
@@ -89,11 +92,22 @@ pub struct ServeArgs {
     /// forms posted from it may act whatever `Host` the proxy sends.
     #[arg(long, value_name = "URL")]
     public_origin: Option<String>,
+    /// The address of a reverse proxy in front of the page (may be given several times): a
+    /// wrong credential through it counts against the client the proxy names in
+    /// X-Forwarded-For, so that one client's guesses do not hold back everyone behind it.
+    #[arg(long, value_name = "ADDR")]
+    trusted_proxy: Vec<IpAddr>,
     /// Serve only the webhook receivers (`/webhooks/{provider}`, configured by `webhooks.*`),
     /// without the page: no credential needed; TLS or --behind-tls-proxy off loopback.
     #[arg(
         long,
-        conflicts_with_all = ["read_only", "allow_host", "credential_file", "public_origin"]
+        conflicts_with_all = [
+            "read_only",
+            "allow_host",
+            "credential_file",
+            "public_origin",
+            "trusted_proxy"
+        ]
     )]
     webhooks_only: bool,
 }
@@ -112,6 +126,7 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     // origin, a TLS proxy or a host that is not loopback says requests come from off it.
     let behind_proxy = args.public_origin.is_some()
         || args.behind_tls_proxy
+        || !args.trusted_proxy.is_empty()
         || args.allow_host.iter().any(|host| !is_loopback_host(host));
     let public = !args.listen.ip().is_loopback() || behind_proxy;
     let origin_host = match &args.public_origin {
@@ -187,6 +202,9 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     }
     if let Some(credential) = credential {
         admin = admin.credential(credential);
+    }
+    if !args.trusted_proxy.is_empty() {
+        admin = admin.trusted_proxies(args.trusted_proxy.iter().copied());
     }
     // What the browser sees: a form posted from the same host under the other scheme is
     // another site's.
