@@ -308,12 +308,14 @@ impl SmtpTransport {
     }
 
     /// The answer of a send whose deadline (an outbox worker's `send_timeout`) came while it
-    /// waited for a connection: its turn, or a connect. Nothing of the message went.
+    /// waited for a connection: its turn, a connect, or the login's token. Nothing of the
+    /// message went.
     fn past_deadline(&self) -> SendError {
         SendError::fixed(
             Category::Timeout,
             "smtp.deadline",
-            "the send's deadline came while it waited for a connection; nothing was sent",
+            "the send's deadline came while it waited for a connection (its turn, a connect \
+             or a login's token); nothing was sent",
         )
         .with_transport(&self.name)
         .not_attempted()
