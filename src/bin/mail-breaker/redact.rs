@@ -4,7 +4,8 @@
 //! line: every byte the command prints (tables, JSON, errors, `--verbose` logs) goes through
 //! [`Secrets::redact`], with the secrets read from the DSN or TOML text itself: a URL's
 //! password (and the whole user part for API keys: `postmark://KEY@default`), a query or
-//! TOML value whose name says secret, token, password or key, the value of each `${NAME}`
+//! TOML value whose name says secret, token, password or key (in any table, inline table or
+//! dotted key, as written and as TOML decodes it), the value of each `${NAME}`
 //! the text reads from the environment, and SES's keys from the environment.
 
 use std::borrow::Cow;
@@ -49,6 +50,7 @@ impl Secrets {
         for text in texts {
             url_secrets(text, &mut found);
             named_secrets(text, &mut found);
+            toml_secrets(text, &mut found);
             environment_secrets(text, &mut found);
         }
         for name in SECRET_VARIABLES {
@@ -147,12 +149,42 @@ fn url_secrets(text: &str, found: &mut Vec<String>) {
     }
 }
 
+/// Whether a query option or TOML key named `name` holds a secret.
+fn secret_name(name: &str) -> bool {
+    let name = name.trim().trim_matches(['"', '\'']).to_ascii_lowercase();
+    SECRET_WORDS.iter().any(|word| name.contains(word))
+}
+
+/// The string values of a TOML document under a key whose name says secret, at any depth
+/// (tables, inline tables, dotted keys, arrays of tables), as TOML decodes them (escapes,
+/// literal and multi-line strings): what a line-by-line reading misses. A URL is no secret
+/// by its key's name (`token_url`): its password is found as any URL's.
+fn toml_secrets(text: &str, found: &mut Vec<String>) {
+    fn walk(value: &toml::Value, secret: bool, found: &mut Vec<String>) {
+        match value {
+            toml::Value::String(text) if secret && !text.contains("://") => {
+                found.push(text.clone());
+            }
+            toml::Value::Array(items) => {
+                for item in items {
+                    walk(item, secret, found);
+                }
+            }
+            toml::Value::Table(table) => {
+                for (name, value) in table {
+                    walk(value, secret || secret_name(name), found);
+                }
+            }
+            _ => {}
+        }
+    }
+    if let Ok(document) = text.parse::<toml::Table>() {
+        walk(&toml::Value::Table(document), false, found);
+    }
+}
+
 /// Values of query options and TOML keys whose name says they are secret.
 fn named_secrets(text: &str, found: &mut Vec<String>) {
-    let secret_name = |name: &str| {
-        let name = name.trim().trim_matches('"').to_ascii_lowercase();
-        SECRET_WORDS.iter().any(|word| name.contains(word))
-    };
     // Query options: `name=value` after `?` or `&`.
     for piece in text.split(['?', '&']).skip(1) {
         if let Some((name, value)) = piece.split_once('=') {
@@ -286,6 +318,26 @@ mod tests {
             "[[member]]\nurl = \"smtp://h\"\napi_token = \"tok-999\"\n",
         ]);
         assert_eq!(secrets.redact("abcdef tok-999 xoauth2"), "*** *** xoauth2");
+    }
+
+    #[test]
+    fn a_secret_in_an_inline_table_a_dotted_key_or_an_escaped_string_is_hidden() {
+        let secrets = Secrets::from_texts([concat!(
+            "[webhooks]\n",
+            "resend = { secret = \"whsec_inline1\", other = 1 }\n",
+            "postmark = { user = \"hooks\", password = 'pm-inline-2' }\n",
+            "mailgun.signing_key = \"mg-dotted-3\"\n",
+            "[webhooks.sendgrid]\n",
+            "public_key = \"sg\\u0041-escaped\"\n",
+            "[[member]]\n",
+            "url = \"smtp://h\"\n",
+            "oauth2 = { client_id = \"app\", client_secret = \"\"\"multi-line-4\"\"\" }\n",
+        )]);
+        assert_eq!(
+            secrets
+                .redact("whsec_inline1 pm-inline-2 mg-dotted-3 sgA-escaped multi-line-4 hooks app"),
+            "*** *** *** *** *** hooks app"
+        );
     }
 
     #[test]
