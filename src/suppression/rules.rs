@@ -59,13 +59,32 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     if domain.is_empty() {
         return Err("it has no domain after the @");
     }
-    if bare.chars().any(|c| c.is_whitespace() || c.is_control()) {
+    // A quoted local part (`"john doe"@`) may hold spaces; nothing else may.
+    let quoted = local
+        .strip_prefix('"')
+        .and_then(|inner| inner.strip_suffix('"'));
+    let spaced = |text: &str| text.chars().any(char::is_whitespace);
+    if bare.chars().any(char::is_control) || spaced(domain) || (quoted.is_none() && spaced(local)) {
         return Err("it holds a space or a control character");
     }
     if bare.len() > 320 {
         return Err("it is longer than an address can be (320 bytes)");
     }
+    // `"bob.smith"@` is `bob.smith@`: quotes around what needs none are dropped.
+    let local = match quoted {
+        Some(inner) if is_dot_atom(inner) => inner,
+        _ => local,
+    };
     Ok(format!("{local}@{}", domain_key(domain)))
+}
+
+/// Whether `text` is a local part that needs no quotes (RFC 5321's dot-string, with the
+/// non-ASCII letters of RFC 6531): atoms of letters, digits and ``!#$%&'*+-/=?^_`{|}~``
+/// joined by single dots.
+fn is_dot_atom(text: &str) -> bool {
+    let atom_char = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~".contains(c);
+    text.split('.')
+        .all(|atom| !atom.is_empty() && atom.chars().all(atom_char))
 }
 
 /// A domain as one key whichever way it is written: in ASCII (an internationalized name as
@@ -200,6 +219,29 @@ mod tests {
             address_key("bob@Example.org."),
             address_key("bob@example.org")
         );
+    }
+
+    #[test]
+    fn a_quoted_local_part_may_hold_spaces_and_one_that_needs_no_quotes_is_the_bare_one() {
+        assert_eq!(
+            address_key("\"john doe\"@Example.org").as_deref(),
+            Ok("\"john doe\"@example.org")
+        );
+        assert_eq!(
+            address_key("\"bob.smith\"@example.org"),
+            address_key("bob.smith@example.org")
+        );
+        assert_eq!(
+            address_key("\"a@b\"@example.org").as_deref(),
+            Ok("\"a@b\"@example.org")
+        );
+        for text in [
+            "\"john\tdoe\"@example.org",
+            "\"john doe@example.org",
+            "jo hn\"@example.org",
+        ] {
+            assert!(address_key(text).is_err(), "{text:?}");
+        }
     }
 
     #[test]
