@@ -60,6 +60,9 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
             )
         })?;
         let reason = match reason_at.and_then(|at| row.get(at)) {
+            // A sentence the list does not read as a reason is a provider's free text (the
+            // receiving server's answer in SendGrid's bounces export): the import's reason.
+            Some(text) if is_free_text(text) && Reason::from_export(text).is_none() => default,
             Some(text) if !text.trim().is_empty() => {
                 Reason::from_export(text).ok_or_else(|| {
                     error(
@@ -85,6 +88,12 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
         take(number, row)?;
     }
     Ok(rows)
+}
+
+/// Whether a reason field is a sentence rather than one word (or two: `Hard Bounce`): a
+/// word the list does not know is refused, as a typo would be.
+fn is_free_text(text: &str) -> bool {
+    text.split_whitespace().nth(2).is_some()
 }
 
 fn error(line: usize, why: String) -> SuppressionError {
@@ -148,6 +157,20 @@ mod tests {
         let csv = "address,code,error,created_at\n\"x@example.org\",550,\"no, such user\",2024\n";
         let rows = read(csv, Reason::Bounced).unwrap();
         assert_eq!(rows, vec![("x@example.org".to_owned(), Reason::Bounced)]);
+    }
+
+    #[test]
+    fn a_providers_free_text_reason_takes_the_imports_reason_and_an_unknown_word_is_refused() {
+        // SendGrid's bounces export: the reason is the receiving server's answer.
+        let csv = "email,created,reason,status\n\
+                   gone@example.org,1700000000,\"550 5.1.1 The email account that you tried to reach does not exist.\",5.1.1\n";
+        let rows = read(csv, Reason::Bounced).unwrap();
+        assert_eq!(rows, vec![("gone@example.org".to_owned(), Reason::Bounced)]);
+        let error = read("email,reason\na@example.org,complaind\n", Reason::Bounced).unwrap_err();
+        assert!(
+            matches!(error, SuppressionError::Import { line: 2, .. }),
+            "{error}"
+        );
     }
 
     #[test]

@@ -619,8 +619,10 @@ impl SuppressionList {
     /// That reads providers' exports as they are: Postmark's suppressions
     /// (`EmailAddress,SuppressionReason,Origin,CreatedAt` with `HardBounce`,
     /// `SpamComplaint`, `ManualSuppression`), Mailgun's bounces and complaints
-    /// (`address,code,error,created_at`), or a list written by hand. A reason is read by
-    /// [`Reason::from_export`]; a line without one takes `default`.
+    /// (`address,code,error,created_at`), SendGrid's bounces (`email,created,reason,status`,
+    /// whose reason is the receiving server's answer), or a list written by hand. A reason is
+    /// read by [`Reason::from_export`]; a line without one, or whose reason is a sentence of
+    /// three words or more that it does not read (a provider's free text), takes `default`.
     ///
     /// # Errors
     /// `Import` with the line's number for a line that is no address, a reason the list does
