@@ -377,6 +377,42 @@ async fn a_server_that_stalls_before_the_dot_times_out_without_maybe_delivered()
     assert!(!error.is_maybe_delivered(), "{error}");
 }
 
+/// Hostile review 3 of issue 62: a send cut off by its own timeout while it waited for its
+/// turn at a connection never reached the server: not attempted (the breaker counts nothing,
+/// the outbox counts no attempt), unlike a send cut off at the server.
+#[tokio::test]
+async fn a_send_cut_off_while_it_waited_for_its_turn_at_a_connection_was_not_attempted() {
+    let server = RawSmtp::start(greeting(), |command| match command {
+        "DATA" => Answer::Silence,
+        other => Answer::healthy(other),
+    })
+    .await;
+    let holding = SmtpTransport::builder_dangerous("127.0.0.1")
+        .port(server.port())
+        .max_connections(1)
+        .timeout(Duration::from_secs(2))
+        .build()
+        .unwrap();
+    // The same pool (a clone), with a timeout that ends while the first send holds its turn.
+    let waiting = holding.clone().with_timeout(TIMEOUT);
+    let first = tokio::spawn(async move { holding.send(&message()).await });
+    tokio::time::sleep(Duration::from_millis(100)).await;
+
+    let error = waiting.send(&message()).await.expect_err("no turn in time");
+
+    assert_eq!(error.category(), Category::Timeout, "{error}");
+    assert!(error.is_not_attempted(), "{error}");
+    assert!(!error.is_maybe_delivered(), "{error}");
+    let held = first
+        .await
+        .unwrap()
+        .expect_err("the server stalled at DATA");
+    assert!(
+        !held.is_not_attempted(),
+        "the send at the server was attempted: {held}"
+    );
+}
+
 #[tokio::test]
 async fn after_smtp_sink_is_killed_and_restarted_on_its_port_the_next_sends_all_succeed() {
     let test = "after_smtp_sink_is_killed_and_restarted_on_its_port_the_next_sends_all_succeed";

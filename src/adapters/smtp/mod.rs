@@ -88,7 +88,8 @@ use transaction::{Ending, Progress};
 ///   credentials only over TLS, the body CRLF-normalised and dot-stuffed (no SMTP smuggling);
 ///   see [the guide's SMTP chapter](crate::guide::smtp).
 /// - [`SmtpBuilder::max_connections`] sends hold a connection at once; others wait their turn
-///   within their timeout. `send_many` sends that many messages at once, answers in order.
+///   within their timeout, and one whose timeout comes while it waits is `smtp.timeout`
+///   [not attempted](crate::SendError::is_not_attempted): it never reached the server. `send_many` sends that many messages at once, answers in order.
 ///
 /// # Through a lettre transport
 /// [`new`](Self::new) wraps a caller's `lettre::AsyncSmtpTransport`: the slower, less safe
@@ -226,6 +227,18 @@ impl SmtpTransport {
         )
     }
 
+    /// The answer of a send whose own timeout came while it waited for its turn at the
+    /// pool's connections, all of them busy with other sends: not attempted.
+    fn no_turn(&self) -> SendError {
+        SendError::fixed(
+            Category::Timeout,
+            "smtp.timeout",
+            "every connection stayed busy with other sends past this send's timeout; nothing \
+             was sent",
+        )
+        .not_attempted()
+    }
+
     /// One send on the pool, until `deadline`.
     async fn send_on_pool(
         &self,
@@ -244,6 +257,9 @@ impl SmtpTransport {
         );
         let result = match tokio::time::timeout_at(deadline, attempt).await {
             Ok(result) => result,
+            // Cut off while every connection was busy with other sends: this one never
+            // reached the server, which it says nothing about.
+            Err(_elapsed) if !progress.took_turn() => Err(self.no_turn()),
             // The cut-off transaction's connection was dropped with it, and so closed; what
             // its earlier transactions delivered is kept.
             Err(_elapsed) => progress.cut_off(&self.name, self.timed_out()),
@@ -267,6 +283,7 @@ impl SmtpTransport {
         // Waits of unknown length: bounded by the send's deadline, and cut there as not
         // attempted (nothing of the message went).
         let _turn = crate::deadline::bounded(pool.turn(), || Err(self.past_deadline())).await?;
+        progress.take_turn();
         let (mut connection, mut reused) =
             crate::deadline::bounded(pool.checkout(), || Err(self.past_deadline())).await?;
         loop {

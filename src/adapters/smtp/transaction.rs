@@ -64,6 +64,9 @@ impl Ending {
 #[derive(Debug, Default)]
 pub(super) struct Progress {
     ledger: Mutex<Ledger>,
+    /// Whether the send took its turn at the pool's connections: until then nothing of it
+    /// reached the server.
+    turn_taken: std::sync::atomic::AtomicBool,
 }
 
 /// Where each recipient of a send stands.
@@ -92,6 +95,17 @@ struct Ledger {
 impl Progress {
     fn ledger(&self) -> MutexGuard<'_, Ledger> {
         self.ledger.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+
+    /// The send holds its turn at the pool's connections.
+    pub(super) fn take_turn(&self) {
+        self.turn_taken
+            .store(true, std::sync::atomic::Ordering::Relaxed);
+    }
+
+    /// Whether the send took its turn at the pool's connections.
+    pub(super) fn took_turn(&self) -> bool {
+        self.turn_taken.load(std::sync::atomic::Ordering::Relaxed)
     }
 
     /// The send begins (again, on a fresh connection) for `recipients`.
