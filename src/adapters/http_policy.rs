@@ -109,6 +109,18 @@ pub(crate) fn warn_insecure_http(client: &str, url: &str) {
 mod tests {
     use super::*;
 
+    fn response(body: &'static str) -> reqwest::Response {
+        reqwest::Response::from(http::Response::new(body))
+    }
+
+    #[tokio::test]
+    async fn a_body_of_exactly_the_bound_is_read_whole_and_one_octet_more_is_over() {
+        let whole = read(&mut response("12345"), 5).await;
+        assert_eq!((whole.bytes.as_slice(), whole.over), (&b"12345"[..], false));
+        let over = read(&mut response("123456"), 5).await;
+        assert_eq!((over.bytes.as_slice(), over.over), (&b"12345"[..], true));
+    }
+
     #[tokio::test]
     async fn a_connect_that_hangs_ends_as_a_connect_timeout_before_the_requests_timeout() {
         // An accept queue of one place, taken: the next connect hangs, unanswered.
