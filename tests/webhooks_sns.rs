@@ -430,8 +430,8 @@ async fn the_ses_documented_samples_parse_to_their_kinds_in_both_shapes() {
         ),
         (
             notifications,
-            r#"{"notificationType":"Delivery","mail":{"timestamp":"2016-01-27T14:59:38.237Z","messageId":"0000014644fe5ef6-9a483358-9170-4cb4-a269-f5dcdf415321-000000","source":"john@example.com","destination":["success@simulator.amazonses.com"]},"delivery":{"timestamp":"2016-01-27T14:59:38.237Z","recipients":["success@simulator.amazonses.com"],"processingTimeMillis":546,"reportingMTA":"a8-70.smtp-out.amazonses.com","smtpResponse":"250 ok:  Message 64111812 accepted","remoteMtaIp":"127.0.2.0"}}"#,
-            "success@simulator.amazonses.com",
+            r#"{"notificationType":"Delivery","mail":{"timestamp":"2016-01-27T14:59:38.237Z","messageId":"0000014644fe5ef6-9a483358-9170-4cb4-a269-f5dcdf415321-000000","source":"john@example.com","destination":["jane@example.com"]},"delivery":{"timestamp":"2016-01-27T14:59:38.237Z","recipients":["jane@example.com"],"processingTimeMillis":546,"reportingMTA":"a8-70.smtp-out.amazonses.com","smtpResponse":"250 ok:  Message 64111812 accepted","remoteMtaIp":"127.0.2.0"}}"#,
+            "jane@example.com",
             EventKind::Delivered,
         ),
         // event-publishing-retrieving-sns-examples.html, "Bounce record" (checked against the
@@ -472,7 +472,7 @@ async fn the_ses_documented_samples_parse_to_their_kinds_in_both_shapes() {
         ),
         (
             publishing,
-            r#"{"eventType":"Open","mail":{"timestamp":"2017-08-09T22:00:19.652Z","messageId":"EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000","destination":["recipient@example.com"]},"open":{"ipAddress":"192.0.2.1","timestamp":"2017-08-09T22:00:40.000Z","userAgent":"Mozilla/5.0"}}"#,
+            r#"{"eventType":"Open","mail":{"timestamp":"2017-08-09T21:59:49.927Z","messageId":"EXAMPLE7c191be45-e9aedb9a-02f9-4d12-a87d-dd0099a07f8a-000000","destination":["recipient@example.com"]},"open":{"ipAddress":"192.0.2.1","timestamp":"2017-08-09T22:00:19.652Z","userAgent":"Mozilla/5.0"}}"#,
             "recipient@example.com",
             EventKind::Opened,
         ),
@@ -496,7 +496,22 @@ async fn the_ses_documented_samples_parse_to_their_kinds_in_both_shapes() {
         ),
         (
             publishing,
-            r#"{"eventType":"Subscription","mail":{"timestamp":"2022-01-12T01:00:14.340Z","messageId":"EXAMPLEe4bccb684-777bc8de-afa7-4970-92b0-f515137b1497-000000","destination":["recipient@example.com"]},"subscription":{"contactList":"ContactListName","timestamp":"2022-01-12T01:00:17.910Z","source":"UnsubscribeHeader","newTopicPreferences":{"unsubscribeAll":true}}}"#,
+            r#"{"eventType":"Subscription","mail":{"timestamp":"2022-01-12T01:00:14.340Z","messageId":"EXAMPLEe4bccb684-777bc8de-afa7-4970-92b0-f515137b1497-000000","destination":["recipient@example.com"]},"subscription":{"contactList":"ContactListName","timestamp":"2022-01-12T01:00:17.910Z","source":"UnsubscribeHeader","newTopicPreferences":{"unsubscribeAll":true},"oldTopicPreferences":{"unsubscribeAll":false}}}"#,
+            "recipient@example.com",
+            EventKind::Unsubscribed,
+        ),
+        // notification-examples.html, "Complaint notification without a feedback report"
+        (
+            notifications,
+            r#"{"notificationType":"Complaint","complaint":{"userAgent":"AnyCompany Feedback Loop (V0.01)","complainedRecipients":[{"emailAddress":"richard@example.com"}],"timestamp":"2016-01-27T14:59:38.237Z","feedbackId":"0000013786031775-fea503bc-7497-49e1-881b-a0379bb037d3-000000"},"mail":{"timestamp":"2016-01-27T14:59:38.237Z","messageId":"0000013786031775-163e3910-53eb-4c8e-a04a-f29debf88a84-000000","source":"john@example.com","destination":["jane@example.com","mary@example.com","richard@example.com"]}}"#,
+            "richard@example.com",
+            EventKind::Complained { feedback: None },
+        ),
+        // A recipient's subscribe again (the same record with the preference turned back on)
+        // is no unsubscribe.
+        (
+            publishing,
+            r#"{"eventType":"Subscription","mail":{"timestamp":"2022-01-12T01:00:14.340Z","messageId":"EXAMPLEe4bccb684-777bc8de-afa7-4970-92b0-f515137b1497-000000","destination":["recipient@example.com"]},"subscription":{"contactList":"ContactListName","timestamp":"2022-01-12T01:00:17.910Z","source":"UnsubscribeHeader","newTopicPreferences":{"unsubscribeAll":false,"topicSubscriptionStatus":[{"topicName":"ExampleTopicName","subscriptionStatus":"OptIn"}]},"oldTopicPreferences":{"unsubscribeAll":true}}}"#,
             "recipient@example.com",
             EventKind::Unknown {
                 provider_kind: "Subscription".into(),
@@ -517,6 +532,31 @@ async fn the_ses_documented_samples_parse_to_their_kinds_in_both_shapes() {
         assert_eq!(&events[0].recipient, recipient, "{source} #{index}");
         assert_eq!(&events[0].kind, kind, "{source} #{index}");
     }
+    // notification-examples.html, "Bounce notification without a DSN": one notification
+    // for two recipients is an event for each.
+    let without_dsn = r#"{"notificationType":"Bounce","bounce":{"bounceType":"Permanent","bounceSubType":"General","bouncedRecipients":[{"emailAddress":"jane@example.com"},{"emailAddress":"richard@example.com"}],"timestamp":"2016-01-27T14:59:38.237Z","feedbackId":"00000137860315fd-869464a4-8680-4114-98d3-716fe35851f9-000000","remoteMtaIp":"127.0.2.0"},"mail":{"timestamp":"2016-01-27T14:59:38.237Z","messageId":"00000137860315fd-34208509-5b74-41f3-95c5-22c1edc3c924-000000","source":"john@example.com","destination":["jane@example.com","mary@example.com","richard@example.com"]}}"#;
+    let envelope = sns.notification(SignatureVersion::V1, "two", without_dsn, SystemTime::now());
+    let (status, body) = post(&router, "/ses", &[], envelope.to_string()).await;
+    assert_eq!(status, StatusCode::OK, "{body}");
+    let bounced_two: Vec<(String, EventKind)> = sink
+        .events()
+        .into_iter()
+        .filter(|e| e.event_id == "two")
+        .map(|e| (e.recipient, e.kind))
+        .collect();
+    assert_eq!(
+        bounced_two,
+        [
+            (
+                "jane@example.com".to_owned(),
+                bounced(BounceKind::Permanent)
+            ),
+            (
+                "richard@example.com".to_owned(),
+                bounced(BounceKind::Permanent)
+            ),
+        ]
+    );
     // What SES sends when a topic is first set up, and a message from a topic's console,
     // are kept as unknown, never an error.
     for (index, message) in [

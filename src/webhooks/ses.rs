@@ -146,6 +146,27 @@ pub(crate) fn read(message: &str, event_id: &str, published: SystemTime) -> Vec<
                 .collect();
             (EventKind::Rejected, "failure", recipients)
         }
+        // A recipient's change of its subscriptions (SES's list management): an unsubscribe
+        // from every topic, or from one, reads as unsubscribed; a subscribe as unknown.
+        "Subscription" => {
+            let preferences = &notification["subscription"]["newTopicPreferences"];
+            let all = preferences["unsubscribeAll"].as_bool() == Some(true);
+            let from_a_topic = preferences["topicSubscriptionStatus"]
+                .as_array()
+                .is_some_and(|topics| {
+                    topics
+                        .iter()
+                        .any(|topic| text(topic, &["subscriptionStatus"]) == Some("OptOut"))
+                });
+            let kind = if all || from_a_topic {
+                EventKind::Unsubscribed
+            } else {
+                EventKind::Unknown {
+                    provider_kind: "Subscription".to_owned(),
+                }
+            };
+            (kind, "subscription", every(destination))
+        }
         "Open" => (EventKind::Opened, "open", every(destination)),
         "Click" => (EventKind::Clicked, "click", every(destination)),
         other => (
