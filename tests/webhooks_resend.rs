@@ -191,6 +191,20 @@ async fn the_resend_documented_samples_parse_to_their_kinds() {
             r#","bounce":{"message":"The recipient's email address is on the suppression list because it has a recent history of producing hard bounces.","subType":"Suppressed","type":"Permanent"}"#.to_owned(),
             EventKind::Bounced { bounce: BounceKind::Permanent, subtype: Some("Suppressed".into()) },
         ),
+        // https://resend.com/docs/webhooks/emails/bounced: the type is "e.g., `Permanent`,
+        // `Temporary`"; a temporary bounce is a transient one.
+        (
+            "email.bounced",
+            r#","bounce":{"message":"The recipient's mailbox is full.","subType":"MailboxFull","type":"Temporary"}"#.to_owned(),
+            EventKind::Bounced { bounce: BounceKind::Transient, subtype: Some("MailboxFull".into()) },
+        ),
+        // https://resend.com/docs/webhooks/emails/suppressed: Resend refused to send.
+        (
+            "email.suppressed",
+            r#","suppressed":{"message":"This email address is on your account's suppression list.","type":"OnAccountSuppressionList"}"#.to_owned(),
+            EventKind::Rejected,
+        ),
+        ("email.scheduled", String::new(), EventKind::Unknown { provider_kind: "email.scheduled".into() }),
         ("email.opened", String::new(), EventKind::Opened),
         (
             "email.clicked",

@@ -166,7 +166,7 @@ pub(crate) fn read(svix_id: &str, body: &[u8]) -> Result<Vec<DeliveryEvent>, Ref
         "email.bounced" => EventKind::Bounced {
             bounce: match text(data, &["bounce", "type"]) {
                 Some("Permanent") => BounceKind::Permanent,
-                Some("Transient") => BounceKind::Transient,
+                Some("Transient" | "Temporary") => BounceKind::Transient,
                 _ => BounceKind::Undetermined,
             },
             subtype: text(data, &["bounce", "subType"]).map(str::to_owned),
