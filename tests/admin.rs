@@ -1481,6 +1481,34 @@ async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_cli
     );
 }
 
+/// Hostile review of the trusted proxies: a proxy that passes on its clients' own
+/// `X-Forwarded-For` (one that sets only `X-Real-IP`, or forwards TCP) lets a guesser name a
+/// new address for each guess; a hundred wrong credentials through one proxy within a
+/// minute hold back everything that comes through it, so guessing stays slow.
+#[tokio::test]
+async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_forwards() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let proxy = "10.0.0.5:50000";
+    let admin = Admin::new(mailer)
+        .credential(Credential::user("ops", password).unwrap())
+        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
+    let router = admin.router();
+    for guess in 0..100u32 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        let forged = format!("198.51.{}.{}", guess / 250, guess % 250 + 1);
+        let answer = call(&router, forwarded(proxy, &forged, &wrong)).await;
+        assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {guess}");
+    }
+    let right = basic("ops", password);
+    let next = call(&router, forwarded(proxy, "192.0.2.200", &right)).await;
+    assert_eq!(next.status(), StatusCode::TOO_MANY_REQUESTS);
+    tokio::time::advance(Duration::from_secs(3600)).await;
+    let later = call(&router, forwarded(proxy, "192.0.2.200", &right)).await;
+    assert_eq!(later.status(), StatusCode::OK, "held back for ever");
+}
+
 #[tokio::test]
 async fn a_forwarded_for_header_from_a_peer_that_is_not_a_trusted_proxy_changes_nothing() {
     let mailer = plain_mailer().await;

@@ -168,24 +168,47 @@ impl fmt::Debug for Credential {
     }
 }
 
+/// The wrong credentials counted for a page: of each client, and of each trusted proxy as a
+/// whole (see [`throttle`](super::throttle)).
+#[derive(Debug)]
+pub(crate) struct Throttles {
+    clients: Throttle,
+    proxies: Throttle,
+}
+
+impl Default for Throttles {
+    fn default() -> Throttles {
+        Throttles {
+            clients: Throttle::default(),
+            proxies: Throttle::allowing(super::throttle::WRONG_THROUGH_A_PROXY_AT_MOST),
+        }
+    }
+}
+
 /// The middleware of [`Admin::credential`](super::Admin::credential): 401 with a challenge
 /// for a request without the credential, and 429 for every request of a peer that sent too
 /// many wrong ones lately ([`throttle`](super::throttle)).
 pub(crate) async fn required(
     credential: Arc<Credential>,
-    throttle: Arc<Throttle>,
+    throttles: Arc<Throttles>,
     proxies: Arc<[IpAddr]>,
     request: Request,
     next: Next,
 ) -> Response {
-    let peer = request
+    let connected = request
         .extensions()
         .get::<ConnectInfo<SocketAddr>>()
-        .map(|ConnectInfo(address)| {
-            super::throttle::client(address.ip(), request.headers(), &proxies)
-        });
+        .map(|ConnectInfo(address)| address.ip());
+    let peer =
+        connected.map(|address| super::throttle::client(address, request.headers(), &proxies));
+    // The trusted proxy the request came through, counted as a whole as well.
+    let proxy = connected.filter(|address| proxies.contains(&address.to_canonical()));
+    let throttle = &throttles.clients;
     let now = Instant::now();
-    if let Some(wait) = throttle.held(peer, now) {
+    let held = throttle
+        .held(peer, now)
+        .or_else(|| proxy.and_then(|proxy| throttles.proxies.held(Some(proxy), now)));
+    if let Some(wait) = held {
         // Whatever it carries: a guess answered 200 here would let the guessing go on.
         let seconds = wait.as_secs().saturating_add(1);
         return (
@@ -203,6 +226,9 @@ pub(crate) async fn required(
         // A browser's first request carries none: only a wrong one counts, and is worth an
         // operator's look.
         throttle.wrong(peer, now);
+        if let Some(proxy) = proxy {
+            throttles.proxies.wrong(Some(proxy), now);
+        }
         tracing::warn!(
             path = %Escaped(request.uri().path()),
             peer = ?peer,

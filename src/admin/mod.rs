@@ -407,7 +407,7 @@ impl Admin {
         let routes = match &self.shared.credential {
             Some(credential) => {
                 let credential = Arc::clone(credential);
-                let throttle = Arc::new(throttle::Throttle::default());
+                let throttle = Arc::new(credential::Throttles::default());
                 let proxies = Arc::clone(&self.shared.trusted_proxies);
                 routes.layer(axum::middleware::from_fn(move |request, next| {
                     credential::required(
@@ -444,7 +444,8 @@ impl Admin {
     /// seconds of the connection waiting for one (which also ends an idle keep-alive
     /// connection), a request is answered within 30 seconds (else 408), a connection lives
     /// at most 5 minutes, and at most 1024 are open at once, 64 of them from one address
-    /// (an IPv6 /64) (one more is closed unanswered). Each request carries its peer's address as axum's
+    /// (an IPv6 /64; a [trusted proxy](Admin::trusted_proxies) only to the 1024) (one more
+    /// is closed unanswered). Each request carries its peer's address as axum's
     /// [`ConnectInfo`](axum::extract::ConnectInfo), which the
     /// [`credential`](Admin::credential)'s throttle keys on.
     ///
@@ -488,7 +489,8 @@ impl Admin {
             _ => self.clone(),
         };
         // The page's checks are layers of its own router: merged, they stay on its routes.
-        serve::serve(listener, beside.merge(admin.router())).await
+        let proxies = Arc::clone(&admin.shared.trusted_proxies);
+        serve::serve(listener, beside.merge(admin.router()), proxies).await
     }
 }
 
@@ -509,7 +511,7 @@ pub async fn serve_bounded<L>(listener: L, router: Router) -> std::io::Result<()
 where
     L: axum::serve::Listener<Addr = std::net::SocketAddr>,
 {
-    serve::serve(listener, router).await
+    serve::serve(listener, router, Arc::from([])).await
 }
 
 /// `Admin::new(mailer).router()`: the page with its actions behind a random token.

@@ -55,6 +55,10 @@ pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
 #[derive(Default)]
 struct PerPeer {
     open: Mutex<HashMap<IpAddr, PeerCount>>,
+    /// The trusted proxies ([`Admin::trusted_proxies`](super::Admin::trusted_proxies)):
+    /// every client behind one comes from its address, so it is held only to the whole
+    /// page's cap.
+    exempt: Arc<[IpAddr]>,
 }
 
 #[derive(Default)]
@@ -65,16 +69,32 @@ struct PeerCount {
     said: bool,
 }
 
-/// One connection of `peer`, counted until dropped.
+/// One connection of `peer`, counted until dropped (unless the peer is exempt).
 struct PeerSlot {
     table: Arc<PerPeer>,
     peer: IpAddr,
+    counted: bool,
 }
 
 impl PerPeer {
+    /// A table that counts no connection of the `exempt` addresses.
+    fn exempting(exempt: Arc<[IpAddr]>) -> PerPeer {
+        PerPeer {
+            open: Mutex::default(),
+            exempt,
+        }
+    }
+
     /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`]; its
     /// first refusal is logged.
     fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
+        if table.exempt.contains(&peer.ip().to_canonical()) {
+            return Some(PeerSlot {
+                table: Arc::clone(table),
+                peer: peer.ip(),
+                counted: false,
+            });
+        }
         let peer = super::throttle::peer_of(peer.ip());
         let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
         let count = open.entry(peer).or_default();
@@ -93,12 +113,16 @@ impl PerPeer {
         Some(PeerSlot {
             table: Arc::clone(table),
             peer,
+            counted: true,
         })
     }
 }
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
+        if !self.counted {
+            return;
+        }
         let mut open = self
             .table
             .open
@@ -115,12 +139,16 @@ impl Drop for PeerSlot {
 
 /// Serves `router` on `listener` until accepting fails for good (it does not: an axum
 /// listener retries its own errors).
-pub(crate) async fn serve<L>(mut listener: L, router: Router) -> std::io::Result<()>
+pub(crate) async fn serve<L>(
+    mut listener: L,
+    router: Router,
+    trusted_proxies: Arc<[IpAddr]>,
+) -> std::io::Result<()>
 where
     L: axum::serve::Listener<Addr = SocketAddr>,
 {
     let open = Arc::new(Semaphore::new(OPEN_AT_ONCE));
-    let per_peer = Arc::new(PerPeer::default());
+    let per_peer = Arc::new(PerPeer::exempting(trusted_proxies));
     // Said once each time the cap is reached, not once a connection.
     let mut refusing = false;
     loop {
@@ -215,6 +243,26 @@ mod tests {
         );
         held.pop();
         assert!(PerPeer::take(&table, at("192.0.2.1")).is_some());
+    }
+
+    #[test]
+    fn a_trusted_proxy_is_held_only_to_the_pages_whole_cap() {
+        let table = Arc::new(PerPeer::exempting(Arc::from(["192.0.2.9"
+            .parse()
+            .unwrap()])));
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PEER * 2)
+            .map(|_| PerPeer::take(&table, at("::ffff:192.0.2.9")).expect("not capped"))
+            .collect();
+        assert!(table.open.lock().unwrap().is_empty(), "nothing counted");
+        drop(held);
+        let others: Vec<PeerSlot> = (0..OPEN_PER_PEER)
+            .map(|_| PerPeer::take(&table, at("192.0.2.1")).expect("within its share"))
+            .collect();
+        assert!(
+            PerPeer::take(&table, at("192.0.2.1")).is_none(),
+            "others are capped"
+        );
+        drop(others);
     }
 
     #[test]

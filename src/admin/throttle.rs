@@ -1,6 +1,8 @@
 //! How many wrong credentials a peer may send: after [`WRONG_AT_MOST`] within [`WINDOW`],
 //! every request from it is refused (429) for [`HELD_FOR`], whatever it carries, so that a
-//! credential cannot be guessed at the speed of the network. A peer is an IPv4 address or
+//! credential cannot be guessed at the speed of the network. Behind a trusted proxy the peer
+//! is the client the proxy names ([`client`]), and the proxy itself is counted too, against
+//! [`WRONG_THROUGH_A_PROXY_AT_MOST`]. A peer is an IPv4 address or
 //! an IPv6 /64 (what one host is usually given); without the peer's address (a router that
 //! an application serves without axum's `ConnectInfo`) all requests are one peer.
 //!
@@ -18,6 +20,12 @@ use tokio::time::Instant;
 
 /// The wrong credentials a peer may send within [`WINDOW`] before it is held back.
 pub(crate) const WRONG_AT_MOST: u32 = 10;
+
+/// The wrong credentials that may come through one trusted proxy within [`WINDOW`], whatever
+/// clients it names, before everything it forwards is held back: a proxy that passes on its
+/// clients' own `X-Forwarded-For` would otherwise let a guesser name a new client for each
+/// guess.
+pub(crate) const WRONG_THROUGH_A_PROXY_AT_MOST: u32 = 10 * WRONG_AT_MOST;
 
 /// How long a wrong credential counts.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
@@ -53,12 +61,30 @@ impl Entry {
 }
 
 /// The wrong credentials of each peer; see the [module docs](self).
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub(crate) struct Throttle {
     peers: Mutex<HashMap<Peer, Entry>>,
+    /// The wrong credentials a peer may send within [`WINDOW`].
+    wrong_at_most: u32,
+}
+
+impl Default for Throttle {
+    /// The throttle of clients: [`WRONG_AT_MOST`].
+    fn default() -> Throttle {
+        Throttle::allowing(WRONG_AT_MOST)
+    }
 }
 
 impl Throttle {
+    /// A throttle that holds a peer back at its `wrong_at_most`th wrong credential within
+    /// [`WINDOW`].
+    pub(crate) fn allowing(wrong_at_most: u32) -> Throttle {
+        Throttle {
+            peers: Mutex::default(),
+            wrong_at_most,
+        }
+    }
+
     /// How long `peer` is still refused at `now`, if it is.
     pub(crate) fn held(&self, peer: Option<IpAddr>, now: Instant) -> Option<Duration> {
         let peers = self.peers.lock().unwrap_or_else(PoisonError::into_inner);
@@ -87,7 +113,7 @@ impl Throttle {
             };
         }
         entry.wrong = entry.wrong.saturating_add(1);
-        if entry.wrong >= WRONG_AT_MOST {
+        if entry.wrong >= self.wrong_at_most {
             entry.held_until = Some(now + HELD_FOR);
         }
     }
@@ -137,11 +163,11 @@ pub(crate) fn client(peer: IpAddr, headers: &HeaderMap, proxies: &[IpAddr]) -> I
     }
     let values: Vec<_> = headers.get_all("x-forwarded-for").iter().collect();
     for value in values.into_iter().rev() {
-        let Ok(value) = value.to_str() else {
-            return peer;
-        };
-        for hop in value.rsplit(',') {
-            match hop_address(hop.trim()) {
+        // Entry by entry, from the right: bytes a client wrote further left (nginx appends
+        // to them in the same value) are never read.
+        for hop in value.as_bytes().rsplit(|&byte| byte == b',') {
+            let hop = std::str::from_utf8(hop).ok();
+            match hop.and_then(|hop| hop_address(hop.trim())) {
                 Some(address) if trusted(address) => {}
                 Some(address) => return address,
                 // Unreadable: whom it names cannot be told, so the proxy answers for it.
@@ -378,5 +404,20 @@ mod tests {
             axum::http::HeaderValue::from_bytes(b"203.0.113.7\xff").unwrap(),
         );
         assert_eq!(client(ip("10.0.0.5"), &opaque, &proxies), ip("10.0.0.5"));
+    }
+
+    #[test]
+    fn bytes_a_client_wrote_left_of_the_proxys_entry_do_not_hide_the_client() {
+        // nginx appends the address it saw to whatever the client sent, in one value.
+        let proxies = [ip("10.0.0.5")];
+        let mut headers = HeaderMap::new();
+        headers.insert(
+            "x-forwarded-for",
+            axum::http::HeaderValue::from_bytes(b"\xc3\xa9, 203.0.113.7").unwrap(),
+        );
+        assert_eq!(
+            client(ip("10.0.0.5"), &headers, &proxies),
+            ip("203.0.113.7")
+        );
     }
 }

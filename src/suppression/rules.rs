@@ -70,19 +70,39 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     if bare.len() > 320 {
         return Err("it is longer than an address can be (320 bytes)");
     }
-    // `"bob.smith"@` is `bob.smith@`: quotes around what needs none are dropped.
-    let local = match quoted {
-        Some(inner) if is_dot_atom(inner) => inner,
-        _ => local,
+    // `"bob.smith"@` is `bob.smith@` and `"b\ob"@` is `bob@`: a backslash in quotes stands
+    // for the character after it, and quotes around what needs none are dropped; what
+    // needs them is written back with a backslash before each `"` and `\` alone.
+    let local = match quoted.map(unescaped) {
+        Some(inner) if is_dot_atom(&inner) => inner,
+        Some(inner) => format!("\"{}\"", inner.replace('\\', "\\\\").replace('"', "\\\"")),
+        None => local.to_owned(),
     };
     Ok(format!("{local}@{}", domain_key(domain)))
 }
 
+/// The inside of a quoted local part with each quoted-pair (`\c`) read as its character.
+fn unescaped(inner: &str) -> String {
+    let mut out = String::with_capacity(inner.len());
+    let mut chars = inner.chars();
+    while let Some(c) = chars.next() {
+        match c {
+            '\\' => out.extend(chars.next()),
+            c => out.push(c),
+        }
+    }
+    out
+}
+
 /// Whether `text` is a local part that needs no quotes (RFC 5321's dot-string, with the
-/// non-ASCII letters of RFC 6531): atoms of letters, digits and ``!#$%&'*+-/=?^_`{|}~``
-/// joined by single dots.
+/// non-ASCII characters of RFC 6531): atoms of letters, digits, ``!#$%&'*+-/=?^_`{|}~``
+/// and any non-ASCII character but a space, joined by single dots.
 fn is_dot_atom(text: &str) -> bool {
-    let atom_char = |c: char| c.is_alphanumeric() || "!#$%&'*+-/=?^_`{|}~".contains(c);
+    let atom_char = |c: char| {
+        c.is_ascii_alphanumeric()
+            || "!#$%&'*+-/=?^_`{|}~".contains(c)
+            || (!c.is_ascii() && !c.is_whitespace())
+    };
     text.split('.')
         .all(|atom| !atom.is_empty() && atom.chars().all(atom_char))
 }
@@ -234,6 +254,20 @@ mod tests {
         assert_eq!(
             address_key("\"a@b\"@example.org").as_deref(),
             Ok("\"a@b\"@example.org")
+        );
+        // A backslash in quotes stands for the character after it (RFC 5322's quoted-pair).
+        assert_eq!(
+            address_key("\"b\\ob\"@example.org"),
+            address_key("bob@example.org")
+        );
+        assert_eq!(
+            address_key("\"a\\\"b\"@example.org").as_deref(),
+            Ok("\"a\\\"b\"@example.org")
+        );
+        // Non-ASCII letters and symbols need no quotes (RFC 6531).
+        assert_eq!(
+            address_key("\"a€\"@example.org"),
+            address_key("a€@example.org")
         );
         for text in [
             "\"john\tdoe\"@example.org",

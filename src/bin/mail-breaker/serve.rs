@@ -24,7 +24,10 @@
 //! form posted from the same host under the other scheme than the browser's is refused.
 //! Ten wrong credentials within a minute hold their address back for five minutes; behind a
 //! proxy, `--trusted-proxy ADDR` counts them against the client the proxy names in
-//! `X-Forwarded-For` instead of the proxy, which would hold back everyone behind it.
+//! `X-Forwarded-For` instead of the proxy, which would hold back everyone behind it (the
+//! proxy must append to that header; a hundred wrong credentials through it within a
+//! minute still hold it back, so that one passing on its clients' own header does not make
+//! guessing free).
 //!
 //! With receivers configured (`webhooks.*`), it also serves them at `/webhooks/{provider}`
 //! (`/webhooks/ses`, `/webhooks/resend`...), outside the page's host, token, origin and
@@ -38,7 +41,8 @@
 //!
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
 //! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
-//! one address: behind a proxy on this machine, 64 from the proxy); over TLS each
+//! one address: behind a proxy, 64 from the proxy unless it is a `--trusted-proxy`); over
+//! TLS each
 //! handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one address,
 //! the oldest of the address with the most let go for a new one, so that connections that
 //! never finish theirs keep no one out.
@@ -95,6 +99,10 @@ pub struct ServeArgs {
     /// The address of a reverse proxy in front of the page (may be given several times): a
     /// wrong credential through it counts against the client the proxy names in
     /// X-Forwarded-For, so that one client's guesses do not hold back everyone behind it.
+    /// The proxy must append the address it was reached from (nginx:
+    /// `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;`); whatever it
+    /// forwards, 100 wrong credentials through it within a minute hold it back. It is held
+    /// to the page's 1024 connections, not to one address's 64.
     #[arg(long, value_name = "ADDR")]
     trusted_proxy: Vec<IpAddr>,
     /// Serve only the webhook receivers (`/webhooks/{provider}`, configured by `webhooks.*`),
@@ -143,7 +151,8 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     if public && credential.is_none() && !args.read_only {
         return Err(Failure::usage(format!(
             "--listen {} is reachable from off this machine (not a loopback address, or behind \
-             the proxy --public-origin, --behind-tls-proxy or --allow-host names), where whoever \
+             the proxy --public-origin, --behind-tls-proxy, --trusted-proxy or --allow-host \
+             names), where whoever \
              reaches the page could act: \
              give the actions a credential with --credential-file FILE (a bearer token, or \
              USER:PASSWORD), or {TOKEN_VARIABLE}, or {USER_VARIABLE} and {PASSWORD_VARIABLE}; \
@@ -174,9 +183,9 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     }
     if public && credential.is_some() && tls.is_none() && !args.behind_tls_proxy {
         return Err(Failure::usage(format!(
-            "--listen {} is not a loopback address, and the credential would cross the network \
-             in clear: give --tls-cert FILE and --tls-key FILE, or --behind-tls-proxy when a \
-             proxy in front terminates TLS",
+            "--listen {} is reachable from off this machine (not a loopback address, or behind \
+             a proxy), and the credential would cross the network in clear: give --tls-cert \
+             FILE and --tls-key FILE, or --behind-tls-proxy when a proxy in front terminates TLS",
             args.listen
         )));
     }
