@@ -385,6 +385,21 @@ fn each_bad_webhook_value_is_an_error_naming_its_key_and_never_showing_it() {
     }
 }
 
+/// Hostile review of issue 64: a provider's secret written where its table belongs
+/// (`resend = "whsec_..."`) is refused without being shown, as every webhooks value is.
+#[test]
+fn a_secret_written_in_place_of_a_providers_table_is_refused_without_being_shown() {
+    for provider in ["resend", "mailgun", "sendgrid", "postmark", "ses"] {
+        let toml = format!(
+            "[[member]]\nurl = \"smtp://relay.example.com\"\n\n[outbox]\nurl = \"sqlite:///tmp/o.db\"\n\n\
+             [suppression]\n\n[webhooks]\n{provider} = \"whsec_MfKQ9r8GKYqrTwjUPD8ILPZIo2LaLaSw\"\n"
+        );
+        let error = Mailer::from_toml(&toml).unwrap_err();
+        assert_eq!(error.setting(), format!("webhooks.{provider}"));
+        assert!(!error.to_string().contains("MfKQ9r8"), "{provider}: {error}");
+    }
+}
+
 #[test]
 fn a_webhooks_table_naming_no_provider_is_refused() {
     let error = Mailer::from_dsn(

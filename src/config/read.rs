@@ -62,6 +62,10 @@ impl<'a> Node<'a> {
         match self.value {
             // A URL written into the wrong setting may carry a password: not quoted.
             Value::String(text) if may_hold_a_secret(text) => "a URL or an address".to_owned(),
+            // The receivers' settings are secrets, written in place of a table or not.
+            Value::String(_) if self.path.starts_with("webhooks") => {
+                "a string (not shown: the webhooks' settings hold secrets)".to_owned()
+            }
             Value::String(text) => {
                 let cut: String = text.chars().take(QUOTED).collect();
                 let more = if cut.len() < text.len() { "..." } else { "" };
