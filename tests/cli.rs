@@ -1223,6 +1223,22 @@ fn suppressions_add_list_remove_and_import_change_the_list_as_they_say() {
     ]);
     assert_eq!(code(&output), 0, "{}", stderr(&output));
     assert_eq!(json(&output)["added"], 2);
+    assert_eq!(json(&output)["skipped"], 0);
+    // A temporary failure's row (SendGrid's blocks export) is skipped, and said so.
+    std::fs::write(&csv, "email,status\nfull@example.org,4.2.2\n").unwrap();
+    let output = run(&[
+        "suppressions",
+        "import",
+        csv.to_str().unwrap(),
+        "--dsn",
+        &dsn,
+    ]);
+    assert_eq!(code(&output), 0, "{}", stderr(&output));
+    assert!(
+        stdout(&output).contains("1 row skipped"),
+        "{}",
+        stdout(&output)
+    );
     std::fs::write(&csv, "email\nfine@example.org\nbroken\n").unwrap();
     let output = run(&[
         "suppressions",

@@ -396,7 +396,10 @@ fn a_secret_written_in_place_of_a_providers_table_is_refused_without_being_shown
         );
         let error = Mailer::from_toml(&toml).unwrap_err();
         assert_eq!(error.setting(), format!("webhooks.{provider}"));
-        assert!(!error.to_string().contains("MfKQ9r8"), "{provider}: {error}");
+        assert!(
+            !error.to_string().contains("MfKQ9r8"),
+            "{provider}: {error}"
+        );
     }
 }
 

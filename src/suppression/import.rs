@@ -8,23 +8,38 @@ const ADDRESS_COLUMNS: [&str; 4] = ["address", "email", "emailaddress", "recipie
 /// Column names of the reason, compared likewise.
 const REASON_COLUMNS: [&str; 3] = ["reason", "suppressionreason", "type"];
 
+/// Column names of a delivery status (`5.1.1`), compared likewise.
+const STATUS_COLUMNS: [&str; 1] = ["status"];
+
+/// What an import's CSV holds.
+#[derive(Debug)]
+pub(super) struct Read {
+    /// The addresses (as keys) and reasons to suppress, in the file's order.
+    pub(super) rows: Vec<(String, Reason)>,
+    /// Rows whose status says a temporary failure (`4.x.x`): no reason to suppress for good.
+    pub(super) skipped: usize,
+}
+
 /// The addresses (as keys) and reasons of `csv`, in its order; a line without a reason takes
 /// `default`.
-pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, SuppressionError> {
+pub(super) fn read(csv: &str, default: Reason) -> Result<Read, SuppressionError> {
     let mut lines = csv
         .lines()
         .enumerate()
         .map(|(index, line)| (index + 1, line))
         .filter(|(_, line)| !line.trim().is_empty());
     let Some((first_number, first_line)) = lines.next() else {
-        return Ok(Vec::new());
+        return Ok(Read {
+            rows: Vec::new(),
+            skipped: 0,
+        });
     };
     let first = fields(first_line).map_err(|why| error(first_number, why))?;
     let header = first
         .first()
         .is_some_and(|field| ADDRESS_COLUMNS.contains(&squashed(field).as_str()))
         || !first.iter().any(|field| field.contains('@'));
-    let (address_at, reason_at, first_row) = if header {
+    let (address_at, reason_at, status_at, first_row) = if header {
         let position = |names: &[&str]| {
             first
                 .iter()
@@ -38,11 +53,17 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
                     .to_owned(),
             ));
         };
-        (address_at, position(&REASON_COLUMNS), None)
+        (
+            address_at,
+            position(&REASON_COLUMNS),
+            position(&STATUS_COLUMNS),
+            None,
+        )
     } else {
-        (0, Some(1), Some((first_number, first)))
+        (0, Some(1), None, Some((first_number, first)))
     };
     let mut rows = Vec::new();
+    let mut skipped = 0;
     let mut take = |number: usize, row: Vec<String>| -> Result<(), SuppressionError> {
         let Some(address) = row.get(address_at) else {
             return Err(error(
@@ -59,6 +80,13 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
                 ),
             )
         })?;
+        if status_at
+            .and_then(|at| row.get(at))
+            .is_some_and(|status| status.trim().starts_with('4'))
+        {
+            skipped += 1;
+            return Ok(());
+        }
         let reason = match reason_at.and_then(|at| row.get(at)) {
             // A sentence the list does not read as a reason is a provider's free text (the
             // receiving server's answer in SendGrid's bounces export): the import's reason.
@@ -87,13 +115,14 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Vec<(String, Reason)>, 
         let row = fields(line).map_err(|why| error(number, why))?;
         take(number, row)?;
     }
-    Ok(rows)
+    Ok(Read { rows, skipped })
 }
 
-/// Whether a reason field is a sentence rather than one word (or two: `Hard Bounce`): a
-/// word the list does not know is refused, as a typo would be.
+/// Whether a reason field is free text (words with spaces between, which
+/// [`Reason::from_export`] reads when they spell a reason: `Hard Bounce`) rather than one
+/// word: a word the list does not know is refused, as a typo would be.
 fn is_free_text(text: &str) -> bool {
-    text.split_whitespace().nth(2).is_some()
+    text.split_whitespace().nth(1).is_some()
 }
 
 fn error(line: usize, why: String) -> SuppressionError {
@@ -144,7 +173,7 @@ mod tests {
     fn a_file_without_a_header_reads_address_then_an_optional_reason() {
         let rows = read("a@Example.org\nb@example.org,complaint\n\n", Reason::Manual).unwrap();
         assert_eq!(
-            rows,
+            rows.rows,
             vec![
                 ("a@example.org".to_owned(), Reason::Manual),
                 ("b@example.org".to_owned(), Reason::Complained)
@@ -156,7 +185,10 @@ mod tests {
     fn a_header_names_the_columns_and_others_are_ignored() {
         let csv = "address,code,error,created_at\n\"x@example.org\",550,\"no, such user\",2024\n";
         let rows = read(csv, Reason::Bounced).unwrap();
-        assert_eq!(rows, vec![("x@example.org".to_owned(), Reason::Bounced)]);
+        assert_eq!(
+            rows.rows,
+            vec![("x@example.org".to_owned(), Reason::Bounced)]
+        );
     }
 
     #[test]
@@ -165,12 +197,39 @@ mod tests {
         let csv = "email,created,reason,status\n\
                    gone@example.org,1700000000,\"550 5.1.1 The email account that you tried to reach does not exist.\",5.1.1\n";
         let rows = read(csv, Reason::Bounced).unwrap();
-        assert_eq!(rows, vec![("gone@example.org".to_owned(), Reason::Bounced)]);
+        assert_eq!(
+            rows.rows,
+            vec![("gone@example.org".to_owned(), Reason::Bounced)]
+        );
+        // Two words of free text are a sentence too.
+        let rows = read(
+            "email,reason\nfull@example.org,Mailbox full\n",
+            Reason::Bounced,
+        )
+        .unwrap();
+        assert_eq!(
+            rows.rows,
+            vec![("full@example.org".to_owned(), Reason::Bounced)]
+        );
         let error = read("email,reason\na@example.org,complaind\n", Reason::Bounced).unwrap_err();
         assert!(
             matches!(error, SuppressionError::Import { line: 2, .. }),
             "{error}"
         );
+    }
+
+    #[test]
+    fn a_row_whose_status_says_a_temporary_failure_is_skipped_not_suppressed() {
+        // SendGrid's blocks export: a 4.x.x block is no reason to suppress for good.
+        let csv = "email,created,reason,status\n\
+                   later@example.org,1700000000,\"421 4.7.0 Try again later\",4.7.0\n\
+                   gone@example.org,1700000000,\"550 5.1.1 No such user\",5.1.1\n";
+        let read = read(csv, Reason::Bounced).unwrap();
+        assert_eq!(
+            read.rows,
+            vec![("gone@example.org".to_owned(), Reason::Bounced)]
+        );
+        assert_eq!(read.skipped, 1);
     }
 
     #[test]

@@ -247,6 +247,9 @@ pub struct Imported {
     pub read: usize,
     /// Of those, how many were not on the list before (the others are left as they were).
     pub added: usize,
+    /// Rows not imported because their `status` column says a temporary failure (`4.x.x`,
+    /// as in SendGrid's blocks export): no reason to suppress an address for good.
+    pub skipped: usize,
 }
 
 /// Why the list could not do what it was asked.
@@ -621,8 +624,9 @@ impl SuppressionList {
     /// `SpamComplaint`, `ManualSuppression`), Mailgun's bounces and complaints
     /// (`address,code,error,created_at`), SendGrid's bounces (`email,created,reason,status`,
     /// whose reason is the receiving server's answer), or a list written by hand. A reason is
-    /// read by [`Reason::from_export`]; a line without one, or whose reason is a sentence of
-    /// three words or more that it does not read (a provider's free text), takes `default`.
+    /// read by [`Reason::from_export`]; a line without one, or whose reason is words it does
+    /// not read (a provider's free text), takes `default`. A row whose `status` column says a
+    /// temporary failure (`4.x.x`) is skipped and counted in [`Imported::skipped`].
     ///
     /// # Errors
     /// `Import` with the line's number for a line that is no address, a reason the list does
@@ -647,7 +651,9 @@ impl SuppressionList {
     /// ```
     pub async fn import(&self, csv: &str, default: Reason) -> Result<Imported, SuppressionError> {
         let now = self.now();
-        let entries: Vec<Entry> = import::read(csv, default)?
+        let read = import::read(csv, default)?;
+        let entries: Vec<Entry> = read
+            .rows
             .into_iter()
             .map(|(address, reason)| Entry {
                 address,
@@ -669,6 +675,7 @@ impl SuppressionList {
         Ok(Imported {
             read: entries.len(),
             added,
+            skipped: read.skipped,
         })
     }
 }

@@ -197,7 +197,11 @@ async fn import(
     };
     let imported = list.import(&text, reason).await.map_err(failure)?;
     if out.json {
-        out.json(&json!({ "read": imported.read, "added": imported.added }));
+        out.json(&json!({
+            "read": imported.read,
+            "added": imported.added,
+            "skipped": imported.skipped,
+        }));
     } else {
         out.line(&format!(
             "{} address{} read, {} added (the others were suppressed already)",
@@ -205,6 +209,19 @@ async fn import(
             if imported.read == 1 { "" } else { "es" },
             imported.added
         ));
+        if imported.skipped > 0 {
+            out.line(&format!(
+                "{} row{} skipped: {} status says a temporary failure (4.x.x), no reason to \
+                 suppress for good",
+                imported.skipped,
+                if imported.skipped == 1 { "" } else { "s" },
+                if imported.skipped == 1 {
+                    "its"
+                } else {
+                    "their"
+                }
+            ));
+        }
     }
     Ok(Exit::Ok)
 }
