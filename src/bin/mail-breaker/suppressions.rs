@@ -144,7 +144,10 @@ async fn list_page(
             .collect(),
     );
     if let Some(next) = next {
-        out.note(&format!("more after this page: --after {next}"));
+        out.note(&format!(
+            "more after this page: --after {}",
+            shell_quoted(&next)
+        ));
     }
     Ok(Exit::Ok)
 }
@@ -224,4 +227,32 @@ async fn import(
         }
     }
     Ok(Exit::Ok)
+}
+
+/// `text` as a POSIX shell reads it back whole: as it is when it holds only characters no
+/// shell treats specially, else in single quotes (a quoted local part holds spaces and `"`).
+fn shell_quoted(text: &str) -> String {
+    let plain = |c: char| c.is_ascii_alphanumeric() || "@._+-=/:,%".contains(c);
+    if !text.is_empty() && text.chars().all(plain) {
+        return text.to_owned();
+    }
+    format!("'{}'", text.replace('\'', "'\\''"))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::shell_quoted;
+
+    #[test]
+    fn an_address_is_quoted_for_the_shell_only_when_it_must_be() {
+        assert_eq!(shell_quoted("bob@example.org"), "bob@example.org");
+        assert_eq!(
+            shell_quoted("\"john doe\"@example.org"),
+            "'\"john doe\"@example.org'"
+        );
+        assert_eq!(
+            shell_quoted("o'neil@example.org"),
+            "'o'\\''neil@example.org'"
+        );
+    }
 }
