@@ -103,15 +103,31 @@ tests[oauth]="--lib --test=oauth_smtp --test=oauth_endpoint --test=oauth_dsn --t
 # The operator page: its guard (token, origin, host), its credential, its reads and actions,
 # its chart, and the breaker's history of changes it shows. The browser test is left out
 # (slow); the router tests speak for the page.
-files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/credential.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
+files[admin]="src/admin/mod.rs src/admin/guard.rs src/admin/credential.rs src/admin/throttle.rs src/admin/serve.rs src/admin/read.rs src/admin/actions.rs src/admin/chart.rs src/admin/page.rs src/outbox/admin_reads.rs src/breaker/events.rs"
 tests[admin]="--lib --test=admin --test=redis_store"
 # The command: what it prints, its exit codes, and what it hides; how it reads a message;
 # what it opens, and whom `serve` lets in.
 files[cli]="src/bin/mail-breaker/exit.rs src/bin/mail-breaker/redact.rs src/bin/mail-breaker/output.rs src/bin/mail-breaker/send.rs src/bin/mail-breaker/eml.rs src/bin/mail-breaker/outbox.rs src/bin/mail-breaker/breakers.rs src/bin/mail-breaker/check.rs src/bin/mail-breaker/trace.rs src/bin/mail-breaker/stack.rs src/bin/mail-breaker/serve.rs src/bin/mail-breaker/tls.rs"
 tests[cli]="--bins --test=cli --test=cli_serve"
+# Reputation (issue 64): the webhooks' verifiers and readers, by their unit tests and each
+# provider's route tests (the cross-checks against the providers' own libraries included);
+# the suppression list's rules, stores and transport; the reputation breaker's window,
+# rules, stores and transport, and the one event vocabulary.
+files[webhooks]="src/webhooks/mod.rs src/webhooks/sns.rs src/webhooks/ses.rs src/webhooks/sendgrid.rs src/webhooks/mailgun.rs src/webhooks/resend.rs src/webhooks/postmark.rs src/webhooks/timestamp.rs src/webhooks/answer.rs src/webhooks/hex.rs src/webhooks/json.rs"
+features[webhooks]="--features=webhooks,smtp,config"
+tests[webhooks]="--lib --test=webhooks_sns --test=webhooks_sendgrid --test=webhooks_mailgun --test=webhooks_resend --test=webhooks_postmark"
+files[suppression]="src/suppression/mod.rs src/suppression/rules.rs src/suppression/import.rs src/suppression/sql.rs src/suppression/redis.rs src/suppression/transport.rs"
+features[suppression]="--features=webhooks,smtp,config,postgres,redis"
+tests[suppression]="--lib --test=suppression_sqlite --test=suppression_postgres --test=suppression_redis --test=suppression_smtp_sink"
+files[reputation]="src/reputation/breaker.rs src/reputation/window.rs src/reputation/rules.rs src/reputation/store.rs src/reputation/redis.rs src/reputation/transport.rs src/events.rs"
+tests[reputation]="--lib --test=reputation --test=reputation_redis --test=reputation_throttle --test=reputation_processes --test=config_reputation"
+# Their configuration, page and command: the webhooks' keys, the reputation cards and the
+# suppression search on the page, SES's account, and `suppressions` / `reputation`.
+files[reputation-tools]="src/config/webhooks.rs src/admin/reputation.rs src/admin/suppressions.rs src/adapters/ses/account.rs src/bin/mail-breaker/reputation.rs src/bin/mail-breaker/suppressions.rs"
+tests[reputation-tools]="--lib --bins --test=config_webhooks --test=admin_reputation --test=cli_reputation --test=cli --test=cli_serve_webhooks"
 groups=("$@")
 if [ "${#groups[@]}" -eq 0 ]; then
-    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp receipt http ses outbox outbox-postgres rate ground config oauth admin cli)
+    groups=(machine breaker batch gate retry pool redis stores redis-store smtp_wire smtp receipt http ses outbox outbox-postgres rate ground config oauth admin cli webhooks suppression reputation reputation-tools)
 fi
 
 status=0
