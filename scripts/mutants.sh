@@ -117,7 +117,7 @@ files[webhooks]="src/webhooks/mod.rs src/webhooks/sns.rs src/webhooks/ses.rs src
 features[webhooks]="--features=webhooks,smtp,config"
 tests[webhooks]="--lib --test=webhooks_sns --test=webhooks_sendgrid --test=webhooks_mailgun --test=webhooks_resend --test=webhooks_postmark"
 files[suppression]="src/suppression/mod.rs src/suppression/rules.rs src/suppression/import.rs src/suppression/sql.rs src/suppression/redis.rs src/suppression/transport.rs"
-features[suppression]="--features=webhooks,smtp,config,postgres,redis"
+features[suppression]="--features=webhooks,smtp,config,postgres,redis,metrics"
 tests[suppression]="--lib --test=suppression_sqlite --test=suppression_postgres --test=suppression_redis --test=suppression_smtp_sink"
 files[reputation]="src/reputation/breaker.rs src/reputation/window.rs src/reputation/rules.rs src/reputation/store.rs src/reputation/redis.rs src/reputation/transport.rs src/events.rs"
 tests[reputation]="--lib --test=reputation --test=reputation_redis --test=reputation_throttle --test=reputation_processes --test=config_reputation"
