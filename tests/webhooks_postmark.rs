@@ -126,6 +126,9 @@ async fn the_postmark_documented_samples_parse_to_their_kinds() {
     let samples = [
         // https://postmarkapp.com/developer/webhooks/bounce-webhook
         (BOUNCE.to_owned(), "john@example.com", EventKind::Bounced { bounce: BounceKind::Permanent, subtype: Some("HardBounce".into()) }),
+        // Not samples of Postmark's: the documented bounce with its Type changed to other
+        // types of the bounce API's table (its TypeCode, Name and Description left as they
+        // are), for the reading of each type.
         (BOUNCE.replace("\"HardBounce\"", "\"SoftBounce\"").replace("4323372036854775807", "2"), "john@example.com", EventKind::Bounced { bounce: BounceKind::Transient, subtype: Some("SoftBounce".into()) }),
         (BOUNCE.replace("\"HardBounce\"", "\"Transient\"").replace("4323372036854775807", "3"), "john@example.com", EventKind::Deferred),
         // Postmark's own refusals, before any server was asked (its bounce types,

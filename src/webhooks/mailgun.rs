@@ -281,6 +281,8 @@ pub(crate) fn read(payload: &Value, body: &[u8]) -> Vec<DeliveryEvent> {
         .and_then(|status| text(status, &["description"]))
         .filter(|text| !text.is_empty())
         .or(reason)
+        // A message Mailgun refused outright says why in `reject`.
+        .or_else(|| text(data, &["reject", "reason"]).filter(|text| !text.is_empty()))
         .map(str::to_owned);
     event.mta_response = status.and_then(|status| {
         let message = text(status, &["message"]).filter(|text| !text.is_empty())?;
