@@ -2,9 +2,9 @@
 //! every request from it is refused (429) for [`HELD_FOR`], whatever it carries, so that a
 //! credential cannot be guessed at the speed of the network. Behind a trusted proxy the peer
 //! is the client the proxy names ([`client`]), and the proxy itself is counted too, against
-//! [`WRONG_THROUGH_A_PROXY_AT_MOST`]. A peer is an IPv4 address or
-//! an IPv6 /64 (what one host is usually given); without the peer's address (a router that
-//! an application serves without axum's `ConnectInfo`) all requests are one peer.
+//! [`WRONG_THROUGH_A_PROXY_AT_MOST`]. A peer is an IPv4 address or an IPv6 /64 (what one
+//! host is usually given); without the peer's address (a router that an application serves
+//! without axum's `ConnectInfo`) all requests are one peer.
 //!
 //! The table keeps at most [`PEERS_AT_MOST`] peers: when full, the entries that no longer
 //! count are dropped first, then the one whose wrong credentials are oldest, a held peer

@@ -89,7 +89,8 @@ use transaction::{Ending, Progress};
 ///   see [the guide's SMTP chapter](crate::guide::smtp).
 /// - [`SmtpBuilder::max_connections`] sends hold a connection at once; others wait their turn
 ///   within their timeout, and one whose timeout comes while it waits is `smtp.timeout`
-///   [not attempted](crate::SendError::is_not_attempted): it never reached the server. `send_many` sends that many messages at once, answers in order.
+///   [not attempted](crate::SendError::is_not_attempted): it never reached the server.
+///   `send_many` sends that many messages at once, answers in order.
 ///
 /// # Through a lettre transport
 /// [`new`](Self::new) wraps a caller's `lettre::AsyncSmtpTransport`: the slower, less safe

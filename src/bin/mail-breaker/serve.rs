@@ -42,10 +42,9 @@
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
 //! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
 //! one address: behind a proxy, 64 from the proxy unless it is a `--trusted-proxy`); over
-//! TLS each
-//! handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one address,
-//! the oldest of the address with the most let go for a new one, so that connections that
-//! never finish theirs keep no one out.
+//! TLS each handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one
+//! address, the oldest of the address with the most let go for a new one, so that
+//! connections that never finish theirs keep no one out.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -152,8 +151,7 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
         return Err(Failure::usage(format!(
             "--listen {} is reachable from off this machine (not a loopback address, or behind \
              the proxy --public-origin, --behind-tls-proxy, --trusted-proxy or --allow-host \
-             names), where whoever \
-             reaches the page could act: \
+             names), where whoever reaches the page could act: \
              give the actions a credential with --credential-file FILE (a bearer token, or \
              USER:PASSWORD), or {TOKEN_VARIABLE}, or {USER_VARIABLE} and {PASSWORD_VARIABLE}; \
              or serve the page without them, --read-only",
