@@ -37,8 +37,8 @@
 //! why. (Doc links may point anywhere.)
 //!
 //! In one line: core (machine, transport, receipt and error, time) → stores → the breaker's
-//! shell → wrappers (pool, retry, cascade, rate) → adapters and webhooks → outbox → configuration → the
-//! command and the page (bin, admin).
+//! shell → wrappers (pool, retry, cascade, rate) → adapters and webhooks → outbox →
+//! configuration → the command and the page (bin, admin).
 //!
 //! | floor | modules | what stands there |
 //! |---|---|---|
