@@ -186,3 +186,33 @@ async fn isolating_a_breaker_scoped_by_recipient_domain_refuses_a_domain_first_s
     assert_eq!(b_inner.sends(), 1);
     assert!(a_store.is_shared() && b_store.is_shared());
 }
+
+/// Isolating one breaker scoped by recipient domain leaves another breaker on the same Redis
+/// store and namespace sending: each has its own isolation flag.
+#[tokio::test]
+async fn isolating_one_breaker_scoped_by_recipient_domain_leaves_another_on_the_same_redis_sending()
+{
+    let Some(server) = RedisServer::start("redis_isolate_one_of_two") else {
+        return;
+    };
+    let shared = store(&server).await;
+    let by_domain = |inner: &Scripted| {
+        CircuitBreakerTransport::builder(inner.clone())
+            .scope(Scope::RecipientDomain)
+            .store(Arc::clone(&shared) as Arc<dyn BreakerStore>)
+            .build()
+            .expect("valid settings")
+    };
+    let (isolated, other) = (Scripted::new("relay-a"), Scripted::new("relay-b"));
+    let (a, b) = (by_domain(&isolated), by_domain(&other));
+    a.isolate().await;
+    let refused = a
+        .send(&message_to("x@example.org"))
+        .await
+        .expect_err("isolated");
+    assert_eq!(refused.code(), "breaker.isolated");
+    b.send(&message_to("x@example.org"))
+        .await
+        .expect("another breaker's isolation is not this one's");
+    assert_eq!((isolated.sends(), other.sends()), (0, 1));
+}

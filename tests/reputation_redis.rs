@@ -99,6 +99,38 @@ async fn events_recorded_through_one_of_three_breakers_on_one_redis_open_it_for_
     }
 }
 
+/// Each member's reputation is its own in Redis as in memory: one member's bounces open its
+/// breaker and leave another member's, on the same store and namespace, as it was.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_members_bounces_in_redis_leave_another_members_breaker_closed() {
+    let Some(server) = RedisServer::start("reputation_per_member") else {
+        return;
+    };
+    let shared = store(&server, "reputation-members").await;
+    let mut members = Vec::new();
+    for name in ["ses", "postmark"] {
+        let breaker = ReputationBreaker::builder(name)
+            .store(Arc::clone(&shared) as Arc<dyn ReputationStore>)
+            .build()
+            .unwrap();
+        let transport = breaker.wrap(Scripted::new(name));
+        for _ in 0..1_000 {
+            transport.send(&support::message()).await.unwrap();
+        }
+        members.push((transport, breaker));
+    }
+    members[0].1.keep(&hard_bounces("ses", 50)).await.unwrap();
+    let refused = members[0].0.send(&support::message()).await.unwrap_err();
+    assert_eq!(refused.code(), "reputation.open");
+    members[1]
+        .0
+        .send(&support::message())
+        .await
+        .expect("another member's breaker is its own");
+    assert_eq!(members[1].1.tier(), Tier::Healthy);
+    assert_eq!(members[1].1.standing().await.unwrap().window.sends, 1_001);
+}
+
 /// The thresholds as (sends, hard bounces, complaints, tier), run against a store.
 async fn thresholds_hold(store: &dyn ReputationStore, member_prefix: &str) {
     let rules = ReputationRules::default();
