@@ -875,6 +875,21 @@ fn with_error<'q>(
 mod tests {
     use super::*;
 
+    #[tokio::test]
+    async fn a_file_that_is_no_sqlite_database_is_refused_as_not_an_outbox_and_left_as_it_was() {
+        let folder = tempfile::tempdir().expect("a temporary directory");
+        let path = folder.path().join("notes.txt");
+        let text = "not a database at all, just someone's notes\n".repeat(100);
+        std::fs::write(&path, &text).expect("a text file");
+        let options = crate::outbox::OutboxOptions::new().existing_file_only();
+        let Err(error) = SqliteBackend::open(&path, &options).await else {
+            panic!("a text file opened as an outbox");
+        };
+        assert_eq!(error.code(), "outbox.not_an_outbox", "{error}");
+        assert_eq!(std::fs::read_to_string(&path).unwrap(), text);
+        assert_eq!(std::fs::read_dir(folder.path()).unwrap().count(), 1);
+    }
+
     /// A backend in a fresh file, and the folder that holds it, removed when dropped.
     struct Fresh {
         backend: SqliteBackend,
