@@ -51,7 +51,7 @@ tests[stores]="--lib --test=store_scenarios --test=scope --test=breaker --test=o
 files[redis-store]="src/store/redis/mod.rs src/store/redis/script.rs src/store/redis/quorum.rs src/store/redis/connection.rs"
 # The store lends its connection, timeout and retry interval to the rate limiters shared
 # through it, whose tests (rate_redis) speak for those too.
-tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios --test=rate_redis"
+tests[redis-store]="--lib --test=redis_store --test=redis_store_recovery --test=redis_cluster --test=redis_quorum --test=redis_quorum_fleet --test=redis_fleet --test=redis_operate --test=redis_script_model --test=store_scenarios --test=rate_redis --test=reputation_redis"
 files[redis]="src/store/redis/health.rs src/store/redis/remote.rs src/store/redis/tls.rs"
 tests[redis]="--lib --test=redis_store --test=redis_store_recovery --test=store_scenarios --test=redis_script_model --test=redis_tls"
 # The HTTP APIs: every provider's error table, the reading of a message into JSON fields, and
@@ -83,7 +83,7 @@ tests[outbox]="--lib --test=outbox_sqlite --test=metrics --test=cli"
 # Its unit tests (an enqueue maybe queued), its rules, and the operator page reading dead
 # letters through its pool.
 files[outbox-postgres]="src/outbox/postgres.rs"
-tests[outbox-postgres]="--lib --test=outbox_postgres --test=admin"
+tests[outbox-postgres]="--lib --test=outbox_postgres --test=admin --test=suppression_postgres"
 # The rate limiter: the pure GCRA and adaptive rate, the local and shared limiters, the
 # transport. Its Lua script is held by scripts/lua_mutants.sh (cargo-mutants reads no Lua).
 files[rate]="src/rate/gcra.rs src/rate/adaptive.rs src/rate/local.rs src/rate/shared.rs src/rate/mod.rs src/rate/builder.rs"
@@ -94,8 +94,8 @@ files[ground]="src/error.rs src/metrics.rs"
 tests[ground]="--lib --test=metrics --test=config --test=extreme_settings"
 # The whole stack from one DSN or TOML: the DSN parser, the tree reader with its paths, the
 # providers' URLs, the config types, and the build.
-files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs"
-tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_equivalence_redis --test=config_ses"
+files[config]="src/config/dsn.rs src/config/read.rs src/config/tree.rs src/config/provider.rs src/config/mailer.rs src/config/smtp_url.rs"
+tests[config]="--lib --test=config --test=config_build --test=config_equivalence --test=config_equivalence_redis --test=config_ses --test=config_smtp_url --test=config_reputation --test=config_webhooks --test=admin_reputation --test=guide_configuration --test=extreme_settings"
 # SMTP's login with OAuth 2.0: the token cache and the mechanisms, the token endpoints and
 # their settings, the HTTP policy they share with the providers, and the SMTP URL's one reader.
 files[oauth]="src/oauth/mod.rs src/oauth/endpoint.rs src/oauth/settings.rs src/adapters/http_policy.rs src/config/smtp_url.rs"
