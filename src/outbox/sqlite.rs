@@ -890,6 +890,23 @@ mod tests {
         assert_eq!(std::fs::read_dir(folder.path()).unwrap().count(), 1);
     }
 
+    #[tokio::test]
+    async fn a_file_shorter_than_an_sqlite_header_is_not_an_outbox_and_a_folder_is_unreadable() {
+        let folder = tempfile::tempdir().expect("a temporary directory");
+        let options = crate::outbox::OutboxOptions::new().existing_file_only();
+        let short = folder.path().join("short.db");
+        std::fs::write(&short, "SQLite").expect("a short file");
+        let Err(error) = SqliteBackend::open(&short, &options).await else {
+            panic!("a six-byte file opened as an outbox");
+        };
+        assert_eq!(error.code(), "outbox.not_an_outbox", "{error}");
+        // Reading a folder fails (EISDIR), unlike a short read: it says the file cannot be read.
+        let Err(error) = SqliteBackend::open(folder.path(), &options).await else {
+            panic!("a folder opened as an outbox");
+        };
+        assert_eq!(error.code(), "outbox.unreadable", "{error}");
+    }
+
     /// A backend in a fresh file, and the folder that holds it, removed when dropped.
     struct Fresh {
         backend: SqliteBackend,
