@@ -59,12 +59,22 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     if domain.is_empty() {
         return Err("it has no domain after the @");
     }
-    // A quoted local part (`"john doe"@`) may hold spaces; nothing else may.
+    // What lettre sends to, the list reads: a quoted local part (`"john doe"@`) may hold
+    // spaces and tabs, and non-ASCII characters stand anywhere; ASCII spaces and controls
+    // stand nowhere else.
     let quoted = local
         .strip_prefix('"')
         .and_then(|inner| inner.strip_suffix('"'));
-    let spaced = |text: &str| text.chars().any(char::is_whitespace);
-    if bare.chars().any(char::is_control) || spaced(domain) || (quoted.is_none() && spaced(local)) {
+    let ascii_blank = |c: char| c.is_ascii_whitespace() || c.is_ascii_control();
+    let blank_in_quotes = quoted.is_some_and(|inner| {
+        inner
+            .chars()
+            .any(|c| ascii_blank(c) && c != ' ' && c != '\t')
+    });
+    if blank_in_quotes
+        || domain.chars().any(ascii_blank)
+        || (quoted.is_none() && local.chars().any(ascii_blank))
+    {
         return Err("it holds a space or a control character");
     }
     if bare.len() > 320 {
@@ -74,24 +84,28 @@ pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
     // for the character after it, and quotes around what needs none are dropped; what
     // needs them is written back with a backslash before each `"` and `\` alone.
     let local = match quoted.map(unescaped) {
-        Some(inner) if is_dot_atom(&inner) => inner,
-        Some(inner) => format!("\"{}\"", inner.replace('\\', "\\\\").replace('"', "\\\"")),
+        Some(None) => return Err("its quoted part holds a bare quote or ends in a backslash"),
+        Some(Some(inner)) if is_dot_atom(&inner) => inner,
+        Some(Some(inner)) => format!("\"{}\"", inner.replace('\\', "\\\\").replace('"', "\\\"")),
         None => local.to_owned(),
     };
     Ok(format!("{local}@{}", domain_key(domain)))
 }
 
-/// The inside of a quoted local part with each quoted-pair (`\c`) read as its character.
-fn unescaped(inner: &str) -> String {
+/// The inside of a quoted local part with each quoted-pair (`\c`) read as its character;
+/// `None` for a `"` that no backslash escapes, or a backslash with nothing after it (the
+/// quotes do not close where they seem to).
+fn unescaped(inner: &str) -> Option<String> {
     let mut out = String::with_capacity(inner.len());
     let mut chars = inner.chars();
     while let Some(c) = chars.next() {
         match c {
-            '\\' => out.extend(chars.next()),
+            '\\' => out.push(chars.next()?),
+            '"' => return None,
             c => out.push(c),
         }
     }
-    out
+    Some(out)
 }
 
 /// Whether `text` is a local part that needs no quotes (RFC 5321's dot-string, with the
@@ -269,10 +283,23 @@ mod tests {
             address_key("\"a€\"@example.org"),
             address_key("a€@example.org")
         );
+        // What lettre sends to, the list reads: a tab in quotes, a non-ASCII space unquoted.
+        assert_eq!(
+            address_key("\"john\tdoe\"@example.org").as_deref(),
+            Ok("\"john\tdoe\"@example.org")
+        );
+        assert_eq!(
+            address_key("a\u{a0}b@example.org").as_deref(),
+            Ok("a\u{a0}b@example.org")
+        );
+        // A quoted part that is not closed properly is no address, never another one's key.
         for text in [
-            "\"john\tdoe\"@example.org",
             "\"john doe@example.org",
             "jo hn\"@example.org",
+            "\"bob\\\"@example.org",
+            "\"a\"b\"@example.org",
+            "\"a\rb\"@example.org",
+            "jo\thn@example.org",
         ] {
             assert!(address_key(text).is_err(), "{text:?}");
         }
