@@ -1509,6 +1509,37 @@ async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_
     assert_eq!(later.status(), StatusCode::OK, "held back for ever");
 }
 
+/// Second hostile review: ten guessers behind one proxy hold the proxy back, but not an
+/// operator who logged in through it within the hour: the hold keeps out whom it does not
+/// know, not the people already at work.
+#[tokio::test]
+async fn a_held_back_proxy_still_lets_through_a_client_it_admitted_within_the_hour() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let proxy = "10.0.0.5:50000";
+    let admin = Admin::new(mailer)
+        .credential(Credential::user("ops", password).unwrap())
+        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
+    let router = admin.router();
+    let right = basic("ops", password);
+    let operator = call(&router, forwarded(proxy, "198.51.100.1", &right)).await;
+    assert_eq!(operator.status(), StatusCode::OK);
+    for guess in 0..100u32 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        let guesser = format!("203.0.113.{}", guess / 10 + 1);
+        call(&router, forwarded(proxy, &guesser, &wrong)).await;
+    }
+    let newcomer = call(&router, forwarded(proxy, "192.0.2.200", &right)).await;
+    assert_eq!(newcomer.status(), StatusCode::TOO_MANY_REQUESTS);
+    let operator = call(&router, forwarded(proxy, "198.51.100.1", &right)).await;
+    assert_eq!(
+        operator.status(),
+        StatusCode::OK,
+        "the operator admitted before the guessing came"
+    );
+}
+
 #[tokio::test]
 async fn a_forwarded_for_header_from_a_peer_that_is_not_a_trusted_proxy_changes_nothing() {
     let mailer = plain_mailer().await;

@@ -542,9 +542,31 @@ fn send_of_500_files_with_the_sink_stopped_half_way_sends_or_queues_each_and_a_d
 
     let delivered = delivered_whole(&sink);
     let missing: Vec<usize> = (0..COUNT).filter(|n| !delivered.contains_key(n)).collect();
-    let twice: Vec<(&usize, &usize)> = delivered.iter().filter(|(_, times)| **times > 1).collect();
+    // A message whose server went away after its final dot was queued and said so: maybe
+    // delivered, so its resend may be a second copy (at least once). No other may be.
+    let said_maybe: Vec<String> = lines
+        .iter()
+        .filter(|line| {
+            line["maybe_delivered"]
+                .as_array()
+                .is_some_and(|list| !list.is_empty())
+        })
+        .filter_map(|line| line["file"].as_str().map(str::to_owned))
+        .collect();
+    let twice: Vec<(&usize, &usize)> = delivered
+        .iter()
+        .filter(|(number, times)| {
+            **times > 1
+                && !said_maybe
+                    .iter()
+                    .any(|file| file.ends_with(&format!("/{number:03}.eml")))
+        })
+        .collect();
     assert!(missing.is_empty(), "never delivered: {missing:?}");
-    assert!(twice.is_empty(), "delivered more than once: {twice:?}");
+    assert!(
+        twice.is_empty(),
+        "delivered more than once, never said maybe delivered: {twice:?} (maybe: {said_maybe:?})"
+    );
     let _ = std::fs::remove_dir_all(&dir);
 }
 

@@ -174,6 +174,9 @@ impl fmt::Debug for Credential {
 pub(crate) struct Throttles {
     clients: Throttle,
     proxies: Throttle,
+    /// The clients that gave the right credential lately: a proxy held back for the wrong
+    /// ones of others still lets them through.
+    admitted: super::throttle::Admitted,
 }
 
 impl Default for Throttles {
@@ -181,6 +184,7 @@ impl Default for Throttles {
         Throttles {
             clients: Throttle::default(),
             proxies: Throttle::allowing(super::throttle::WRONG_THROUGH_A_PROXY_AT_MOST),
+            admitted: super::throttle::Admitted::default(),
         }
     }
 }
@@ -205,9 +209,12 @@ pub(crate) async fn required(
     let proxy = connected.filter(|address| proxies.contains(&address.to_canonical()));
     let throttle = &throttles.clients;
     let now = Instant::now();
-    let held = throttle
-        .held(peer, now)
-        .or_else(|| proxy.and_then(|proxy| throttles.proxies.held(Some(proxy), now)));
+    // A proxy held back keeps out whom it does not know, not a client admitted lately.
+    let held = throttle.held(peer, now).or_else(|| {
+        proxy
+            .filter(|_| !peer.is_some_and(|peer| throttles.admitted.lately(peer, now)))
+            .and_then(|proxy| throttles.proxies.held(Some(proxy), now))
+    });
     if let Some(wait) = held {
         // Whatever it carries: a guess answered 200 here would let the guessing go on.
         let seconds = wait.as_secs().saturating_add(1);
@@ -220,6 +227,9 @@ pub(crate) async fn required(
     }
     if credential.admits(request.headers()) {
         throttle.admitted(peer);
+        if let (Some(peer), Some(_)) = (peer, proxy) {
+            throttles.admitted.note(peer, now);
+        }
         return next.run(request).await;
     }
     if request.headers().contains_key(AUTHORIZATION) {

@@ -269,7 +269,10 @@ impl Admin {
     /// from one client hold back everyone behind it. List only proxies that append the
     /// address they were reached from to `X-Forwarded-For` (nginx's
     /// `$proxy_add_x_forwarded_for`); the header from any other peer is ignored, and a
-    /// request from a proxy without a readable one is counted against the proxy.
+    /// request from a proxy without a readable one is counted against the proxy. Each proxy
+    /// is also counted as a whole: a hundred wrong credentials through it within a minute
+    /// hold back for five minutes every client it forwards that did not give the right
+    /// credential within the last hour.
     ///
     /// ```no_run
     /// # use std::sync::Arc;
@@ -444,8 +447,8 @@ impl Admin {
     /// seconds of the connection waiting for one (which also ends an idle keep-alive
     /// connection), a request is answered within 30 seconds (else 408), a connection lives
     /// at most 5 minutes, and at most 1024 are open at once, 64 of them from one address
-    /// (an IPv6 /64; a [trusted proxy](Admin::trusted_proxies) only to the 1024) (one more
-    /// is closed unanswered). Each request carries its peer's address as axum's
+    /// (an IPv6 /64; 512 from a [trusted proxy](Admin::trusted_proxies)) (one more is
+    /// closed unanswered). Each request carries its peer's address as axum's
     /// [`ConnectInfo`](axum::extract::ConnectInfo), which the
     /// [`credential`](Admin::credential)'s throttle keys on.
     ///

@@ -50,14 +50,18 @@ pub(crate) const OPEN_AT_ONCE: usize = 1024;
 /// than a browser opens (six), so that it takes many addresses to fill the page.
 pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
 
+/// The connections a [trusted proxy](super::Admin::trusted_proxies) may hold at once: every
+/// client behind it comes from its address, but half of [`OPEN_AT_ONCE`] is left to the
+/// others (the webhook receivers' providers, the page's direct visitors).
+pub(crate) const OPEN_PER_PROXY: usize = OPEN_AT_ONCE / 2;
+
 /// How many connections each peer holds; a peer with none is not kept, so the table holds
 /// no more peers than there are connections open (and the one being accepted).
 #[derive(Default)]
 struct PerPeer {
     open: Mutex<HashMap<IpAddr, PeerCount>>,
-    /// The trusted proxies ([`Admin::trusted_proxies`](super::Admin::trusted_proxies)):
-    /// every client behind one comes from its address, so it is held only to the whole
-    /// page's cap.
+    /// The trusted proxies ([`Admin::trusted_proxies`](super::Admin::trusted_proxies)),
+    /// each held to [`OPEN_PER_PROXY`] rather than [`OPEN_PER_PEER`].
     exempt: Arc<[IpAddr]>,
 }
 
@@ -69,15 +73,14 @@ struct PeerCount {
     said: bool,
 }
 
-/// One connection of `peer`, counted until dropped (unless the peer is exempt).
+/// One connection of `peer`, counted until dropped.
 struct PeerSlot {
     table: Arc<PerPeer>,
     peer: IpAddr,
-    counted: bool,
 }
 
 impl PerPeer {
-    /// A table that counts no connection of the `exempt` addresses.
+    /// A table that holds the `exempt` addresses (trusted proxies) to [`OPEN_PER_PROXY`].
     fn exempting(exempt: Arc<[IpAddr]>) -> PerPeer {
         PerPeer {
             open: Mutex::default(),
@@ -85,25 +88,23 @@ impl PerPeer {
         }
     }
 
-    /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`]; its
-    /// first refusal is logged.
+    /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`] (a
+    /// trusted proxy [`OPEN_PER_PROXY`]); its first refusal is logged.
     fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
-        if table.exempt.contains(&peer.ip().to_canonical()) {
-            return Some(PeerSlot {
-                table: Arc::clone(table),
-                peer: peer.ip(),
-                counted: false,
-            });
-        }
+        let cap = if table.exempt.contains(&peer.ip().to_canonical()) {
+            OPEN_PER_PROXY
+        } else {
+            OPEN_PER_PEER
+        };
         let peer = super::throttle::peer_of(peer.ip());
         let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
         let count = open.entry(peer).or_default();
-        if count.open >= OPEN_PER_PEER {
+        if count.open >= cap {
             if !count.said {
                 count.said = true;
                 tracing::warn!(
                     %peer,
-                    open = OPEN_PER_PEER,
+                    open = cap,
                     "admin.connections_refused: one address holds as many connections as it may"
                 );
             }
@@ -113,16 +114,12 @@ impl PerPeer {
         Some(PeerSlot {
             table: Arc::clone(table),
             peer,
-            counted: true,
         })
     }
 }
 
 impl Drop for PeerSlot {
     fn drop(&mut self) {
-        if !self.counted {
-            return;
-        }
         let mut open = self
             .table
             .open
@@ -246,15 +243,17 @@ mod tests {
     }
 
     #[test]
-    fn a_trusted_proxy_is_held_only_to_the_pages_whole_cap() {
+    fn a_trusted_proxy_may_hold_half_the_pages_connections_and_others_keep_their_share() {
         let table = Arc::new(PerPeer::exempting(Arc::from(["192.0.2.9"
             .parse()
             .unwrap()])));
-        let held: Vec<PeerSlot> = (0..OPEN_PER_PEER * 2)
-            .map(|_| PerPeer::take(&table, at("::ffff:192.0.2.9")).expect("not capped"))
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PROXY)
+            .map(|_| PerPeer::take(&table, at("::ffff:192.0.2.9")).expect("within its share"))
             .collect();
-        assert!(table.open.lock().unwrap().is_empty(), "nothing counted");
-        drop(held);
+        assert!(
+            PerPeer::take(&table, at("192.0.2.9")).is_none(),
+            "half at most"
+        );
         let others: Vec<PeerSlot> = (0..OPEN_PER_PEER)
             .map(|_| PerPeer::take(&table, at("192.0.2.1")).expect("within its share"))
             .collect();
@@ -262,7 +261,8 @@ mod tests {
             PerPeer::take(&table, at("192.0.2.1")).is_none(),
             "others are capped"
         );
-        drop(others);
+        drop((held, others));
+        assert!(table.open.lock().unwrap().is_empty());
     }
 
     #[test]

@@ -27,6 +27,10 @@ pub(crate) const WRONG_AT_MOST: u32 = 10;
 /// guess.
 pub(crate) const WRONG_THROUGH_A_PROXY_AT_MOST: u32 = 10 * WRONG_AT_MOST;
 
+/// How long a client that gave the right credential through a trusted proxy is let through
+/// while that proxy is held back for others' wrong ones.
+pub(crate) const ADMITTED_FOR: Duration = Duration::from_secs(3600);
+
 /// How long a wrong credential counts.
 pub(crate) const WINDOW: Duration = Duration::from_secs(60);
 
@@ -130,6 +134,39 @@ impl Throttle {
             .lock()
             .unwrap_or_else(PoisonError::into_inner)
             .len()
+    }
+}
+
+/// The clients (as [`peer_of`] counts them) that gave the right credential through a
+/// trusted proxy lately, at most [`PEERS_AT_MOST`]: when full, those admitted longest ago
+/// are forgotten first.
+#[derive(Debug, Default)]
+pub(crate) struct Admitted {
+    clients: Mutex<HashMap<IpAddr, Instant>>,
+}
+
+impl Admitted {
+    /// `client` gave the right credential at `now`.
+    pub(crate) fn note(&self, client: IpAddr, now: Instant) {
+        let mut clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        let client = peer_of(client);
+        if !clients.contains_key(&client) && clients.len() >= PEERS_AT_MOST {
+            clients.retain(|_, at| now.saturating_duration_since(*at) < ADMITTED_FOR);
+            if clients.len() >= PEERS_AT_MOST
+                && let Some(oldest) = clients.iter().min_by_key(|(_, at)| **at).map(|(c, _)| *c)
+            {
+                clients.remove(&oldest);
+            }
+        }
+        clients.insert(client, now);
+    }
+
+    /// Whether `client` gave the right credential within [`ADMITTED_FOR`] of `now`.
+    pub(crate) fn lately(&self, client: IpAddr, now: Instant) -> bool {
+        let clients = self.clients.lock().unwrap_or_else(PoisonError::into_inner);
+        clients
+            .get(&peer_of(client))
+            .is_some_and(|at| now.saturating_duration_since(*at) < ADMITTED_FOR)
     }
 }
 
@@ -419,5 +456,23 @@ mod tests {
             client(ip("10.0.0.5"), &headers, &proxies),
             ip("203.0.113.7")
         );
+    }
+
+    #[test]
+    fn a_client_admitted_is_known_for_an_hour_and_the_memory_keeps_at_most_its_bound() {
+        let admitted = Admitted::default();
+        let now = Instant::now();
+        admitted.note(ip("198.51.100.1"), now);
+        assert!(admitted.lately(
+            ip("198.51.100.1"),
+            now + ADMITTED_FOR - Duration::from_secs(1)
+        ));
+        assert!(!admitted.lately(ip("198.51.100.1"), now + ADMITTED_FOR));
+        assert!(!admitted.lately(ip("198.51.100.2"), now));
+        for n in 0..PEERS_AT_MOST as u32 + 10 {
+            admitted.note(IpAddr::from((0x0a00_0000 + n).to_be_bytes()), now);
+        }
+        let kept = admitted.clients.lock().unwrap().len();
+        assert_eq!(kept, PEERS_AT_MOST);
     }
 }

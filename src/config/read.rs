@@ -416,10 +416,11 @@ fn substitute(text: &str, in_a_url: bool) -> Result<String, String> {
             .is_some_and(|first| first.is_ascii_alphabetic() || first == '_')
             && name.chars().all(|c| c.is_ascii_alphanumeric() || c == '_');
         if !valid {
-            let cut: String = name.chars().take(QUOTED).collect();
-            return Err(format!(
-                "`${{{cut}}}` does not name an environment variable (letters, digits and _)"
-            ));
+            // Not quoted: a password may hold `${` and `}` as its own characters.
+            return Err(
+                "a `${...}` in it does not name an environment variable (letters, digits and _)"
+                    .to_owned(),
+            );
         }
         match std::env::var(name) {
             Ok(value) if in_a_url && out.contains("://") => {
@@ -660,6 +661,9 @@ mod tests {
                 "{name:?}: {error}"
             );
         }
+        // What stands between `${` and `}` may be a password that holds them: never shown.
+        let error = expand("smtp://u:ab${c!d}ef@relay").unwrap_err();
+        assert!(!error.contains("c!d"), "{error}");
         let unset = expand("${MAIL_BREAKER_READ_TEST_UNSET_2}").unwrap_err();
         assert_eq!(
             unset,

@@ -73,6 +73,10 @@ impl OutboxTransport<NoStack> {
 
 impl<T: Transport> OutboxTransport<T> {
     /// Sends through `stack` now, and queues a message that failed for a reason that may pass.
+    /// A message queued after a failure [maybe delivered](SendError::is_maybe_delivered) (at
+    /// least once: it is sent again) is answered with a [queued](Receipt::is_queued) receipt
+    /// that lists its recipients as [maybe delivered](Receipt::maybe_delivered_recipients):
+    /// the resend may make a second copy.
     pub fn send_or_queue(outbox: Outbox, stack: T) -> Self {
         OutboxTransport {
             outbox,
@@ -165,6 +169,15 @@ impl<T: Transport> Transport for OutboxTransport<T> {
         match self.queue(envelope, raw).await {
             Ok(receipt) => {
                 tracing::debug!(code = error.code(), "outbox.queued_after_failure");
+                // Queued to be sent again, and maybe delivered already: the answer says both,
+                // since the resend may make a second copy (at least once).
+                let receipt = if error.is_maybe_delivered() {
+                    envelope.to().iter().fold(receipt, |receipt, to| {
+                        receipt.with_maybe_delivered_recipient(to.clone(), error.clone())
+                    })
+                } else {
+                    receipt
+                };
                 Ok(receipt)
             }
             // Neither sent nor kept: the caller gets the send's error, the database's inside.

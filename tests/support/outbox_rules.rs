@@ -989,6 +989,17 @@ pub async fn send_or_queue_queues_a_maybe_delivered_failure_to_send_again(outbox
     let receipt = transport.send(&super::message()).await.unwrap();
     assert!(receipt.is_queued(), "at least once: sent again later");
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
+    // The answer tells the truth: the resend may make a second copy.
+    let maybe: Vec<(String, &str)> = receipt
+        .maybe_delivered_recipients()
+        .iter()
+        .map(|(to, why)| (to.to_string(), why.code()))
+        .collect();
+    assert_eq!(
+        maybe,
+        [("user@example.org".to_owned(), "test.after_dot")],
+        "queued, and maybe delivered already"
+    );
 }
 
 pub async fn send_or_queue_under_at_most_once_answers_a_maybe_delivered_failure_and_keeps_nothing(

@@ -177,6 +177,8 @@ impl Answer {
         match &self.result {
             Err(_) if self.invalid => Exit::Usage,
             Err(error) => Exit::of(error),
+            // Queued is a success: the outbox sends it (again, for one maybe delivered).
+            Ok(receipt) if receipt.is_queued() => Exit::Ok,
             Ok(_) => Exit::combined(self.undelivered().into_iter().map(
                 |(how, _, why)| match how {
                     Missed::Deferred { queued: true } => Exit::Ok,

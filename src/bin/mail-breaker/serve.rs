@@ -26,8 +26,8 @@
 //! proxy, `--trusted-proxy ADDR` counts them against the client the proxy names in
 //! `X-Forwarded-For` instead of the proxy, which would hold back everyone behind it (the
 //! proxy must append to that header; a hundred wrong credentials through it within a
-//! minute still hold it back, so that one passing on its clients' own header does not make
-//! guessing free).
+//! minute still hold back its clients not admitted within the hour, so that one passing on
+//! its clients' own header does not make guessing free).
 //!
 //! With receivers configured (`webhooks.*`), it also serves them at `/webhooks/{provider}`
 //! (`/webhooks/ses`, `/webhooks/resend`...), outside the page's host, token, origin and
@@ -41,7 +41,7 @@
 //!
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
 //! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
-//! one address: behind a proxy, 64 from the proxy unless it is a `--trusted-proxy`); over
+//! one address: behind a proxy, 64 from the proxy, 512 from a `--trusted-proxy`); over
 //! TLS each handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one
 //! address, the oldest of the address with the most let go for a new one, so that
 //! connections that never finish theirs keep no one out.
@@ -100,8 +100,9 @@ pub struct ServeArgs {
     /// X-Forwarded-For, so that one client's guesses do not hold back everyone behind it.
     /// The proxy must append the address it was reached from (nginx:
     /// `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;`); whatever it
-    /// forwards, 100 wrong credentials through it within a minute hold it back. It is held
-    /// to the page's 1024 connections, not to one address's 64.
+    /// forwards, 100 wrong credentials through it within a minute hold back every client
+    /// behind it not admitted within the hour. It may hold 512 of the page's 1024
+    /// connections, not only one address's 64.
     #[arg(long, value_name = "ADDR")]
     trusted_proxy: Vec<IpAddr>,
     /// Serve only the webhook receivers (`/webhooks/{provider}`, configured by `webhooks.*`),

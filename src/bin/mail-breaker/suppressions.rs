@@ -145,7 +145,7 @@ async fn list_page(
     );
     if let Some(next) = next {
         out.note(&format!(
-            "more after this page: --after {}",
+            "more after this page: --after={}",
             shell_quoted(&next)
         ));
     }
