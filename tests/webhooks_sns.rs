@@ -507,6 +507,16 @@ async fn the_ses_documented_samples_parse_to_their_kinds_in_both_shapes() {
             "richard@example.com",
             EventKind::Complained { feedback: None },
         ),
+        // Opting into topic B while topic A stays opted out is no unsubscribe: only what
+        // changed from the old preferences counts.
+        (
+            publishing,
+            r#"{"eventType":"Subscription","mail":{"timestamp":"2022-01-12T01:00:14.340Z","messageId":"EXAMPLEe4bccb684-777bc8de-afa7-4970-92b0-f515137b1497-000000","destination":["recipient@example.com"]},"subscription":{"contactList":"ContactListName","timestamp":"2022-01-12T01:00:17.910Z","source":"UnsubscribeHeader","newTopicPreferences":{"unsubscribeAll":false,"topicSubscriptionStatus":[{"topicName":"A","subscriptionStatus":"OptOut"},{"topicName":"B","subscriptionStatus":"OptIn"}]},"oldTopicPreferences":{"unsubscribeAll":false,"topicSubscriptionStatus":[{"topicName":"A","subscriptionStatus":"OptOut"},{"topicName":"B","subscriptionStatus":"OptOut"}]}}}"#,
+            "recipient@example.com",
+            EventKind::Unknown {
+                provider_kind: "Subscription".into(),
+            },
+        ),
         // A recipient's subscribe again (the same record with the preference turned back on)
         // is no unsubscribe.
         (

@@ -149,15 +149,25 @@ pub(crate) fn read(message: &str, event_id: &str, published: SystemTime) -> Vec<
         // A recipient's change of its subscriptions (SES's list management): an unsubscribe
         // from every topic, or from one, reads as unsubscribed; a subscribe as unknown.
         "Subscription" => {
-            let preferences = &notification["subscription"]["newTopicPreferences"];
-            let all = preferences["unsubscribeAll"].as_bool() == Some(true);
-            let from_a_topic = preferences["topicSubscriptionStatus"]
-                .as_array()
-                .is_some_and(|topics| {
-                    topics
-                        .iter()
-                        .any(|topic| text(topic, &["subscriptionStatus"]) == Some("OptOut"))
-                });
+            let new = &notification["subscription"]["newTopicPreferences"];
+            let old = &notification["subscription"]["oldTopicPreferences"];
+            // What changed counts, not what stays: a topic opted out before is no news.
+            let all = new["unsubscribeAll"].as_bool() == Some(true)
+                && old["unsubscribeAll"].as_bool() != Some(true);
+            let opted_out = |preferences: &Value| -> Vec<String> {
+                preferences["topicSubscriptionStatus"]
+                    .as_array()
+                    .map(|topics| {
+                        topics
+                            .iter()
+                            .filter(|topic| text(topic, &["subscriptionStatus"]) == Some("OptOut"))
+                            .filter_map(|topic| text(topic, &["topicName"]).map(str::to_owned))
+                            .collect()
+                    })
+                    .unwrap_or_default()
+            };
+            let before = opted_out(old);
+            let from_a_topic = opted_out(new).iter().any(|topic| !before.contains(topic));
             let kind = if all || from_a_topic {
                 EventKind::Unsubscribed
             } else {
