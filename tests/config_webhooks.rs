@@ -567,3 +567,23 @@ fn the_body_limit_is_from_1_kib_to_64_mib() {
         assert_eq!(error.setting(), "webhooks.body_limit", "{refused}");
     }
 }
+
+/// The suppression list's store must exist in the stack: in the outbox's database, an
+/// outbox; in Redis, the stack's `[redis]`. Each is an error naming the key, and a stack
+/// that has it reads.
+#[test]
+fn a_suppression_list_needs_the_store_it_names_and_reads_when_the_stack_has_it() {
+    let error = Mailer::from_dsn("smtp://relay.example.com?suppression=true").unwrap_err();
+    assert_eq!(error.setting(), "suppression", "{error}");
+    let error = Mailer::from_dsn(
+        "smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true&suppression.store=redis",
+    )
+    .unwrap_err();
+    assert_eq!(error.setting(), "suppression.store", "{error}");
+    Mailer::from_dsn(
+        "smtp://relay.example.com?redis=redis://127.0.0.1/&suppression=true&suppression.store=redis",
+    )
+    .expect("a list in the stack's Redis");
+    Mailer::from_dsn("smtp://relay.example.com?outbox=sqlite:///tmp/o.db&suppression=true")
+        .expect("a list in the outbox's database");
+}

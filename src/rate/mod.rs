@@ -418,3 +418,18 @@ impl Recorded {
         self.rate(name).set(limiter.per_second());
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::sane;
+
+    #[test]
+    fn a_rate_factor_outside_zero_to_one_reads_as_one() {
+        for outside in [0.0, -0.5, 1.5, f64::NAN, f64::INFINITY] {
+            assert_eq!(sane(outside), 1.0, "{outside}");
+        }
+        for inside in [0.25, 1.0, f64::MIN_POSITIVE] {
+            assert_eq!(sane(inside), inside, "{inside}");
+        }
+    }
+}
