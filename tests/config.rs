@@ -507,6 +507,16 @@ fn a_redis_store_in_a_build_without_redis_is_an_error_naming_it() {
     assert!(reason.contains("`redis` feature"), "{reason}");
 }
 
+#[cfg(not(feature = "redis"))]
+#[test]
+fn a_suppression_list_in_redis_in_a_build_without_redis_is_an_error_naming_it() {
+    let (setting, reason) = dsn_error(
+        "smtp://a.example.com?outbox=sqlite:///tmp/o.db&suppression=true&suppression.store=redis",
+    );
+    assert_eq!(setting, "suppression.store");
+    assert!(reason.contains("`redis` feature"), "{reason}");
+}
+
 #[cfg(all(feature = "sendgrid", feature = "mailgun"))]
 #[test]
 fn an_apis_region_is_eu_or_us_and_us_is_the_default() {

@@ -596,6 +596,41 @@ fn a_rate_limiter_shows_its_rate_from_when_it_is_built_before_any_send() {
     );
 }
 
+/// A factor the limiter follows (a reputation breaker's throttle).
+#[derive(Debug, Clone, Default)]
+struct Factor(std::sync::Arc<std::sync::Mutex<f64>>);
+
+impl mail_breaker::rate::RateFactor for Factor {
+    fn rate_factor(&self) -> f64 {
+        *self.0.lock().unwrap()
+    }
+}
+
+#[tokio::test(start_paused = true)]
+async fn a_rate_limiters_gauge_shows_its_rate_times_the_factor_it_follows_after_a_change() {
+    use mail_breaker::metrics::RATE_PER_SECOND;
+    let (mut recorded, _guard) = Recorded::start();
+    let factor = Factor::default();
+    *factor.0.lock().unwrap() = 1.0;
+    let limited = mail_breaker::RateLimitTransport::builder(Scripted::new("ses"))
+        .per_second(8.0)
+        .burst(100)
+        .slowed_by(factor.clone())
+        .build()
+        .expect("valid settings");
+    limited.send(&message()).await.unwrap();
+    *factor.0.lock().unwrap() = 0.5;
+    limited.send(&message()).await.unwrap();
+    *factor.0.lock().unwrap() = 0.25;
+    limited.send(&message()).await.unwrap();
+    // Read once: the recorder's reader adds up what each read finds.
+    assert_eq!(
+        recorded.gauge(RATE_PER_SECOND, &[("transport", "ses")]),
+        2.0,
+        "the rate times the factor of the last change"
+    );
+}
+
 #[tokio::test(start_paused = true)]
 async fn a_rate_limiter_counts_its_refusals_and_shows_its_rate() {
     use mail_breaker::metrics::{RATE_PER_SECOND, RATE_REFUSED_TOTAL, RATE_WAIT_SECONDS};
