@@ -1454,16 +1454,21 @@ fn forwarded(peer: &str, forwarded_for: &str, authorization: &str) -> Request<Bo
     request
 }
 
-#[tokio::test]
-async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_client_alone() {
+/// A page asking for a user and password, behind the trusted proxy 10.0.0.5, under a paused
+/// clock: its router, its password, and the proxy's address as a peer.
+async fn behind_a_trusted_proxy() -> (Router, &'static str, &'static str) {
     let mailer = plain_mailer().await;
     tokio::time::pause();
     let password = "the right password";
-    let proxy = "10.0.0.5:50000";
     let admin = Admin::new(mailer)
         .credential(Credential::user("ops", password).unwrap())
         .trusted_proxies(["10.0.0.5".parse().unwrap()]);
-    let router = admin.router();
+    (admin.router(), password, "10.0.0.5:50000")
+}
+
+#[tokio::test]
+async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_client_alone() {
+    let (router, password, proxy) = behind_a_trusted_proxy().await;
     for guess in 0..10 {
         let wrong = basic("ops", &format!("guess number {guess}"));
         // The guesser's own claim (left) is not believed: the proxy's entry (right) is.
@@ -1487,14 +1492,7 @@ async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_cli
 /// minute hold back everything that comes through it, so guessing stays slow.
 #[tokio::test]
 async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_forwards() {
-    let mailer = plain_mailer().await;
-    tokio::time::pause();
-    let password = "the right password";
-    let proxy = "10.0.0.5:50000";
-    let admin = Admin::new(mailer)
-        .credential(Credential::user("ops", password).unwrap())
-        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
-    let router = admin.router();
+    let (router, password, proxy) = behind_a_trusted_proxy().await;
     for guess in 0..100u32 {
         let wrong = basic("ops", &format!("guess number {guess}"));
         let forged = format!("198.51.{}.{}", guess / 250, guess % 250 + 1);
@@ -1514,14 +1512,7 @@ async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_
 /// know, not the people already at work.
 #[tokio::test]
 async fn a_held_back_proxy_still_lets_through_a_client_it_admitted_within_the_hour() {
-    let mailer = plain_mailer().await;
-    tokio::time::pause();
-    let password = "the right password";
-    let proxy = "10.0.0.5:50000";
-    let admin = Admin::new(mailer)
-        .credential(Credential::user("ops", password).unwrap())
-        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
-    let router = admin.router();
+    let (router, password, proxy) = behind_a_trusted_proxy().await;
     let right = basic("ops", password);
     let operator = call(&router, forwarded(proxy, "198.51.100.1", &right)).await;
     assert_eq!(operator.status(), StatusCode::OK);
@@ -1542,13 +1533,7 @@ async fn a_held_back_proxy_still_lets_through_a_client_it_admitted_within_the_ho
 
 #[tokio::test]
 async fn a_forwarded_for_header_from_a_peer_that_is_not_a_trusted_proxy_changes_nothing() {
-    let mailer = plain_mailer().await;
-    tokio::time::pause();
-    let password = "the right password";
-    let admin = Admin::new(mailer)
-        .credential(Credential::user("ops", password).unwrap())
-        .trusted_proxies(["10.0.0.5".parse().unwrap()]);
-    let router = admin.router();
+    let (router, password, _proxy) = behind_a_trusted_proxy().await;
     let guesser = "203.0.113.7:40000";
     for guess in 0..10 {
         let wrong = basic("ops", &format!("guess number {guess}"));

@@ -206,7 +206,7 @@ pub(crate) async fn required(
     let peer =
         connected.map(|address| super::throttle::client(address, request.headers(), &proxies));
     // The trusted proxy the request came through, counted as a whole as well.
-    let proxy = connected.filter(|address| proxies.contains(&address.to_canonical()));
+    let proxy = connected.filter(|address| super::throttle::is_trusted(*address, &proxies));
     let throttle = &throttles.clients;
     let now = Instant::now();
     // A proxy held back keeps out whom it does not know, not a client admitted lately.

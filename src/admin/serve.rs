@@ -91,7 +91,7 @@ impl PerPeer {
     /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`] (a
     /// trusted proxy [`OPEN_PER_PROXY`]); its first refusal is logged.
     fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
-        let cap = if table.exempt.contains(&peer.ip().to_canonical()) {
+        let cap = if super::throttle::is_trusted(peer.ip(), &table.exempt) {
             OPEN_PER_PROXY
         } else {
             OPEN_PER_PEER

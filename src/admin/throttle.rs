@@ -194,7 +194,7 @@ pub(crate) fn peer_of(address: IpAddr) -> IpAddr {
 /// outermost trusted proxy was reached from: the entries to its left are the client's own
 /// claims), or `peer` when the header names none it can read.
 pub(crate) fn client(peer: IpAddr, headers: &HeaderMap, proxies: &[IpAddr]) -> IpAddr {
-    let trusted = |address: IpAddr| proxies.contains(&address.to_canonical());
+    let trusted = |address: IpAddr| is_trusted(address, proxies);
     if !trusted(peer) {
         return peer;
     }
@@ -213,6 +213,13 @@ pub(crate) fn client(peer: IpAddr, headers: &HeaderMap, proxies: &[IpAddr]) -> I
         }
     }
     peer
+}
+
+/// Whether `address` is one of the trusted `proxies` (kept canonical by
+/// [`Admin::trusted_proxies`](super::Admin::trusted_proxies)), an IPv4 address mapped into
+/// IPv6 included.
+pub(crate) fn is_trusted(address: IpAddr, proxies: &[IpAddr]) -> bool {
+    proxies.contains(&address.to_canonical())
 }
 
 /// The address of one `X-Forwarded-For` entry: `192.0.2.1`, `2001:db8::1`, or either with
