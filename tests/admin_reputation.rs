@@ -14,14 +14,12 @@ mod support;
 
 use std::path::Path;
 use std::sync::{Arc, Once};
-use std::time::SystemTime;
 
 use axum::Router;
 use axum::body::Body;
 use axum::http::{Request, Response, StatusCode, header};
 use http_body_util::BodyExt;
 use mail_breaker::admin::Admin;
-use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
 use mail_breaker::reputation::Tier;
 use mail_breaker::suppression::Reason;
 use mail_breaker::{Mailer, Message, Transport};
@@ -86,26 +84,10 @@ async fn sends_and_bounces(mailer: &Mailer, sends: usize, bounces: usize) {
     for n in 0..sends {
         mailer.send(&message(n)).await.unwrap();
     }
-    let events: Vec<DeliveryEvent> = (0..bounces)
-        .map(|n| {
-            let mut event = DeliveryEvent::new(
-                Provider::Ses,
-                format!("bounce-{n}"),
-                EventKind::Bounced {
-                    bounce: BounceKind::Permanent,
-                    subtype: None,
-                },
-                format!("user{n}@example.org"),
-                SystemTime::now(),
-            );
-            event.member = Some("ses".into());
-            event
-        })
-        .collect();
     mailer
         .reputation("ses")
         .unwrap()
-        .record(&events)
+        .record(&support::hard_bounces("ses", bounces))
         .await
         .unwrap();
 }

@@ -13,11 +13,10 @@ mod support;
 
 use std::process::Output;
 use std::sync::Once;
-use std::time::{Duration, SystemTime};
+use std::time::Duration;
 
 use assert_cmd::Command;
 use mail_breaker::config::Mailer;
-use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
 use mail_breaker::reputation::Tier;
 use mail_breaker::{Message, Transport};
 use serde_json::Value;
@@ -132,26 +131,10 @@ async fn application(dsn: &str, sends: usize, bounces: usize) -> Mailer {
             .unwrap();
         mailer.send(&message).await.unwrap();
     }
-    let events: Vec<DeliveryEvent> = (0..bounces)
-        .map(|n| {
-            let mut event = DeliveryEvent::new(
-                Provider::Ses,
-                format!("bounce-{n}"),
-                EventKind::Bounced {
-                    bounce: BounceKind::Permanent,
-                    subtype: None,
-                },
-                format!("user{n}@example.org"),
-                SystemTime::now(),
-            );
-            event.member = Some("ses".into());
-            event
-        })
-        .collect();
     mailer
         .reputation("ses")
         .unwrap()
-        .record(&events)
+        .record(&support::hard_bounces("ses", bounces))
         .await
         .unwrap();
     mailer

@@ -62,3 +62,26 @@ pub fn numbered_messages(count: usize) -> Vec<Message> {
         })
         .collect()
 }
+
+/// `count` permanent bounces reported now by SES for `user{n}@example.org`, heard for the
+/// member `member`: what a reputation breaker's tests record.
+#[cfg(feature = "webhooks")]
+pub fn hard_bounces(member: &str, count: usize) -> Vec<mail_breaker::events::DeliveryEvent> {
+    use mail_breaker::events::{BounceKind, DeliveryEvent, EventKind, Provider};
+    (0..count)
+        .map(|n| {
+            let mut event = DeliveryEvent::new(
+                Provider::Ses,
+                format!("bounce-{n}"),
+                EventKind::Bounced {
+                    bounce: BounceKind::Permanent,
+                    subtype: None,
+                },
+                format!("user{n}@example.org"),
+                std::time::SystemTime::now(),
+            );
+            event.member = Some(member.to_owned());
+            event
+        })
+        .collect()
+}
