@@ -62,6 +62,8 @@ pub struct Receipt {
     transactions: Vec<AcceptedTransaction>,
     /// Kept in an outbox to be sent later, not delivered yet.
     queued: bool,
+    /// The recipients it lists as owed (deferred, maybe delivered) are kept in an outbox.
+    owed_kept: bool,
 }
 
 impl Receipt {
@@ -77,6 +79,7 @@ impl Receipt {
             maybe_delivered: Vec::new(),
             transactions: Vec::new(),
             queued: false,
+            owed_kept: false,
         }
     }
 
@@ -98,6 +101,29 @@ impl Receipt {
     /// then the outbox's id) rather than delivered.
     pub fn is_queued(&self) -> bool {
         self.queued
+    }
+
+    /// Marks the recipients this receipt lists as owed (deferred, maybe delivered) as kept
+    /// in an outbox, which sends to them again.
+    pub(crate) fn owed_kept(mut self) -> Self {
+        self.owed_kept = true;
+        self
+    }
+
+    /// Whether an outbox keeps the recipients this receipt lists as owed (deferred, maybe
+    /// delivered) to send to them again, or queued the whole message
+    /// ([`is_queued`](Self::is_queued)). A layer outside, such as a
+    /// [`RetryTransport`](crate::RetryTransport) around
+    /// [`send_or_queue`](crate::outbox::OutboxTransport::send_or_queue), must then not send to
+    /// them itself: that would be a second copy.
+    ///
+    /// ```
+    /// # use mail_breaker::Receipt;
+    /// assert!(Receipt::new("outbox").queued().is_kept_for_later());
+    /// assert!(!Receipt::new("smtp://relay:25").is_kept_for_later());
+    /// ```
+    pub fn is_kept_for_later(&self) -> bool {
+        self.queued || self.owed_kept
     }
 
     /// Adds the provider's id for the message (an SES MessageId, an SMTP queue id).

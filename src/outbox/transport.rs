@@ -122,20 +122,26 @@ impl<T: Transport> OutboxTransport<T> {
             .map(|(error, to)| (row(to), super::record::StoredError::of(error)))
             .collect();
         match self.outbox.keep_split(&queued, &dead).await {
-            Ok(()) => tracing::debug!(
-                queued = queued.len(),
-                dead = dead.len(),
-                "outbox.queued_owed"
-            ),
-            Err(error) => tracing::error!(
-                error = %error,
-                deferred = receipt.deferred_recipients().len(),
-                maybe_delivered = receipt.maybe_delivered_recipients().len(),
-                rejected = receipt.rejected_recipients().len(),
-                "outbox.owed_not_kept"
-            ),
+            Ok(()) => {
+                tracing::debug!(
+                    queued = queued.len(),
+                    dead = dead.len(),
+                    "outbox.queued_owed"
+                );
+                // The outbox sends to them again: a retry outside must not (a second copy).
+                receipt.owed_kept()
+            }
+            Err(error) => {
+                tracing::error!(
+                    error = %error,
+                    deferred = receipt.deferred_recipients().len(),
+                    maybe_delivered = receipt.maybe_delivered_recipients().len(),
+                    rejected = receipt.rejected_recipients().len(),
+                    "outbox.owed_not_kept"
+                );
+                receipt
+            }
         }
-        receipt
     }
 
     async fn queue(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {

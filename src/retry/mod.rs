@@ -160,10 +160,11 @@ impl<T: Transport> RetryTransport<T> {
     }
 
     /// Whether `receipt` lists recipients to send to again: the deferred, and the
-    /// maybe-delivered unless `at_most_once`.
+    /// maybe-delivered unless `at_most_once`, unless an outbox inside keeps them.
     fn leaves_recipients_to_retry(&self, receipt: &Receipt) -> bool {
-        !receipt.deferred_recipients().is_empty()
-            || !(self.policy.at_most_once || receipt.maybe_delivered_recipients().is_empty())
+        !receipt.is_kept_for_later()
+            && (!receipt.deferred_recipients().is_empty()
+                || !(self.policy.at_most_once || receipt.maybe_delivered_recipients().is_empty()))
     }
 
     /// Sends `raw` again to the recipients of `receipt` it may send to again (the deferred,

@@ -963,6 +963,54 @@ pub async fn shutdown_lets_sends_in_flight_finish_and_starts_no_more(outbox: Out
     );
 }
 
+/// A retry wrapped around `send_or_queue`, with a short backoff.
+fn retry_around<T: Transport>(transport: T) -> mail_breaker::RetryTransport<T> {
+    mail_breaker::RetryTransport::builder(transport)
+        .max_attempts(3)
+        .backoff(mail_breaker::Backoff::constant(Duration::from_millis(10)))
+        .build()
+        .unwrap()
+}
+
+/// Review 6: a retry around `send_or_queue` that sent the queued recipients again made one
+/// more copy, and one more row if that send failed the same way.
+pub async fn a_retry_around_send_or_queue_sends_nothing_again_that_it_queued(outbox: Outbox) {
+    let provider = Scripted::new("provider");
+    provider.then([Reply::Err(maybe_delivered())]);
+    let transport = retry_around(OutboxTransport::send_or_queue(
+        outbox.clone(),
+        provider.clone(),
+    ));
+    let receipt = transport.send(&super::message()).await.unwrap();
+    assert!(receipt.is_queued());
+    assert_eq!(
+        provider.sends(),
+        1,
+        "the outbox sends it again, not the retry"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+}
+
+/// Review 6: the same for the recipients a partial delivery left owed, which
+/// `send_or_queue` keeps in the outbox.
+pub async fn a_retry_around_send_or_queue_sends_nothing_again_to_the_recipients_it_kept(
+    outbox: Outbox,
+) {
+    let provider = PartlyDelivering::default();
+    let transport = retry_around(OutboxTransport::send_or_queue(
+        outbox.clone(),
+        provider.clone(),
+    ));
+    let receipt = transport.send(&partly(&["later", "maybe"])).await.unwrap();
+    assert!(!receipt.is_queued(), "delivered to now@");
+    assert_eq!(
+        provider.envelopes.lock().unwrap().len(),
+        1,
+        "only the outbox sends again"
+    );
+    assert_eq!(outbox.stats().await.unwrap().queued, 1);
+}
+
 pub async fn send_or_queue_queues_a_failure_that_may_pass(outbox: Outbox) {
     let down = Scripted::answering("provider", Reply::fail(Category::ServiceUnavailable));
     let transport = OutboxTransport::send_or_queue(outbox.clone(), down);
@@ -1535,6 +1583,8 @@ macro_rules! all_outbox_rules {
             a_breaker_open_for_one_recipient_domain_holds_back_that_domains_mail_alone,
             shutdown_lets_sends_in_flight_finish_and_starts_no_more,
             send_or_queue_queues_a_failure_that_may_pass,
+            a_retry_around_send_or_queue_sends_nothing_again_that_it_queued,
+            a_retry_around_send_or_queue_sends_nothing_again_to_the_recipients_it_kept,
             send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing,
             send_or_queue_keeps_every_failure_the_worker_would_send_again,
             send_or_queue_queues_a_maybe_delivered_failure_to_send_again,
