@@ -8,8 +8,9 @@ const ADDRESS_COLUMNS: [&str; 4] = ["address", "email", "emailaddress", "recipie
 /// Column names of the reason, compared likewise.
 const REASON_COLUMNS: [&str; 3] = ["reason", "suppressionreason", "type"];
 
-/// Column names of a delivery status (`5.1.1`), compared likewise.
-const STATUS_COLUMNS: [&str; 1] = ["status"];
+/// Column names of a delivery status (SendGrid's `5.1.1`) or reply code (Mailgun's `550`),
+/// compared likewise.
+const STATUS_COLUMNS: [&str; 2] = ["status", "code"];
 
 /// What an import's CSV holds.
 #[derive(Debug)]
@@ -87,6 +88,13 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Read, SuppressionError>
             skipped += 1;
             return Ok(());
         }
+        if reason_at
+            .and_then(|at| row.get(at))
+            .is_some_and(|text| says_temporary(text))
+        {
+            skipped += 1;
+            return Ok(());
+        }
         let reason = match reason_at.and_then(|at| row.get(at)) {
             // A sentence the list does not read as a reason is a provider's free text (the
             // receiving server's answer in SendGrid's bounces export): the import's reason.
@@ -123,6 +131,32 @@ pub(super) fn read(csv: &str, default: Reason) -> Result<Read, SuppressionError>
 /// word: a word the list does not know is refused, as a typo would be.
 fn is_free_text(text: &str) -> bool {
     text.split_whitespace().nth(1).is_some()
+}
+
+/// Whether a reason field says a temporary failure: it begins with a `4xx` reply or a
+/// `4.x.x` status (`421 4.7.0 Try again later`), or, beginning with neither a `5xx` nor a
+/// `5.x.x`, it names a soft, transient, temporary or deferred failure (`Soft bounce`,
+/// Postmark's `SoftBounce`). A permanent code first wins over such words in the server's
+/// text.
+fn says_temporary(text: &str) -> bool {
+    let first = text.split_whitespace().next().unwrap_or_default();
+    let code = |class: char| {
+        first.strip_prefix(class).is_some_and(|rest| {
+            (rest.len() == 2 && rest.bytes().all(|b| b.is_ascii_digit())) || rest.starts_with('.')
+        })
+    };
+    if code('4') {
+        return true;
+    }
+    if code('5') {
+        return false;
+    }
+    text.split(|c: char| !c.is_alphanumeric()).any(|word| {
+        matches!(
+            word.to_lowercase().as_str(),
+            "soft" | "softbounce" | "transient" | "temporary" | "deferred" | "greylisted"
+        )
+    })
 }
 
 fn error(line: usize, why: String) -> SuppressionError {
@@ -224,6 +258,37 @@ mod tests {
         let csv = "email,created,reason,status\n\
                    later@example.org,1700000000,\"421 4.7.0 Try again later\",4.7.0\n\
                    gone@example.org,1700000000,\"550 5.1.1 No such user\",5.1.1\n";
+        let read = read(csv, Reason::Bounced).unwrap();
+        assert_eq!(
+            read.rows,
+            vec![("gone@example.org".to_owned(), Reason::Bounced)]
+        );
+        assert_eq!(read.skipped, 1);
+    }
+
+    #[test]
+    fn a_row_whose_reason_says_a_temporary_failure_is_skipped_not_suppressed() {
+        let csv = "email,reason\n\
+                   soft@example.org,Soft bounce\n\
+                   soft2@example.org,SoftBounce\n\
+                   later@example.org,\"421 4.7.0 Try again later\"\n\
+                   status@example.org,\"4.2.2 over quota\"\n\
+                   temp@example.org,Temporary failure\n\
+                   gone@example.org,\"550 5.1.1 No such user\"\n";
+        let read = read(csv, Reason::Bounced).unwrap();
+        assert_eq!(
+            read.rows,
+            vec![("gone@example.org".to_owned(), Reason::Bounced)]
+        );
+        assert_eq!(read.skipped, 5);
+    }
+
+    #[test]
+    fn a_row_whose_code_column_says_a_temporary_failure_is_skipped_not_suppressed() {
+        // Mailgun's bounces export: address, code, error, created_at.
+        let csv = "address,code,error,created_at\n\
+                   later@example.org,421,\"Try again later\",2024\n\
+                   gone@example.org,550,\"No such user\",2024\n";
         let read = read(csv, Reason::Bounced).unwrap();
         assert_eq!(
             read.rows,

@@ -247,8 +247,10 @@ pub struct Imported {
     pub read: usize,
     /// Of those, how many were not on the list before (the others are left as they were).
     pub added: usize,
-    /// Rows not imported because their `status` column says a temporary failure (`4.x.x`,
-    /// as in SendGrid's blocks export): no reason to suppress an address for good.
+    /// Rows not imported because they say a temporary failure: a `status` or `code` column
+    /// of `4.x.x` or `4xx` (SendGrid's blocks export, Mailgun's `code`), or a reason that
+    /// begins so or names a soft, transient, temporary or deferred failure (`Soft bounce`):
+    /// no reason to suppress an address for good.
     pub skipped: usize,
 }
 
@@ -625,8 +627,10 @@ impl SuppressionList {
     /// (`address,code,error,created_at`), SendGrid's bounces (`email,created,reason,status`,
     /// whose reason is the receiving server's answer), or a list written by hand. A reason is
     /// read by [`Reason::from_export`]; a line without one, or whose reason is words it does
-    /// not read (a provider's free text), takes `default`. A row whose `status` column says a
-    /// temporary failure (`4.x.x`) is skipped and counted in [`Imported::skipped`].
+    /// not read (a provider's free text), takes `default`. A row that says a temporary
+    /// failure (a `status` or `code` of `4.x.x` or `4xx`, a reason such as
+    /// `421 4.7.0 Try again later` or `Soft bounce`) is skipped and counted in
+    /// [`Imported::skipped`].
     ///
     /// # Errors
     /// `Import` with the line's number for a line that is no address, a reason the list does

@@ -41,13 +41,16 @@ pub(crate) fn time(at: Millis) -> SystemTime {
 /// an internationalized domain as its punycode (`bücher.de` is `xn--bcher-kva.de`).
 /// Surrounding spaces and one pair of angle brackets are dropped. `Err` says why it is no
 /// address.
-pub(crate) fn address_key(address: &str) -> Result<String, &'static str> {
-    let trimmed = address.trim();
-    let bare = trimmed
-        .strip_prefix('<')
-        .and_then(|inner| inner.strip_suffix('>'))
-        .unwrap_or(trimmed)
-        .trim();
+pub(crate) fn address_key<'a>(address: &'a str) -> Result<String, &'static str> {
+    // ASCII blanks alone: a non-ASCII space (U+3000) belongs to the mailbox's name.
+    let ascii_trim = |text: &'a str| text.trim_matches(|c: char| c.is_ascii_whitespace());
+    let trimmed = ascii_trim(address);
+    let bare = ascii_trim(
+        trimmed
+            .strip_prefix('<')
+            .and_then(|inner| inner.strip_suffix('>'))
+            .unwrap_or(trimmed),
+    );
     let Some((local, domain)) = bare.rsplit_once('@') else {
         return Err("it has no @");
     };
@@ -110,21 +113,23 @@ fn unescaped(inner: &str) -> Option<String> {
 
 /// Whether `text` is a local part that needs no quotes (RFC 5321's dot-string, with the
 /// non-ASCII characters of RFC 6531): atoms of letters, digits, ``!#$%&'*+-/=?^_`{|}~``
-/// and any non-ASCII character but a space, joined by single dots.
+/// and any non-ASCII character (lettre sends a non-ASCII space unquoted too), joined by
+/// single dots.
 fn is_dot_atom(text: &str) -> bool {
-    let atom_char = |c: char| {
-        c.is_ascii_alphanumeric()
-            || "!#$%&'*+-/=?^_`{|}~".contains(c)
-            || (!c.is_ascii() && !c.is_whitespace())
-    };
+    let atom_char =
+        |c: char| c.is_ascii_alphanumeric() || "!#$%&'*+-/=?^_`{|}~".contains(c) || !c.is_ascii();
     text.split('.')
         .all(|atom| !atom.is_empty() && atom.chars().all(atom_char))
 }
 
 /// A domain as one key whichever way it is written: in ASCII (an internationalized name as
 /// its punycode, as providers report it), lower case. What IDNA cannot read (an address
-/// literal, a name it refuses) is kept in lower case.
+/// literal, a name it refuses) is kept in lower case, and so is a name holding a `%`: the
+/// URL parser would read `%2e` as a dot, which no mail server does.
 fn domain_key(domain: &str) -> String {
+    if domain.contains('%') {
+        return domain.to_lowercase();
+    }
     match url::Host::parse(domain) {
         Ok(url::Host::Domain(ascii)) => ascii,
         _ => domain.to_lowercase(),
@@ -303,6 +308,40 @@ mod tests {
         ] {
             assert!(address_key(text).is_err(), "{text:?}");
         }
+    }
+
+    #[test]
+    fn a_local_part_that_begins_with_a_non_ascii_space_is_not_keyed_as_the_address_without_it() {
+        // Only ASCII blanks surround an address; an ideographic space belongs to its mailbox.
+        for space in ['\u{3000}', '\u{a0}', '\u{85}'] {
+            let key = address_key(&format!("{space}victim@example.org"));
+            assert_ne!(key, address_key("victim@example.org"), "{space:?}");
+        }
+    }
+
+    #[test]
+    fn a_quoted_local_part_of_non_ascii_spaces_has_the_key_of_the_same_part_unquoted() {
+        // lettre sends both spellings, which name one mailbox.
+        for space in ['\u{3000}', '\u{a0}', '\u{85}'] {
+            assert_eq!(
+                address_key(&format!("\"a{space}b\"@example.org")),
+                address_key(&format!("a{space}b@example.org")),
+                "{space:?}"
+            );
+        }
+    }
+
+    #[test]
+    fn a_domain_written_with_percent_escapes_is_not_keyed_as_the_decoded_domain() {
+        // IDNA's parser of URLs reads `%2e` as a dot; no mail server does.
+        assert_ne!(
+            address_key("victim@gmail%2ecom"),
+            address_key("victim@gmail.com")
+        );
+        assert_ne!(
+            address_key("victim@gm%61il.com"),
+            address_key("victim@gmail.com")
+        );
     }
 
     #[test]

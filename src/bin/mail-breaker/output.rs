@@ -130,7 +130,7 @@ impl Out {
 /// Whether a terminal acts on `c` rather than show it: the C0 controls, DEL, the C1 controls
 /// (U+0080 to U+009F; U+009B is CSI) and the bidirectional controls (U+202A to U+202E,
 /// U+2066 to U+2069), which reorder what follows them.
-fn acts_on_a_terminal(c: char) -> bool {
+pub fn acts_on_a_terminal(c: char) -> bool {
     c.is_control()
         || ('\u{202a}'..='\u{202e}').contains(&c)
         || ('\u{2066}'..='\u{2069}').contains(&c)

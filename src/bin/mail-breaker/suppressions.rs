@@ -144,6 +144,7 @@ async fn list_page(
             .collect(),
     );
     if let Some(next) = next {
+        // Quoted for bash, controls as escapes it reads back (`$'...'`).
         out.note(&format!(
             "more after this page: --after={}",
             shell_quoted(&next)
@@ -214,8 +215,8 @@ async fn import(
         ));
         if imported.skipped > 0 {
             out.line(&format!(
-                "{} row{} skipped: {} status says a temporary failure (4.x.x), no reason to \
-                 suppress for good",
+                "{} row{} skipped: {} status, code or reason says a temporary failure (4.x.x, \
+                 4xx, a soft bounce), no reason to suppress for good",
                 imported.skipped,
                 if imported.skipped == 1 { "" } else { "s" },
                 if imported.skipped == 1 {
@@ -236,7 +237,29 @@ fn shell_quoted(text: &str) -> String {
     if !text.is_empty() && text.chars().all(plain) {
         return text.to_owned();
     }
-    format!("'{}'", text.replace('\'', "'\\''"))
+    if !text.chars().any(crate::output::acts_on_a_terminal) {
+        return format!("'{}'", text.replace('\'', "'\\''"));
+    }
+    // A control in single quotes would reach the terminal escaped (`\t`, two characters),
+    // and the pasted cursor would be another key: bash's `$'...'` writes it as an escape
+    // that the shell reads back, in printable characters the terminal shows as they are.
+    let mut quoted = String::from("$'");
+    for c in text.chars() {
+        match c {
+            '\\' => quoted.push_str("\\\\"),
+            '\'' => quoted.push_str("\\'"),
+            '\t' => quoted.push_str("\\t"),
+            '\n' => quoted.push_str("\\n"),
+            '\r' => quoted.push_str("\\r"),
+            c if crate::output::acts_on_a_terminal(c) => {
+                // Four digits always: `\u` reads up to four, so a hex letter after it stays.
+                quoted.push_str(&format!("\\u{:04x}", u32::from(c)));
+            }
+            c => quoted.push(c),
+        }
+    }
+    quoted.push('\'');
+    quoted
 }
 
 #[cfg(test)]
@@ -254,5 +277,27 @@ mod tests {
             shell_quoted("o'neil@example.org"),
             "'o'\\''neil@example.org'"
         );
+    }
+
+    #[test]
+    fn the_next_pages_after_hint_pasted_into_a_shell_continues_where_the_page_ended() {
+        // The hint is printed through the terminal's escaping, then pasted into bash.
+        for key in [
+            "\"john\tdoe\"@example.org",
+            "\"it's\\\tthe\r\"@example.org",
+            "a\u{85}\u{202e}b@example.org",
+            "o'neil@example.org",
+        ] {
+            let hint = crate::output::for_terminal(&shell_quoted(key)).into_owned();
+            let Ok(echoed) = std::process::Command::new("bash")
+                .arg("-c")
+                .arg(format!("printf %s {hint}"))
+                .output()
+            else {
+                println!("SKIPPED: no bash to paste the hint into");
+                return;
+            };
+            assert_eq!(String::from_utf8_lossy(&echoed.stdout), key, "{hint}");
+        }
     }
 }
