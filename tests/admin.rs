@@ -1488,15 +1488,14 @@ async fn behind_a_trusted_proxy_one_clients_wrong_credentials_hold_back_that_cli
 
 /// Hostile review of the trusted proxies: a proxy that passes on its clients' own
 /// `X-Forwarded-For` (one that sets only `X-Real-IP`, or forwards TCP) lets a guesser name a
-/// new address for each guess; a hundred wrong credentials through one proxy within a
+/// new address for each guess; a thousand wrong credentials through one proxy within a
 /// minute hold back everything that comes through it, so guessing stays slow.
 #[tokio::test]
-async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_forwards() {
+async fn through_one_trusted_proxy_a_thousand_wrong_credentials_hold_back_all_it_forwards() {
     let (router, password, proxy) = behind_a_trusted_proxy().await;
-    for guess in 0..100u32 {
+    for guess in 0..1000u32 {
         let wrong = basic("ops", &format!("guess number {guess}"));
-        let forged = format!("198.51.{}.{}", guess / 250, guess % 250 + 1);
-        let answer = call(&router, forwarded(proxy, &forged, &wrong)).await;
+        let answer = call(&router, forwarded(proxy, &forged(guess), &wrong)).await;
         assert_eq!(answer.status(), StatusCode::UNAUTHORIZED, "guess {guess}");
     }
     let right = basic("ops", password);
@@ -1507,7 +1506,64 @@ async fn through_one_trusted_proxy_a_hundred_wrong_credentials_hold_back_all_it_
     assert_eq!(later.status(), StatusCode::OK, "held back for ever");
 }
 
-/// Second hostile review: ten guessers behind one proxy hold the proxy back, but not an
+/// A forged client address of its own network (a /24) for each guess.
+fn forged(guess: u32) -> String {
+    format!("100.{}.{}.1", 64 + guess / 256, guess % 256)
+}
+
+/// Review 6: a hundred wrong credentials through a proxy held back everyone it forwards, so
+/// ten guessers, each stopped after its own ten, kept the operator on call out. Guessers are
+/// counted by their networks; only a thousand hold the proxy.
+#[tokio::test]
+async fn guessers_from_ten_networks_behind_a_trusted_proxy_do_not_keep_out_an_operator_with_the_right_credential()
+ {
+    let (router, password, proxy) = behind_a_trusted_proxy().await;
+    for guess in 0..100u32 {
+        let wrong = basic("ops", &format!("guess number {guess}"));
+        let guesser = format!("198.51.{}.7", guess / 10);
+        call(&router, forwarded(proxy, &guesser, &wrong)).await;
+    }
+    let right = basic("ops", password);
+    let operator = call(&router, forwarded(proxy, "192.0.2.200", &right)).await;
+    assert_eq!(operator.status(), StatusCode::OK);
+}
+
+/// Review 6: a client is an IPv4 address or an IPv6 /64, and one network holds many; a
+/// hundred wrong credentials from one network (an IPv4 /24, an IPv6 /48) within a minute
+/// hold back the whole network, and no other.
+#[tokio::test]
+async fn a_hundred_wrong_credentials_from_one_network_hold_back_its_clients_and_no_other() {
+    let mailer = plain_mailer().await;
+    tokio::time::pause();
+    let password = "the right password";
+    let router = Admin::new(mailer)
+        .credential(Credential::user("ops", password).unwrap())
+        .router();
+    let right = basic("ops", password);
+    for (client, neighbour, stranger) in [
+        (
+            (|n: u32| format!("203.0.113.{}:40000", n + 1)) as fn(u32) -> String,
+            "203.0.113.200:40000",
+            "198.51.100.1:40000",
+        ),
+        (
+            |n: u32| format!("[2001:db8:0:{:x}::1]:40000", n + 1),
+            "[2001:db8:0:ff::1]:40000",
+            "[2001:db8:1::1]:40000",
+        ),
+    ] {
+        for guess in 0..100u32 {
+            let wrong = basic("ops", &format!("guess number {guess}"));
+            call(&router, from_peer(&client(guess / 10), &wrong)).await;
+        }
+        let neighbour = call(&router, from_peer(neighbour, &right)).await;
+        assert_eq!(neighbour.status(), StatusCode::TOO_MANY_REQUESTS);
+        let stranger = call(&router, from_peer(stranger, &right)).await;
+        assert_eq!(stranger.status(), StatusCode::OK);
+    }
+}
+
+/// Second hostile review: guessers behind one proxy hold the proxy back, but not an
 /// operator who logged in through it within the hour: the hold keeps out whom it does not
 /// know, not the people already at work.
 #[tokio::test]
@@ -1516,10 +1572,9 @@ async fn a_held_back_proxy_still_lets_through_a_client_it_admitted_within_the_ho
     let right = basic("ops", password);
     let operator = call(&router, forwarded(proxy, "198.51.100.1", &right)).await;
     assert_eq!(operator.status(), StatusCode::OK);
-    for guess in 0..100u32 {
+    for guess in 0..1000u32 {
         let wrong = basic("ops", &format!("guess number {guess}"));
-        let guesser = format!("203.0.113.{}", guess / 10 + 1);
-        call(&router, forwarded(proxy, &guesser, &wrong)).await;
+        call(&router, forwarded(proxy, &forged(guess), &wrong)).await;
     }
     let newcomer = call(&router, forwarded(proxy, "192.0.2.200", &right)).await;
     assert_eq!(newcomer.status(), StatusCode::TOO_MANY_REQUESTS);

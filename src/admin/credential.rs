@@ -168,14 +168,15 @@ impl fmt::Debug for Credential {
     }
 }
 
-/// The wrong credentials counted for a page: of each client, and of each trusted proxy as a
-/// whole (see [`throttle`](super::throttle)).
+/// The wrong credentials counted for a page: of each client, of each client's network, and
+/// of each trusted proxy as a whole (see [`throttle`](super::throttle)).
 #[derive(Debug)]
 pub(crate) struct Throttles {
     clients: Throttle,
+    networks: Throttle,
     proxies: Throttle,
-    /// The clients that gave the right credential lately: a proxy held back for the wrong
-    /// ones of others still lets them through.
+    /// The clients that gave the right credential lately: a network or a proxy held back
+    /// for the wrong ones of others still lets them through.
     admitted: super::throttle::Admitted,
 }
 
@@ -183,6 +184,7 @@ impl Default for Throttles {
     fn default() -> Throttles {
         Throttles {
             clients: Throttle::default(),
+            networks: Throttle::allowing(super::throttle::WRONG_FROM_A_NETWORK_AT_MOST),
             proxies: Throttle::allowing(super::throttle::WRONG_THROUGH_A_PROXY_AT_MOST),
             admitted: super::throttle::Admitted::default(),
         }
@@ -207,13 +209,19 @@ pub(crate) async fn required(
         connected.map(|address| super::throttle::client(address, request.headers(), &proxies));
     // The trusted proxy the request came through, counted as a whole as well.
     let proxy = connected.filter(|address| super::throttle::is_trusted(*address, &proxies));
+    let network = peer.map(super::throttle::network_of);
     let throttle = &throttles.clients;
     let now = Instant::now();
-    // A proxy held back keeps out whom it does not know, not a client admitted lately.
+    // A network or a proxy held back keeps out whom it does not know, not a client admitted
+    // lately.
     let held = throttle.held(peer, now).or_else(|| {
-        proxy
-            .filter(|_| !peer.is_some_and(|peer| throttles.admitted.lately(peer, now)))
-            .and_then(|proxy| throttles.proxies.held(Some(proxy), now))
+        if peer.is_some_and(|peer| throttles.admitted.lately(peer, now)) {
+            return None;
+        }
+        throttles
+            .networks
+            .held(network, now)
+            .or_else(|| proxy.and_then(|proxy| throttles.proxies.held(Some(proxy), now)))
     });
     if let Some(wait) = held {
         // Whatever it carries: a guess answered 200 here would let the guessing go on.
@@ -227,7 +235,7 @@ pub(crate) async fn required(
     }
     if credential.admits(request.headers()) {
         throttle.admitted(peer);
-        if let (Some(peer), Some(_)) = (peer, proxy) {
+        if let Some(peer) = peer {
             throttles.admitted.note(peer, now);
         }
         return next.run(request).await;
@@ -236,6 +244,7 @@ pub(crate) async fn required(
         // A browser's first request carries none: only a wrong one counts, and is worth an
         // operator's look.
         throttle.wrong(peer, now);
+        throttles.networks.wrong(network, now);
         if let Some(proxy) = proxy {
             throttles.proxies.wrong(Some(proxy), now);
         }

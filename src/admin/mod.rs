@@ -270,9 +270,10 @@ impl Admin {
     /// address they were reached from to `X-Forwarded-For` (nginx's
     /// `$proxy_add_x_forwarded_for`); the header from any other peer is ignored, and a
     /// request from a proxy without a readable one is counted against the proxy. Each proxy
-    /// is also counted as a whole: a hundred wrong credentials through it within a minute
+    /// is also counted as a whole: a thousand wrong credentials through it within a minute
     /// hold back for five minutes every client it forwards that did not give the right
-    /// credential within the last hour.
+    /// credential within the last hour. (Each client's network, an IPv4 /24 or an IPv6 /48,
+    /// is held back so after a hundred, behind a proxy or not.)
     ///
     /// ```no_run
     /// # use std::sync::Arc;

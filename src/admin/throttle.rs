@@ -1,10 +1,14 @@
 //! How many wrong credentials a peer may send: after [`WRONG_AT_MOST`] within [`WINDOW`],
 //! every request from it is refused (429) for [`HELD_FOR`], whatever it carries, so that a
-//! credential cannot be guessed at the speed of the network. Behind a trusted proxy the peer
-//! is the client the proxy names ([`client`]), and the proxy itself is counted too, against
-//! [`WRONG_THROUGH_A_PROXY_AT_MOST`]. A peer is an IPv4 address or an IPv6 /64 (what one
-//! host is usually given); without the peer's address (a router that an application serves
-//! without axum's `ConnectInfo`) all requests are one peer.
+//! credential cannot be guessed at the speed of the network. A peer is an IPv4 address or an
+//! IPv6 /64 (what one host is usually given); its network ([`network_of`]: an IPv4 /24, an
+//! IPv6 /48) is counted too, against [`WRONG_FROM_A_NETWORK_AT_MOST`], so that one network's
+//! many addresses do not guess ten times each. Behind a trusted proxy the peer is the client
+//! the proxy names ([`client`]), and the proxy itself is counted too, against
+//! [`WRONG_THROUGH_A_PROXY_AT_MOST`]. A network or a proxy held back still lets through a
+//! client that gave the right credential within [`ADMITTED_FOR`]. Without the peer's address
+//! (a router that an application serves without axum's `ConnectInfo`) all requests are one
+//! peer.
 //!
 //! The table keeps at most [`PEERS_AT_MOST`] peers: when full, the entries that no longer
 //! count are dropped first, then the one whose wrong credentials are oldest, a held peer
@@ -21,14 +25,19 @@ use tokio::time::Instant;
 /// The wrong credentials a peer may send within [`WINDOW`] before it is held back.
 pub(crate) const WRONG_AT_MOST: u32 = 10;
 
+/// The wrong credentials that may come from one network ([`network_of`]) within [`WINDOW`],
+/// whichever of its addresses send them, before the whole network is held back.
+pub(crate) const WRONG_FROM_A_NETWORK_AT_MOST: u32 = 10 * WRONG_AT_MOST;
+
 /// The wrong credentials that may come through one trusted proxy within [`WINDOW`], whatever
 /// clients it names, before everything it forwards is held back: a proxy that passes on its
 /// clients' own `X-Forwarded-For` would otherwise let a guesser name a new client for each
-/// guess.
-pub(crate) const WRONG_THROUGH_A_PROXY_AT_MOST: u32 = 10 * WRONG_AT_MOST;
+/// guess. Ten times a network's, so that guessers from a few networks, each held back on its
+/// own, do not keep out the operator on call.
+pub(crate) const WRONG_THROUGH_A_PROXY_AT_MOST: u32 = 10 * WRONG_FROM_A_NETWORK_AT_MOST;
 
-/// How long a client that gave the right credential through a trusted proxy is let through
-/// while that proxy is held back for others' wrong ones.
+/// How long a client that gave the right credential is let through while its network or
+/// its proxy is held back for others' wrong ones.
 pub(crate) const ADMITTED_FOR: Duration = Duration::from_secs(3600);
 
 /// How long a wrong credential counts.
@@ -137,9 +146,8 @@ impl Throttle {
     }
 }
 
-/// The clients (as [`peer_of`] counts them) that gave the right credential through a
-/// trusted proxy lately, at most [`PEERS_AT_MOST`]: when full, those admitted longest ago
-/// are forgotten first.
+/// The clients (as [`peer_of`] counts them) that gave the right credential lately, at most
+/// [`PEERS_AT_MOST`]: when full, those admitted longest ago are forgotten first.
 #[derive(Debug, Default)]
 pub(crate) struct Admitted {
     clients: Mutex<HashMap<IpAddr, Instant>>,
@@ -185,6 +193,15 @@ pub(crate) fn peer_of(address: IpAddr) -> IpAddr {
             Some(v4) => IpAddr::V4(v4),
             None => IpAddr::V6((u128::from(v6) & !u128::from(u64::MAX)).into()),
         },
+    }
+}
+
+/// The network `address` belongs to, counted as a whole: an IPv4 /24 (an IPv4 address
+/// mapped into IPv6 included), an IPv6 /48 (what one site is usually given).
+pub(crate) fn network_of(address: IpAddr) -> IpAddr {
+    match address.to_canonical() {
+        IpAddr::V4(v4) => IpAddr::V4((u32::from(v4) & !0xff).into()),
+        IpAddr::V6(v6) => IpAddr::V6((u128::from(v6) & !((1u128 << 80) - 1)).into()),
     }
 }
 
@@ -282,6 +299,15 @@ mod tests {
         // Once let go, its count starts again.
         throttle.wrong(v4(1), tenth + HELD_FOR);
         assert_eq!(throttle.held(v4(1), tenth + HELD_FOR), None);
+    }
+
+    #[test]
+    fn a_network_is_an_ipv4_slash_24_or_an_ipv6_slash_48() {
+        let network = |text: &str| network_of(text.parse().unwrap()).to_string();
+        assert_eq!(network("203.0.113.77"), "203.0.113.0");
+        assert_eq!(network("::ffff:203.0.113.77"), "203.0.113.0");
+        assert_eq!(network("2001:db8:aa:bb:cc::1"), "2001:db8:aa::");
+        assert_eq!(network("2001:db8:aa:ffff::"), "2001:db8:aa::");
     }
 
     #[test]

@@ -25,9 +25,10 @@
 //! Ten wrong credentials within a minute hold their address back for five minutes; behind a
 //! proxy, `--trusted-proxy ADDR` counts them against the client the proxy names in
 //! `X-Forwarded-For` instead of the proxy, which would hold back everyone behind it (the
-//! proxy must append to that header; a hundred wrong credentials through it within a
+//! proxy must append to that header; a thousand wrong credentials through it within a
 //! minute still hold back its clients not admitted within the hour, so that one passing on
-//! its clients' own header does not make guessing free).
+//! its clients' own header does not make guessing free). A hundred from one network (an
+//! IPv4 /24, an IPv6 /48) hold back that network.
 //!
 //! With receivers configured (`webhooks.*`), it also serves them at `/webhooks/{provider}`
 //! (`/webhooks/ses`, `/webhooks/resend`...), outside the page's host, token, origin and
@@ -100,7 +101,7 @@ pub struct ServeArgs {
     /// X-Forwarded-For, so that one client's guesses do not hold back everyone behind it.
     /// The proxy must append the address it was reached from (nginx:
     /// `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;`); whatever it
-    /// forwards, 100 wrong credentials through it within a minute hold back every client
+    /// forwards, 1000 wrong credentials through it within a minute hold back every client
     /// behind it not admitted within the hour. It may hold 512 of the page's 1024
     /// connections, not only one address's 64.
     #[arg(long, value_name = "ADDR")]
