@@ -448,7 +448,7 @@ impl Admin {
     /// seconds of the connection waiting for one (which also ends an idle keep-alive
     /// connection), a request is answered within 30 seconds (else 408), a connection lives
     /// at most 5 minutes, and at most 1024 are open at once, 64 of them from one address
-    /// (an IPv6 /64; 512 from a [trusted proxy](Admin::trusted_proxies)) (one more is
+    /// (an IPv6 /64; 512 from the [trusted proxies](Admin::trusted_proxies) together) (one more is
     /// closed unanswered). Each request carries its peer's address as axum's
     /// [`ConnectInfo`](axum::extract::ConnectInfo), which the
     /// [`credential`](Admin::credential)'s throttle keys on.

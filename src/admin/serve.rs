@@ -50,10 +50,15 @@ pub(crate) const OPEN_AT_ONCE: usize = 1024;
 /// than a browser opens (six), so that it takes many addresses to fill the page.
 pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
 
-/// The connections a [trusted proxy](super::Admin::trusted_proxies) may hold at once: every
-/// client behind it comes from its address, but half of [`OPEN_AT_ONCE`] is left to the
-/// others (the webhook receivers' providers, the page's direct visitors).
+/// The connections the [trusted proxies](super::Admin::trusted_proxies) may hold at once,
+/// all together: every client behind them comes from their addresses, but half of
+/// [`OPEN_AT_ONCE`] is left to the others (the webhook receivers' providers, the page's
+/// direct visitors), however many addresses one proxy reaches the page from.
 pub(crate) const OPEN_PER_PROXY: usize = OPEN_AT_ONCE / 2;
+
+/// The key the trusted proxies' connections are counted under, together: the unspecified
+/// address, which no peer connects from.
+const PROXIES: IpAddr = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
 
 /// How many connections each peer holds; a peer with none is not kept, so the table holds
 /// no more peers than there are connections open (and the one being accepted).
@@ -61,7 +66,7 @@ pub(crate) const OPEN_PER_PROXY: usize = OPEN_AT_ONCE / 2;
 struct PerPeer {
     open: Mutex<HashMap<IpAddr, PeerCount>>,
     /// The trusted proxies ([`Admin::trusted_proxies`](super::Admin::trusted_proxies)),
-    /// each held to [`OPEN_PER_PROXY`] rather than [`OPEN_PER_PEER`].
+    /// held together to [`OPEN_PER_PROXY`] rather than each to [`OPEN_PER_PEER`].
     exempt: Arc<[IpAddr]>,
 }
 
@@ -91,12 +96,11 @@ impl PerPeer {
     /// A slot for one more connection of `peer`, unless it holds [`OPEN_PER_PEER`] (a
     /// trusted proxy [`OPEN_PER_PROXY`]); its first refusal is logged.
     fn take(table: &Arc<PerPeer>, peer: SocketAddr) -> Option<PeerSlot> {
-        let cap = if super::throttle::is_trusted(peer.ip(), &table.exempt) {
-            OPEN_PER_PROXY
+        let (peer, cap) = if super::throttle::is_trusted(peer.ip(), &table.exempt) {
+            (PROXIES, OPEN_PER_PROXY)
         } else {
-            OPEN_PER_PEER
+            (super::throttle::peer_of(peer.ip()), OPEN_PER_PEER)
         };
-        let peer = super::throttle::peer_of(peer.ip());
         let mut open = table.open.lock().unwrap_or_else(PoisonError::into_inner);
         let count = open.entry(peer).or_default();
         if count.open >= cap {
@@ -262,6 +266,28 @@ mod tests {
             "others are capped"
         );
         drop((held, others));
+        assert!(table.open.lock().unwrap().is_empty());
+    }
+
+    /// Review 6: the same nginx often reaches the page as `127.0.0.1` and `::1`; two
+    /// trusted proxies held half each, and left nothing to the others.
+    #[test]
+    fn the_trusted_proxies_together_hold_at_most_half_the_pages_connections() {
+        let proxies: Arc<[IpAddr]> =
+            Arc::from(["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()]);
+        let table = Arc::new(PerPeer::exempting(proxies));
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PROXY)
+            .map(|n| {
+                let proxy = if n % 2 == 0 { "127.0.0.1" } else { "::1" };
+                PerPeer::take(&table, at(proxy)).expect("within their share")
+            })
+            .collect();
+        assert!(PerPeer::take(&table, at("::1")).is_none(), "half at most");
+        assert!(
+            PerPeer::take(&table, at("127.0.0.1")).is_none(),
+            "half at most"
+        );
+        drop(held);
         assert!(table.open.lock().unwrap().is_empty());
     }
 

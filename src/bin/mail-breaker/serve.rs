@@ -42,10 +42,11 @@
 //!
 //! No connection holds the page for long ([`Admin::serve`]'s bounds: headers within 10 s,
 //! idle keep-alive 10 s, a request 30 s, a connection 5 minutes, 1024 at once and 64 from
-//! one address: behind a proxy, 64 from the proxy, 512 from a `--trusted-proxy`); over
-//! TLS each handshake runs in a task of its own for 10 s at most, 64 at once and 8 from one
-//! address, the oldest of the address with the most let go for a new one, so that
-//! connections that never finish theirs keep no one out.
+//! one address: behind a proxy, 64 from the proxy, 512 from the `--trusted-proxy` ones
+//! together); over TLS each handshake runs in a task of its own for 10 s at most, 64 at
+//! once and 8 from one address (32 from the trusted proxies together), the oldest of the
+//! address with the most let go for a new one, so that connections that never finish
+//! theirs keep no one out.
 
 use std::net::{IpAddr, SocketAddr};
 use std::path::{Path, PathBuf};
@@ -102,8 +103,8 @@ pub struct ServeArgs {
     /// The proxy must append the address it was reached from (nginx:
     /// `proxy_set_header X-Forwarded-For $proxy_add_x_forwarded_for;`); whatever it
     /// forwards, 1000 wrong credentials through it within a minute hold back every client
-    /// behind it not admitted within the hour. It may hold 512 of the page's 1024
-    /// connections, not only one address's 64.
+    /// behind it not admitted within the hour. The trusted proxies together may hold 512
+    /// of the page's 1024 connections, not only one address's 64.
     #[arg(long, value_name = "ADDR")]
     trusted_proxy: Vec<IpAddr>,
     /// Serve only the webhook receivers (`/webhooks/{provider}`, configured by `webhooks.*`),
@@ -243,7 +244,8 @@ pub async fn run(stack: Stack, out: &Out, args: ServeArgs) -> Result<Exit, Failu
     let served = async {
         match tls {
             Some(acceptor) => {
-                let listener = crate::tls::TlsListener::new(listener, acceptor)?;
+                let listener =
+                    crate::tls::TlsListener::new(listener, acceptor, args.trusted_proxy.clone())?;
                 admin.serve_beside(listener, beside).await
             }
             None => admin.serve_beside(listener, beside).await,
@@ -289,7 +291,8 @@ async fn serve_webhooks_only(
     let served = async {
         match tls {
             Some(acceptor) => {
-                let listener = crate::tls::TlsListener::new(listener, acceptor)?;
+                let listener =
+                    crate::tls::TlsListener::new(listener, acceptor, args.trusted_proxy.clone())?;
                 mail_breaker::admin::serve_bounded(listener, receivers).await
             }
             None => mail_breaker::admin::serve_bounded(listener, receivers).await,

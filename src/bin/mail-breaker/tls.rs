@@ -35,6 +35,14 @@ const HANDSHAKES_AT_ONCE: usize = 64;
 /// oldest go. A browser opens six connections at most.
 const HANDSHAKES_PER_PEER: usize = 8;
 
+/// Handshakes the trusted proxies (`--trusted-proxy`) may have under way, together: every
+/// client behind a proxy that speaks TLS to the page comes from its addresses.
+const HANDSHAKES_THROUGH_PROXIES: usize = HANDSHAKES_AT_ONCE / 2;
+
+/// The key the trusted proxies' handshakes are counted under, together: the unspecified
+/// address, which no peer connects from.
+const PROXIES: IpAddr = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+
 /// Handshaken connections waiting for the server to take them; beyond, one is dropped.
 const WAITING_AT_MOST: usize = 64;
 
@@ -92,14 +100,45 @@ pub struct TlsListener {
 struct UnderWay {
     next: u64,
     handshakes: VecDeque<(u64, IpAddr, AbortHandle)>,
+    /// The trusted proxies, canonical: counted together, against
+    /// [`HANDSHAKES_THROUGH_PROXIES`].
+    proxies: Vec<IpAddr>,
 }
 
 impl UnderWay {
-    /// Makes room for one more handshake from `peer`: its own oldest is stopped (its
-    /// connection closed) when it has [`HANDSHAKES_PER_PEER`] under way, and while all
-    /// have [`HANDSHAKES_AT_ONCE`], the oldest of the peer with the most.
-    fn make_room(&mut self, peer: IpAddr) {
-        if self.of(peer) >= HANDSHAKES_PER_PEER {
+    /// No handshake under way yet, with `proxies` trusted.
+    fn trusting(proxies: Vec<IpAddr>) -> UnderWay {
+        UnderWay {
+            proxies: proxies
+                .into_iter()
+                .map(|proxy| proxy.to_canonical())
+                .collect(),
+            ..UnderWay::default()
+        }
+    }
+
+    /// Whom a handshake from `address` is counted against: the trusted proxies together,
+    /// or its peer ([`peer_of`]).
+    fn peer(&self, address: IpAddr) -> IpAddr {
+        if self.proxies.contains(&address.to_canonical()) {
+            PROXIES
+        } else {
+            peer_of(address)
+        }
+    }
+
+    /// Makes room for one more handshake from `address`: its peer's own oldest is stopped
+    /// (its connection closed) when it has [`HANDSHAKES_PER_PEER`] under way (the trusted
+    /// proxies together [`HANDSHAKES_THROUGH_PROXIES`]), and while all have
+    /// [`HANDSHAKES_AT_ONCE`], the oldest of the peer with the most.
+    fn make_room(&mut self, address: IpAddr) {
+        let peer = self.peer(address);
+        let share = if peer == PROXIES {
+            HANDSHAKES_THROUGH_PROXIES
+        } else {
+            HANDSHAKES_PER_PEER
+        };
+        if self.of(peer) >= share {
             self.stop_oldest_of(peer);
         }
         while self.handshakes.len() >= HANDSHAKES_AT_ONCE {
@@ -148,8 +187,9 @@ impl UnderWay {
         number
     }
 
-    /// Keeps `handshake` of `peer`, under `number`.
-    fn add(&mut self, number: u64, peer: IpAddr, handshake: AbortHandle) {
+    /// Keeps `handshake` from `address`, under `number`.
+    fn add(&mut self, number: u64, address: IpAddr, handshake: AbortHandle) {
+        let peer = self.peer(address);
         self.handshakes.push_back((number, peer, handshake));
     }
 
@@ -162,10 +202,16 @@ impl UnderWay {
 impl TlsListener {
     /// Accepts on `listener` and makes each connection's handshake with `acceptor`, until the
     /// listener is dropped.
-    pub fn new(listener: TcpListener, acceptor: TlsAcceptor) -> io::Result<TlsListener> {
+    /// The `proxies` (`--trusted-proxy`) may have [`HANDSHAKES_THROUGH_PROXIES`] under way
+    /// together, rather than one address's [`HANDSHAKES_PER_PEER`].
+    pub fn new(
+        listener: TcpListener,
+        acceptor: TlsAcceptor,
+        proxies: Vec<IpAddr>,
+    ) -> io::Result<TlsListener> {
         let local = listener.local_addr()?;
         let (ready, handshaken) = mpsc::channel(WAITING_AT_MOST);
-        let under_way = Arc::new(Mutex::new(UnderWay::default()));
+        let under_way = Arc::new(Mutex::new(UnderWay::trusting(proxies)));
         tokio::spawn(async move {
             loop {
                 let accepted = tokio::select! {
@@ -184,7 +230,7 @@ impl TlsListener {
                 };
                 {
                     let mut handshakes = under_way.lock().unwrap_or_else(PoisonError::into_inner);
-                    let from = peer_of(peer.ip());
+                    let from = peer.ip();
                     handshakes.make_room(from);
                     let number = handshakes.number();
                     let (acceptor, ready, under_way) =
@@ -248,13 +294,35 @@ impl axum::serve::Listener for TlsListener {
 mod tests {
     use super::*;
 
-    /// A handshake of `peer` that never ends, kept in `under_way` as the accept loop keeps it.
-    fn pending(under_way: &mut UnderWay, peer: IpAddr) -> tokio::task::JoinHandle<()> {
-        under_way.make_room(peer);
+    /// A handshake from `address` that never ends, kept in `under_way` as the accept loop
+    /// keeps it.
+    fn pending(under_way: &mut UnderWay, address: IpAddr) -> tokio::task::JoinHandle<()> {
+        under_way.make_room(address);
         let number = under_way.number();
         let task = tokio::spawn(std::future::pending::<()>());
-        under_way.add(number, peer, task.abort_handle());
+        under_way.add(number, address, task.abort_handle());
         task
+    }
+
+    /// Review 6: behind a proxy that speaks TLS to the page, every client's handshake comes
+    /// from the proxy's address, and a burst of eight let the others' go.
+    #[tokio::test]
+    async fn the_trusted_proxies_together_may_have_half_the_handshakes_under_way() {
+        let proxies: Vec<IpAddr> = vec!["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()];
+        let mut under_way = UnderWay::trusting(proxies.clone());
+        let through: Vec<_> = (0..HANDSHAKES_AT_ONCE / 2)
+            .map(|n| pending(&mut under_way, proxies[n % 2]))
+            .collect();
+        for task in &through {
+            assert!(!stopped(task).await, "within their share");
+        }
+        let next = pending(&mut under_way, proxies[1]);
+        assert!(
+            stopped(&through[0]).await,
+            "beyond it, their own oldest goes"
+        );
+        assert!(!stopped(&next).await);
+        assert_eq!(under_way.handshakes.len(), HANDSHAKES_AT_ONCE / 2);
     }
 
     async fn stopped(task: &tokio::task::JoinHandle<()>) -> bool {
