@@ -193,3 +193,24 @@ fn an_http_token_url_to_a_host_not_on_loopback_in_a_dsn_is_an_error_naming_oauth
     ))
     .unwrap();
 }
+
+/// Review 6: a secret written with a bare `&` was split there, and the error named its
+/// tail as an unknown option.
+#[test]
+fn a_secret_written_with_a_bare_ampersand_never_shows_in_the_error() {
+    for secret_option in ["oauth2.client_secret", "oauth2.refresh_token"] {
+        let dsn = format!(
+            "smtp://me%40example.com@smtp.office365.com?auth=xoauth2\
+             &oauth2.token_url=https://login.example.com/token&oauth2.client_id=id\
+             &oauth2.scope=s&{secret_option}=SECRET-1&TAIL-2=x"
+        );
+        let (path, reason) = dsn_error(&dsn);
+        for shown in [&path, &reason] {
+            assert!(
+                !shown.contains("TAIL-2"),
+                "{secret_option}: {path}: {reason}"
+            );
+        }
+        assert!(reason.contains("%26"), "says how to write it: {reason}");
+    }
+}

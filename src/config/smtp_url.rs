@@ -27,6 +27,9 @@ const OPTIONS: [&str; 8] = [
     "oauth2.refresh_token",
 ];
 
+/// The options whose values are secrets.
+const SECRET_OPTIONS: [&str; 2] = ["oauth2.client_secret", "oauth2.refresh_token"];
+
 /// How the member's connections use TLS.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub(crate) enum TlsChoice {
@@ -84,9 +87,14 @@ pub(crate) fn read(text: &str) -> Result<SmtpUrl, ConfigError> {
     let bad = |why: &str| ConfigError::new("url", why.to_owned());
     let mut url = url::Url::parse(text).map_err(|error| bad(&format!("not a URL: {error}")))?;
     let mut given: Vec<(String, String)> = Vec::new();
+    // A secret written with a bare `&` is split there: what follows reads as an option, and
+    // naming it would show the secret's tail.
+    let holds_secret = url
+        .query_pairs()
+        .any(|(key, _)| SECRET_OPTIONS.contains(&&*key));
     for (key, value) in url.query_pairs() {
         if !OPTIONS.contains(&&*key) {
-            return Err(unknown(&key));
+            return Err(unknown(&key, holds_secret));
         }
         if given.iter().any(|(other, _)| *other == key) {
             return Err(ConfigError::new(
@@ -266,12 +274,22 @@ fn find<'a>(given: &'a [(String, String)], name: &str) -> Option<&'a str> {
 }
 
 /// An option an SMTP URL does not have, named (or, when it holds a URL or an address, which
-/// may carry a password, named only as the URL).
-fn unknown(option: &str) -> ConfigError {
+/// may carry a password, or the URL holds a secret it may be the tail of, named only as the
+/// URL).
+fn unknown(option: &str, holds_secret: bool) -> ConfigError {
     let expected = format!(
         "not an option of an smtp:// URL; expected one of {}",
         OPTIONS.join(", ")
     );
+    if holds_secret {
+        return ConfigError::new(
+            "url",
+            format!(
+                "an option {expected} (an `&` inside a value, such as a secret's, is written \
+                 %26)"
+            ),
+        );
+    }
     if option.is_empty() || super::read::may_hold_a_secret(option) {
         return ConfigError::new("url", format!("an option {expected}"));
     }
