@@ -90,6 +90,8 @@ mod transport;
 #[cfg(feature = "webhooks")]
 pub mod webhooks;
 
+#[cfg(feature = "graph")]
+pub use adapters::http::graph::{GraphTransport, classify_graph_error};
 #[cfg(feature = "mailgun")]
 pub use adapters::http::mailgun::{MailgunTransport, classify_mailgun_error};
 #[cfg(feature = "postmark")]

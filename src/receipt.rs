@@ -105,6 +105,7 @@ impl Receipt {
 
     /// Marks the recipients this receipt lists as owed (deferred, maybe delivered) as kept
     /// in an outbox, which sends to them again.
+    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the outbox's send_or_queue
     pub(crate) fn owed_kept(mut self) -> Self {
         self.owed_kept = true;
         self

@@ -1,19 +1,21 @@
 //! Transports for real providers: SMTP through lettre, lettre's other transports, SES, and
-//! the HTTP e-mail APIs (Postmark, Resend, SendGrid, Mailgun).
+//! the HTTP e-mail APIs (Postmark, Resend, SendGrid, Mailgun, Microsoft Graph).
 
 #[cfg(any(
     feature = "ses",
     feature = "postmark",
     feature = "resend",
     feature = "sendgrid",
-    feature = "mailgun"
+    feature = "mailgun",
+    feature = "graph"
 ))]
 pub(crate) mod answer;
 #[cfg(any(
     feature = "postmark",
     feature = "resend",
     feature = "sendgrid",
-    feature = "mailgun"
+    feature = "mailgun",
+    feature = "graph"
 ))]
 pub mod http;
 #[cfg(any(

@@ -93,6 +93,39 @@ impl fmt::Debug for RefreshToken {
 }
 
 impl ClientCredentials {
+    /// The settings for Microsoft Graph ([`GraphTransport`](crate::GraphTransport)):
+    /// Microsoft's token endpoint of `tenant` (its id, or a domain such as
+    /// `contoso.onmicrosoft.com`) and the scope `https://graph.microsoft.com/.default`.
+    ///
+    /// ```
+    /// use mail_breaker::oauth::ClientCredentials;
+    ///
+    /// let settings = ClientCredentials::for_graph("contoso.onmicrosoft.com", "app-id", "s3cret");
+    /// assert_eq!(
+    ///     settings.token_url,
+    ///     "https://login.microsoftonline.com/contoso.onmicrosoft.com/oauth2/v2.0/token"
+    /// );
+    /// assert_eq!(settings.scope, "https://graph.microsoft.com/.default");
+    /// ```
+    #[cfg(feature = "graph")]
+    pub fn for_graph(
+        tenant: &str,
+        client_id: impl Into<String>,
+        client_secret: impl Into<String>,
+    ) -> ClientCredentials {
+        let tenant: String =
+            percent_encoding::utf8_percent_encode(tenant, percent_encoding::NON_ALPHANUMERIC)
+                .to_string()
+                .replace("%2E", ".")
+                .replace("%2D", "-");
+        ClientCredentials {
+            token_url: format!("https://login.microsoftonline.com/{tenant}/oauth2/v2.0/token"),
+            client_id: client_id.into(),
+            client_secret: client_secret.into(),
+            scope: crate::adapters::http::graph::GRAPH_SCOPE.to_owned(),
+        }
+    }
+
     /// The token source: a [`ConfigError`] naming `token_url`, `client_id`,
     /// `client_secret` or `scope` when one cannot work, and `token_url` when it is
     /// `http://` to a host other than this machine (see

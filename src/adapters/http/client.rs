@@ -105,6 +105,12 @@ impl Answer {
     }
 
     /// The body read as JSON into `T`, or `None` when it is not that.
+    #[cfg(any(
+        feature = "postmark",
+        feature = "resend",
+        feature = "sendgrid",
+        feature = "mailgun"
+    ))]
     pub(crate) fn json<T: serde::de::DeserializeOwned>(&self) -> Option<T> {
         serde_json::from_slice(&self.body).ok()
     }

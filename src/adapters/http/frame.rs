@@ -11,6 +11,12 @@ use super::client::{Answer, HttpClient};
 use crate::adapters::http_policy;
 use crate::{Envelope, MessageStream, Receipt, ReceiptStream, SendError, Transport};
 
+/// A login's token, kept to be forgotten if the provider refuses it; none without `graph`.
+#[cfg(feature = "graph")]
+type Token = crate::oauth::AccessToken;
+#[cfg(not(feature = "graph"))]
+type Token = std::convert::Infallible;
+
 /// How long a request may take unless the transport is given another timeout.
 pub(crate) const DEFAULT_TIMEOUT: Duration = Duration::from_secs(30);
 
@@ -51,6 +57,13 @@ pub trait Provider: fmt::Debug + Clone + Send + Sync + 'static {
         answer: &Answer,
         failure: impl FnOnce() -> SendError,
     ) -> Result<(), SendError>;
+
+    /// Under a login, a check of its token that takes the place of
+    /// [`verify_call`](Self::verify_call) (Graph reads the permissions the token grants);
+    /// `None` makes the call.
+    fn verify_token(&self, _token: &str) -> Option<Result<(), SendError>> {
+        None
+    }
 }
 
 /// One request: method, path below the endpoint, extra headers, body.
@@ -106,6 +119,9 @@ pub enum CallBody {
     /// A `multipart/form-data` upload.
     #[cfg(feature = "mailgun")]
     Form(reqwest::multipart::Form),
+    /// Text (`text/plain`): Graph's base64 MIME.
+    #[cfg(feature = "graph")]
+    Text(Vec<u8>),
 }
 
 /// What a 2xx answer to a send says.
@@ -118,6 +134,10 @@ pub enum Sent {
     Refused,
     /// Not the provider's answer (a proxy's page, a wrong endpoint).
     Foreign,
+    /// The provider took the message and never gives an id (Graph's `202`): the receipt's
+    /// response says so, and nothing is logged.
+    #[cfg(feature = "graph")]
+    DeliveredWithoutId(&'static str),
 }
 
 /// A transport for an HTTP e-mail API: the settings every provider shares (key, endpoint,
@@ -155,6 +175,9 @@ pub enum Sent {
 pub struct HttpTransport<P> {
     provider: P,
     key: ApiKey,
+    /// An OAuth 2.0 login whose token authorizes each request instead of `key` (Graph).
+    #[cfg(feature = "graph")]
+    login: Option<std::sync::Arc<crate::oauth::OAuthLogin>>,
     endpoint: String,
     client: HttpClient,
     name: String,
@@ -170,6 +193,8 @@ impl<P: Provider> HttpTransport<P> {
         HttpTransport {
             provider,
             key,
+            #[cfg(feature = "graph")]
+            login: None,
             endpoint: P::DEFAULT_ENDPOINT.to_owned(),
             client: HttpClient::new(DEFAULT_TIMEOUT),
             name,
@@ -178,8 +203,16 @@ impl<P: Provider> HttpTransport<P> {
         }
     }
 
+    /// A transport whose requests carry `login`'s token rather than a key: a `401` forgets
+    /// the token and the request is made once more with a new one.
+    #[cfg(feature = "graph")]
+    pub(crate) fn with_login(mut self, login: crate::oauth::OAuthLogin) -> Self {
+        self.login = Some(std::sync::Arc::new(login));
+        self
+    }
+
     /// The provider's own settings.
-    #[cfg(feature = "mailgun")]
+    #[cfg(any(feature = "mailgun", feature = "graph"))]
     pub(crate) fn provider(&self) -> &P {
         &self.provider
     }
@@ -271,8 +304,28 @@ impl<P: Provider> HttpTransport<P> {
         self.client.timeout()
     }
 
-    /// Makes `call` with the key and reads its answer.
-    async fn call(&self, call: Call) -> Result<Answer, SendError> {
+    /// The key a request is authorized with: the transport's API key, or its login's token
+    /// (the token as well, to forget if refused), waited for no longer than the send's
+    /// deadline (a cut is `oauth2.timeout`, not attempted).
+    async fn key(&self) -> Result<(ApiKey, Option<Token>), SendError> {
+        #[cfg(feature = "graph")]
+        if let Some(login) = &self.login {
+            let token = crate::deadline::bounded(login.token(), || {
+                Err(SendError::fixed(
+                    crate::Category::Timeout,
+                    "oauth2.timeout",
+                    "the token source did not answer within the send's timeout; nothing was sent",
+                )
+                .not_attempted())
+            })
+            .await?;
+            return Ok((ApiKey::new(token.secret()), Some(token)));
+        }
+        Ok((self.key.clone(), None))
+    }
+
+    /// Makes `call` with `key` and reads its answer.
+    async fn call(&self, call: Call, key: &ApiKey) -> Result<Answer, SendError> {
         let url = format!("{}{}", self.endpoint, call.path);
         // A URL that does not parse is left to reqwest, which says so (`<provider>.client`).
         if let Ok(parsed) = reqwest::Url::parse(&url)
@@ -285,7 +338,7 @@ impl<P: Provider> HttpTransport<P> {
             ));
         }
         let mut request = self.client.request(P::NAME, call.method, &url)?;
-        request = self.provider.authorize(request, &self.key);
+        request = self.provider.authorize(request, key);
         for (name, value) in call.headers {
             request = request.header(name, value);
         }
@@ -297,20 +350,30 @@ impl<P: Provider> HttpTransport<P> {
                 .body(bytes),
             #[cfg(feature = "mailgun")]
             CallBody::Form(form) => request.multipart(form),
+            #[cfg(feature = "graph")]
+            CallBody::Text(bytes) => request
+                .header(reqwest::header::CONTENT_TYPE, "text/plain")
+                .body(bytes),
         };
         self.client.send(P::NAME, request).await
     }
 
-    /// One send: the call, and its answer read.
+    /// One send: the call, and its answer read; under a login, a `401` makes it once more
+    /// with a new token.
     async fn send_once(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let tag = |error: SendError| error.with_transport(&self.name);
         let call = self.provider.send_call(envelope, raw).map_err(tag)?;
+        let (key, token) = self.key().await.map_err(tag)?;
         // Handed to the client: a deadline's cut from now on may leave the message with the
         // provider (DESIGN §19).
         crate::deadline::may_have_reached();
-        let answer = self.call(call).await.map_err(tag)?;
+        let answer = self.call(call, &key).await.map_err(tag)?;
+        let (answer, key) = self
+            .again_if_refused(answer, key, token, envelope, raw)
+            .await
+            .map_err(tag)?;
         if !answer.is_success() {
-            return Err(tag(self.failure(&answer)));
+            return Err(tag(self.failure(&answer, &key)));
         }
         let receipt = Receipt::new(&self.name);
         if answer.cut_off {
@@ -327,19 +390,59 @@ impl<P: Provider> HttpTransport<P> {
                 tracing::warn!(transport = %self.name, "the provider took the message but gave no message id");
                 Ok(receipt)
             }
-            Sent::Refused => Err(tag(self.failure(&answer))),
+            Sent::Refused => Err(tag(self.failure(&answer, &key))),
             Sent::Foreign => Err(tag(self.unexpected(&answer))),
+            #[cfg(feature = "graph")]
+            Sent::DeliveredWithoutId(why) => Ok(receipt.with_response(why)),
         }
     }
 
-    /// An error answer as a [`SendError`], sorted by the provider's table without the key in
+    /// Under a login, a `401` (`answer`, to a request with `token`) forgets the token and
+    /// makes the send once more with a new one: its answer, and the key it carried.
+    #[cfg(feature = "graph")]
+    async fn again_if_refused(
+        &self,
+        answer: Answer,
+        key: ApiKey,
+        token: Option<Token>,
+        envelope: &Envelope,
+        raw: &[u8],
+    ) -> Result<(Answer, ApiKey), SendError> {
+        let (401, Some(login), Some(token)) = (answer.status, &self.login, token) else {
+            return Ok((answer, key));
+        };
+        // Refused before anything was sent: a token revoked, or expired early.
+        crate::deadline::not_reached();
+        login.refused(&token).await;
+        tracing::debug!(transport = %self.name, "http.token_refused: once more with a new token");
+        let call = self.provider.send_call(envelope, raw)?;
+        let (key, _) = self.key().await?;
+        crate::deadline::may_have_reached();
+        Ok((self.call(call, &key).await?, key))
+    }
+
+    /// Without logins, the answer as it is.
+    #[cfg(not(feature = "graph"))]
+    #[allow(clippy::unused_async)] // the same call as with logins
+    async fn again_if_refused(
+        &self,
+        answer: Answer,
+        key: ApiKey,
+        _token: Option<Token>,
+        _envelope: &Envelope,
+        _raw: &[u8],
+    ) -> Result<(Answer, ApiKey), SendError> {
+        Ok((answer, key))
+    }
+
+    /// An error answer as a [`SendError`], sorted by the provider's table without `key` in
     /// sight, and left out where the key got through anyway (in a form no redaction knew).
-    fn failure(&self, answer: &Answer) -> SendError {
-        let body = self.key.redact(&String::from_utf8_lossy(&answer.body));
+    fn failure(&self, answer: &Answer, key: &ApiKey) -> SendError {
+        let body = key.redact(&String::from_utf8_lossy(&answer.body));
         let error = self
             .provider
             .classify(answer.status, &answer.headers, body.as_bytes());
-        let key = self.key.expose();
+        let key = key.expose();
         if key.is_empty() || !format!("{error:?}").contains(key) {
             return error;
         }
@@ -396,9 +499,18 @@ impl<P: Provider> Transport for HttpTransport<P> {
 
     async fn verify(&self) -> Result<(), SendError> {
         let tag = |error: SendError| error.with_transport(&self.name);
-        let answer = self.call(self.provider.verify_call()).await.map_err(tag)?;
+        let (key, token) = self.key().await.map_err(tag)?;
+        if token.is_some()
+            && let Some(verdict) = self.provider.verify_token(key.expose())
+        {
+            return verdict.map_err(tag);
+        }
+        let answer = self
+            .call(self.provider.verify_call(), &key)
+            .await
+            .map_err(tag)?;
         self.provider
-            .verified(&answer, || self.failure(&answer))
+            .verified(&answer, || self.failure(&answer, &key))
             .map_err(tag)
     }
 }

@@ -1,6 +1,7 @@
 //! Transports for HTTP e-mail APIs: [`PostmarkTransport`](crate::PostmarkTransport),
-//! [`ResendTransport`](crate::ResendTransport), [`SendGridTransport`](crate::SendGridTransport)
-//! and [`MailgunTransport`](crate::MailgunTransport), one feature each, sharing one frame,
+//! [`ResendTransport`](crate::ResendTransport), [`SendGridTransport`](crate::SendGridTransport),
+//! [`MailgunTransport`](crate::MailgunTransport) and Microsoft Graph's `GraphTransport`
+//! (feature `graph`), one feature each, sharing one frame,
 //! [`HttpTransport`]: the settings and setters, the request and the reading of the answer are
 //! written once; each provider's file holds only its request, its success answer, its error
 //! table and its `verify`.
@@ -49,6 +50,8 @@ pub use key::ApiKey;
 #[cfg(any(feature = "postmark", feature = "resend", feature = "sendgrid"))]
 pub(crate) mod mime;
 
+#[cfg(feature = "graph")]
+pub mod graph;
 #[cfg(feature = "mailgun")]
 pub mod mailgun;
 #[cfg(feature = "postmark")]
