@@ -140,3 +140,51 @@ async fn the_command_built_with_cli_sends_through_an_oauth2_member_of_a_dsn() {
     );
     assert!(!shown.contains("s3cret"), "{shown}");
 }
+
+/// A token endpoint whose token grants `roles`, as a JWT Microsoft's would be read.
+async fn graph_tokens(roles: &str) -> ApiServer {
+    use base64::Engine;
+    let part = |text: &str| base64::engine::general_purpose::URL_SAFE_NO_PAD.encode(text);
+    let token = format!(
+        "{}.{}.sig",
+        part(r#"{"alg":"RS256","typ":"JWT"}"#),
+        part(&format!(
+            r#"{{"aud":"https://graph.microsoft.com","roles":{roles}}}"#
+        ))
+    );
+    ApiServer::start(move |_| {
+        Reply::json(
+            200,
+            &format!(r#"{{"access_token":"{token}","expires_in":3599}}"#),
+        )
+    })
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn check_on_a_graph_member_passes_a_token_granting_mail_send_and_reads_nothing_from_graph() {
+    let graph = ApiServer::start(|_| Reply::text(500, "")).await;
+    for (roles, ok) in [(r#"["Mail.Send"]"#, true), (r#"["User.Read.All"]"#, false)] {
+        let tokens = graph_tokens(roles).await;
+        let dsn = format!(
+            "graph://app-id:s3cret@contoso.onmicrosoft.com?sender=app%40contoso.com\
+             &graph.endpoint={}&oauth2.token_url={}/token",
+            graph.endpoint(),
+            tokens.endpoint()
+        );
+        let output = tokio::task::spawn_blocking(move || run(&["check", "--dsn", &dsn]))
+            .await
+            .expect("the command ran");
+        let shown = format!(
+            "{}{}",
+            String::from_utf8_lossy(&output.stdout),
+            String::from_utf8_lossy(&output.stderr)
+        );
+        assert_eq!(output.status.success(), ok, "{roles}: {shown}");
+        if !ok {
+            assert!(shown.contains("Mail.Send"), "{shown}");
+        }
+        assert!(!shown.contains("s3cret"), "{shown}");
+    }
+    assert_eq!(graph.request_count(), 0, "check reads nothing from Graph");
+}

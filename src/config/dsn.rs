@@ -204,7 +204,7 @@ impl Parser<'_> {
         if !url.contains("://") {
             return Err(self.error(
                 "expected a provider's URL (smtp://, smtps://, ses://, postmark://, resend://, \
-                 sendgrid://, mailgun://) or failover(...), roundrobin(...), retry(...)",
+                 sendgrid://, mailgun://, graph://) or failover(...), roundrobin(...), retry(...)",
             ));
         }
         Ok(Expression::Member(url))

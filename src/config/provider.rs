@@ -1,5 +1,5 @@
 //! A member's provider, read from its URL: `smtp://`, `smtps://`, `ses://`, `postmark://`,
-//! `resend://`, `sendgrid://` and `mailgun://`.
+//! `resend://`, `sendgrid://`, `mailgun://` and `graph://`.
 
 use std::fmt;
 
@@ -37,6 +37,18 @@ pub(crate) enum Provider {
         eu: bool,
         /// Another host than the API's own (`https://`, or `http://` for a loopback host).
         endpoint: Option<String>,
+    },
+    /// Microsoft Graph's `sendMail` as `sender`, with the application `client_id` and its
+    /// `secret` in `tenant`.
+    Graph {
+        client_id: String,
+        secret: Secret,
+        tenant: String,
+        sender: String,
+        /// Another Graph than `https://graph.microsoft.com` (a national cloud, a test server).
+        endpoint: Option<String>,
+        /// Another token endpoint than Microsoft's for `tenant`.
+        token_url: Option<String>,
     },
 }
 
@@ -111,6 +123,12 @@ pub(crate) fn read(text: &str, path: &str) -> Result<Provider, ConfigError> {
                 endpoint,
             })
         }
+        "graph" => {
+            if !cfg!(feature = "graph") {
+                return Err(not_built("graph"));
+            }
+            graph_member(&url, path)
+        }
         "postmark" | "resend" | "sendgrid" | "mailgun" => {
             let api = match scheme {
                 "postmark" => Api::Postmark,
@@ -125,7 +143,7 @@ pub(crate) fn read(text: &str, path: &str) -> Result<Provider, ConfigError> {
         }
         _ => Err(bad(
             "is not a provider's URL: expected smtp://, smtps://, ses://, postmark://, \
-             resend://, sendgrid:// or mailgun://"
+             resend://, sendgrid://, mailgun:// or graph://"
                 .to_owned(),
         )),
     }
@@ -202,6 +220,111 @@ fn api_member(url: &url::Url, api: Api, path: &str) -> Result<Provider, ConfigEr
         eu,
         endpoint,
     })
+}
+
+/// `graph://CLIENT_ID:SECRET@TENANT?sender=app@contoso.com`, with `graph.endpoint` and
+/// `oauth2.token_url` for a national cloud or a test server. An error names the setting
+/// (`url.sender`, `url.graph.endpoint`), never the secret.
+fn graph_member(url: &url::Url, path: &str) -> Result<Provider, ConfigError> {
+    let bad = |setting: &str, why: String| {
+        let at = if setting.is_empty() {
+            path.to_owned()
+        } else {
+            format!("{path}.{setting}")
+        };
+        ConfigError::new(at, why)
+    };
+    let decode = |text: &str, what: &str| {
+        percent_encoding::percent_decode_str(text)
+            .decode_utf8()
+            .map(|text| text.into_owned())
+            .map_err(|_| bad("", format!("{what} that is not UTF-8 once decoded")))
+    };
+    let client_id = decode(url.username(), "an application id")?;
+    let secret = decode(url.password().unwrap_or_default(), "a secret")?;
+    if client_id.is_empty() || secret.is_empty() {
+        return Err(bad(
+            "",
+            "names no application and secret: graph://CLIENT_ID:SECRET@TENANT?sender=ADDRESS"
+                .to_owned(),
+        ));
+    }
+    let tenant = url.host_str().unwrap_or_default();
+    if tenant.is_empty() {
+        return Err(bad(
+            "",
+            "names no tenant: graph://CLIENT_ID:SECRET@TENANT?sender=ADDRESS, the tenant's id \
+             or a domain such as contoso.onmicrosoft.com"
+                .to_owned(),
+        ));
+    }
+    let (mut sender, mut endpoint, mut token_url) = (None, None, None);
+    for (option, value) in url.query_pairs() {
+        let slot = match &*option {
+            "sender" => &mut sender,
+            "graph.endpoint" => &mut endpoint,
+            "oauth2.token_url" => &mut token_url,
+            other => {
+                return Err(unknown_option(
+                    path,
+                    "graph",
+                    other,
+                    &["sender", "graph.endpoint", "oauth2.token_url"],
+                ));
+            }
+        };
+        if slot.replace(value.into_owned()).is_some() {
+            return Err(bad(&option, "is given twice; give it once".to_owned()));
+        }
+    }
+    let Some(sender) = sender else {
+        return Err(bad(
+            "sender",
+            "is required: the mailbox Graph sends as, graph://CLIENT_ID:SECRET@TENANT?sender=ADDRESS"
+                .to_owned(),
+        ));
+    };
+    if sender.parse::<lettre::Address>().is_err() {
+        return Err(bad("sender", "is not an e-mail address".to_owned()));
+    }
+    for (setting, value) in [
+        ("graph.endpoint", &endpoint),
+        ("oauth2.token_url", &token_url),
+    ] {
+        if let Some(value) = value {
+            secure_url(value).map_err(|why| bad(setting, why))?;
+        }
+    }
+    Ok(Provider::Graph {
+        client_id,
+        secret: Secret(secret),
+        tenant: tenant.to_owned(),
+        sender,
+        endpoint,
+        token_url,
+    })
+}
+
+/// `Ok` for an `https://` URL, or `http://` to this machine; why not otherwise (a secret
+/// would cross the network in clear text).
+fn secure_url(text: &str) -> Result<(), String> {
+    let url = url::Url::parse(text).map_err(|error| format!("not a URL: {error}"))?;
+    let loopback = url.host_str().is_some_and(|host| {
+        let address = host.trim_start_matches('[').trim_end_matches(']');
+        host.eq_ignore_ascii_case("localhost")
+            || address
+                .parse::<std::net::IpAddr>()
+                .is_ok_and(|address| address.is_loopback())
+    });
+    match url.scheme() {
+        "https" => Ok(()),
+        "http" if loopback => Ok(()),
+        _ => Err(
+            "expected https:// (http:// only to this machine): a token would cross the network \
+             in clear text"
+                .to_owned(),
+        ),
+    }
 }
 
 fn unknown_option(path: &str, provider: &str, option: &str, known: &[&str]) -> ConfigError {

@@ -182,7 +182,7 @@ fn kind(member: &MemberConfig) -> Option<&'static str> {
             Api::SendGrid => "sendgrid",
             Api::Mailgun => "mailgun",
         }),
-        Provider::Smtp { .. } => None,
+        Provider::Smtp { .. } | Provider::Graph { .. } => None,
     }
 }
 
