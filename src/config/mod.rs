@@ -21,8 +21,10 @@
 //!   forms of [`SmtpTransport::from_url`](crate::SmtpTransport::from_url)), `smtps://...`,
 //!   `ses://REGION` (the keys from `AWS_ACCESS_KEY_ID` and `AWS_SECRET_ACCESS_KEY`),
 //!   `postmark://KEY@default`, `resend://KEY@default`, `sendgrid://KEY@default?region=eu`,
-//!   `mailgun://KEY:DOMAIN@default?region=eu`. A host other than `default` is the API's
-//!   endpoint (`http://` on a loopback host, else `https://`).
+//!   `mailgun://KEY:DOMAIN@default?region=eu`, and Microsoft Graph's
+//!   `graph://CLIENT_ID:${SECRET}@TENANT?sender=app@contoso.com` (feature `graph`; a
+//!   member without a `rate` keeps Exchange's 30 messages a minute). A host other than
+//!   `default` is the API's endpoint (`http://` on a loopback host, else `https://`).
 //! - Its query also holds its own settings: `name`, `priority`, `timeout`, SMTP's connection
 //!   settings, `breaker.*` and `rate` (`14/s`) or `rate.*`; the rest stays in the URL for
 //!   the provider, which knows each of its options or refuses it (`?TLS=required` is an
