@@ -274,11 +274,18 @@ mod tests {
                    later@example.org,\"421 4.7.0 Try again later\"\n\
                    status@example.org,\"4.2.2 over quota\"\n\
                    temp@example.org,Temporary failure\n\
-                   gone@example.org,\"550 5.1.1 No such user\"\n";
+                   gone@example.org,\"550 5.1.1 No such user\"\n\
+                   fourth@example.org,\"4th notice: address unknown\"\n\
+                   many@example.org,\"4000 mailboxes closed\"\n";
         let read = read(csv, Reason::Bounced).unwrap();
+        // `4th` and `4000` begin no reply code: their rows are suppressed.
         assert_eq!(
             read.rows,
-            vec![("gone@example.org".to_owned(), Reason::Bounced)]
+            vec![
+                ("gone@example.org".to_owned(), Reason::Bounced),
+                ("fourth@example.org".to_owned(), Reason::Bounced),
+                ("many@example.org".to_owned(), Reason::Bounced)
+            ]
         );
         assert_eq!(read.skipped, 5);
     }
