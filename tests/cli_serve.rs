@@ -353,6 +353,32 @@ fn a_credential_on_an_address_that_is_not_loopback_needs_tls_or_a_tls_proxy() {
 }
 
 #[test]
+fn a_credential_file_beside_any_one_credential_variable_is_refused_as_two_credentials() {
+    let file = credential_file(&format!("{TOKEN}\n"));
+    let path = file.path().join("credential");
+    for variable in [
+        "MAILER_ADMIN_TOKEN",
+        "MAILER_ADMIN_USER",
+        "MAILER_ADMIN_PASSWORD",
+    ] {
+        let output = refused(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--credential-file",
+                path.to_str().expect("a UTF-8 path"),
+                "--dsn",
+                DSN,
+            ],
+            &[(variable, "something")],
+        );
+        assert_eq!(output.status.code(), Some(2), "{variable}");
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        assert!(stderr.contains("both in --credential-file"), "{variable}: {stderr}");
+    }
+}
+
+#[test]
 fn behind_a_tls_proxy_every_request_needs_the_credential_from_the_file() {
     let file = credential_file(&format!("{TOKEN}\n"));
     let path = file.path().join("credential");
