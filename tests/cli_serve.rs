@@ -374,7 +374,10 @@ fn a_credential_file_beside_any_one_credential_variable_is_refused_as_two_creden
         );
         assert_eq!(output.status.code(), Some(2), "{variable}");
         let stderr = String::from_utf8_lossy(&output.stderr);
-        assert!(stderr.contains("both in --credential-file"), "{variable}: {stderr}");
+        assert!(
+            stderr.contains("both in --credential-file"),
+            "{variable}: {stderr}"
+        );
     }
 }
 

@@ -332,3 +332,115 @@ async fn a_resend_to_one_of_three_recipients_is_unsupported_and_reaches_smtp_sin
     assert_eq!(graph.request_count(), 0);
     assert_eq!(sink.received(), 1, "{}", sink.log());
 }
+
+/// Review of Graph: a direct send waited out the token source's own 30 s (or 120 s), not
+/// the transport's timeout, as SMTP's login does.
+#[tokio::test]
+async fn a_send_whose_token_source_never_answers_ends_at_the_transports_timeout_not_attempted() {
+    let tokens = ApiServer::start(|_| Reply::Hang).await;
+    let graph = ApiServer::start(|_| Reply::text(202, "")).await;
+    let transport = graph_on(&graph, &tokens).with_timeout(Duration::from_millis(300));
+    let answer = tokio::time::timeout(Duration::from_secs(10), transport.send(&to_ann_and_bob()))
+        .await
+        .expect("an answer within the transport's timeout, not the token source's 30 s");
+    let error = answer.unwrap_err();
+    assert_eq!(error.code(), "oauth2.timeout", "{error}");
+    assert!(error.is_not_attempted(), "{error}");
+    assert_eq!(graph.request_count(), 0);
+}
+
+/// Review of Graph: a message that kept its own `Bcc:` got a second one, and Exchange may
+/// read only one of them.
+#[tokio::test]
+async fn a_message_with_its_own_bcc_is_sent_with_one_bcc_naming_its_own_and_the_envelopes() {
+    let tokens = token_endpoint().await;
+    let graph = ApiServer::start(|_| Reply::text(202, "")).await;
+    let raw = b"From: app@contoso.com\r\nTo: ann@example.org\r\nBcc: dave@example.org\r\nSubject: hi\r\n\r\nhello\r\n";
+    let envelope = mail_breaker::Envelope::new(
+        Some("app@contoso.com".parse().unwrap()),
+        ["ann@example.org", "dave@example.org", "erin@example.org"]
+            .iter()
+            .map(|to| to.parse().unwrap())
+            .collect(),
+    )
+    .unwrap();
+    graph_on(&graph, &tokens)
+        .send_raw(&envelope, raw)
+        .await
+        .unwrap();
+    let mime = mime_of(&graph.last());
+    let bcc: Vec<&str> = mime
+        .lines()
+        .filter(|line| line.to_ascii_lowercase().starts_with("bcc:"))
+        .collect();
+    assert_eq!(bcc.len(), 1, "{mime}");
+    let head = mime.split("\r\n\r\n").next().unwrap_or_default();
+    for blind in ["dave@example.org", "erin@example.org"] {
+        assert!(head.contains(blind), "{blind} in {mime}");
+    }
+}
+
+/// Review of Graph: a `To:` entry the parser could not read was skipped, so a resend to
+/// some recipients passed the envelope check and Graph delivered to everyone named.
+#[tokio::test]
+async fn a_header_recipient_that_cannot_be_read_makes_the_send_unsupported_and_nothing_is_sent() {
+    let tokens = token_endpoint().await;
+    let graph = ApiServer::start(|_| Reply::text(202, "")).await;
+    let envelope = mail_breaker::Envelope::new(
+        Some("app@contoso.com".parse().unwrap()),
+        vec!["ann@example.org".parse().unwrap()],
+    )
+    .unwrap();
+    for to in [
+        "ann@example.org, Bob <bob at example.org>",
+        "ann@example.org, just-a-name",
+    ] {
+        let raw = format!("From: app@contoso.com\r\nTo: {to}\r\nSubject: hi\r\n\r\nhello\r\n");
+        let error = graph_on(&graph, &tokens)
+            .send_raw(&envelope, raw.as_bytes())
+            .await
+            .unwrap_err();
+        assert_eq!(error.category(), Category::Unsupported, "{to}: {error}");
+    }
+    assert_eq!(graph.request_count(), 0);
+}
+
+/// Review of Graph: a MIME that Graph cannot convert may go through a member that takes
+/// MIME as it is.
+#[tokio::test]
+async fn a_mime_graph_cannot_convert_is_unsupported_so_a_pool_tries_the_next_member() {
+    let tokens = token_endpoint().await;
+    for code in [
+        "ErrorMimeContentConversionFailed",
+        "ErrorMimeContentInvalid",
+    ] {
+        let graph = ApiServer::start(move |_| graph_error(400, code)).await;
+        let error = graph_on(&graph, &tokens)
+            .send(&to_ann_and_bob())
+            .await
+            .unwrap_err();
+        assert_eq!(error.category(), Category::Unsupported, "{code}");
+    }
+}
+
+/// Review of Graph: an error left out for holding the token lost `is_about_the_message`,
+/// and a pool passed the member over for a refusal of one message.
+#[tokio::test]
+async fn an_error_left_out_for_holding_the_token_keeps_whether_it_is_about_the_message() {
+    let tokens = token_endpoint().await;
+    // The token `token-1` with its first letter as a JSON escape: no redaction of the raw
+    // body finds it, and the message read from it holds it.
+    let graph = ApiServer::start(|_| {
+        Reply::json(
+            403,
+            r#"{"error":{"code":"ErrorSendAsDenied","message":"\u0074oken-1 may not send as it"}}"#,
+        )
+    })
+    .await;
+    let error = graph_on(&graph, &tokens)
+        .send(&to_ann_and_bob())
+        .await
+        .unwrap_err();
+    assert!(!format!("{error:?}").contains("token-1"), "{error:?}");
+    assert!(error.is_about_the_message(), "{error:?}");
+}

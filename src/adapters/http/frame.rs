@@ -305,23 +305,37 @@ impl<P: Provider> HttpTransport<P> {
     }
 
     /// The key a request is authorized with: the transport's API key, or its login's token
-    /// (the token as well, to forget if refused), waited for no longer than the send's
-    /// deadline (a cut is `oauth2.timeout`, not attempted).
+    /// (the token as well, to forget if refused), waited for no longer than the transport's
+    /// timeout or the send's deadline (a cut is `oauth2.timeout`, not attempted).
     async fn key(&self) -> Result<(ApiKey, Option<Token>), SendError> {
         #[cfg(feature = "graph")]
         if let Some(login) = &self.login {
-            let token = crate::deadline::bounded(login.token(), || {
-                Err(SendError::fixed(
-                    crate::Category::Timeout,
-                    "oauth2.timeout",
-                    "the token source did not answer within the send's timeout; nothing was sent",
-                )
-                .not_attempted())
-            })
-            .await?;
+            let token = self.within_timeout(login.token()).await??;
             return Ok((ApiKey::new(token.secret()), Some(token)));
         }
         Ok((self.key.clone(), None))
+    }
+
+    /// `wait` (on a login: its token, or forgetting one) bounded by the transport's timeout
+    /// and the send's deadline, as SMTP's login is: a cut is `oauth2.timeout`, not attempted.
+    #[cfg(feature = "graph")]
+    async fn within_timeout<F: std::future::Future>(
+        &self,
+        wait: F,
+    ) -> Result<F::Output, SendError> {
+        let cut = || {
+            SendError::fixed(
+                crate::Category::Timeout,
+                "oauth2.timeout",
+                "the token source did not answer within the send's timeout; nothing was sent",
+            )
+            .not_attempted()
+        };
+        let bounded = tokio::time::timeout(self.client.timeout(), wait);
+        crate::deadline::bounded(async { bounded.await.map_err(|_elapsed| cut()) }, || {
+            Err(cut())
+        })
+        .await
     }
 
     /// Makes `call` with `key` and reads its answer.
@@ -413,7 +427,7 @@ impl<P: Provider> HttpTransport<P> {
         };
         // Refused before anything was sent: a token revoked, or expired early.
         crate::deadline::not_reached();
-        login.refused(&token).await;
+        self.within_timeout(login.refused(&token)).await?;
         tracing::debug!(transport = %self.name, "http.token_refused: once more with a new token");
         let call = self.provider.send_call(envelope, raw)?;
         let (key, _) = self.key().await?;
@@ -459,6 +473,9 @@ impl<P: Provider> HttpTransport<P> {
         }
         if error.is_maybe_delivered() {
             safe = safe.maybe_delivered();
+        }
+        if error.is_about_the_message() {
+            safe = safe.about_the_message();
         }
         safe
     }

@@ -41,8 +41,11 @@ const NO_MESSAGE_ID: &str = "202 Accepted: Graph gives no message id";
 ///   sent gains a `Bcc:` naming every envelope recipient the headers do not (lettre and the
 ///   `mail-breaker` command strip `Bcc:` before a transport sees the message); a message
 ///   whose headers name someone the envelope does not (a resend to the deferred recipients
-///   alone) is [`Unsupported`](Category::Unsupported) (`graph.envelope_differs`), so a pool
-///   hands it to a member that has an envelope.
+///   alone, or a message naming an address a suppression list took out of the envelope) is
+///   [`Unsupported`](Category::Unsupported) (`graph.envelope_differs`), so a pool hands it
+///   to a member that has an envelope; so is a `To`, `Cc` or `Bcc` entry without a readable
+///   address (`graph.unreadable_recipient`). A message's own `Bcc:` is merged into the one
+///   `Bcc:` field sent.
 /// - **A message over 4 MB once base64-encoded** (about 3 MB of MIME) is `Unsupported`
 ///   (`graph.too_large`): Graph's upload sessions take a draft in its JSON form, which
 ///   loses every MIME header but `x-` ones, so this transport leaves such mail to another
@@ -203,6 +206,10 @@ fn encoded_len(bytes: usize) -> usize {
 /// The sender as one path segment: every byte but RFC 3986's unreserved ones and `@`
 /// percent-encoded, so that no `/`, `?` or `#` in it changes the request's path.
 fn path_segment(sender: &str) -> String {
+    if sender.bytes().all(|byte| byte == b'.') {
+        // `.` and `..` would climb the path.
+        return sender.replace('.', "%2E");
+    }
     const SEGMENT: &percent_encoding::AsciiSet = &percent_encoding::NON_ALPHANUMERIC
         .remove(b'-')
         .remove(b'.')
@@ -216,13 +223,7 @@ fn path_segment(sender: &str) -> String {
 /// `Cc` and `Bcc` headers do not; `Unsupported` when those headers name someone the
 /// envelope does not, to whom Graph would deliver.
 fn with_envelope_as_bcc(envelope: &Envelope, raw: &[u8]) -> Result<Vec<u8>, SendError> {
-    let named = header_recipients(raw).ok_or_else(|| {
-        SendError::fixed(
-            Category::InvalidMessage,
-            "graph.message",
-            "the message has no headers to read",
-        )
-    })?;
+    let Named { named, bcc } = header_recipients(raw)?;
     let in_envelope: HashSet<String> = envelope
         .to()
         .iter()
@@ -249,35 +250,107 @@ fn with_envelope_as_bcc(envelope: &Envelope, raw: &[u8]) -> Result<Vec<u8>, Send
     if blind.is_empty() {
         return Ok(raw.to_vec());
     }
-    // The message's own line ending; one address a line, so no line grows long.
+    // One `Bcc:` field (RFC 5322 allows one): the message's own blind copies and the
+    // envelope's, one address a line so that no line grows long, in the message's own line
+    // ending.
     let end = if raw.windows(2).any(|pair| pair == b"\r\n") {
         "\r\n"
     } else {
         "\n"
     };
-    let field = format!("Bcc: {}{end}", blind.join(&format!(",{end} ")));
-    let mut copy = Vec::with_capacity(field.len() + raw.len());
+    let all: Vec<&str> = bcc
+        .iter()
+        .map(String::as_str)
+        .chain(blind.iter().map(String::as_str))
+        .collect();
+    let field = format!("Bcc: {}{end}", all.join(&format!(",{end} ")));
+    let rest = without_bcc_fields(raw);
+    let mut copy = Vec::with_capacity(field.len() + rest.len());
     copy.extend_from_slice(field.as_bytes());
-    copy.extend_from_slice(raw);
+    copy.extend_from_slice(&rest);
     Ok(copy)
 }
 
-/// The addresses the formatted message `raw` names in its `To`, `Cc` and `Bcc` headers, in
-/// lower case, each once; `None` when it has no headers to read.
-fn header_recipients(raw: &[u8]) -> Option<Vec<String>> {
-    let message = mail_parser::MessageParser::default().parse_headers(raw)?;
+/// `raw` without its `Bcc:` fields (each with its folded lines), the rest as it was.
+fn without_bcc_fields(raw: &[u8]) -> Vec<u8> {
+    let mut kept = Vec::with_capacity(raw.len());
+    let mut in_bcc = false;
+    let mut at = 0;
+    while at < raw.len() {
+        let line_end = raw[at..]
+            .iter()
+            .position(|&byte| byte == b'\n')
+            .map_or(raw.len(), |position| at + position + 1);
+        let line = &raw[at..line_end];
+        if line == b"\r\n" || line == b"\n" {
+            // The end of the header: the body goes as it is.
+            kept.extend_from_slice(&raw[at..]);
+            return kept;
+        }
+        let folded = line
+            .first()
+            .is_some_and(|byte| *byte == b' ' || *byte == b'\t');
+        if !folded {
+            in_bcc = line.len() >= 4 && line[..4].eq_ignore_ascii_case(b"bcc:");
+        }
+        if !in_bcc {
+            kept.extend_from_slice(line);
+        }
+        at = line_end;
+    }
+    kept
+}
+
+/// Whom a message's headers name.
+struct Named {
+    /// Every address of `To`, `Cc` and `Bcc`, in lower case, each once.
+    named: Vec<String>,
+    /// The addresses of its own `Bcc:`, as written.
+    bcc: Vec<String>,
+}
+
+/// The addresses the formatted message `raw` names in its `To`, `Cc` and `Bcc` headers;
+/// `Unsupported` for an entry that holds no readable address (Graph might read it as one),
+/// `InvalidMessage` for a message without headers.
+fn header_recipients(raw: &[u8]) -> Result<Named, SendError> {
+    let message = mail_parser::MessageParser::default()
+        .parse_headers(raw)
+        .ok_or_else(|| {
+            SendError::fixed(
+                Category::InvalidMessage,
+                "graph.message",
+                "the message has no headers to read",
+            )
+        })?;
+    let unreadable = || {
+        SendError::fixed(
+            Category::Unsupported,
+            "graph.unreadable_recipient",
+            "a To, Cc or Bcc entry holds no address this transport can read, and Graph \
+             delivers to what it reads there: a transport with an envelope must send this one",
+        )
+    };
+    let addresses = |list: Vec<&mail_parser::Address<'_>>| -> Result<Vec<String>, SendError> {
+        list.into_iter()
+            .flat_map(|address| address.iter())
+            .map(|addr| {
+                addr.address()
+                    .filter(|address| address.contains('@'))
+                    .map(str::to_owned)
+                    .ok_or_else(unreadable)
+            })
+            .collect()
+    };
+    let mut listed = addresses(message.all_to().chain(message.all_cc()).collect())?;
+    let bcc = addresses(message.all_bcc().collect())?;
+    listed.extend(bcc.iter().cloned());
     let mut seen = HashSet::new();
-    let all = message
-        .all_to()
-        .chain(message.all_cc())
-        .chain(message.all_bcc());
-    Some(
-        all.flat_map(|address| address.iter())
-            .filter_map(|addr| addr.address())
-            .map(str::to_lowercase)
-            .filter(|address| seen.insert(address.clone()))
-            .collect(),
-    )
+    let named = listed
+        .into_iter()
+        .map(|address| address.to_lowercase())
+        .filter(|address| seen.insert(address.clone()))
+        .collect();
+    Ok(Named { named, bcc })
 }
 
 /// Whether `token` (a JWT) grants `Mail.Send` in its `roles` claim: the application
@@ -388,6 +461,9 @@ mod tests {
     fn the_sender_is_one_path_segment() {
         assert_eq!(path_segment("app@contoso.com"), "app@contoso.com");
         assert_eq!(path_segment("a/b?c#d@x"), "a%2Fb%3Fc%23d@x");
+        // A segment of dots alone would climb the path.
+        assert_eq!(path_segment(".."), "%2E%2E");
+        assert_eq!(path_segment("."), "%2E");
     }
 
     fn jwt(claims: &str) -> String {

@@ -31,8 +31,8 @@ struct Inner {
 /// | `ErrorSendAsDenied`: the message's From is not the sender mailbox, nor one it may send as | Configuration, **about the message** (another message from the sender goes) |
 /// | `ErrorAccessDenied`, `NoPermissionsInAccessToken` (no consent for `Mail.Send`, or an application access policy that leaves the mailbox out), `MailboxNotEnabledForRESTAPI`, `ResourceNotFound`, `ErrorInvalidUser` (no such mailbox), `ErrorQuotaExceeded` (the sender's mailbox is full: a MIME send is saved to Sent Items) | Configuration |
 /// | `InvalidAuthenticationToken`; HTTP 401 | Authentication |
-/// | `ErrorMessageSizeExceeded`; HTTP 413 | Unsupported (another member may carry it) |
-/// | `ErrorInvalidRecipients`, `ErrorMimeContentInvalid`, `ErrorMimeContentInvalidBase64String`, `ErrorMimeContentConversionFailed`; HTTP 400 and 422 | InvalidMessage |
+/// | `ErrorMessageSizeExceeded`, `ErrorMimeContentInvalid`, `ErrorMimeContentInvalidBase64String`, `ErrorMimeContentConversionFailed` (a MIME Graph cannot read or convert); HTTP 413 | Unsupported (another member, which takes MIME as it is, may carry it) |
+/// | `ErrorInvalidRecipients`; HTTP 400 and 422 | InvalidMessage |
 /// | `ApplicationThrottled`, `MailboxConcurrency`; HTTP 429 | RateLimited |
 /// | HTTP 503 | ServiceUnavailable |
 /// | HTTP 500, 502, 504 and any other 5xx | ServerError, **maybe delivered** (Graph may have taken the message) |
@@ -87,11 +87,12 @@ fn category_of(status: u16, code: &str) -> Category {
         | "ErrorInvalidUser"
         | "ErrorQuotaExceeded" => Category::Configuration,
         "InvalidAuthenticationToken" => Category::Authentication,
-        "ErrorMessageSizeExceeded" => Category::Unsupported,
-        "ErrorInvalidRecipients"
+        // Another member, which takes the MIME as it is, may carry it.
+        "ErrorMessageSizeExceeded"
         | "ErrorMimeContentInvalid"
         | "ErrorMimeContentInvalidBase64String"
-        | "ErrorMimeContentConversionFailed" => Category::InvalidMessage,
+        | "ErrorMimeContentConversionFailed" => Category::Unsupported,
+        "ErrorInvalidRecipients" => Category::InvalidMessage,
         "ApplicationThrottled" | "MailboxConcurrency" => Category::RateLimited,
         _ => match status {
             413 => Category::Unsupported,
@@ -133,7 +134,12 @@ mod tests {
             (
                 400,
                 "ErrorMimeContentInvalidBase64String",
-                Category::InvalidMessage,
+                Category::Unsupported,
+            ),
+            (
+                400,
+                "ErrorMimeContentConversionFailed",
+                Category::Unsupported,
             ),
             (429, "ApplicationThrottled", Category::RateLimited),
             (503, "", Category::ServiceUnavailable),
