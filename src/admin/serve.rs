@@ -56,9 +56,10 @@ pub(crate) const OPEN_PER_PEER: usize = OPEN_AT_ONCE / 16;
 /// direct visitors), however many addresses one proxy reaches the page from.
 pub(crate) const OPEN_PER_PROXY: usize = OPEN_AT_ONCE / 2;
 
-/// The key the trusted proxies' connections are counted under, together: the unspecified
-/// address, which no peer connects from.
-const PROXIES: IpAddr = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+/// The key the trusted proxies' connections are counted under, together: the IPv4 broadcast
+/// address, which no peer connects from (an IPv6 key would be some peer's /64: `::` is
+/// `::1`'s).
+const PROXIES: IpAddr = IpAddr::V4(std::net::Ipv4Addr::BROADCAST);
 
 /// How many connections each peer holds; a peer with none is not kept, so the table holds
 /// no more peers than there are connections open (and the one being accepted).
@@ -267,6 +268,21 @@ mod tests {
         );
         drop((held, others));
         assert!(table.open.lock().unwrap().is_empty());
+    }
+
+    /// Review 7: the proxies' shared count was kept under `::`, which is `::1`'s /64.
+    #[test]
+    fn a_peer_at_loopback_ipv6_that_is_not_trusted_is_counted_apart_from_the_trusted_proxies() {
+        let proxies: Arc<[IpAddr]> = Arc::from(["127.0.0.1".parse().unwrap()]);
+        let table = Arc::new(PerPeer::exempting(proxies));
+        let held: Vec<PeerSlot> = (0..OPEN_PER_PEER)
+            .map(|_| PerPeer::take(&table, at("127.0.0.1")).expect("within their share"))
+            .collect();
+        assert!(
+            PerPeer::take(&table, at("::1")).is_some(),
+            "::1 has its own share"
+        );
+        drop(held);
     }
 
     /// Review 6: the same nginx often reaches the page as `127.0.0.1` and `::1`; two

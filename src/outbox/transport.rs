@@ -129,7 +129,12 @@ impl<T: Transport> OutboxTransport<T> {
                     "outbox.queued_owed"
                 );
                 // The outbox sends to them again: a retry outside must not (a second copy).
-                receipt.owed_kept()
+                // Dead letters alone are kept for no one to send again.
+                if queued.is_empty() {
+                    receipt
+                } else {
+                    receipt.owed_kept()
+                }
             }
             Err(error) => {
                 tracing::error!(

@@ -75,7 +75,7 @@ pub(crate) fn address_key<'a>(address: &'a str) -> Result<String, &'static str> 
             .any(|c| ascii_blank(c) && c != ' ' && c != '\t')
     });
     if blank_in_quotes
-        || domain.chars().any(ascii_blank)
+        || domain.chars().any(|c| c.is_whitespace() || c.is_control())
         || (quoted.is_none() && local.chars().any(ascii_blank))
     {
         return Err("it holds a space or a control character");
@@ -328,6 +328,18 @@ mod tests {
                 address_key(&format!("a{space}b@example.org")),
                 "{space:?}"
             );
+        }
+    }
+
+    #[test]
+    fn an_address_whose_domain_holds_a_non_ascii_space_is_no_address() {
+        // Pasted from a spreadsheet: kept, it would be a key no recipient has.
+        for text in [
+            "bob@example.org\u{a0}",
+            "bob@exa\u{3000}mple.org",
+            "bob@example.org\u{85}",
+        ] {
+            assert!(address_key(text).is_err(), "{text:?}");
         }
     }
 

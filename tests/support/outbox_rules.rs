@@ -1011,6 +1011,23 @@ pub async fn a_retry_around_send_or_queue_sends_nothing_again_to_the_recipients_
     assert_eq!(outbox.stats().await.unwrap().queued, 1);
 }
 
+/// Review 7: a receipt whose undelivered recipients only became dead letters said they were
+/// kept to be sent again.
+pub async fn a_receipt_whose_undelivered_recipients_only_became_dead_letters_is_not_kept_for_later(
+    outbox: Outbox,
+) {
+    let provider = PartlyDelivering::default();
+    let transport = OutboxTransport::send_or_queue(outbox.clone(), provider.clone());
+    let receipt = transport.send(&partly(&["refused"])).await.unwrap();
+    assert_eq!(receipt.rejected_recipients().len(), 1);
+    assert!(!receipt.is_kept_for_later(), "{receipt:?}");
+    let stats = outbox.stats().await.unwrap();
+    assert_eq!((stats.queued, stats.dead), (0, 1), "{stats:?}");
+    let fresh = OutboxTransport::send_or_queue(outbox.clone(), PartlyDelivering::default());
+    let kept = fresh.send(&partly(&["later"])).await.unwrap();
+    assert!(kept.is_kept_for_later(), "{kept:?}");
+}
+
 pub async fn send_or_queue_queues_a_failure_that_may_pass(outbox: Outbox) {
     let down = Scripted::answering("provider", Reply::fail(Category::ServiceUnavailable));
     let transport = OutboxTransport::send_or_queue(outbox.clone(), down);
@@ -1585,6 +1602,7 @@ macro_rules! all_outbox_rules {
             send_or_queue_queues_a_failure_that_may_pass,
             a_retry_around_send_or_queue_sends_nothing_again_that_it_queued,
             a_retry_around_send_or_queue_sends_nothing_again_to_the_recipients_it_kept,
+            a_receipt_whose_undelivered_recipients_only_became_dead_letters_is_not_kept_for_later,
             send_or_queue_answers_a_rejection_with_its_error_and_keeps_nothing,
             send_or_queue_keeps_every_failure_the_worker_would_send_again,
             send_or_queue_queues_a_maybe_delivered_failure_to_send_again,

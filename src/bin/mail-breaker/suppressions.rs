@@ -252,8 +252,12 @@ fn shell_quoted(text: &str) -> String {
             '\n' => quoted.push_str("\\n"),
             '\r' => quoted.push_str("\\r"),
             c if crate::output::acts_on_a_terminal(c) => {
-                // Four digits always: `\u` reads up to four, so a hex letter after it stays.
-                quoted.push_str(&format!("\\u{:04x}", u32::from(c)));
+                // Its UTF-8 bytes, two digits each: bash reads `\xHH` in every locale (`\u`
+                // not in C's), and no hex letter after it is taken in.
+                let mut bytes = [0; 4];
+                for byte in c.encode_utf8(&mut bytes).bytes() {
+                    quoted.push_str(&format!("\\x{byte:02x}"));
+                }
             }
             c => quoted.push(c),
         }
@@ -289,7 +293,9 @@ mod tests {
             "o'neil@example.org",
         ] {
             let hint = crate::output::for_terminal(&shell_quoted(key)).into_owned();
+            // In the C locale too (cron, `docker exec`), where bash reads no `\u`.
             let Ok(echoed) = std::process::Command::new("bash")
+                .env("LC_ALL", "C")
                 .arg("-c")
                 .arg(format!("printf %s {hint}"))
                 .output()

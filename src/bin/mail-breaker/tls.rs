@@ -39,9 +39,10 @@ const HANDSHAKES_PER_PEER: usize = 8;
 /// client behind a proxy that speaks TLS to the page comes from its addresses.
 const HANDSHAKES_THROUGH_PROXIES: usize = HANDSHAKES_AT_ONCE / 2;
 
-/// The key the trusted proxies' handshakes are counted under, together: the unspecified
-/// address, which no peer connects from.
-const PROXIES: IpAddr = IpAddr::V6(std::net::Ipv6Addr::UNSPECIFIED);
+/// The key the trusted proxies' handshakes are counted under, together: the IPv4 broadcast
+/// address, which no peer connects from (an IPv6 key would be some peer's /64: `::` is
+/// `::1`'s).
+const PROXIES: IpAddr = IpAddr::V4(std::net::Ipv4Addr::BROADCAST);
 
 /// Handshaken connections waiting for the server to take them; beyond, one is dropped.
 const WAITING_AT_MOST: usize = 64;
@@ -302,6 +303,18 @@ mod tests {
         let task = tokio::spawn(std::future::pending::<()>());
         under_way.add(number, address, task.abort_handle());
         task
+    }
+
+    /// Review 7: the proxies' shared count was kept under `::`, which is `::1`'s /64, so
+    /// with no proxy `::1` had the proxies' 32.
+    #[tokio::test]
+    async fn a_peer_at_loopback_ipv6_has_one_addresss_share_of_handshakes() {
+        let mut under_way = UnderWay::trusting(Vec::new());
+        let local: IpAddr = "::1".parse().unwrap();
+        let own: Vec<_> = (0..=HANDSHAKES_PER_PEER)
+            .map(|_| pending(&mut under_way, local))
+            .collect();
+        assert!(stopped(&own[0]).await, "its ninth lets its first go");
     }
 
     /// Review 6: behind a proxy that speaks TLS to the page, every client's handshake comes
