@@ -24,6 +24,8 @@ enum Answer {
         maybe: Vec<&'static str>,
     },
     Fail(SendError),
+    /// Queued in an outbox (as `send_or_queue` answers when the stack behind it refused).
+    Queue,
 }
 
 fn deliver_deferring(defer: &[&'static str]) -> Answer {
@@ -86,6 +88,7 @@ impl Transport for Provider {
             .unwrap_or_else(deliver_all);
         match answer {
             Answer::Fail(error) => Err(error),
+            Answer::Queue => Ok(Receipt::new("outbox").with_message_id("7").queued()),
             Answer::Deliver {
                 defer,
                 reject,
@@ -409,4 +412,20 @@ async fn a_recipient_maybe_delivered_when_the_attempts_run_out_stays_listed_as_m
         ["bob@example.net"]
     );
     assert!(receipt.deferred_recipients().is_empty());
+}
+
+/// Review 7: a retry that resent a deferred recipient through `send_or_queue` took its
+/// queued answer for a delivery: the recipient left every list, and the receipt said the
+/// message was delivered to everyone while the outbox held it for that one.
+#[tokio::test(start_paused = true)]
+async fn a_recipient_an_outbox_inside_queued_on_a_resend_stays_listed_as_owed_and_is_not_sent_again()
+ {
+    let provider = Provider::new([deliver_deferring(&["bob@example.net"]), Answer::Queue]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 2, "the outbox sends to bob again, not the retry");
+    assert_eq!(recipients(receipt.deferred_recipients()), ["bob@example.net"]);
+    assert!(receipt.is_kept_for_later(), "{receipt:?}");
 }

@@ -207,6 +207,29 @@ impl<T: Transport> RetryTransport<T> {
             let answered = catch_panic(transport, self.inner.send_raw(&envelope, raw)).await;
             crate::deadline::try_answered(&answered);
             match answered {
+                Ok(mut answer) if answer.is_kept_for_later() => {
+                    // An outbox inside keeps whom this try left owed (a queued answer: every
+                    // recipient of the try): they stay listed as owed, and this retry sends
+                    // them nothing more, which would be a second copy.
+                    if let Some(budget) = &self.policy.budget {
+                        budget.on_success();
+                    }
+                    for (to, why) in answer.rejected_recipients() {
+                        receipt = receipt.with_rejected_recipient(to.clone(), why.clone());
+                    }
+                    let mut owed = answer.take_deferred_recipients();
+                    owed.extend(answer.take_maybe_delivered_recipients());
+                    if answer.is_queued() {
+                        for (to, why) in std::mem::take(&mut again) {
+                            if !owed.iter().any(|(listed, _)| *listed == to) {
+                                owed.push((to, why));
+                            }
+                        }
+                    }
+                    again = owed;
+                    receipt = receipt.owed_kept();
+                    break;
+                }
                 Ok(mut answer) => {
                     if let Some(budget) = &self.policy.budget {
                         budget.on_success();
