@@ -104,9 +104,21 @@ impl Receipt {
     }
 
     /// Marks the recipients this receipt lists as owed (deferred, maybe delivered) as kept
-    /// in an outbox, which sends to them again.
-    #[cfg_attr(not(feature = "outbox"), allow(dead_code))] // the outbox's send_or_queue
-    pub(crate) fn owed_kept(mut self) -> Self {
+    /// in an outbox, which sends to them again:
+    /// [`OutboxTransport::send_or_queue`](crate::outbox::OutboxTransport::send_or_queue)
+    /// answers so when it kept them.
+    ///
+    /// ```
+    /// use mail_breaker::{Category, Receipt, SendError};
+    ///
+    /// let later = SendError::new(Category::ServerError, "smtp.450", "greylisted");
+    /// let receipt = Receipt::new("smtp://relay:25")
+    ///     .with_deferred_recipient("bob@example.org".parse()?, later)
+    ///     .owed_kept();
+    /// assert!(receipt.is_kept_for_later());
+    /// # Ok::<(), lettre::address::AddressError>(())
+    /// ```
+    pub fn owed_kept(mut self) -> Self {
         self.owed_kept = true;
         self
     }

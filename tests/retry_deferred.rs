@@ -425,7 +425,14 @@ async fn a_recipient_an_outbox_inside_queued_on_a_resend_stays_listed_as_owed_an
         .send(&message_to_two())
         .await
         .expect("delivered to ann");
-    assert_eq!(provider.sends().len(), 2, "the outbox sends to bob again, not the retry");
-    assert_eq!(recipients(receipt.deferred_recipients()), ["bob@example.net"]);
+    assert_eq!(
+        provider.sends().len(),
+        2,
+        "the outbox sends to bob again, not the retry"
+    );
+    assert_eq!(
+        recipients(receipt.deferred_recipients()),
+        ["bob@example.net"]
+    );
     assert!(receipt.is_kept_for_later(), "{receipt:?}");
 }

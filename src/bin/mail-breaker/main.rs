@@ -200,7 +200,7 @@ fn run(cli: Cli, argv: Secrets) -> Exit {
         match cli.command {
             Command::Test(args) => test_message::run(&stack, &out, &recorder, args).await,
             Command::Check => check::run(&stack, &out).await,
-            Command::Send(args) => send::run(&stack, &out, &recorder, args).await,
+            Command::Send(args) => send::run(&stack, &out, args).await,
             Command::Breakers(args) => breakers::run(&stack, &out, args).await,
             Command::Outbox(args) => outbox::run(&stack, &out, args).await,
             Command::Suppressions(args) => suppressions::run(&stack, &out, args).await,

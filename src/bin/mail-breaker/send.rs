@@ -24,38 +24,6 @@ use crate::eml::{envelope, without_blind_copies};
 use crate::exit::{Exit, Failure};
 use crate::output::Out;
 use crate::stack::Stack;
-use crate::trace::Recorder;
-
-/// What the outbox logs when it could not keep a message for its deferred recipients.
-const DEFERRED_NOT_KEPT: &str = "outbox.owed_not_kept";
-
-/// Whether the outbox kept the messages for their deferred recipients. It keeps a message
-/// before the send answers, and only logs when it cannot: the log of a message not kept is
-/// recorded before its answer comes, but answers come in any order, and the log does not say
-/// which message it was. So from the first such log on, every message counts as not kept.
-struct Kept<'r> {
-    recorder: &'r Recorder,
-    has_outbox: bool,
-    failed: bool,
-}
-
-impl<'r> Kept<'r> {
-    /// Starts recording what the outbox logs.
-    fn new(has_outbox: bool, recorder: &'r Recorder) -> Kept<'r> {
-        recorder.start();
-        Kept {
-            recorder,
-            has_outbox,
-            failed: false,
-        }
-    }
-
-    /// Whether the message whose answer just came was kept for its deferred recipients.
-    fn so_far(&mut self) -> bool {
-        self.failed |= self.recorder.saw(DEFERRED_NOT_KEPT);
-        self.has_outbox && !self.failed
-    }
-}
 
 #[derive(Debug, Args)]
 pub struct SendArgs {
@@ -113,8 +81,9 @@ enum Missed {
     Refused,
     /// Refused for now (a 4xx); `queued` when the outbox keeps the message for it.
     Deferred { queued: bool },
-    /// The data went out and no answer came: it may have the message.
-    MaybeDelivered,
+    /// The data went out and no answer came: it may have the message; `queued` when the
+    /// outbox keeps the message to send it again (at least once).
+    MaybeDelivered { queued: bool },
 }
 
 impl Missed {
@@ -123,7 +92,8 @@ impl Missed {
             Missed::Refused => "refused",
             Missed::Deferred { queued: false } => "deferred",
             Missed::Deferred { queued: true } => "deferred, queued",
-            Missed::MaybeDelivered => "maybe delivered",
+            Missed::MaybeDelivered { queued: false } => "maybe delivered",
+            Missed::MaybeDelivered { queued: true } => "maybe delivered, queued",
         }
     }
 }
@@ -133,8 +103,6 @@ struct Answer {
     result: Result<Receipt, SendError>,
     /// The file could not be read or parsed, so nothing was sent.
     invalid: bool,
-    /// The outbox kept the message for its deferred recipients (see [`Kept`]).
-    deferred_queued: bool,
 }
 
 impl Answer {
@@ -144,15 +112,15 @@ impl Answer {
         let Ok(receipt) = &self.result else {
             return Vec::new();
         };
+        // The receipt says whether the outbox keeps its owed recipients to send again.
+        let queued = receipt.is_kept_for_later();
         let lists = [
             (Missed::Refused, receipt.rejected_recipients()),
+            (Missed::Deferred { queued }, receipt.deferred_recipients()),
             (
-                Missed::Deferred {
-                    queued: self.deferred_queued,
-                },
-                receipt.deferred_recipients(),
+                Missed::MaybeDelivered { queued },
+                receipt.maybe_delivered_recipients(),
             ),
-            (Missed::MaybeDelivered, receipt.maybe_delivered_recipients()),
         ];
         lists
             .into_iter()
@@ -181,7 +149,9 @@ impl Answer {
             Ok(receipt) if receipt.is_queued() => Exit::Ok,
             Ok(_) => Exit::combined(self.undelivered().into_iter().map(
                 |(how, _, why)| match how {
-                    Missed::Deferred { queued: true } => Exit::Ok,
+                    Missed::Deferred { queued: true } | Missed::MaybeDelivered { queued: true } => {
+                        Exit::Ok
+                    }
                     _ => Exit::of(why),
                 },
             )),
@@ -189,12 +159,7 @@ impl Answer {
     }
 }
 
-pub async fn run(
-    stack: &Stack,
-    out: &Out,
-    recorder: &Recorder,
-    args: SendArgs,
-) -> Result<Exit, Failure> {
+pub async fn run(stack: &Stack, out: &Out, args: SendArgs) -> Result<Exit, Failure> {
     let from = args
         .from
         .as_deref()
@@ -238,13 +203,11 @@ pub async fn run(
                             .send_raw(&envelope, &without_blind_copies(&raw))
                             .await,
                         invalid: false,
-                        deferred_queued: false,
                     },
                     Err(error) => Answer {
                         file: file_name,
                         result: Err(error),
                         invalid: true,
-                        deferred_queued: false,
                     },
                 }
             }
@@ -252,9 +215,7 @@ pub async fn run(
         .buffer_unordered(usize::from(args.concurrency));
     futures::pin_mut!(sends);
     let mut answers = Vec::with_capacity(total);
-    let mut kept = Kept::new(mailer.outbox().is_some(), recorder);
-    while let Some(mut answer) = sends.next().await {
-        answer.deferred_queued = kept.so_far();
+    while let Some(answer) = sends.next().await {
         bar.inc(1);
         if out.json {
             bar.suspend(|| out.json(&line(&answer)));
@@ -262,7 +223,6 @@ pub async fn run(
         answers.push(answer);
     }
     bar.finish_and_clear();
-    recorder.take();
 
     let count = |outcome| answers.iter().filter(|a| a.outcome() == outcome).count();
     let (sent, queued, refused, failed, partial, invalid) = (
@@ -371,7 +331,8 @@ fn line(answer: &Answer) -> Value {
                             "category": why.category().as_str(),
                             "error": why.to_string(),
                         });
-                        if let Missed::Deferred { queued } = how {
+                        if let Missed::Deferred { queued } | Missed::MaybeDelivered { queued } = how
+                        {
                             entry["queued"] = json!(queued);
                         }
                         entry
@@ -388,7 +349,7 @@ fn line(answer: &Answer) -> Value {
                 "attempts": receipt.attempts(),
                 "refused": list(|how| how == Missed::Refused),
                 "deferred": list(|how| matches!(how, Missed::Deferred { .. })),
-                "maybe_delivered": list(|how| how == Missed::MaybeDelivered),
+                "maybe_delivered": list(|how| matches!(how, Missed::MaybeDelivered { .. })),
             })
         }
         Err(error) => json!({
@@ -438,13 +399,10 @@ fn address(flag: &str, text: &str) -> Result<Address, Failure> {
 mod tests {
     use mail_breaker::{Category, Receipt, SendError};
 
-    use tracing_subscriber::prelude::*;
-
     use super::{
-        Answer, Kept, Outcome, address, failure_rows, is_stdin, line, shows_a_bar, where_it_went,
+        Answer, Outcome, address, failure_rows, is_stdin, line, shows_a_bar, where_it_went,
     };
     use crate::exit::Exit;
-    use crate::trace::Recorder;
 
     #[test]
     fn each_outcome_is_written_as_its_word() {
@@ -489,7 +447,6 @@ mod tests {
             file: "a.eml".to_owned(),
             result: Ok(Receipt::new("smtp://relay:587")),
             invalid: false,
-            deferred_queued: false,
         });
         assert_eq!(sent["type"], "message");
         assert_eq!(sent["file"], "a.eml");
@@ -498,7 +455,6 @@ mod tests {
         let refused = line(&Answer {
             file: "b.eml".to_owned(),
             invalid: false,
-            deferred_queued: false,
             result: Err(SendError::new(
                 Category::Rejected,
                 "smtp.550",
@@ -522,7 +478,6 @@ mod tests {
             file: "m.eml".to_owned(),
             result: Ok(receipt),
             invalid: false,
-            deferred_queued: false,
         }
     }
 
@@ -598,7 +553,6 @@ mod tests {
             file: "gone.eml".to_owned(),
             result: Err(error(Category::InvalidMessage, "cli.unreadable")),
             invalid: true,
-            deferred_queued: false,
         };
         assert_eq!(
             (answer.outcome(), answer.code()),
@@ -614,7 +568,6 @@ mod tests {
             file: "m.eml".to_owned(),
             result: Err(error(Category::Network, "smtp.network")),
             invalid: false,
-            deferred_queued: false,
         };
         assert_eq!((down.outcome(), down.code()), (Outcome::Failed, Exit::Down));
         let rows = failure_rows(&[down]);
@@ -643,10 +596,7 @@ mod tests {
             to("later@example.org"),
             error(Category::ServerError, "smtp.450"),
         );
-        let kept = Answer {
-            deferred_queued: true,
-            ..sent(receipt.clone())
-        };
+        let kept = sent(receipt.clone().owed_kept());
         assert_eq!((kept.outcome(), kept.code()), (Outcome::Partial, Exit::Ok));
         let rows = failure_rows(std::slice::from_ref(&kept));
         assert_eq!(
@@ -657,39 +607,42 @@ mod tests {
         let not_kept = sent(receipt);
         assert_eq!(not_kept.code(), Exit::Down);
         assert_eq!(failure_rows(&[not_kept])[0][2], "deferred");
-        let refused_beside = Answer {
-            deferred_queued: true,
-            ..sent(
-                Receipt::new("smtp://relay:25")
-                    .with_deferred_recipient(
-                        to("later@example.org"),
-                        error(Category::ServerError, "smtp.450"),
-                    )
-                    .with_rejected_recipient(
-                        to("gone@example.org"),
-                        error(Category::Rejected, "smtp.550"),
-                    ),
-            )
-        };
+        let refused_beside = sent(
+            Receipt::new("smtp://relay:25")
+                .with_deferred_recipient(
+                    to("later@example.org"),
+                    error(Category::ServerError, "smtp.450"),
+                )
+                .with_rejected_recipient(
+                    to("gone@example.org"),
+                    error(Category::Rejected, "smtp.550"),
+                )
+                .owed_kept(),
+        );
         assert_eq!(refused_beside.code(), Exit::Refused);
     }
+    /// Review 7: recipients maybe delivered whom the outbox kept to send again exited 4, and
+    /// a script resending on it made more copies.
     #[test]
-    fn from_the_first_message_the_outbox_could_not_keep_none_counts_as_kept() {
-        let recorder = Recorder::default();
-        let log = |name: &'static str| {
-            let subscriber = tracing_subscriber::registry().with(recorder.clone());
-            tracing::subscriber::with_default(subscriber, || {
-                tracing::error!(target: "mail_breaker::outbox", "{}", name);
-            });
-        };
-        let mut kept = Kept::new(true, &recorder);
-        log("outbox.queued_owed");
-        assert!(kept.so_far());
-        log("outbox.owed_not_kept");
-        assert!(!kept.so_far());
-        assert!(!kept.so_far(), "and no later one either");
-        let mut no_outbox = Kept::new(false, &recorder);
-        assert!(!no_outbox.so_far());
-        recorder.take();
+    fn a_maybe_delivered_recipient_the_outbox_keeps_is_named_as_queued_and_exits_0() {
+        let receipt = Receipt::new("smtp://relay:25").with_maybe_delivered_recipient(
+            to("maybe@example.org"),
+            error(Category::Timeout, "smtp.timeout").maybe_delivered(),
+        );
+        let kept = sent(receipt.clone().owed_kept());
+        assert_eq!((kept.outcome(), kept.code()), (Outcome::Partial, Exit::Ok));
+        let rows = failure_rows(std::slice::from_ref(&kept));
+        assert_eq!(
+            rows[0][1..4],
+            [
+                "maybe@example.org",
+                "maybe delivered, queued",
+                "smtp.timeout"
+            ]
+        );
+        assert_eq!(line(&kept)["maybe_delivered"][0]["queued"], true);
+        let not_kept = sent(receipt);
+        assert_eq!(not_kept.code(), Exit::Down);
+        assert_eq!(failure_rows(&[not_kept])[0][2], "maybe delivered");
     }
 }

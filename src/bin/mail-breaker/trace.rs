@@ -46,19 +46,6 @@ impl Recorder {
         *self.0.lock().unwrap_or_else(PoisonError::into_inner) = Some((Instant::now(), Vec::new()));
     }
 
-    /// Whether an event named `name` was recorded since `start` or the last look. Recording
-    /// goes on, and the events looked at are let go: a long run (`send` of many files)
-    /// keeps none of them.
-    pub fn saw(&self, name: &str) -> bool {
-        let mut guard = self.0.lock().unwrap_or_else(PoisonError::into_inner);
-        let Some((_, events)) = guard.as_mut() else {
-            return false;
-        };
-        let seen = events.iter().any(|event| event.name == name);
-        events.clear();
-        seen
-    }
-
     /// What was recorded since `start`; recording stops.
     pub fn take(&self) -> Vec<Recorded> {
         self.0
@@ -261,31 +248,5 @@ mod tests {
         let mut unended = line("no line feed \u{9b}");
         assert_eq!(unended.shown(), "no line feed \\u{9b}");
         std::mem::take(&mut unended.buffer);
-    }
-    #[test]
-    fn an_event_seen_since_the_last_look_is_told_and_let_go_without_stopping_the_recording() {
-        let recorder = Recorder::default();
-        logged(&recorder, || {
-            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
-        });
-        recorder.start();
-        assert!(!recorder.saw("outbox.deferred_not_kept"), "before start");
-        logged(&recorder, || {
-            tracing::error!(target: "mail_breaker::outbox", "outbox.deferred_not_kept");
-        });
-        assert!(recorder.saw("outbox.deferred_not_kept"));
-        assert!(
-            !recorder.saw("outbox.deferred_not_kept"),
-            "the events looked at are let go"
-        );
-        logged(&recorder, || {
-            tracing::debug!(target: "mail_breaker::outbox", "outbox.queued_deferred");
-        });
-        assert!(!recorder.saw("outbox.deferred_not_kept"));
-        logged(&recorder, || {
-            tracing::debug!(target: "mail_breaker::outbox", "outbox.queued_deferred");
-        });
-        assert_eq!(recorder.take().len(), 1, "still recording after a look");
-        assert!(!recorder.saw("outbox.queued_deferred"), "after take");
     }
 }
