@@ -549,6 +549,58 @@ fn serve_with_allow_host_still_answers_to_its_loopback_names() {
     assert_eq!(status, 403);
 }
 
+/// Behind a proxy that terminates TLS, the browser's scheme is `https` though the page
+/// speaks plain HTTP: a form from the https origin acts, one from the http origin is
+/// another site's.
+#[test]
+fn behind_a_tls_proxy_a_form_from_the_https_origin_acts_and_one_from_http_is_refused() {
+    let (_server, url) = start(
+        &[
+            "--listen",
+            "127.0.0.1:0",
+            "--allow-host",
+            "ops.internal",
+            "--behind-tls-proxy",
+            "--dsn",
+            DSN,
+        ],
+        &[("MAILER_ADMIN_TOKEN", TOKEN)],
+    );
+    let port = port_of(&url.expect("serve started"));
+    let bearer = format!("Bearer {TOKEN}");
+    let (status, page) = send(
+        port,
+        "GET",
+        "/",
+        &[("Host", "ops.internal"), ("Authorization", &bearer)],
+        "",
+    );
+    assert_eq!(status, 200);
+    let token = page
+        .split("name=\"token\" value=\"")
+        .nth(1)
+        .and_then(|rest| rest.split('"').next())
+        .expect("a form with the token");
+    let form = format!("token={token}");
+    let post = |origin: &str| {
+        send(
+            port,
+            "POST",
+            "/breakers/relay/isolate",
+            &[
+                ("Host", "ops.internal"),
+                ("Origin", origin),
+                ("Authorization", &bearer),
+                ("Content-Type", "application/x-www-form-urlencoded"),
+            ],
+            &form,
+        )
+        .0
+    };
+    assert_eq!(post("http://ops.internal"), 403);
+    assert_eq!(post("https://ops.internal"), 303);
+}
+
 #[test]
 fn serve_with_a_public_origin_acts_on_a_form_a_proxy_passes_on_from_it() {
     let (_server, url) = start(

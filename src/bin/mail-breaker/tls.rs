@@ -393,6 +393,17 @@ mod tests {
     }
 
     #[tokio::test]
+    async fn a_handshake_that_ended_is_forgotten_and_the_others_are_kept() {
+        let mut under_way = UnderWay::default();
+        let first = pending(&mut under_way, v4(1));
+        let second = pending(&mut under_way, v4(1));
+        let number = under_way.handshakes[0].0;
+        under_way.remove(number);
+        assert_eq!(under_way.of(v4(1)), 1, "the other still under way");
+        drop((first, second));
+    }
+
+    #[tokio::test]
     async fn a_handshake_that_ended_is_forgotten() {
         let mut under_way = UnderWay::default();
         let task = pending(&mut under_way, v4(1));
