@@ -521,6 +521,26 @@ async fn over_tls_the_page_answers_https_with_the_user_and_password_from_the_env
     );
 }
 
+/// A loopback name given to `--allow-host` keeps the page on this machine: it needs no
+/// credential, as without the flag.
+#[test]
+fn an_allow_host_naming_this_machine_keeps_the_page_local_and_needs_no_credential() {
+    for host in ["localhost:8025", "127.0.0.1:8025", "[::1]:8025"] {
+        let (_server, url) = start(
+            &[
+                "--listen",
+                "127.0.0.1:0",
+                "--allow-host",
+                host,
+                "--dsn",
+                DSN,
+            ],
+            &[],
+        );
+        assert!(url.is_some(), "{host}: serve refused to start");
+    }
+}
+
 #[test]
 fn serve_with_allow_host_still_answers_to_its_loopback_names() {
     let (_server, url) = start(
