@@ -217,6 +217,9 @@ impl<T: Transport> RetryTransport<T> {
                     for (to, why) in answer.rejected_recipients() {
                         receipt = receipt.with_rejected_recipient(to.clone(), why.clone());
                     }
+                    for transaction in answer.transactions() {
+                        receipt = receipt.with_transaction(transaction.clone());
+                    }
                     let mut owed = answer.take_deferred_recipients();
                     owed.extend(answer.take_maybe_delivered_recipients());
                     if answer.is_queued() {
