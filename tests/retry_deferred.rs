@@ -26,6 +26,9 @@ enum Answer {
     Fail(SendError),
     /// Queued in an outbox (as `send_or_queue` answers when the stack behind it refused).
     Queue,
+    /// Queued in an outbox after a failure that may have delivered: every recipient listed
+    /// as maybe delivered (as `send_or_queue` answers then).
+    QueueMaybe,
 }
 
 fn deliver_deferring(defer: &[&'static str]) -> Answer {
@@ -89,6 +92,14 @@ impl Transport for Provider {
         match answer {
             Answer::Fail(error) => Err(error),
             Answer::Queue => Ok(Receipt::new("outbox").with_message_id("7").queued()),
+            Answer::QueueMaybe => {
+                let why = SendError::new(Category::Timeout, "smtp.timeout", "no answer")
+                    .maybe_delivered();
+                Ok(envelope.to().iter().fold(
+                    Receipt::new("outbox").with_message_id("8").queued(),
+                    |receipt, to| receipt.with_maybe_delivered_recipient(to.clone(), why.clone()),
+                ))
+            }
             Answer::Deliver {
                 defer,
                 reject,
@@ -435,4 +446,40 @@ async fn a_recipient_an_outbox_inside_queued_on_a_resend_stays_listed_as_owed_an
         ["bob@example.net"]
     );
     assert!(receipt.is_kept_for_later(), "{receipt:?}");
+}
+
+/// The same when the outbox queued the resend after a failure that may have delivered: the
+/// recipient is listed once, as maybe delivered, not also as deferred.
+#[tokio::test(start_paused = true)]
+async fn a_recipient_queued_on_a_resend_after_a_maybe_delivered_failure_is_listed_once_as_maybe_delivered()
+ {
+    let provider = Provider::new([deliver_deferring(&["bob@example.net"]), Answer::QueueMaybe]);
+    let receipt = retry(&provider, 3)
+        .send(&message_to_two())
+        .await
+        .expect("delivered to ann");
+    assert_eq!(provider.sends().len(), 2);
+    assert_eq!(
+        recipients(receipt.maybe_delivered_recipients()),
+        ["bob@example.net"]
+    );
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+}
+
+/// A recipient deferred on the resend too is sent again after the next wait, and a receipt
+/// whose resends delivered says nothing is kept for later.
+#[tokio::test(start_paused = true)]
+async fn a_recipient_deferred_twice_is_sent_a_third_time_and_nothing_is_kept_for_later() {
+    let provider = Provider::new([
+        deliver_deferring(&["bob@example.net"]),
+        deliver_deferring(&["bob@example.net"]),
+        deliver_all(),
+    ]);
+    let receipt = retry(&provider, 4)
+        .send(&message_to_two())
+        .await
+        .expect("delivered");
+    assert_eq!(provider.sends().len(), 3);
+    assert!(receipt.deferred_recipients().is_empty(), "{receipt:?}");
+    assert!(!receipt.is_kept_for_later(), "{receipt:?}");
 }
