@@ -311,6 +311,53 @@ mod tests {
     }
 
     #[test]
+    fn a_full_table_of_admitted_clients_forgets_the_oldest_for_a_new_one_and_no_one_for_one_it_knows()
+     {
+        let admitted = Admitted::default();
+        let start = Instant::now();
+        let client = |n: u32| IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+        let full = PEERS_AT_MOST as u32;
+        for n in 0..full {
+            admitted.note(client(n), start + Duration::from_millis(n.into()));
+        }
+        let now = start + Duration::from_secs(10);
+        // One it knows, again: no one is forgotten.
+        admitted.note(client(1), now);
+        assert!(admitted.lately(client(0), now));
+        // A new one: the one admitted longest ago is forgotten, and the others kept.
+        admitted.note(client(full), now);
+        assert!(!admitted.lately(client(0), now));
+        assert!(admitted.lately(client(2), now));
+        assert!(admitted.lately(client(full), now));
+    }
+
+    #[test]
+    fn a_full_table_of_admitted_clients_drops_those_admitted_over_an_hour_ago_first() {
+        let admitted = Admitted::default();
+        let start = Instant::now();
+        let client = |n: u32| IpAddr::from([10, (n >> 16) as u8, (n >> 8) as u8, n as u8]);
+        let full = PEERS_AT_MOST as u32;
+        for n in 0..full {
+            admitted.note(client(n), start + Duration::from_millis(n.into()));
+        }
+        // The first six are an hour old or more: they go, and no one admitted lately.
+        let now = start + ADMITTED_FOR + Duration::from_millis(5);
+        admitted.note(client(full), now);
+        assert!(admitted.lately(client(6), now));
+        assert!(admitted.lately(client(full), now));
+    }
+
+    #[test]
+    fn a_client_counts_as_admitted_until_an_hour_after_its_right_credential() {
+        let admitted = Admitted::default();
+        let at = Instant::now();
+        admitted.note(v4(1).unwrap(), at);
+        let almost = at + ADMITTED_FOR - Duration::from_millis(1);
+        assert!(admitted.lately(v4(1).unwrap(), almost));
+        assert!(!admitted.lately(v4(1).unwrap(), at + ADMITTED_FOR));
+    }
+
+    #[test]
     fn a_peer_already_counted_keeps_its_count_when_the_table_is_full() {
         let throttle = Throttle::default();
         let now = Instant::now();
