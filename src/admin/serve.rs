@@ -289,6 +289,11 @@ mod tests {
     /// trusted proxies held half each, and left nothing to the others.
     #[test]
     fn the_trusted_proxies_together_hold_at_most_half_the_pages_connections() {
+        // The documented figures: 512 of 1024, where one address holds 64.
+        assert_eq!(
+            (OPEN_PER_PROXY, OPEN_AT_ONCE, OPEN_PER_PEER),
+            (512, 1024, 64)
+        );
         let proxies: Arc<[IpAddr]> =
             Arc::from(["127.0.0.1".parse().unwrap(), "::1".parse().unwrap()]);
         let table = Arc::new(PerPeer::exempting(proxies));
