@@ -270,6 +270,41 @@ mod tests {
         assert!(table.open.lock().unwrap().is_empty());
     }
 
+    #[test]
+    fn a_peers_first_refusal_is_logged_once_while_it_holds_connections() {
+        #[derive(Clone, Default)]
+        struct Lines(Arc<std::sync::Mutex<Vec<u8>>>);
+        impl std::io::Write for Lines {
+            fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+                self.0.lock().unwrap().extend_from_slice(bytes);
+                Ok(bytes.len())
+            }
+            fn flush(&mut self) -> std::io::Result<()> {
+                Ok(())
+            }
+        }
+        let lines = Lines::default();
+        let writer = lines.clone();
+        let subscriber = tracing_subscriber::fmt()
+            .with_writer(move || writer.clone())
+            .finish();
+        tracing::subscriber::with_default(subscriber, || {
+            let table = Arc::new(PerPeer::default());
+            let held: Vec<PeerSlot> = (0..OPEN_PER_PEER)
+                .map(|_| PerPeer::take(&table, at("192.0.2.1")).expect("within its share"))
+                .collect();
+            assert!(PerPeer::take(&table, at("192.0.2.1")).is_none());
+            assert!(PerPeer::take(&table, at("192.0.2.1")).is_none());
+            drop(held);
+        });
+        let text = String::from_utf8(lines.0.lock().unwrap().clone()).unwrap();
+        assert_eq!(
+            text.matches("admin.connections_refused").count(),
+            1,
+            "{text}"
+        );
+    }
+
     /// Review 7: the proxies' shared count was kept under `::`, which is `::1`'s /64.
     #[test]
     fn a_peer_at_loopback_ipv6_that_is_not_trusted_is_counted_apart_from_the_trusted_proxies() {
