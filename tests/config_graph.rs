@@ -116,6 +116,16 @@ fn each_wrong_setting_of_a_graph_member_is_an_error_naming_it_and_never_its_secr
 }
 
 #[test]
+fn a_national_clouds_https_graph_and_token_endpoint_are_taken() {
+    MailerConfig::from_dsn(
+        "graph://app-id:s3cret@contoso.onmicrosoft.us?sender=app%40contoso.us\
+         &graph.endpoint=https://graph.microsoft.us\
+         &oauth2.token_url=https://login.microsoftonline.us/contoso.onmicrosoft.us/oauth2/v2.0/token",
+    )
+    .unwrap();
+}
+
+#[test]
 fn a_graph_member_of_a_toml_document_reads_as_its_dsn_does() {
     let toml = r#"
         [[member]]

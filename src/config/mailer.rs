@@ -731,14 +731,8 @@ fn build_provider(
             if let Some(url) = token_url {
                 settings.token_url.clone_from(url);
             }
-            let tokens = settings.build().map_err(|error| {
-                let setting = if error.setting() == "token_url" {
-                    "oauth2.token_url"
-                } else {
-                    error.setting()
-                };
-                ConfigError::new(format!("{url_path}.{setting}"), error.reason().to_owned())
-            })?;
+            // The URL's reader has checked every setting the source refuses.
+            let tokens = settings.build().map_err(|error| error.within(&url_path))?;
             let mut graph = crate::GraphTransport::new(sender, tokens);
             if let Some(endpoint) = endpoint {
                 graph = graph.with_endpoint(endpoint);

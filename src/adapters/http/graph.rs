@@ -429,6 +429,38 @@ mod tests {
     }
 
     #[test]
+    fn the_bcc_field_ends_its_lines_as_the_message_does() {
+        let lf = b"From: app@contoso.com\nTo: ann@example.org\nSubject: hi\n\nhello\n";
+        let copy = with_envelope_as_bcc(
+            &envelope(&["ann@example.org", "cat@example.org", "dan@example.org"]),
+            lf,
+        )
+        .unwrap();
+        let text = String::from_utf8(copy).unwrap();
+        assert!(
+            text.starts_with("Bcc: cat@example.org,\n dan@example.org\nFrom:"),
+            "{text:?}"
+        );
+    }
+
+    #[test]
+    fn a_body_line_that_reads_like_a_bcc_field_is_kept() {
+        let raw = b"To: a@example.org\r\nBcc: b@example.org\r\n\r\nBcc: this is the body\r\n";
+        assert_eq!(
+            without_bcc_fields(raw),
+            b"To: a@example.org\r\n\r\nBcc: this is the body\r\n"
+        );
+    }
+
+    #[test]
+    fn a_message_that_is_all_header_loses_its_bcc_field_and_keeps_the_rest() {
+        let kept = without_bcc_fields(
+            b"To: a@example.org\r\nBcc: b@example.org,\r\n c@example.org\r\nSubject: x\r\n",
+        );
+        assert_eq!(kept, b"To: a@example.org\r\nSubject: x\r\n");
+    }
+
+    #[test]
     fn a_message_whose_headers_name_every_envelope_recipient_goes_as_it_is() {
         let copy = with_envelope_as_bcc(&envelope(&["Ann@Example.org", "bob@example.org"]), RAW);
         assert_eq!(copy.unwrap(), RAW);
@@ -455,6 +487,27 @@ mod tests {
         let error = graph.send_call(&to, &over).err().unwrap();
         assert_eq!(error.category(), Category::Unsupported);
         assert_eq!(error.code(), "graph.too_large");
+    }
+
+    /// A token source that is never asked: these tests send nothing.
+    struct NoTokens;
+
+    #[async_trait::async_trait]
+    impl TokenSource for NoTokens {
+        async fn token(&self) -> Result<crate::oauth::AccessToken, SendError> {
+            Err(SendError::fixed(
+                Category::Configuration,
+                "test.no_tokens",
+                "none",
+            ))
+        }
+    }
+
+    #[test]
+    fn a_transport_sends_as_the_sender_it_was_made_with() {
+        let graph = GraphTransport::new("app@contoso.com", NoTokens);
+        assert_eq!(graph.sender(), "app@contoso.com");
+        assert_eq!(graph.provider().sender(), "app@contoso.com");
     }
 
     #[test]
