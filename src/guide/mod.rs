@@ -13,7 +13,7 @@
 //! | [Pool and retry](pool_and_retry) | failover by priority or in turn, retries that wait as the breaker says, a retry budget, batches |
 //! | [A fleet on Redis](redis_fleet) | one breaker for every process: TLS and ACL users, Redis Cluster, a quorum |
 //! | [SMTP](smtp) | the crate's own SMTP client: one round trip a message, what a hostile server cannot do, what each answer means |
-//! | [SES and the HTTP APIs](ses_and_http) | Amazon SES, Postmark, Resend, SendGrid, Mailgun: their errors, and which may deliver twice |
+//! | [SES and the HTTP APIs](ses_and_http) | Amazon SES, Postmark, Resend, SendGrid, Mailgun, Microsoft Graph: their errors, and which may deliver twice |
 //! | [The outbox](outbox) | mail kept in SQLite or PostgreSQL until a provider takes it: when it goes, at least once or at most once, a fleet of workers |
 //! | [Rate limits](rate_limits) | pacing to a provider's quota, adapting to its throttles, one budget for a fleet |
 //! | [The configuration reference](configuration) | the whole stack from one DSN or one TOML document: every option in one table |
@@ -57,7 +57,7 @@ chapter!(smtp, "smtp.md", ["smtp"]);
 chapter!(
     ses_and_http,
     "ses_and_http.md",
-    ["ses", "postmark", "resend", "sendgrid", "mailgun"]
+    ["ses", "postmark", "resend", "sendgrid", "mailgun", "graph"]
 );
 chapter!(outbox, "outbox.md", ["smtp", "outbox", "postgres"]);
 chapter!(rate_limits, "rate_limits.md", ["ses", "redis", "webhooks"]);
