@@ -51,12 +51,18 @@ pub trait Provider: fmt::Debug + Clone + Send + Sync + 'static {
     fn verify_call(&self) -> Call;
 
     /// Whether `answer` to [`verify_call`](Self::verify_call) shows a usable key and
-    /// account; `failure` sorts it as an error.
+    /// account; `failure` sorts it as an error. By default a 2xx is a usable key.
     fn verified(
         &self,
         answer: &Answer,
         failure: impl FnOnce() -> SendError,
-    ) -> Result<(), SendError>;
+    ) -> Result<(), SendError> {
+        if answer.is_success() {
+            Ok(())
+        } else {
+            Err(failure())
+        }
+    }
 
     /// Under a login, a check of its token that takes the place of
     /// [`verify_call`](Self::verify_call) (Graph reads the permissions the token grants);

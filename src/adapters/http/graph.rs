@@ -181,18 +181,6 @@ impl Provider for Graph {
         )
     }
 
-    fn verified(
-        &self,
-        answer: &Answer,
-        failure: impl FnOnce() -> SendError,
-    ) -> Result<(), SendError> {
-        if answer.is_success() {
-            Ok(())
-        } else {
-            Err(failure())
-        }
-    }
-
     fn verify_token(&self, token: &str) -> Option<Result<(), SendError>> {
         Some(holds_mail_send(token))
     }

@@ -138,18 +138,6 @@ impl Provider for Postmark {
     fn verify_call(&self) -> Call {
         Call::new(reqwest::Method::GET, "/server")
     }
-
-    fn verified(
-        &self,
-        answer: &super::client::Answer,
-        failure: impl FnOnce() -> SendError,
-    ) -> Result<(), SendError> {
-        if answer.is_success() {
-            Ok(())
-        } else {
-            Err(failure())
-        }
-    }
 }
 
 /// The `/email` request body.
