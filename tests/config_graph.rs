@@ -17,13 +17,16 @@ fn dsn_error(dsn: &str) -> (String, String) {
     (error.setting().to_owned(), error.reason().to_owned())
 }
 
+/// A token endpoint that hands out `token-1` to every request.
+async fn token_endpoint() -> ApiServer {
+    ApiServer::start(|_| Reply::json(200, r#"{"access_token":"token-1","expires_in":3599}"#)).await
+}
+
 const MEMBER: &str = "graph://app-id:s3cret-VALUE@contoso.onmicrosoft.com";
 
 #[tokio::test]
 async fn a_graph_member_of_a_dsn_sends_as_its_sender_with_a_token_for_its_application() {
-    let tokens =
-        ApiServer::start(|_| Reply::json(200, r#"{"access_token":"token-1","expires_in":3599}"#))
-            .await;
+    let tokens = token_endpoint().await;
     let graph = ApiServer::start(|_| Reply::text(202, "")).await;
     let dsn = format!(
         "{MEMBER}?sender=app%40contoso.com&graph.endpoint={}&oauth2.token_url={}/token",
@@ -160,10 +163,7 @@ async fn graph_then_smtp_behaves_the_same_by_hand_from_its_dsn_and_from_its_toml
 
     const GRAPH_UP: [bool; 8] = [true, false, false, false, false, false, false, true];
     async fn servers(up: Arc<AtomicBool>) -> (ApiServer, ApiServer, embedded::EmbeddedSmtp) {
-        let tokens = ApiServer::start(|_| {
-            Reply::json(200, r#"{"access_token":"token-1","expires_in":3599}"#)
-        })
-        .await;
+        let tokens = token_endpoint().await;
         let graph = ApiServer::start(move |_| {
             if up.load(Ordering::SeqCst) {
                 Reply::text(202, "")
@@ -270,9 +270,7 @@ async fn the_outbox_keeps_what_a_graph_member_does_not_take_and_sends_it_once_wh
     use std::sync::atomic::{AtomicBool, Ordering};
 
     let up = Arc::new(AtomicBool::new(false));
-    let tokens =
-        ApiServer::start(|_| Reply::json(200, r#"{"access_token":"token-1","expires_in":3599}"#))
-            .await;
+    let tokens = token_endpoint().await;
     let switch = Arc::clone(&up);
     let graph = ApiServer::start(move |_| {
         if switch.load(Ordering::SeqCst) {
