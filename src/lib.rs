@@ -67,6 +67,7 @@ pub mod events;
 pub mod guide;
 #[cfg(feature = "metrics")]
 mod handles;
+pub mod idempotency;
 mod inline;
 pub mod machine;
 pub mod metrics;

@@ -434,12 +434,12 @@ impl Transport for PoolTransport {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.fail_over(|member| member.send_raw(envelope, raw))
-            .await
+        // Every member's try under one idempotency key (DESIGN §21).
+        crate::idempotency::handover(self.fail_over(|member| member.send_raw(envelope, raw))).await
     }
 
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        self.fail_over(|member| member.send(message)).await
+        crate::idempotency::handover(self.fail_over(|member| member.send(message))).await
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

@@ -354,6 +354,8 @@ async fn an_older_table_is_upgraded_and_keeps_the_leases_written_in_it() {
         "DROP TABLE mail_breaker_outbox_changes",
         "DROP INDEX mail_breaker_outbox_waiting",
         "ALTER TABLE mail_breaker_outbox DROP COLUMN lease_until",
+        // The idempotency keys kept since issue 65.
+        "ALTER TABLE mail_breaker_outbox DROP COLUMN idempotency_key",
         "ALTER TABLE mail_breaker_outbox RESET (fillfactor)",
         "UPDATE mail_breaker_outbox SET leased = TRUE, attempts = 1, \
          due_at = (extract(epoch FROM now()) * 1000)::bigint + 3600000 \

@@ -68,7 +68,10 @@ async fn resend_gets_the_message_as_json_with_the_key_and_an_idempotency_key_fro
 
     let request = server.last();
     assert_eq!(request.path, "/emails");
-    assert_eq!(request.header("idempotency-key"), Some("m-1@example.com"));
+    // The Message-ID, then a hash of the recipients this request is for (DESIGN §21).
+    let key = mail_breaker::idempotency::try_key(message().envelope(), Some("<m-1@example.com>"));
+    assert!(key.starts_with("m-1@example.com."), "{key}");
+    assert_eq!(request.header("idempotency-key"), Some(key.as_str()));
     let json = request.json();
     assert_eq!(json["from"], "\"App\" <app@example.com>");
     assert_eq!(json["to"], serde_json::json!(["\"Bob\" <bob@example.org>"]));

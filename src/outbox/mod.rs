@@ -9,6 +9,10 @@
 //!   reached the provider (an error marked [maybe-delivered](SendError::is_maybe_delivered),
 //!   or a lease that ran out mid-send) goes to the dead letters as `outbox.maybe_delivered`
 //!   instead of being sent again.
+//! - **One idempotency key per message**, made when it is enqueued (or `send_or_queue`'s
+//!   first try's) and kept with it: every attempt, in any worker, is sent under it, so a
+//!   provider that honours keys (Resend, for 24 hours) answers a resend after a
+//!   maybe-delivered attempt with the first result ([`idempotency`](crate::idempotency)).
 //! - **Deferred recipients.** A delivery the provider deferred for some recipients (SMTP
 //!   `450`/`451` to their `RCPT TO`, as greylisting answers) leaves the message in the outbox
 //!   for those recipients only, scheduled like a failure with the deferral's error.
@@ -308,7 +312,11 @@ impl Outbox {
             .fetch_add(count, std::sync::atomic::Ordering::Relaxed);
     }
 
-    /// Keeps `message` to be sent; `Ok` once it is committed to the database.
+    /// Keeps `message` to be sent; `Ok` once it is committed to the database. Its
+    /// idempotency key is made now (or is the one [`idempotency::with_key`] gave) and kept
+    /// with it.
+    ///
+    /// [`idempotency::with_key`]: crate::idempotency::with_key
     pub async fn enqueue(&self, message: &Message) -> Result<OutboxId, SendError> {
         self.enqueue_raw(message.envelope(), &message.formatted())
             .await
@@ -335,7 +343,11 @@ impl Outbox {
     pub async fn enqueue_many(&self, messages: &[Message]) -> Result<Vec<OutboxId>, SendError> {
         let rows: Vec<NewRow> = messages
             .iter()
-            .map(|message| NewRow::new(message.envelope(), &message.formatted()))
+            .map(|message| {
+                // Each message of the batch is a handover of its own.
+                let key = crate::idempotency::fresh();
+                NewRow::with_key(message.envelope(), &message.formatted(), key)
+            })
             .collect();
         self.store(&rows).await
     }

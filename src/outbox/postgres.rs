@@ -38,7 +38,8 @@ const SCHEMA: [&str; 4] = [
         error_message TEXT,
         error_transport TEXT,
         lease_until BIGINT,
-        panics INTEGER NOT NULL DEFAULT 0
+        panics INTEGER NOT NULL DEFAULT 0,
+        idempotency_key TEXT
     ) WITH (fillfactor = 50)",
     "CREATE INDEX IF NOT EXISTS mail_breaker_outbox_due
         ON mail_breaker_outbox (due_at, id) WHERE dead_at IS NULL",
@@ -69,6 +70,14 @@ const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
      AND NOT attisdropped)";
 const ADD_PANICS: &str =
     "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS panics INTEGER NOT NULL DEFAULT 0";
+
+/// A table made before idempotency keys (issue 65) gets their column (no row is written:
+/// its rows keep none, and are sent under a key made from their id).
+const LACKS_KEYS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pg_attribute \
+     WHERE attrelid = 'mail_breaker_outbox'::regclass AND attname = 'idempotency_key' \
+     AND NOT attisdropped)";
+const ADD_KEYS: &str =
+    "ALTER TABLE mail_breaker_outbox ADD COLUMN IF NOT EXISTS idempotency_key TEXT";
 
 /// Bodies compressed with lz4 rather than PostgreSQL's default, pglz, where the server has it
 /// (PostgreSQL 14 and later, built with it): a body of 2 KB then costs the server about 16 µs
@@ -138,12 +147,12 @@ const FAILED_RETRY: &str = concat!(
 
 /// `now()` is the transaction's start, the same in both places.
 const INSERT: &str = concat!(
-    "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
-     VALUES ($1, $2, $3, ",
+    "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, raw, enqueued_at, due_at, idempotency_key) VALUES ($1, $2, $3, ",
     now_ms!(),
     ", ",
     now_ms!(),
-    ") RETURNING id"
+    ", $4) RETURNING id"
 );
 
 /// The `$2` dead letters below id `$1`, newest first, without their bodies: a page of them,
@@ -158,23 +167,24 @@ pub(crate) const DEAD_LETTERS_PAGE: &str = "SELECT id, sender, recipients, attem
 const COPY_DEAD: &str = concat!(
     "INSERT INTO mail_breaker_outbox \
      (sender, recipients, raw, enqueued_at, due_at, attempts, dead_at, \
-      error_category, error_code, error_message, error_transport) \
+      error_category, error_code, error_message, error_transport, idempotency_key) \
      SELECT sender, $2, raw, enqueued_at, due_at, attempts, ",
     now_ms!(),
-    ", $3, $4, $5, $6 FROM mail_breaker_outbox WHERE id = $1"
+    ", $3, $4, $5, $6, idempotency_key FROM mail_breaker_outbox WHERE id = $1"
 );
 
 /// A message born dead, tried once: `send_or_queue`'s record of refused recipients.
 const INSERT_DEAD: &str = concat!(
     "INSERT INTO mail_breaker_outbox \
      (sender, recipients, raw, enqueued_at, due_at, attempts, dead_at, \
-      error_category, error_code, error_message, error_transport) VALUES ($1, $2, $3, ",
+      error_category, error_code, error_message, error_transport, idempotency_key) \
+     VALUES ($1, $2, $3, ",
     now_ms!(),
     ", ",
     now_ms!(),
     ", 1, ",
     now_ms!(),
-    ", $4, $5, $6, $7)"
+    ", $4, $5, $6, $7, $8)"
 );
 
 /// The longest wait for a connection, as for `enqueue`'s pool.
@@ -281,6 +291,10 @@ impl PostgresBackend {
             if lacks {
                 sqlx::query(ADD_PANICS).execute(&mut *tx).await?;
             }
+            let lacks: bool = sqlx::query_scalar(LACKS_KEYS).fetch_one(&mut *tx).await?;
+            if lacks {
+                sqlx::query(ADD_KEYS).execute(&mut *tx).await?;
+            }
             let default_compression: bool = sqlx::query_scalar(DEFAULT_COMPRESSION)
                 .fetch_one(&mut *tx)
                 .await?;
@@ -352,6 +366,7 @@ pub(crate) async fn insert(
         .bind(row.sender.as_deref())
         .bind(row.recipients.as_str())
         .bind(row.raw.as_slice())
+        .bind(row.key.as_str())
         .fetch_one(connection)
         .await?
         .try_get(0)?;
@@ -380,19 +395,22 @@ impl Backend for PostgresBackend {
         let senders: Vec<Option<&str>> = rows.iter().map(|row| row.sender.as_deref()).collect();
         let recipients: Vec<&str> = rows.iter().map(|row| row.recipients.as_str()).collect();
         let raws: Vec<&[u8]> = rows.iter().map(|row| row.raw.as_slice()).collect();
+        let keys: Vec<&str> = rows.iter().map(|row| row.key.as_str()).collect();
         // One statement for the whole batch: all or none, without a transaction around it.
         let ids = sqlx::query_scalar(concat!(
-            "INSERT INTO mail_breaker_outbox (sender, recipients, raw, enqueued_at, due_at) \
+            "INSERT INTO mail_breaker_outbox \
+             (sender, recipients, raw, enqueued_at, due_at, idempotency_key) \
              SELECT sender, recipients, raw, ",
             now_ms!(),
             ", ",
             now_ms!(),
-            " FROM UNNEST($1::text[], $2::text[], $3::bytea[]) AS batch(sender, recipients, raw) \
-             RETURNING id"
+            ", key FROM UNNEST($1::text[], $2::text[], $3::bytea[], $4::text[]) \
+             AS batch(sender, recipients, raw, key) RETURNING id"
         ))
         .bind(senders)
         .bind(recipients)
-        .bind(raws);
+        .bind(raws)
+        .bind(keys);
         let mut ids: Vec<i64> = on_pool!(self, |connection| ids.fetch_all(connection))
             .await
             .map_err(enqueue_error)?;
@@ -423,6 +441,7 @@ impl Backend for PostgresBackend {
                         .bind(error.code.as_deref())
                         .bind(error.message.as_deref())
                         .bind(error.transport.as_deref())
+                        .bind(row.key.as_str())
                         .execute(&mut *tx)
                         .await?;
                 }
@@ -479,7 +498,7 @@ impl Backend for PostgresBackend {
             now_ms!(),
             " + $5, \
                  m.id = ANY(ARRAY(SELECT id FROM fits WHERE leased)), \
-                 m.sender, m.recipients, m.raw, m.panics"
+                 m.sender, m.recipients, m.raw, m.panics, m.idempotency_key"
         ))
         .bind(i64::from(limit))
         .bind(millis(lease))
@@ -515,6 +534,7 @@ impl Backend for PostgresBackend {
                     recipients: row.try_get(5)?,
                     raw: row.try_get(6)?,
                     panics: u32::try_from(row.try_get::<i32, _>(7)?).unwrap_or(0),
+                    key: row.try_get(8)?,
                 })
             })
             .collect::<Result<_, sqlx::Error>>()

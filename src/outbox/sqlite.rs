@@ -49,7 +49,8 @@ CREATE TABLE IF NOT EXISTS mail_breaker_outbox (
     error_message TEXT,
     error_transport TEXT,
     panics INTEGER NOT NULL DEFAULT 0,
-    size INTEGER NOT NULL DEFAULT 0
+    size INTEGER NOT NULL DEFAULT 0,
+    idempotency_key TEXT
 );
 CREATE TABLE IF NOT EXISTS mail_breaker_outbox_body (
     id INTEGER PRIMARY KEY,
@@ -105,6 +106,12 @@ const LACKS_PANICS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('
 const ADD_PANICS: &str =
     "ALTER TABLE mail_breaker_outbox ADD COLUMN panics INTEGER NOT NULL DEFAULT 0";
 
+/// A table made before idempotency keys (issue 65) gets their column: whether it lacks it,
+/// and the change. Its rows keep none, and are sent under a key made from their id.
+const LACKS_KEYS: &str = "SELECT NOT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
+     WHERE name = 'idempotency_key')";
+const ADD_KEYS: &str = "ALTER TABLE mail_breaker_outbox ADD COLUMN idempotency_key TEXT";
+
 /// A table made before the bodies had their own (issue 45) holds them in `raw`: whether it
 /// does, and the move of each body to the body table, its size kept beside the schedule.
 const HOLDS_BODIES: &str = "SELECT EXISTS (SELECT 1 FROM pragma_table_info('mail_breaker_outbox') \
@@ -141,16 +148,18 @@ const FAILED_RETRY: &str = concat!(
      recipients = COALESCE(?8, recipients) WHERE id = ?1 AND attempts = ?2 AND leased > 0"
 );
 
-const INSERT: &str = "INSERT INTO mail_breaker_outbox (sender, recipients, size, enqueued_at, due_at) \
-     VALUES (?1, ?2, ?3, ?4, ?4) RETURNING id";
+const INSERT: &str = "INSERT INTO mail_breaker_outbox \
+     (sender, recipients, size, enqueued_at, due_at, idempotency_key) \
+     VALUES (?1, ?2, ?3, ?4, ?4, ?5) RETURNING id";
 const INSERT_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) VALUES (?1, ?2)";
 
 /// A dead letter of its own for some recipients of row `?1` (DESIGN §19): the row's sender,
 /// size, times and attempts, dead at `?3` with the error `?4`..`?7`, for recipients `?2`.
 const COPY_DEAD: &str = "INSERT INTO mail_breaker_outbox \
      (sender, recipients, size, enqueued_at, due_at, attempts, dead_at, \
-      error_category, error_code, error_message, error_transport) \
-     SELECT sender, ?2, size, enqueued_at, due_at, attempts, ?3, ?4, ?5, ?6, ?7 \
+      error_category, error_code, error_message, error_transport, idempotency_key) \
+     SELECT sender, ?2, size, enqueued_at, due_at, attempts, ?3, ?4, ?5, ?6, ?7, \
+     idempotency_key \
      FROM mail_breaker_outbox WHERE id = ?1 RETURNING id";
 /// The body of the copy `?2` of row `?1`.
 const COPY_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) \
@@ -158,10 +167,10 @@ const COPY_BODY: &str = "INSERT INTO mail_breaker_outbox_body (id, raw) \
 /// A message born dead, tried once: `send_or_queue`'s record of refused recipients.
 const INSERT_DEAD: &str = "INSERT INTO mail_breaker_outbox \
      (sender, recipients, size, enqueued_at, due_at, attempts, dead_at, \
-      error_category, error_code, error_message, error_transport) \
-     VALUES (?1, ?2, ?3, ?4, ?4, 1, ?4, ?5, ?6, ?7, ?8) RETURNING id";
+      error_category, error_code, error_message, error_transport, idempotency_key) \
+     VALUES (?1, ?2, ?3, ?4, ?4, 1, ?4, ?5, ?6, ?7, ?8, ?9) RETURNING id";
 
-/// Rows in one INSERT of a batch: 5 parameters each, well below SQLite's 32,766.
+/// Rows in one INSERT of a batch: 6 parameters each, well below SQLite's 32,766.
 const ROWS_PER_INSERT: usize = 500;
 
 /// The due messages a claim takes, soonest first; the same rows for the read and the update.
@@ -181,7 +190,7 @@ fn claim_sql() -> String {
          due_at = ?3 WHERE id IN ({DUE}) \
          RETURNING id, attempts, enqueued_at, leased, sender, recipients, \
          (SELECT raw FROM mail_breaker_outbox_body AS body \
-          WHERE body.id = mail_breaker_outbox.id), panics"
+          WHERE body.id = mail_breaker_outbox.id), panics, idempotency_key"
     )
 }
 
@@ -284,8 +293,13 @@ impl SqliteBackend {
         // one transaction: two processes opening the file at once do not both make it, and
         // a crash half way leaves the file as it was (no write falls between the counts'
         // count and their triggers).
-        let upgrades: [(&str, &[&str], &'static str); 3] = [
+        let upgrades: [(&str, &[&str], &'static str); 4] = [
             (LACKS_PANICS, &[ADD_PANICS], "upgrading the outbox's table"),
+            (
+                LACKS_KEYS,
+                &[ADD_KEYS],
+                "keeping idempotency keys in the outbox's table",
+            ),
             (
                 HOLDS_BODIES,
                 &MOVE_BODIES,
@@ -425,6 +439,7 @@ pub(crate) async fn insert(
         .bind(row.recipients.as_str())
         .bind(size_of(row))
         .bind(now)
+        .bind(row.key.as_str())
         .fetch_one(&mut *connection)
         .await?
         .try_get(0)?;
@@ -458,10 +473,11 @@ impl Backend for SqliteBackend {
             let mut tx = self.pool.begin_with("BEGIN IMMEDIATE").await?;
             let mut ids = Vec::with_capacity(rows.len());
             for chunk in rows.chunks(ROWS_PER_INSERT) {
-                let values = vec!["(?, ?, ?, ?, ?)"; chunk.len()].join(", ");
+                let values = vec!["(?, ?, ?, ?, ?, ?)"; chunk.len()].join(", ");
                 let sql = format!(
                     "INSERT INTO mail_breaker_outbox \
-                     (sender, recipients, size, enqueued_at, due_at) VALUES {values} RETURNING id"
+                     (sender, recipients, size, enqueued_at, due_at, idempotency_key) \
+                     VALUES {values} RETURNING id"
                 );
                 let mut insert = sqlx::query_scalar::<_, i64>(&sql);
                 for row in chunk {
@@ -470,7 +486,8 @@ impl Backend for SqliteBackend {
                         .bind(row.recipients.as_str())
                         .bind(size_of(row))
                         .bind(now)
-                        .bind(now);
+                        .bind(now)
+                        .bind(row.key.as_str());
                 }
                 let mut chunk_ids = insert.fetch_all(&mut *tx).await?;
                 // One statement numbers its rows in the order of VALUES, which RETURNING
@@ -505,6 +522,7 @@ impl Backend for SqliteBackend {
                     .bind(row.recipients.as_str())
                     .bind(size_of(row))
                     .bind(now)
+                    .bind(row.key.as_str())
                     .fetch_one(&mut *tx)
                     .await?;
                 let body = sqlx::query(INSERT_BODY).bind(id).bind(row.raw.as_slice());
@@ -520,6 +538,7 @@ impl Backend for SqliteBackend {
                     .bind(error.code.as_deref())
                     .bind(error.message.as_deref())
                     .bind(error.transport.as_deref())
+                    .bind(row.key.as_str())
                     .fetch_one(&mut *tx)
                     .await?;
                 let body = sqlx::query(INSERT_BODY).bind(id).bind(row.raw.as_slice());
@@ -578,6 +597,7 @@ impl Backend for SqliteBackend {
                         recipients: row.try_get(5)?,
                         raw: row.try_get(6)?,
                         panics: row.try_get(7)?,
+                        key: row.try_get(8)?,
                     })
                 })
                 .collect::<Result<Vec<_>, sqlx::Error>>()
@@ -944,7 +964,72 @@ mod tests {
             sender: Some(String::from("app@example.com")),
             recipients: format!("user{i}@example.org"),
             raw: format!("Subject: {i}\r\n\r\nhello\r\n").into_bytes(),
+            key: format!("key-{i}"),
         }
+    }
+
+    /// Each row's idempotency key, by id.
+    async fn keys(backend: &SqliteBackend) -> Vec<(i64, Option<String>)> {
+        sqlx::query_as("SELECT id, idempotency_key FROM mail_breaker_outbox ORDER BY id")
+            .fetch_all(&backend.pool)
+            .await
+            .expect("the keys")
+    }
+
+    #[tokio::test]
+    async fn every_row_keeps_its_idempotency_key_from_enqueue_to_claim_and_to_its_dead_parts() {
+        let (backend, _) = three_queued("keys").await;
+        let mut connection = backend.pool.acquire().await.expect("a connection");
+        insert(&mut connection, &row(4), 1_000)
+            .await
+            .expect("one row");
+        drop(connection);
+        let split = row(5);
+        let dead = row(6);
+        backend
+            .keep_split(&[split], &[(dead, StoredError::default())], 1_000)
+            .await
+            .expect("kept");
+        let claimed = backend
+            .claim(1_000, Duration::from_secs(60), 10, Bytes::ANY, false)
+            .await
+            .expect("claimed");
+        let claimed: Vec<String> = claimed.iter().map(Claimed::key).collect();
+        assert_eq!(claimed, ["key-1", "key-2", "key-3", "key-4", "key-5"]);
+        // Row 1 delivered to one recipient, another refused: its dead part keeps its key.
+        let part = DeadPart {
+            error: StoredError::default(),
+            at: 2_000,
+            recipients: String::from("refused@example.org"),
+        };
+        let finish = Finish::Split {
+            main: Box::new(Finish::Retry {
+                error: StoredError::default(),
+                due_at: 9_000,
+                wait: 7_000,
+                recipients: Some(String::from("later@example.org")),
+            }),
+            dead: vec![part],
+        };
+        let claim = Claim {
+            id: OutboxId(1),
+            attempts: 1,
+        };
+        backend.finish(&[(claim, finish)]).await.expect("answered");
+        let kept = keys(&backend).await;
+        let key = |i: &str| Some(format!("key-{i}"));
+        assert_eq!(
+            kept,
+            [
+                (1, key("1")),
+                (2, key("2")),
+                (3, key("3")),
+                (4, key("4")),
+                (5, key("5")),
+                (6, key("6")),
+                (7, key("1")),
+            ]
+        );
     }
 
     /// A backend holding three messages enqueued at 1 s, and their ids.
@@ -1060,11 +1145,11 @@ mod tests {
     /// steps, run once by the first process to open an older file, left out.
     fn statements() -> Vec<(String, usize)> {
         let mut statements: Vec<(String, usize)> = vec![
-            (INSERT.into(), 4),
+            (INSERT.into(), 5),
             (INSERT_BODY.into(), 2),
             (COPY_DEAD.into(), 7),
             (COPY_BODY.into(), 2),
-            (INSERT_DEAD.into(), 8),
+            (INSERT_DEAD.into(), 9),
             (claim_sql(), 5),
             (renew_sql(3), 10),
             (delete_sent_sql(3), 9),
@@ -1299,6 +1384,9 @@ mod tests {
             .expect("claimed");
         let bodies: Vec<&[u8]> = claimed.iter().map(|c| c.raw.as_slice()).collect();
         assert_eq!(bodies, [b"one".as_slice(), b"two"]);
+        // Kept without an idempotency key: each is sent under one made from its id and time.
+        let keys: Vec<String> = claimed.iter().map(Claimed::key).collect();
+        assert_eq!(keys, ["outbox-1000-1", "outbox-1000-2"]);
         let dead = backend
             .message(OutboxId(3))
             .await

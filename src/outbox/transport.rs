@@ -110,10 +110,13 @@ impl<T: Transport> OutboxTransport<T> {
             return receipt;
         }
         let sender = envelope.from().map(ToString::to_string);
+        // The first try's key: a resend to the owed recipients is a try of the same send.
+        let key = crate::idempotency::current().unwrap_or_else(crate::idempotency::fresh);
         let row = |recipients: &str| super::record::NewRow {
             sender: sender.clone(),
             recipients: recipients.to_owned(),
             raw: raw.to_vec(),
+            key: key.clone(),
         };
         let queued: Vec<_> = owed.again.iter().map(|(_, to)| row(to)).collect();
         let dead: Vec<_> = owed
@@ -167,6 +170,13 @@ impl<T: Transport> Transport for OutboxTransport<T> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
+        // The first try's idempotency key is the one the outbox keeps (DESIGN §21).
+        crate::idempotency::handover(self.send_or_keep(envelope, raw)).await
+    }
+}
+
+impl<T: Transport> OutboxTransport<T> {
+    async fn send_or_keep(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
         let Some(stack) = &self.stack else {
             return self.queue(envelope, raw).await;
         };

@@ -593,9 +593,14 @@ impl<T: Transport + 'static> Worker<T> {
             let result = match record::envelope(message.sender.as_deref(), &message.recipients) {
                 Ok(envelope) => {
                     let name = transport.name();
-                    let send = crate::panicked::catch_panic(name, async {
-                        transport.send_raw(&envelope, &message.raw).await
-                    });
+                    // Every attempt, in every worker, under the key kept with the message
+                    // (DESIGN §21).
+                    let send = crate::idempotency::with_key(
+                        message.key(),
+                        crate::panicked::catch_panic(name, async {
+                            transport.send_raw(&envelope, &message.raw).await
+                        }),
+                    );
                     // The deadline every layer of the stack sees (DESIGN §19).
                     let deadline = later(Instant::now(), send_timeout);
                     match crate::deadline::scope(deadline, send).await {

@@ -404,30 +404,37 @@ impl<T: Transport> Transport for RetryTransport<T> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let first_try = Instant::now();
-        let receipt = self
-            .retrying(first_try, || self.inner.send_raw(envelope, raw))
-            .await?;
-        if !self.leaves_recipients_to_retry(&receipt) {
-            return Ok(receipt);
-        }
-        Ok(self
-            .deliver_deferred(receipt, envelope.from(), raw, first_try)
-            .await)
+        // Every try of this call under one idempotency key (DESIGN §21).
+        crate::idempotency::handover(async {
+            let first_try = Instant::now();
+            let receipt = self
+                .retrying(first_try, || self.inner.send_raw(envelope, raw))
+                .await?;
+            if !self.leaves_recipients_to_retry(&receipt) {
+                return Ok(receipt);
+            }
+            Ok(self
+                .deliver_deferred(receipt, envelope.from(), raw, first_try)
+                .await)
+        })
+        .await
     }
 
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        let first_try = Instant::now();
-        let receipt = self
-            .retrying(first_try, || self.inner.send(message))
-            .await?;
-        if !self.leaves_recipients_to_retry(&receipt) {
-            return Ok(receipt);
-        }
-        let raw = message.formatted();
-        Ok(self
-            .deliver_deferred(receipt, message.envelope().from(), &raw, first_try)
-            .await)
+        crate::idempotency::handover(async {
+            let first_try = Instant::now();
+            let receipt = self
+                .retrying(first_try, || self.inner.send(message))
+                .await?;
+            if !self.leaves_recipients_to_retry(&receipt) {
+                return Ok(receipt);
+            }
+            let raw = message.formatted();
+            Ok(self
+                .deliver_deferred(receipt, message.envelope().from(), &raw, first_try)
+                .await)
+        })
+        .await
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {

@@ -509,7 +509,9 @@ impl<P: Provider> Transport for HttpTransport<P> {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        let result = self.send_once(envelope, raw).await;
+        // One key for this send's requests (a 401's second try included), unless a layer
+        // outside opened the handover already (DESIGN §21).
+        let result = crate::idempotency::handover(self.send_once(envelope, raw)).await;
         // Answered: a deadline's cut from now on (in a layer above, still at work) does not
         // take this try for one in flight (DESIGN §19).
         crate::deadline::try_answered(&result);

@@ -19,8 +19,10 @@
 //!
 //! "Maybe delivered" ([`SendError::is_maybe_delivered`]) says the provider may have taken the
 //! message: sending it again may deliver it twice. Resend alone takes an idempotency key
-//! (derived from the Message-ID), so that sending the same message again within 24 hours is
-//! answered without a second delivery; Postmark, SendGrid and Mailgun have no such key.
+//! (one per send, made when the application hands the message over:
+//! [`idempotency`](crate::idempotency)), so that sending the same message again within 24
+//! hours is answered without a second delivery; Postmark, SendGrid, Mailgun and Microsoft
+//! Graph have no such key.
 //!
 //! # What an answer means
 //! - A 3xx is not followed: Configuration (`<provider>.<status>`), nothing delivered.

@@ -1,5 +1,5 @@
-//! [`ResendTransport`]: Resend's `/emails` API with an idempotency key derived from the
-//! message, its errors sorted into [`Category`](crate::Category)s by
+//! [`ResendTransport`]: Resend's `/emails` API with an idempotency key that belongs to one
+//! send, its errors sorted into [`Category`](crate::Category)s by
 //! [`classify_resend_error`].
 
 use std::collections::BTreeMap;
@@ -17,9 +17,6 @@ use crate::{Envelope, SendError};
 mod classify;
 
 pub use classify::classify_resend_error;
-
-/// The longest idempotency key Resend takes.
-const MAX_KEY_CHARS: usize = 256;
 
 /// Sends through Resend's `/emails` API with an API key.
 ///
@@ -42,15 +39,18 @@ const MAX_KEY_CHARS: usize = 256;
 ///   a key restricted to sending (which may not list domains) is `Ok`: it is valid.
 ///
 /// # Idempotency: a retry cannot deliver twice
-/// Every request carries an `Idempotency-Key`: the message's Message-ID (without its angle
-/// brackets; one longer than Resend's 256 characters is cut and a hash of the whole
-/// appended), or, for a message without one, a hash of the formatted message. Resend
-/// answers a request whose key it has seen in the last 24 hours with the first answer and
-/// sends nothing again, so a maybe-delivered error (a timeout, a dropped connection) may be
-/// retried safely, through this transport or any other `ResendTransport` on the same
-/// account. Give each new message a Message-ID of its own (lettre's
-/// `.message_id(None)` makes one): Resend refuses the same key with another message
-/// (`resend.invalid_idempotent_request`, InvalidMessage).
+/// Every request carries an `Idempotency-Key`, the [try's key](crate::idempotency::try_key):
+/// made once when the application handed the message over (kept with it in the outbox, the
+/// same for the retry's every try and the outbox worker's every attempt), or the message's
+/// Message-ID when it has one, followed by a hash of the recipients the try addresses.
+/// Resend answers a request whose key it has seen in the last 24 hours with the first answer
+/// and sends nothing again, so a maybe-delivered error (a timeout, a dropped connection) may
+/// be retried safely within those 24 hours, by the retry or the outbox, through this
+/// transport or any other `ResendTransport` on the same account. Two messages of the same
+/// content are two keys, unless they carry the same Message-ID: then they are one message,
+/// and the second is answered with the first's result. Resend refuses a key it has seen with
+/// another request body (`resend.invalid_idempotent_request`, InvalidMessage): a Message-ID
+/// given to two different messages.
 ///
 /// # Example
 /// ```no_run
@@ -109,7 +109,7 @@ impl Provider for Resend {
     fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError> {
         let message = ReadMessage::read(Self::NAME, envelope, raw)?;
         message.require_to(Self::NAME)?;
-        let key = idempotency_key(message.message_id.as_deref(), raw);
+        let key = crate::idempotency::try_key(envelope, message.message_id.as_deref());
         Ok(Call::post_json("/emails", &email(&message)?)?.header("Idempotency-Key", key))
     }
 
@@ -210,62 +210,4 @@ fn email(message: &ReadMessage) -> Result<Email<'_>, SendError> {
             })
             .collect(),
     })
-}
-
-/// The `Idempotency-Key` of a message (see the type's docs): its Message-ID, or a hash of
-/// the formatted message when it has none.
-fn idempotency_key(message_id: Option<&str>, raw: &[u8]) -> String {
-    match message_id.map(|id| id.trim_matches(['<', '>', ' '])) {
-        Some(id) if !id.is_empty() => {
-            if id.chars().count() <= MAX_KEY_CHARS && id.is_ascii() {
-                id.to_owned()
-            } else {
-                let head: String = id
-                    .chars()
-                    .filter(char::is_ascii)
-                    .take(MAX_KEY_CHARS - 17)
-                    .collect();
-                format!("{head}-{:016x}", fnv1a(id.as_bytes()))
-            }
-        }
-        _ => format!("raw-{:016x}-{}", fnv1a(raw), raw.len()),
-    }
-}
-
-/// The 64-bit FNV-1a hash: stable across processes and releases, unlike std's hasher, so
-/// that two processes retrying one message derive one key.
-fn fnv1a(bytes: &[u8]) -> u64 {
-    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
-        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
-    })
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn the_key_is_the_message_id_without_brackets() {
-        assert_eq!(
-            idempotency_key(Some("<a.b@example.com>"), b"x"),
-            "a.b@example.com"
-        );
-    }
-
-    #[test]
-    fn a_long_message_id_is_cut_to_resends_limit_with_a_hash() {
-        let long = format!("<{}@example.com>", "x".repeat(400));
-        let key = idempotency_key(Some(&long), b"x");
-        assert_eq!(key.chars().count(), MAX_KEY_CHARS);
-        let other = format!("<{}y@example.com>", "x".repeat(400));
-        assert_ne!(key, idempotency_key(Some(&other), b"x"));
-    }
-
-    #[test]
-    fn a_message_without_an_id_is_keyed_by_its_bytes() {
-        let key = idempotency_key(None, b"same bytes");
-        assert_eq!(key, idempotency_key(None, b"same bytes"));
-        assert_ne!(key, idempotency_key(None, b"other bytes"));
-        assert!(key.starts_with("raw-"));
-    }
 }

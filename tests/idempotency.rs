@@ -1,0 +1,381 @@
+//! Idempotency keys that belong to one send (DESIGN §21, issue 65), against a Resend stand-in
+//! that honours `Idempotency-Key` as Resend documents it: a key seen in the last 24 hours is
+//! answered with the first request's result and nothing is sent again, and a key seen with
+//! another request body is refused with `409 invalid_idempotent_request`.
+#![cfg(all(feature = "resend", feature = "smtp", feature = "outbox"))]
+
+mod support;
+
+use std::collections::{HashMap, HashSet};
+use std::net::TcpListener;
+use std::sync::{Arc, Mutex, PoisonError};
+use std::time::{Duration, SystemTime};
+
+use mail_breaker::{
+    Backoff, Envelope, Message, Outbox, OutboxTransport, PoolTransport, ResendTransport,
+    RetryTransport, SmtpTransport, Transport, idempotency,
+};
+use mailin_embedded::{Handler, Response, Server, SslConfig};
+use support::http_api::{ApiServer, Recorded, Reply};
+
+const KEY: &str = "re_test_key_never_shown";
+const TIMEOUT: Duration = Duration::from_millis(800);
+
+/// What the stand-in does with the request of a given number (0 for the first), before it
+/// looks at the key.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Door {
+    /// Reads the key as Resend does.
+    Open,
+    /// Keeps the message (a delivery) and drops the connection without an answer: the
+    /// sender cannot know it was delivered.
+    DeliverThenDrop,
+    /// `500`, before the key is looked at: nothing kept.
+    Fails,
+    /// `503`, before the key is looked at: nothing kept.
+    Down,
+}
+
+/// Resend as far as keys go: every delivery it made (key and `to`/`bcc` recipients), and the
+/// answer it keeps for each key with the body it came with.
+#[derive(Debug, Default)]
+struct Keyed {
+    deliveries: Vec<(String, Vec<String>)>,
+    answers: HashMap<String, (String, String)>,
+}
+
+struct Resend {
+    server: ApiServer,
+    state: Arc<Mutex<Keyed>>,
+}
+
+impl Resend {
+    /// A stand-in whose `n`th request meets `doors[n]` (and every later one `Door::Open`).
+    async fn start(doors: &[Door]) -> Resend {
+        let state: Arc<Mutex<Keyed>> = Arc::default();
+        let doors = doors.to_vec();
+        let count = Arc::new(Mutex::new(0_usize));
+        let keyed = Arc::clone(&state);
+        let server = ApiServer::start(move |request: &Recorded| {
+            let n = {
+                let mut count = count.lock().unwrap_or_else(PoisonError::into_inner);
+                *count += 1;
+                *count - 1
+            };
+            let door = doors.get(n).copied().unwrap_or(Door::Open);
+            match door {
+                Door::Fails => return Reply::json(500, r#"{"name":"internal_server_error"}"#),
+                Door::Down => {
+                    return Reply::json(503, r#"{"name":"service_unavailable"}"#)
+                        .with_header("Retry-After", "0");
+                }
+                Door::Open | Door::DeliverThenDrop => {}
+            }
+            let mut keyed = keyed.lock().unwrap_or_else(PoisonError::into_inner);
+            let answer = keyed.answer(request);
+            if door == Door::DeliverThenDrop {
+                Reply::Drop
+            } else {
+                answer
+            }
+        })
+        .await;
+        Resend { server, state }
+    }
+
+    fn transport(&self) -> ResendTransport {
+        ResendTransport::new(KEY)
+            .with_endpoint(self.server.endpoint())
+            .with_timeout(TIMEOUT)
+    }
+
+    /// The deliveries it made: each key and the recipients it sent to.
+    fn deliveries(&self) -> Vec<(String, Vec<String>)> {
+        self.state
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .deliveries
+            .clone()
+    }
+
+    /// The `Idempotency-Key` of every request it read, in order.
+    fn keys(&self) -> Vec<String> {
+        self.server
+            .requests()
+            .iter()
+            .map(|request| request.header("idempotency-key").unwrap_or("").to_owned())
+            .collect()
+    }
+}
+
+impl Keyed {
+    fn answer(&mut self, request: &Recorded) -> Reply {
+        let Some(key) = request.header("idempotency-key").map(str::to_owned) else {
+            return Reply::json(400, r#"{"name":"validation_error"}"#);
+        };
+        let body = request.text();
+        if let Some((first_body, first_answer)) = self.answers.get(&key) {
+            if *first_body != body {
+                return Reply::json(
+                    409,
+                    r#"{"statusCode":409,"name":"invalid_idempotent_request","message":"Same idempotency key used with a different request payload."}"#,
+                );
+            }
+            return Reply::json(200, first_answer);
+        }
+        let json = request.json();
+        let mut recipients: Vec<String> = ["to", "cc", "bcc"]
+            .iter()
+            .flat_map(|field| json[field].as_array().cloned().unwrap_or_default())
+            .filter_map(|value| value.as_str().map(str::to_owned))
+            .collect();
+        recipients.sort();
+        let answer = format!(r#"{{"id":"email-{}"}}"#, self.deliveries.len());
+        self.deliveries.push((key.clone(), recipients));
+        self.answers.insert(key, (body, answer.clone()));
+        Reply::json(200, &answer)
+    }
+}
+
+/// The same alert twice: no Message-ID (lettre adds none), the same `Date:`, so the same
+/// bytes.
+fn alert() -> Message {
+    Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("ops@example.org".parse().expect("a recipient"))
+        .subject("disk full")
+        .date(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000))
+        .body(String::from("disk full on db-1"))
+        .expect("a message")
+}
+
+#[tokio::test]
+async fn two_messages_of_identical_content_without_a_message_id_are_both_delivered() {
+    let resend = Resend::start(&[]).await;
+    let transport = resend.transport();
+    assert_eq!(alert().formatted(), alert().formatted(), "the same bytes");
+    let first = transport.send(&alert()).await.expect("the first");
+    let second = transport.send(&alert()).await.expect("the second");
+    assert_ne!(first.message_id(), second.message_id());
+    assert_eq!(resend.deliveries().len(), 2, "{:?}", resend.deliveries());
+}
+
+fn outbox_folder() -> tempfile::TempDir {
+    tempfile::Builder::new()
+        .prefix("mail-breaker-idempotency-")
+        .tempdir()
+        .expect("a temporary folder")
+}
+
+#[tokio::test]
+async fn a_maybe_delivered_first_send_is_resent_by_the_outbox_under_its_key_and_delivered_once() {
+    let resend = Resend::start(&[Door::DeliverThenDrop]).await;
+    let folder = outbox_folder();
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an outbox");
+    let send_or_queue = OutboxTransport::send_or_queue(outbox.clone(), resend.transport());
+    let receipt = send_or_queue.send(&alert()).await.expect("queued");
+    assert!(receipt.is_queued(), "{receipt:?}");
+    assert_eq!(receipt.maybe_delivered_recipients().len(), 1);
+
+    outbox
+        .worker(resend.transport())
+        .drain()
+        .await
+        .expect("drained");
+    assert_eq!(outbox.stats().await.expect("stats").queued, 0, "answered");
+    let keys = resend.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1], "the worker's key is the first try's");
+    assert_eq!(resend.deliveries().len(), 1, "delivered once");
+}
+
+#[tokio::test]
+async fn every_message_the_outbox_keeps_is_sent_under_a_key_of_its_own() {
+    let resend = Resend::start(&[]).await;
+    let folder = outbox_folder();
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an outbox");
+    outbox.enqueue(&alert()).await.expect("one");
+    outbox.enqueue(&alert()).await.expect("two");
+    outbox
+        .enqueue_many(&[alert(), alert()])
+        .await
+        .expect("two more");
+    outbox
+        .worker(resend.transport())
+        .drain()
+        .await
+        .expect("drained");
+    let keys: HashSet<String> = resend.keys().into_iter().collect();
+    assert_eq!(keys.len(), 4, "{keys:?}");
+    assert_eq!(resend.deliveries().len(), 4);
+}
+
+#[tokio::test]
+async fn the_retry_layers_second_try_of_one_call_carries_the_first_trys_key() {
+    let resend = Resend::start(&[Door::Fails]).await;
+    let retry = RetryTransport::builder(resend.transport())
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_millis(10)))
+        .build()
+        .expect("a retry");
+    retry
+        .send(&alert())
+        .await
+        .expect("delivered by the second try");
+    let keys = resend.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1]);
+    // And the next call, of the same bytes, is another send.
+    retry.send(&alert()).await.expect("the next alert");
+    let keys = resend.keys();
+    assert_ne!(keys[2], keys[0]);
+    assert_eq!(resend.deliveries().len(), 2);
+}
+
+#[tokio::test]
+async fn a_key_given_by_the_application_is_kept_by_the_outbox_it_enqueues_into() {
+    let resend = Resend::start(&[]).await;
+    let folder = outbox_folder();
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an outbox");
+    idempotency::with_key("order-7", outbox.enqueue(&alert()))
+        .await
+        .expect("enqueued");
+    outbox
+        .worker(resend.transport())
+        .drain()
+        .await
+        .expect("drained");
+    let keys = resend.keys();
+    assert_eq!(keys.len(), 1);
+    assert!(keys[0].starts_with("order-7."), "{keys:?}");
+}
+
+/// An SMTP server (mailin-embedded, in this process) that answers `450` to the `RCPT TO` of
+/// the recipients it defers and takes the rest; it keeps the recipients of each message it
+/// took.
+#[derive(Clone)]
+struct Greylisting {
+    defer: Arc<HashSet<String>>,
+    taken: Arc<Mutex<Vec<Vec<String>>>>,
+}
+
+impl Handler for Greylisting {
+    fn rcpt(&mut self, to: &str) -> Response {
+        if self.defer.contains(to) {
+            Response::custom(450, "4.2.0 greylisted, try again later".to_owned())
+        } else {
+            mailin_embedded::response::OK
+        }
+    }
+
+    fn data_start(&mut self, _domain: &str, _from: &str, _is8bit: bool, to: &[String]) -> Response {
+        let mut to = to.to_vec();
+        to.sort();
+        self.taken
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .push(to);
+        mailin_embedded::response::OK
+    }
+}
+
+fn greylisting(defer: &[&str]) -> (u16, Arc<Mutex<Vec<Vec<String>>>>) {
+    let listener = TcpListener::bind("127.0.0.1:0").expect("a loopback port");
+    let port = listener.local_addr().expect("its address").port();
+    let taken: Arc<Mutex<Vec<Vec<String>>>> = Arc::default();
+    let handler = Greylisting {
+        defer: Arc::new(defer.iter().map(|to| (*to).to_owned()).collect()),
+        taken: Arc::clone(&taken),
+    };
+    let mut server = Server::new(handler);
+    server
+        .with_name("greylisting.localhost")
+        .with_num_threads(4)
+        .with_ssl(SslConfig::None)
+        .expect("no TLS")
+        .with_tcp_listener(listener);
+    std::thread::spawn(move || {
+        let _ = server.serve();
+    });
+    (port, taken)
+}
+
+/// Carol in To, Alice and Bob as blind copies: a resend to Carol alone names no one in its
+/// headers who is not in its envelope, so Resend can carry it.
+fn to_three() -> Message {
+    let envelope = Envelope::new(
+        Some("app@example.com".parse().expect("a sender")),
+        ["alice@example.org", "bob@example.org", "carol@example.org"]
+            .iter()
+            .map(|to| to.parse().expect("a recipient"))
+            .collect(),
+    )
+    .expect("an envelope");
+    Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("carol@example.org".parse().expect("a recipient"))
+        .subject("invoice")
+        .envelope(envelope)
+        .body(String::from("your invoice"))
+        .expect("a message")
+}
+
+/// Resend takes the whole message first, and the connection drops before its answer (maybe
+/// delivered): the pool fails over to its SMTP member, which takes Alice and Bob and defers
+/// Carol. The retry sends Carol's copy again: Resend is down, the SMTP member defers her
+/// again, and the next try's Resend takes it: a request with another body than the first,
+/// under a key of its own (under the first request's key, Resend would refuse it with 409).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_smtp_member_defers_one_of_three_and_the_retry_sends_it_through_resend_not_refused_with_409()
+ {
+    let resend = Resend::start(&[Door::DeliverThenDrop, Door::Down]).await;
+    let (port, taken) = greylisting(&["carol@example.org"]);
+    let smtp = SmtpTransport::unencrypted("127.0.0.1", port).with_timeout(TIMEOUT);
+    let pool = PoolTransport::builder()
+        .add(resend.transport(), 1)
+        .add(smtp, 2)
+        .build()
+        .expect("a pool");
+    let retry = RetryTransport::builder(pool)
+        .max_attempts(4)
+        .backoff(Backoff::constant(Duration::from_millis(10)))
+        .build()
+        .expect("a retry");
+    let receipt = retry.send(&to_three()).await.expect("an answer");
+    assert!(
+        receipt.deferred_recipients().is_empty() && receipt.rejected_recipients().is_empty(),
+        "{receipt:?}"
+    );
+    let taken = taken.lock().unwrap_or_else(PoisonError::into_inner).clone();
+    assert_eq!(
+        taken,
+        [vec![
+            "alice@example.org".to_owned(),
+            "bob@example.org".to_owned()
+        ]]
+    );
+    let deliveries = resend.deliveries();
+    let recipients: Vec<&Vec<String>> = deliveries.iter().map(|(_, to)| to).collect();
+    assert_eq!(
+        recipients,
+        [
+            &vec![
+                "alice@example.org".to_owned(),
+                "bob@example.org".to_owned(),
+                "carol@example.org".to_owned()
+            ],
+            &vec!["carol@example.org".to_owned()],
+        ],
+        "{deliveries:?}"
+    );
+    assert_ne!(deliveries[0].0, deliveries[1].0, "a key for each body");
+    // Both keys are the one send's: the same handover, another recipients' hash.
+    let handover = |key: &str| key.rsplit_once('.').map(|(head, _)| head.to_owned());
+    assert_eq!(handover(&deliveries[0].0), handover(&deliveries[1].0));
+}
