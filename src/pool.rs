@@ -447,7 +447,8 @@ impl Transport for PoolTransport {
             pool: self,
             order: self.order(),
         };
-        cascade::send_many(failover, messages)
+        // No handover follows one message from member to member: its bytes key it.
+        crate::idempotency::keyed_by_bytes(cascade::send_many(failover, messages)).boxed()
     }
 
     /// `Ok` when at least one member can be reached; otherwise `pool.unreachable`

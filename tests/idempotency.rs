@@ -379,3 +379,215 @@ async fn an_smtp_member_defers_one_of_three_and_the_retry_sends_it_through_resen
     let handover = |key: &str| key.rsplit_once('.').map(|(head, _)| head.to_owned());
     assert_eq!(handover(&deliveries[0].0), handover(&deliveries[1].0));
 }
+
+// Hostile review of the keys (issue 65): each test failed on the first version of them.
+
+/// A transport of one's own that takes keys: it keeps each try's key and answers from a
+/// script (an error that may pass, then deliveries).
+#[derive(Clone, Default)]
+struct KeyTaker {
+    keys: Arc<Mutex<Vec<String>>>,
+    fail_first: bool,
+}
+
+#[async_trait::async_trait]
+impl Transport for KeyTaker {
+    fn name(&self) -> &str {
+        "key-taker"
+    }
+
+    async fn send_raw(
+        &self,
+        envelope: &Envelope,
+        raw: &[u8],
+    ) -> Result<mail_breaker::Receipt, mail_breaker::SendError> {
+        let key = idempotency::try_key(envelope, None, raw);
+        let mut keys = self.keys.lock().unwrap_or_else(PoisonError::into_inner);
+        keys.push(key);
+        if self.fail_first && keys.len() == 1 {
+            return Err(mail_breaker::SendError::new(
+                mail_breaker::Category::Timeout,
+                "key-taker.timeout",
+                "no answer",
+            )
+            .maybe_delivered());
+        }
+        Ok(mail_breaker::Receipt::new("key-taker"))
+    }
+}
+
+#[tokio::test]
+async fn a_message_an_earlier_version_kept_without_a_key_is_tried_under_that_versions_key() {
+    let folder = outbox_folder();
+    let path = folder.path().join("outbox.db");
+    let outbox = Outbox::sqlite(&path).await.expect("an outbox");
+    let with_id = Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("ops@example.org".parse().expect("a recipient"))
+        .message_id(Some("<m-1@example.com>".to_owned()))
+        .body(String::from("kept before keys"))
+        .expect("a message");
+    outbox.enqueue(&with_id).await.expect("kept");
+    outbox.enqueue(&alert()).await.expect("kept");
+    {
+        use sqlx::Connection as _;
+        let mut earlier = sqlx::SqliteConnection::connect(&format!("sqlite://{}", path.display()))
+            .await
+            .expect("the file");
+        sqlx::query("UPDATE mail_breaker_outbox SET idempotency_key = NULL")
+            .execute(&mut earlier)
+            .await
+            .expect("as an earlier version kept them");
+    }
+    let resend = Resend::start(&[]).await;
+    outbox
+        .worker(resend.transport())
+        .drain()
+        .await
+        .expect("drained");
+    let keys = resend.keys();
+    let raw = alert().formatted();
+    let bytes_key = format!("raw-{:016x}-{}", fnv1a(&raw), raw.len());
+    assert_eq!(keys, ["m-1@example.com".to_owned(), bytes_key]);
+}
+
+/// The hash the version before keys made a key of, for a message without a Message-ID.
+fn fnv1a(bytes: &[u8]) -> u64 {
+    bytes.iter().fold(0xcbf2_9ce4_8422_2325, |hash, &byte| {
+        (hash ^ u64::from(byte)).wrapping_mul(0x0100_0000_01b3)
+    })
+}
+
+#[tokio::test]
+async fn a_streamed_message_without_a_message_id_is_retried_under_its_first_key() {
+    use futures::StreamExt;
+    let resend = Resend::start(&[Door::DeliverThenDrop]).await;
+    let retry = RetryTransport::builder(resend.transport())
+        .max_attempts(2)
+        .backoff(Backoff::constant(Duration::from_millis(10)))
+        .build()
+        .expect("a retry");
+    let answers: Vec<_> = retry
+        .send_many(futures::stream::iter([alert()]).boxed())
+        .collect()
+        .await;
+    assert!(answers[0].is_ok(), "{answers:?}");
+    let keys = resend.keys();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1]);
+    assert_eq!(resend.deliveries().len(), 1, "delivered once");
+}
+
+fn welcome_and_verify() -> [Message; 2] {
+    ["welcome", "verify your address"].map(|subject| {
+        Message::builder()
+            .from("app@example.com".parse().expect("a sender"))
+            .to("bob@example.org".parse().expect("a recipient"))
+            .subject(subject)
+            .body(String::from("hello"))
+            .expect("a message")
+    })
+}
+
+#[tokio::test]
+async fn two_messages_enqueued_under_one_given_key_are_both_delivered() {
+    let resend = Resend::start(&[]).await;
+    let folder = outbox_folder();
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an outbox");
+    let [welcome, verify] = welcome_and_verify();
+    idempotency::with_key("job-1", async {
+        outbox.enqueue(&welcome).await.expect("the welcome");
+        outbox.enqueue(&verify).await.expect("the verification");
+    })
+    .await;
+    idempotency::with_key("job-2", outbox.enqueue_many(&welcome_and_verify()))
+        .await
+        .expect("both");
+    outbox
+        .worker(resend.transport())
+        .drain()
+        .await
+        .expect("drained");
+    assert_eq!(outbox.dead_letters(10).await.expect("read").len(), 0);
+    assert_eq!(resend.deliveries().len(), 4, "{:?}", resend.deliveries());
+    let keys = resend.keys();
+    for (key, job) in keys
+        .iter()
+        .zip(["job-1.", "job-1~1.", "job-2.", "job-2~1."])
+    {
+        assert!(key.starts_with(job), "{keys:?}");
+    }
+}
+
+/// A job's message as each run of the job builds it.
+fn receipt_for_job(message_id: Option<String>) -> Message {
+    let builder = Message::builder()
+        .from("app@example.com".parse().expect("a sender"))
+        .to("bob@example.org".parse().expect("a recipient"))
+        .subject("receipt")
+        .date(SystemTime::UNIX_EPOCH + Duration::from_secs(1_800_000_000));
+    let builder = match message_id {
+        Some(_) => builder.message_id(None),
+        None => builder,
+    };
+    builder.body(String::from("thank you")).expect("a message")
+}
+
+#[tokio::test]
+async fn a_jobs_second_run_of_the_same_message_under_its_key_is_answered_with_the_first_runs_result()
+ {
+    let resend = Resend::start(&[]).await;
+    let run = || {
+        let transport = resend.transport();
+        idempotency::with_key("job-42", async move {
+            transport.send(&receipt_for_job(None)).await
+        })
+    };
+    let first = run().await.expect("the first run");
+    let second = run().await.expect("the second run");
+    assert_eq!(first.message_id(), second.message_id());
+    assert_eq!(resend.deliveries().len(), 1);
+}
+
+#[tokio::test]
+async fn a_jobs_second_run_that_built_its_message_anew_is_refused_and_not_delivered_twice() {
+    let resend = Resend::start(&[]).await;
+    let run = || {
+        let transport = resend.transport();
+        // Another Message-ID each run: other bytes under the job's key.
+        let message = receipt_for_job(Some(String::new()));
+        idempotency::with_key("job-43", async move { transport.send(&message).await })
+    };
+    run().await.expect("the first run");
+    let refused = run().await.expect_err("the second run");
+    assert_eq!(refused.code(), "resend.invalid_idempotent_request");
+    assert_eq!(resend.deliveries().len(), 1);
+}
+
+#[tokio::test]
+async fn a_worker_sends_every_attempt_of_a_row_under_the_key_it_keeps() {
+    let folder = outbox_folder();
+    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
+        .await
+        .expect("an outbox");
+    outbox.enqueue(&alert()).await.expect("kept");
+    let taker = KeyTaker {
+        fail_first: true,
+        ..KeyTaker::default()
+    };
+    let worker = outbox
+        .worker(taker.clone())
+        .backoff(Backoff::constant(Duration::from_millis(10)));
+    worker.drain().await.expect("the first attempt");
+    tokio::time::sleep(Duration::from_millis(50)).await;
+    worker.drain().await.expect("the second");
+    let keys = taker
+        .keys
+        .lock()
+        .unwrap_or_else(PoisonError::into_inner)
+        .clone();
+    assert_eq!(keys.len(), 2, "{keys:?}");
+    assert_eq!(keys[0], keys[1]);
+}

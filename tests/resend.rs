@@ -69,7 +69,11 @@ async fn resend_gets_the_message_as_json_with_the_key_and_an_idempotency_key_fro
     let request = server.last();
     assert_eq!(request.path, "/emails");
     // The Message-ID, then a hash of the recipients this request is for (DESIGN §21).
-    let key = mail_breaker::idempotency::try_key(message().envelope(), Some("<m-1@example.com>"));
+    let key = mail_breaker::idempotency::try_key(
+        message().envelope(),
+        Some("<m-1@example.com>"),
+        &message().formatted(),
+    );
     assert!(key.starts_with("m-1@example.com."), "{key}");
     assert_eq!(request.header("idempotency-key"), Some(key.as_str()));
     let json = request.json();

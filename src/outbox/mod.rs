@@ -343,11 +343,7 @@ impl Outbox {
     pub async fn enqueue_many(&self, messages: &[Message]) -> Result<Vec<OutboxId>, SendError> {
         let rows: Vec<NewRow> = messages
             .iter()
-            .map(|message| {
-                // Each message of the batch is a handover of its own.
-                let key = crate::idempotency::fresh();
-                NewRow::with_key(message.envelope(), &message.formatted(), key)
-            })
+            .map(|message| NewRow::new(message.envelope(), &message.formatted()))
             .collect();
         self.store(&rows).await
     }

@@ -25,24 +25,15 @@ pub struct NewRow {
 }
 
 impl NewRow {
-    /// A row for a message handed over now: the open handover's key (`send_or_queue`
-    /// queueing what its first try did not deliver, or a key the application gave), else a
-    /// new one.
+    /// A row for a message handed over now, with the key it keeps: the open handover's
+    /// (`send_or_queue` queueing what its first try did not deliver, or a key the
+    /// application gave), else a new one.
     pub(crate) fn new(envelope: &Envelope, raw: &[u8]) -> NewRow {
-        NewRow::with_key(
-            envelope,
-            raw,
-            crate::idempotency::current().unwrap_or_else(crate::idempotency::fresh),
-        )
-    }
-
-    /// A row whose message has a key of its own: one of a batch of messages.
-    pub(crate) fn with_key(envelope: &Envelope, raw: &[u8], key: String) -> NewRow {
         NewRow {
             sender: envelope.from().map(ToString::to_string),
             recipients: join_recipients(envelope),
             raw: raw.to_vec(),
-            key,
+            key: crate::idempotency::to_keep(raw),
         }
     }
 }
@@ -89,19 +80,9 @@ pub(crate) struct Claimed {
     pub sender: Option<String>,
     pub recipients: String,
     pub raw: Vec<u8>,
-    /// Its idempotency key (DESIGN §21); `None` for a row an older version kept.
+    /// Its idempotency key (DESIGN §21); `None` for a row an earlier version kept, whose
+    /// attempts go under the key that version gave it.
     pub key: Option<String>,
-}
-
-impl Claimed {
-    /// The key its attempts are sent under: the one kept with it, or, for a row an older
-    /// version of this crate kept without one, one made from its id and enqueue time (the
-    /// same for every attempt, in every worker).
-    pub(crate) fn key(&self) -> String {
-        self.key
-            .clone()
-            .unwrap_or_else(|| format!("outbox-{}-{}", self.enqueued_at, self.claim.id))
-    }
 }
 
 /// Which claim of which message: `attempts` after the claim is the lease's token, so that an

@@ -595,8 +595,8 @@ impl<T: Transport + 'static> Worker<T> {
                     let name = transport.name();
                     // Every attempt, in every worker, under the key kept with the message
                     // (DESIGN §21).
-                    let send = crate::idempotency::with_key(
-                        message.key(),
+                    let send = crate::idempotency::kept(
+                        message.key.clone(),
                         crate::panicked::catch_panic(name, async {
                             transport.send_raw(&envelope, &message.raw).await
                         }),

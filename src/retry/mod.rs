@@ -438,7 +438,9 @@ impl<T: Transport> Transport for RetryTransport<T> {
     }
 
     fn send_many<'a>(&'a self, messages: MessageStream<'a>) -> ReceiptStream<'a> {
-        cascade::send_many(Attempts { retry: self }, messages)
+        // No handover follows one message from attempt to attempt: its bytes key it.
+        let attempts = cascade::send_many(Attempts { retry: self }, messages);
+        futures::StreamExt::boxed(crate::idempotency::keyed_by_bytes(attempts))
     }
 
     async fn verify(&self) -> Result<(), SendError> {

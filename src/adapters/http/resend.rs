@@ -40,9 +40,10 @@ pub use classify::classify_resend_error;
 ///
 /// # Idempotency: a retry cannot deliver twice
 /// Every request carries an `Idempotency-Key`, the [try's key](crate::idempotency::try_key):
-/// made once when the application handed the message over (kept with it in the outbox, the
-/// same for the retry's every try and the outbox worker's every attempt), or the message's
-/// Message-ID when it has one, followed by a hash of the recipients the try addresses.
+/// the application's own ([`with_key`](crate::idempotency::with_key)), the message's
+/// Message-ID, or one made when the application handed the message over (kept with it in
+/// the outbox, the same for the retry's every try, the pool's every member and the outbox
+/// worker's every attempt), followed by a hash of the recipients the try addresses.
 /// Resend answers a request whose key it has seen in the last 24 hours with the first answer
 /// and sends nothing again, so a maybe-delivered error (a timeout, a dropped connection) may
 /// be retried safely within those 24 hours, by the retry or the outbox, through this
@@ -109,7 +110,7 @@ impl Provider for Resend {
     fn send_call(&self, envelope: &Envelope, raw: &[u8]) -> Result<Call, SendError> {
         let message = ReadMessage::read(Self::NAME, envelope, raw)?;
         message.require_to(Self::NAME)?;
-        let key = crate::idempotency::try_key(envelope, message.message_id.as_deref());
+        let key = crate::idempotency::try_key(envelope, message.message_id.as_deref(), raw);
         Ok(Call::post_json("/emails", &email(&message)?)?.header("Idempotency-Key", key))
     }
 
