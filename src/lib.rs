@@ -87,6 +87,8 @@ pub mod store;
 pub mod suppression;
 mod sync;
 mod time;
+#[cfg(feature = "tower")]
+pub mod tower;
 mod transport;
 #[cfg(feature = "webhooks")]
 pub mod webhooks;

@@ -394,6 +394,13 @@ pub(crate) struct Unspent<'a> {
 }
 
 impl Unspent<'_> {
+    /// The permit, for a caller that keeps it past this borrow of the gate (the tower
+    /// layer's service, between `poll_ready` and the answer): that caller gives it back.
+    #[cfg(feature = "tower")]
+    pub(crate) fn into_permit(mut self) -> Option<Permit> {
+        self.permit.take()
+    }
+
     /// The key of the breaker that gave the permit.
     pub(crate) fn key(&self) -> &str {
         &self.key

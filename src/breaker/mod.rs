@@ -12,7 +12,7 @@ mod batch;
 mod builder;
 mod events;
 mod future;
-mod gate;
+pub(crate) mod gate;
 mod operate;
 mod recording;
 #[cfg(test)]
@@ -93,6 +93,12 @@ impl<T: Transport> CircuitBreakerTransport<T> {
     /// A builder to set each setting.
     pub fn builder(inner: T) -> CircuitBreakerBuilder<T> {
         CircuitBreakerBuilder::new(inner)
+    }
+
+    /// The rules, store and listener it decides with (the tower layer's).
+    #[cfg(feature = "tower")]
+    pub(crate) fn gate(&self) -> &Gate {
+        &self.gate
     }
 
     /// The state of the breaker under [`Scope::Transport`].

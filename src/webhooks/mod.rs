@@ -442,3 +442,39 @@ impl Webhooks {
         router.layer(DefaultBodyLimit::max(self.body_limit))
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::events::{DeliveryEvent, KeepError, Kept};
+
+    struct Nowhere;
+
+    #[async_trait::async_trait]
+    impl EventSink for Nowhere {
+        async fn keep(&self, events: &[DeliveryEvent]) -> Result<Kept, KeepError> {
+            Ok(Kept { new: events.len() })
+        }
+    }
+
+    #[test]
+    fn its_debug_names_the_routes_it_serves_and_no_secret() {
+        let webhooks = Webhooks::new(Arc::new(Nowhere))
+            .mailgun(SigningKey::new("key-mailgun-hidden"))
+            .postmark(BasicAuth::new("hooks", "postmark-hidden"))
+            .body_limit(4096);
+        let shown = format!("{webhooks:?}");
+        for part in [
+            "Webhooks",
+            "body_limit: 4096",
+            "mailgun: true",
+            "postmark: true",
+            "ses: false",
+            "sendgrid: false",
+            "resend: false",
+        ] {
+            assert!(shown.contains(part), "{part} in {shown}");
+        }
+        assert!(!shown.contains("hidden"), "{shown}");
+    }
+}
