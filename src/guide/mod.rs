@@ -18,6 +18,7 @@
 //! | [Rate limits](rate_limits) | pacing to a provider's quota, adapting to its throttles, one budget for a fleet |
 //! | [The configuration reference](configuration) | the whole stack from one DSN or one TOML document: every option in one table |
 //! | [Reputation](reputation) | verified webhooks, the suppression list, and the breaker that holds a member's mail before the provider suspends the account |
+//! | [Tower](tower) | the breaker as a `tower::Layer` for any service, the mail stack as a tower service, a tower service as a transport; beside tower-resilience |
 //! | [Operating](operating) | asking a breaker what it saw, isolating a provider, the metrics |
 //! | [Reliability](reliability) | what was done to the crate to see it keep its promises |
 //! | [Performance](performance) | what a breaker, a limiter, the SMTP client and the outbox cost, beside their peers |
@@ -25,7 +26,7 @@
 //! A chapter whose examples need a feature the docs were built without says which; the
 //! features are in the crate's `Cargo.toml` (`smtp`, `outbox` and `config` are on by
 //! default; `redis`, `ses`, `postmark`, `resend`, `sendgrid`, `mailgun`, `postgres`,
-//! `metrics`, `admin` and `webhooks` are not).
+//! `metrics`, `admin`, `webhooks`, `graph` and `tower` are not).
 
 /// Declares a chapter: its text from `$file` when the crate is built with `$features`
 /// (its examples need them to compile), else a line that names them.
@@ -73,6 +74,7 @@ chapter!(
         "smtp", "config", "outbox", "ses", "postmark", "admin", "webhooks"
     ]
 );
+chapter!(tower, "tower.md", ["tower", "smtp", "redis"]);
 chapter!(operating, "operating.md", ["smtp", "config"]);
 chapter!(reliability, "reliability.md", []);
 chapter!(performance, "performance.md", []);

@@ -111,7 +111,6 @@ impl<R> Classify<R, SendError> for SendErrors {
 
 /// The error of a layer's service: the breaker refused the call, or the service failed.
 #[derive(Debug)]
-#[non_exhaustive]
 pub enum BreakerError<E> {
     /// The breaker held the call back; nothing reached the service. The error says why
     /// (`breaker.open` with its `retry_after`, or `breaker.isolated`).
