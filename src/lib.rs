@@ -86,6 +86,7 @@ pub mod store;
 #[cfg(feature = "webhooks")]
 pub mod suppression;
 mod sync;
+pub mod telemetry;
 mod time;
 #[cfg(feature = "tower")]
 pub mod tower;

@@ -33,6 +33,29 @@
 //!
 //! A rate limiter's `transport` label is its name (the inner transport's unless set).
 //!
+//! **In OpenTelemetry's words.** Exported through an OpenTelemetry recorder, each name is
+//! the instrument below, with its unit as UCUM writes it; the labels are the attributes.
+//! The traces are in [`telemetry`](crate::telemetry).
+//!
+//! | name | instrument | unit |
+//! | --- | --- | --- |
+//! | `mail_breaker_sends_total` | Counter (a monotonic sum) | `{send}` |
+//! | `mail_breaker_transitions_total` | Counter | `{transition}` |
+//! | `mail_breaker_open` | Gauge | `{key}` |
+//! | `mail_breaker_send_seconds` | Histogram | `s` |
+//! | `mail_breaker_pool_failovers_total` | Counter | `{failover}` |
+//! | `mail_breaker_retries_total`, `mail_breaker_retries_throttled_total` | Counter | `{retry}` |
+//! | `mail_breaker_outbox_queued`, `mail_breaker_outbox_due`, `mail_breaker_outbox_dead` | Gauge | `{message}` |
+//! | `mail_breaker_outbox_oldest_seconds` | Gauge | `s` |
+//! | `mail_breaker_outbox_sent_total` | Counter | `{answer}` |
+//! | `mail_breaker_outbox_worker_restarts_total` | Counter | `{restart}` |
+//! | `mail_breaker_rate_wait_seconds` | Histogram | `s` |
+//! | `mail_breaker_rate_per_second` | Gauge | `{send}/s` |
+//! | `mail_breaker_rate_refused_total` | Counter | `{send}` |
+//! | `mail_breaker_suppressed_total` | Counter | `{recipient}` |
+//! | `mail_breaker_reputation_tier` | Gauge | `1` (0 to 3) |
+//! | `mail_breaker_reputation_hard_bounce_rate`, `mail_breaker_reputation_complaint_rate` | Gauge | `1` (a ratio) |
+//!
 //! The outbox's gauges are what its workers last read from the database (each worker reads
 //! at most once a second while it works, and less often under a backlog whose count takes
 //! long: after a read that took `t`, not before `20 t`): with several workers, take any

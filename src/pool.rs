@@ -333,7 +333,13 @@ impl PoolTransport {
                     // Each member's try is its own: what an earlier one did (and answered)
                     // is not what the one in flight at a deadline's cut did.
                     crate::deadline::try_begins();
-                    let answer = catch_panic(member.name(), send(member)).await;
+                    let span = crate::telemetry::try_span(member.name());
+                    let answer = tracing::Instrument::instrument(
+                        catch_panic(member.name(), send(member)),
+                        span.clone(),
+                    )
+                    .await;
+                    crate::telemetry::ended(&span, &answer);
                     crate::deadline::try_answered(&answer);
                     answer
                 }

@@ -13,7 +13,7 @@ use std::task::{Context, Poll};
 use super::BoxedSend;
 use super::gate::{Gate, HeldBack, Unspent, attempted};
 use super::recording::CleanStart;
-use crate::machine::{Decision, Outcome, Permit, Transitions};
+use crate::machine::{Decision, Outcome, Permit, State, Transitions};
 use crate::store::MemoryStore;
 use crate::store::memory::{FirstKey, LocalBreaker};
 use crate::transport::unanswered;
@@ -150,6 +150,43 @@ where
     }
 }
 
+/// [`start`] inside the decision's span (`mail_breaker.decide`), which records the state the
+/// decision says (a probe is half open, another leave closed, a refusal open) and a refusal's
+/// code. Kept out of line: only a listener at DEBUG takes it.
+#[cold]
+#[inline(never)]
+fn traced_start<'a, S, F>(
+    gate: &'a Gate,
+    memory: &'a MemoryStore,
+    transport: &'a str,
+    envelope: &'a Envelope,
+    make: S,
+) -> Result<Leave<'a, S>, HeldBack>
+where
+    S: FnOnce() -> F + Send + 'a,
+    F: Future<Output = Result<Receipt, SendError>> + Send + 'a,
+{
+    let span = crate::telemetry::decide_span(transport);
+    let leave = span.in_scope(|| start(gate, memory, transport, envelope, make));
+    let (state, refused) = match &leave {
+        Ok(Leave::One(_, Held::Counted(_, unspent))) if unspent.is_probe() => {
+            (Some(State::HalfOpen), None)
+        }
+        Ok(Leave::One(..)) => (Some(State::Closed), None),
+        Ok(Leave::Many(_)) => (None, None),
+        Err(held) => (
+            Some(State::Open),
+            Some(if held.retry_after.is_some() {
+                "breaker.open"
+            } else {
+                "breaker.isolated"
+            }),
+        ),
+    };
+    crate::telemetry::decided(&span, state, refused);
+    leave
+}
+
 impl<'a, S, F> Future for LocalSend<'a, S, F>
 where
     S: FnOnce() -> F + Send + 'a,
@@ -161,7 +198,14 @@ where
     fn poll(self: Pin<&mut Self>, cx: &mut Context<'_>) -> Poll<Self::Output> {
         let mut this = self.project();
         if let Some(make) = this.make.take() {
-            match start(this.gate, this.memory, this.transport, this.envelope, make) {
+            // The decision's span only when someone listens at DEBUG: one read of the level
+            // else, and the path below as it was.
+            let leave = if crate::telemetry::decisions_traced() {
+                traced_start(this.gate, this.memory, this.transport, this.envelope, make)
+            } else {
+                start(this.gate, this.memory, this.transport, this.envelope, make)
+            };
+            match leave {
                 Ok(Leave::One(make, held)) => {
                     *this.held = held;
                     this.send.set(Sending::One { future: make() });

@@ -394,6 +394,11 @@ pub(crate) struct Unspent<'a> {
 }
 
 impl Unspent<'_> {
+    /// Whether its permit is the half-open breaker's probe.
+    pub(crate) fn is_probe(&self) -> bool {
+        self.permit.is_some_and(|permit| permit.is_probe())
+    }
+
     /// The permit, for a caller that keeps it past this borrow of the gate (the tower
     /// layer's service, between `poll_ready` and the answer): that caller gives it back.
     #[cfg(feature = "tower")]

@@ -349,11 +349,23 @@ impl Transport for Mailer {
     }
 
     async fn send_raw(&self, envelope: &Envelope, raw: &[u8]) -> Result<Receipt, SendError> {
-        self.stack.send_raw(envelope, raw).await
+        use tracing::Instrument as _;
+        let span = crate::telemetry::send_span();
+        let result = self
+            .stack
+            .send_raw(envelope, raw)
+            .instrument(span.clone())
+            .await;
+        crate::telemetry::ended(&span, &result);
+        result
     }
 
     async fn send(&self, message: &Message) -> Result<Receipt, SendError> {
-        self.stack.send(message).await
+        use tracing::Instrument as _;
+        let span = crate::telemetry::send_span();
+        let result = self.stack.send(message).instrument(span.clone()).await;
+        crate::telemetry::ended(&span, &result);
+        result
     }
 
     fn send_many<'a>(&'a self, messages: crate::MessageStream<'a>) -> crate::ReceiptStream<'a> {

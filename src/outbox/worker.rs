@@ -375,7 +375,11 @@ impl<T: Transport + 'static> Worker<T> {
                 flight.writing += batch.len();
                 writing = Some(
                     async move {
-                        let written = backend.finish(&batch).await;
+                        let span = crate::telemetry::outbox_span(true);
+                        let written =
+                            tracing::Instrument::instrument(backend.finish(&batch), span.clone())
+                                .await;
+                        crate::telemetry::ended(&span, &written);
                         (batch, written)
                     }
                     .boxed(),
@@ -408,9 +412,13 @@ impl<T: Transport + 'static> Worker<T> {
                         // The lease's end by this clock counts from before the claim was
                         // sent: never later than the database's.
                         let sent = Instant::now();
-                        let claimed = backend
-                            .claim(record::now(), lease, wanted, bytes, durable)
-                            .await;
+                        let span = crate::telemetry::outbox_span(false);
+                        let claimed = tracing::Instrument::instrument(
+                            backend.claim(record::now(), lease, wanted, bytes, durable),
+                            span.clone(),
+                        )
+                        .await;
+                        crate::telemetry::ended(&span, &claimed);
                         (idle, sent, claimed)
                     }
                     .boxed(),
@@ -603,10 +611,21 @@ impl<T: Transport + 'static> Worker<T> {
                     );
                     // The deadline every layer of the stack sees (DESIGN §19).
                     let deadline = later(Instant::now(), send_timeout);
-                    match crate::deadline::scope(deadline, send).await {
+                    let span = crate::telemetry::send_span();
+                    if !span.is_disabled() {
+                        span.record("mail_breaker.outbox.attempt", message.claim.attempts);
+                    }
+                    let answer = tracing::Instrument::instrument(
+                        crate::deadline::scope(deadline, send),
+                        span.clone(),
+                    )
+                    .await;
+                    let answer = match answer {
                         Ok(answer) => answer,
                         Err(cut) => Err(send_timed_out(send_timeout, name, cut)),
-                    }
+                    };
+                    crate::telemetry::ended(&span, &answer);
+                    answer
                 }
                 Err(corrupt) => Err(corrupt),
             };

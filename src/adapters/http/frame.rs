@@ -76,8 +76,19 @@ pub trait Provider: fmt::Debug + Clone + Send + Sync + 'static {
 pub struct Call {
     pub(crate) method: reqwest::Method,
     pub(crate) path: String,
+    /// The path with its variable parts named (`/v1.0/users/{sender}/sendMail`), for the
+    /// span's `url.template`; `None` when the path has none.
+    pub(crate) template: Option<&'static str>,
     pub(crate) headers: Vec<(&'static str, String)>,
     pub(crate) body: CallBody,
+}
+
+/// The host of an endpoint URL, for a span's `server.address` (empty if it has none).
+fn host_of(endpoint: &str) -> String {
+    reqwest::Url::parse(endpoint)
+        .ok()
+        .and_then(|url| url.host_str().map(str::to_owned))
+        .unwrap_or_default()
 }
 
 impl Call {
@@ -86,6 +97,7 @@ impl Call {
         Call {
             method,
             path: path.into(),
+            template: None,
             headers: Vec::new(),
             body: CallBody::Empty,
         }
@@ -357,6 +369,12 @@ impl<P: Provider> HttpTransport<P> {
                 why,
             ));
         }
+        let span = crate::telemetry::http_span(
+            &self.name,
+            call.method.as_str(),
+            call.template.unwrap_or(&call.path),
+            &host_of(&self.endpoint),
+        );
         let mut request = self.client.request(P::NAME, call.method, &url)?;
         request = self.provider.authorize(request, key);
         for (name, value) in call.headers {
@@ -375,7 +393,13 @@ impl<P: Provider> HttpTransport<P> {
                 .header(reqwest::header::CONTENT_TYPE, "text/plain")
                 .body(bytes),
         };
-        self.client.send(P::NAME, request).await
+        let answer =
+            tracing::Instrument::instrument(self.client.send(P::NAME, request), span.clone()).await;
+        match &answer {
+            Ok(answer) => crate::telemetry::answered(&span, answer.status),
+            Err(error) => crate::telemetry::failed(&span, error),
+        }
+        answer
     }
 
     /// One send: the call, and its answer read; under a login, a `401` makes it once more

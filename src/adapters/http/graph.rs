@@ -157,6 +157,7 @@ impl Provider for Graph {
         let path = format!("/v1.0/users/{}/sendMail", path_segment(&self.sender));
         Ok(Call {
             body: CallBody::Text(BASE64.encode(copy).into_bytes()),
+            template: Some("/v1.0/users/{sender}/sendMail"),
             ..Call::new(reqwest::Method::POST, path)
         })
     }
@@ -175,10 +176,13 @@ impl Provider for Graph {
 
     /// Not made: [`verify_token`](Self::verify_token) decides.
     fn verify_call(&self) -> Call {
-        Call::new(
-            reqwest::Method::GET,
-            format!("/v1.0/users/{}", path_segment(&self.sender)),
-        )
+        Call {
+            template: Some("/v1.0/users/{sender}"),
+            ..Call::new(
+                reqwest::Method::GET,
+                format!("/v1.0/users/{}", path_segment(&self.sender)),
+            )
+        }
     }
 
     fn verify_token(&self, token: &str) -> Option<Result<(), SendError>> {

@@ -151,6 +151,7 @@ impl Provider for Mailgun {
             .part("message", message);
         Ok(Call {
             body: CallBody::Form(form),
+            template: Some("/v3/{domain}/messages.mime"),
             ..Call::new(reqwest::Method::POST, self.messages_path())
         })
     }
@@ -170,6 +171,7 @@ impl Provider for Mailgun {
     fn verify_call(&self) -> Call {
         Call {
             body: CallBody::Form(Form::new()),
+            template: Some("/v3/{domain}/messages.mime"),
             ..Call::new(reqwest::Method::POST, self.messages_path())
         }
     }

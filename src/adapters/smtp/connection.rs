@@ -172,7 +172,14 @@ impl Connection {
     ) -> Result<Connection, SendError> {
         let mut last_error = None;
         for address in addresses {
-            let error = match Connection::open_at(address, settings).await {
+            let span = crate::telemetry::connect_span(&settings.host, address.port());
+            let opened = tracing::Instrument::instrument(
+                Connection::open_at(address, settings),
+                span.clone(),
+            )
+            .await;
+            crate::telemetry::ended(&span, &opened);
+            let error = match opened {
                 Ok(connection) => return Ok(connection),
                 Err(error) => error,
             };
@@ -226,17 +233,26 @@ impl Connection {
             ));
         }
         let mut oauth_token = None;
+        let auth = crate::telemetry::auth_span();
         if let Some(login) = &settings.oauth2 {
-            let token =
-                authenticate_oauth2(&mut wire, &capabilities, login, settings, &mut deadline)
-                    .await?;
-            oauth_token = Some(token);
-        } else if let Some(credentials) = &settings.credentials {
-            within(
-                deadline,
-                authenticate(&mut wire, &capabilities, credentials),
+            let token = tracing::Instrument::instrument(
+                authenticate_oauth2(&mut wire, &capabilities, login, settings, &mut deadline),
+                auth.clone(),
             )
-            .await?;
+            .await;
+            crate::telemetry::ended(&auth, &token);
+            oauth_token = Some(token?);
+        } else if let Some(credentials) = &settings.credentials {
+            let login = tracing::Instrument::instrument(
+                within(
+                    deadline,
+                    authenticate(&mut wire, &capabilities, credentials),
+                ),
+                auth.clone(),
+            )
+            .await;
+            crate::telemetry::ended(&auth, &login);
+            login?;
         }
         Ok(Connection {
             wire,
@@ -266,7 +282,11 @@ impl Connection {
         let mut stream: Box<dyn AsyncTokioStream> = Box::new(tcp);
         let mut encrypted = false;
         if let Tls::Wrapper(parameters) = &settings.tls {
-            stream = handshake(stream, parameters).await?;
+            let tls = crate::telemetry::tls_span();
+            let shaken =
+                tracing::Instrument::instrument(handshake(stream, parameters), tls.clone()).await;
+            crate::telemetry::ended(&tls, &shaken);
+            stream = shaken?;
             encrypted = true;
         }
         let mut wire = Wire {
@@ -287,7 +307,11 @@ impl Connection {
                 ));
             }
             Tls::Required(parameters) | Tls::Opportunistic(parameters) if capabilities.starttls => {
-                wire = starttls(wire, parameters).await?;
+                let tls = crate::telemetry::tls_span();
+                let started =
+                    tracing::Instrument::instrument(starttls(wire, parameters), tls.clone()).await;
+                crate::telemetry::ended(&tls, &started);
+                wire = started?;
                 encrypted = true;
                 // What the server said in clear may have been forged: ask again.
                 capabilities = ehlo(&mut wire, &settings.hello_name).await?;

@@ -288,9 +288,16 @@ impl SmtpTransport {
         let (mut connection, mut reused) =
             crate::deadline::bounded(pool.checkout(), || Err(self.past_deadline())).await?;
         loop {
-            let ending =
-                transaction::send(&mut connection, reused, envelope, raw, &self.name, progress)
-                    .await;
+            let span = crate::telemetry::transaction_span(&self.name);
+            let ending = tracing::Instrument::instrument(
+                transaction::send(&mut connection, reused, envelope, raw, &self.name, progress),
+                span.clone(),
+            )
+            .await;
+            match &ending {
+                Ending::Answered { result, .. } => crate::telemetry::ended(&span, result),
+                Ending::NotBegun(error) => crate::telemetry::failed(&span, error),
+            }
             match ending {
                 Ending::Answered { result, reusable } => {
                     if reusable {
