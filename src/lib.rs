@@ -42,10 +42,10 @@
 //!
 //! | floor | modules | what stands there |
 //! |---|---|---|
-//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked`, `events` | the breaker's state machine, the [`Transport`] trait, what providers report after a send (`events`), answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline, the metrics' names and the handles each room keeps to record them |
+//! | 1. the core | `machine`, `transport`, `receipt`, `error`, `time`, `deadline`, `metrics`, `handles`, `sync`, `inline`, `panicked`, `events`, `idempotency`, `telemetry` | the breaker's state machine, the [`Transport`] trait, what providers report after a send (`events`), answers and errors ([`Receipt`], [`SendError`], [`ConfigError`] and the checks every builder makes), time arithmetic, a send's deadline and its idempotency key, the metrics' names and the handles each room keeps to record them, the spans' names |
 //! | 2. the stores | `store` | where a breaker's state is kept: [`MemoryStore`], the Redis store |
 //! | 3. the breaker's shell | `breaker` | [`CircuitBreakerTransport`]: asks a store before each send, tells it each answer |
-//! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate`, `reputation` | transports around transports: failover and round robin, retries, rate limits, a member held back for its reputation |
+//! | 4. the wrappers | `pool`, `retry`, `cascade`, `rate`, `reputation`, `tower` | transports around transports: failover and round robin, retries, rate limits, a member held back for its reputation; the breaker as a tower layer, a transport as a tower service and back |
 //! | 5. the adapters | `adapters`, `oauth`, `webhooks` | the providers: SMTP, SES, the HTTP APIs, lettre's transports; OAuth 2.0 tokens for SMTP's login; the providers' webhooks, received and verified (an axum router) |
 //! | 6. the outbox | `outbox`, `suppression` | mail kept in a database until a provider takes it; the addresses no mail goes to, kept in the same database (or Redis) |
 //! | 7. the configuration | `config` | the whole stack from one DSN or one TOML document |

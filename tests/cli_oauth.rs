@@ -23,6 +23,10 @@ const NOT_IN_CLI: &[(&str, &str)] = &[
         "metrics",
         "the command records no metrics: nothing scrapes a command that ends",
     ),
+    (
+        "tower",
+        "the tower layer and services are for applications; the command sends through a Mailer",
+    ),
 ];
 
 /// The features `feature` turns on, itself included, following the crate's own features

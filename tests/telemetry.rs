@@ -140,6 +140,11 @@ async fn the_spans_of_a_whole_stack_are_named_and_nested_as_documented_and_hold_
         "{names:?}"
     );
     assert!(has("mail_breaker.outbox.claim", None), "{names:?}");
+    // No member logs in (the one with credentials is never reached): no login's span.
+    assert!(
+        !names.iter().any(|(n, _)| n == "mail_breaker.smtp.auth"),
+        "{names:?}"
+    );
     assert!(has("mail_breaker.outbox.answer", None), "{names:?}");
 
     // The failed connect names its error; the worker's send names its attempt.

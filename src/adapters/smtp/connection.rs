@@ -233,8 +233,8 @@ impl Connection {
             ));
         }
         let mut oauth_token = None;
-        let auth = crate::telemetry::auth_span();
         if let Some(login) = &settings.oauth2 {
+            let auth = crate::telemetry::auth_span();
             let token = tracing::Instrument::instrument(
                 authenticate_oauth2(&mut wire, &capabilities, login, settings, &mut deadline),
                 auth.clone(),
@@ -243,6 +243,7 @@ impl Connection {
             crate::telemetry::ended(&auth, &token);
             oauth_token = Some(token?);
         } else if let Some(credentials) = &settings.credentials {
+            let auth = crate::telemetry::auth_span();
             let login = tracing::Instrument::instrument(
                 within(
                     deadline,
