@@ -388,3 +388,22 @@ async fn the_mail_classifier_counts_provider_failures_and_not_refusals_of_the_me
     );
     assert_eq!(layer.handle().state(), State::Open);
 }
+
+/// Review of issue 66, finding 2: a call's time is counted from the call, not from the
+/// `poll_ready` that let it go.
+#[tokio::test(start_paused = true)]
+async fn a_fast_call_made_long_after_poll_ready_is_not_a_slow_call() {
+    let layer = CircuitBreakerLayer::builder("backend")
+        .failure_threshold(1)
+        .slow_call(Duration::from_secs(1))
+        .build()
+        .expect("valid settings");
+    let backend = Backend::default();
+    let mut service = ServiceBuilder::new()
+        .layer(layer.clone())
+        .service(backend.service());
+    service.ready().await.expect("ready");
+    tokio::time::advance(Duration::from_secs(2)).await;
+    assert_eq!(service.call(1).await.expect("answered at once"), 1);
+    assert_eq!(layer.handle().state(), State::Closed);
+}

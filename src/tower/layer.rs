@@ -599,7 +599,9 @@ where
                 drop(admission);
                 ResponseFuture::refused(self.refusal(retry_after))
             }
-            Ready::Admitted(admission) => {
+            Ready::Admitted(mut admission) => {
+                // The call's time counts from here, not from the `poll_ready` that let it go.
+                admission.at = Instant::now();
                 let call = self.inner.call(request);
                 let classify = self.classify.clone();
                 ResponseFuture {
@@ -609,7 +611,9 @@ where
                             // The permit goes back with the admission.
                             Verdict::NotCounted => drop(admission),
                             Verdict::Success => {
-                                let outcome = if is_slow(&admission) {
+                                // A slow call is a failure when it answered `Ok`, as the
+                                // mail breaker counts it.
+                                let outcome = if result.is_ok() && is_slow(&admission) {
                                     Outcome::Failure
                                 } else {
                                     Outcome::Success
