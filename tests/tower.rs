@@ -407,3 +407,21 @@ async fn a_fast_call_made_long_after_poll_ready_is_not_a_slow_call() {
     assert_eq!(service.call(1).await.expect("answered at once"), 1);
     assert_eq!(layer.handle().state(), State::Closed);
 }
+
+/// Review of issue 66, finding 11: a call made before `poll_ready` said ready breaks tower's
+/// contract; it is answered without reaching the service, and the answer names the breaker.
+#[tokio::test(start_paused = true)]
+async fn a_call_before_poll_ready_is_answered_naming_the_breaker_and_reaches_nothing() {
+    let layer = layer(Refuse::InCall);
+    let backend = Backend::default();
+    let mut service = ServiceBuilder::new()
+        .layer(layer)
+        .service(backend.service());
+    let answer = service.call(1).await;
+    let Err(BreakerError::Refused(error)) = answer else {
+        panic!("refused: {answer:?}");
+    };
+    assert_eq!(error.code(), "tower.not_ready");
+    assert_eq!(error.transport(), Some("backend"));
+    assert_eq!(backend.calls(), 0);
+}

@@ -635,7 +635,8 @@ where
                     "tower.not_ready",
                     "called before poll_ready answered ready",
                 )
-                .not_attempted(),
+                .not_attempted()
+                .with_transport(&self.breaker.inner().0),
             ),
         }
     }
