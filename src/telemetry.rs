@@ -65,6 +65,21 @@ pub const ATTRIBUTE_NAMES: [&str; 11] = [
     "otel.status_code",
 ];
 
+/// A span of one operation: its name, `mail_breaker.operation`, the fields given, and the
+/// `error.type` and status that [`failed`] sets; every span of the crate is one.
+macro_rules! operation_span {
+    ($level:ident, $name:literal, $operation:literal $(, $field:literal = $value:expr)* $(,)?) => {
+        tracing::span!(
+            tracing::Level::$level,
+            $name,
+            "mail_breaker.operation" = $operation,
+            $($field = $value,)*
+            "error.type" = tracing::field::Empty,
+            "otel.status_code" = tracing::field::Empty,
+        )
+    };
+}
+
 /// Records on `span` how its operation ended: its error's code as `error.type`, and the
 /// span's status as an error.
 pub(crate) fn failed(span: &Span, error: &SendError) {
@@ -84,23 +99,21 @@ pub(crate) fn ended<T>(span: &Span, result: &Result<T, SendError>) {
 /// The span of a message handed over (`mail_breaker.send`).
 #[cfg_attr(not(any(feature = "config", feature = "outbox")), allow(dead_code))]
 pub(crate) fn send_span() -> Span {
-    tracing::info_span!(
+    operation_span!(
+        INFO,
         "mail_breaker.send",
-        "mail_breaker.operation" = "send",
+        "send",
         "mail_breaker.outbox.attempt" = tracing::field::Empty,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
 /// The span of one pool member's try (`mail_breaker.try`).
 pub(crate) fn try_span(member: &str) -> Span {
-    tracing::info_span!(
+    operation_span!(
+        INFO,
         "mail_breaker.try",
-        "mail_breaker.operation" = "try",
+        "try",
         "mail_breaker.member" = member,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
@@ -113,13 +126,12 @@ pub(crate) fn decisions_traced() -> bool {
 
 /// The span of a breaker's decision (`mail_breaker.decide`), at DEBUG.
 pub(crate) fn decide_span(member: &str) -> Span {
-    tracing::debug_span!(
+    operation_span!(
+        DEBUG,
         "mail_breaker.decide",
-        "mail_breaker.operation" = "decide",
+        "decide",
         "mail_breaker.member" = member,
         "mail_breaker.breaker.state" = tracing::field::Empty,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
@@ -141,47 +153,35 @@ pub(crate) fn decided(span: &Span, state: Option<crate::State>, refused: Option<
 /// The span of a new SMTP connection to `host` (as configured) at `port`.
 #[cfg_attr(not(feature = "smtp"), allow(dead_code))]
 pub(crate) fn connect_span(host: &str, port: u16) -> Span {
-    tracing::info_span!(
+    operation_span!(
+        INFO,
         "mail_breaker.smtp.connect",
-        "mail_breaker.operation" = "connect",
+        "connect",
         "server.address" = host,
         "server.port" = port,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
 /// The span of a connection's TLS handshake.
 #[cfg_attr(not(feature = "smtp"), allow(dead_code))]
 pub(crate) fn tls_span() -> Span {
-    tracing::info_span!(
-        "mail_breaker.smtp.tls",
-        "mail_breaker.operation" = "tls",
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
-    )
+    operation_span!(INFO, "mail_breaker.smtp.tls", "tls",)
 }
 
 /// The span of a connection's login.
 #[cfg_attr(not(feature = "smtp"), allow(dead_code))]
 pub(crate) fn auth_span() -> Span {
-    tracing::info_span!(
-        "mail_breaker.smtp.auth",
-        "mail_breaker.operation" = "auth",
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
-    )
+    operation_span!(INFO, "mail_breaker.smtp.auth", "auth",)
 }
 
 /// The span of one SMTP transaction of `member`.
 #[cfg_attr(not(feature = "smtp"), allow(dead_code))]
 pub(crate) fn transaction_span(member: &str) -> Span {
-    tracing::info_span!(
+    operation_span!(
+        INFO,
         "mail_breaker.smtp.transaction",
-        "mail_breaker.operation" = "transaction",
+        "transaction",
         "mail_breaker.member" = member,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
@@ -198,16 +198,15 @@ pub(crate) fn transaction_span(member: &str) -> Span {
     allow(dead_code)
 )]
 pub(crate) fn http_span(member: &str, method: &str, template: &str, host: &str) -> Span {
-    tracing::info_span!(
+    operation_span!(
+        INFO,
         "mail_breaker.http",
-        "mail_breaker.operation" = "http",
+        "http",
         "mail_breaker.member" = member,
         "http.request.method" = method,
         "url.template" = template,
         "server.address" = host,
         "http.response.status_code" = tracing::field::Empty,
-        "error.type" = tracing::field::Empty,
-        "otel.status_code" = tracing::field::Empty,
     )
 }
 
@@ -215,19 +214,9 @@ pub(crate) fn http_span(member: &str, method: &str, template: &str, host: &str) 
 #[cfg_attr(not(feature = "outbox"), allow(dead_code))]
 pub(crate) fn outbox_span(answer: bool) -> Span {
     if answer {
-        tracing::debug_span!(
-            "mail_breaker.outbox.answer",
-            "mail_breaker.operation" = "answer",
-            "error.type" = tracing::field::Empty,
-            "otel.status_code" = tracing::field::Empty,
-        )
+        operation_span!(DEBUG, "mail_breaker.outbox.answer", "answer")
     } else {
-        tracing::debug_span!(
-            "mail_breaker.outbox.claim",
-            "mail_breaker.operation" = "claim",
-            "error.type" = tracing::field::Empty,
-            "otel.status_code" = tracing::field::Empty,
-        )
+        operation_span!(DEBUG, "mail_breaker.outbox.claim", "claim")
     }
 }
 

@@ -33,9 +33,23 @@ impl NewRow {
             sender: envelope.from().map(ToString::to_string),
             recipients: join_recipients(envelope),
             raw: raw.to_vec(),
-            key: crate::idempotency::to_keep(raw),
+            key: key_to_keep(raw),
         }
     }
+}
+
+/// The idempotency key a message handed over now is kept with (DESIGN §21): its Message-ID,
+/// read from its header, goes into it.
+pub(crate) fn key_to_keep(raw: &[u8]) -> String {
+    crate::idempotency::to_keep(message_id(raw).as_deref(), raw)
+}
+
+/// The `Message-ID:` of the formatted message `raw`, unfolded, if its header has one.
+fn message_id(raw: &[u8]) -> Option<String> {
+    super::StoredMessage::parse_headers(raw)
+        .into_iter()
+        .find(|(name, _)| name.eq_ignore_ascii_case("message-id"))
+        .map(|(_, value)| value.trim().to_owned())
 }
 
 fn join_recipients(envelope: &Envelope) -> String {
@@ -211,6 +225,21 @@ pub(crate) fn database_error_of(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_message_kept_is_keyed_by_the_message_id_its_header_holds() {
+        let raw = b"Message-ID:\r\n <a.b@example.com>\r\nSubject: x\r\n\r\nMessage-ID: <body>\r\n";
+        assert_eq!(message_id(raw).as_deref(), Some("<a.b@example.com>"));
+        assert_eq!(
+            message_id(b"message-id: <c@d>\r\n\r\n").as_deref(),
+            Some("<c@d>")
+        );
+        assert_eq!(
+            message_id(b"Subject: x\r\n\r\nMessage-ID: <body>\r\n"),
+            None
+        );
+        assert_eq!(key_to_keep(raw), "a.b@example.com");
+    }
 
     #[test]
     fn a_database_set_up_wrong_is_a_configuration_error_and_one_away_is_unavailable() {

@@ -111,7 +111,7 @@ impl<T: Transport> OutboxTransport<T> {
         }
         let sender = envelope.from().map(ToString::to_string);
         // The first try's key: a resend to the owed recipients is a try of the same send.
-        let key = crate::idempotency::to_keep(raw);
+        let key = super::record::key_to_keep(raw);
         let row = |recipients: &str| super::record::NewRow {
             sender: sender.clone(),
             recipients: recipients.to_owned(),

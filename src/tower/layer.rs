@@ -499,14 +499,15 @@ impl<S, C> CircuitBreakerService<S, C> {
     fn decide(&self) -> Result<(Decision, Transitions), Deciding> {
         let gate = self.breaker.gate();
         let name = &self.breaker.inner().0;
-        if gate.memory.is_some() {
-            let mut asked = gate.store.acquire_in(name, name, &gate.rules, &gate.late);
-            let waker = futures::task::noop_waker();
-            if let Poll::Ready(decision) =
-                Pin::new(&mut asked).poll(&mut Context::from_waker(&waker))
-            {
-                return Ok(decision);
-            }
+        if gate.memory.is_some()
+            && let Some(decision) = futures::FutureExt::now_or_never(gate.store.acquire_in(
+                name,
+                name,
+                &gate.rules,
+                &gate.late,
+            ))
+        {
+            return Ok(decision);
         }
         let breaker = Arc::clone(&self.breaker);
         Err(Box::pin(async move {
