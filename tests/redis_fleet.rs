@@ -8,7 +8,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -118,37 +117,15 @@ async fn three_processes_sharing_one_redis_breaker_let_one_probe_through_per_hal
     let _ = opener.send(&support::message()).await;
     assert_eq!(opener.state(), State::Open);
 
-    let program = std::env::current_exe().expect("the test binary's path");
-    let members: Vec<_> = (0..MEMBERS)
-        .map(|_| {
-            Command::new(&program)
-                .args(["fleet_member", "--exact", "--ignored", "--nocapture"])
-                .env("MAIL_BREAKER_FLEET_URL", server.url())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("starting a fleet member")
-        })
-        .collect();
-    let outputs = tokio::task::spawn_blocking(move || {
-        members
-            .into_iter()
-            .map(|member| member.wait_with_output().expect("a member's output"))
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("waiting for the members");
+    let members = support::members::start("fleet_member", MEMBERS, |_| {
+        vec![("MAIL_BREAKER_FLEET_URL", server.url())]
+    });
+    let outputs = support::members::outputs(members).await;
 
     let mut probes: Vec<(u128, usize)> = Vec::new();
     let mut half_open_periods = 0;
     let mut probes_per_member = [0usize; MEMBERS];
-    for (member, output) in outputs.iter().enumerate() {
-        assert!(
-            output.status.success(),
-            "member {member} failed: {:?}",
-            output.status
-        );
-        let stdout = String::from_utf8_lossy(&output.stdout);
+    for (member, stdout) in outputs.iter().enumerate() {
         for line in stdout.lines() {
             let words: Vec<&str> = line.split_whitespace().collect();
             match words.as_slice() {

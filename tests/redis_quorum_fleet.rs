@@ -20,7 +20,6 @@
 mod support;
 
 use std::path::{Path, PathBuf};
-use std::process::{Command, Stdio};
 use std::sync::Arc;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -225,43 +224,21 @@ async fn five_processes_with_a_quorum_of_two_open_the_fleets_breaker_only_when_t
     let both_broken = start + BOTH_BROKEN.as_micros() as i64;
     let end = start + RUN_FOR.as_micros() as i64;
 
-    let program = std::env::current_exe().expect("the test binary's path");
-    let members: Vec<_> = (0..MEMBERS)
-        .map(|index| {
-            Command::new(&program)
-                .args(["quorum_fleet_member", "--exact", "--ignored", "--nocapture"])
-                .env("MAIL_BREAKER_QUORUM_URL", server.url())
-                .env("MAIL_BREAKER_QUORUM_INDEX", index.to_string())
-                .env("MAIL_BREAKER_QUORUM_START", start.to_string())
-                .env("MAIL_BREAKER_QUORUM_FLAG", &flag)
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("starting a fleet member")
-        })
-        .collect();
+    let members = support::members::start("quorum_fleet_member", MEMBERS, |index| {
+        vec![
+            ("MAIL_BREAKER_QUORUM_URL", server.url()),
+            ("MAIL_BREAKER_QUORUM_INDEX", index.to_string()),
+            ("MAIL_BREAKER_QUORUM_START", start.to_string()),
+            (
+                "MAIL_BREAKER_QUORUM_FLAG",
+                flag.to_string_lossy().into_owned(),
+            ),
+        ]
+    });
     let (early, opened) = watch(&server.url(), &flag, both_broken, end).await;
-    let outputs = tokio::task::spawn_blocking(move || {
-        members
-            .into_iter()
-            .map(|member| member.wait_with_output().expect("a member's output"))
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("waiting for the members");
+    let outputs = support::members::outputs(members).await;
     let _ = std::fs::remove_file(&flag);
-    let logs: Vec<Log> = outputs
-        .iter()
-        .enumerate()
-        .map(|(index, output)| {
-            assert!(
-                output.status.success(),
-                "member {index} failed: {:?}",
-                output.status
-            );
-            read_log(&String::from_utf8_lossy(&output.stdout))
-        })
-        .collect();
+    let logs: Vec<Log> = outputs.iter().map(|stdout| read_log(stdout)).collect();
 
     // One sick member: its own breaker opens, the fleet's does not.
     assert_eq!(

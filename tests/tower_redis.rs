@@ -7,7 +7,6 @@
 
 mod support;
 
-use std::process::{Command, Stdio};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -114,36 +113,15 @@ async fn two_processes_sharing_one_redis_breaker_through_the_layer_let_one_call_
     ));
     assert_eq!(opener.handle().state(), State::Open);
 
-    let program = std::env::current_exe().expect("the test binary's path");
-    let members: Vec<_> = (0..MEMBERS)
-        .map(|_| {
-            Command::new(&program)
-                .args(["tower_fleet_member", "--exact", "--ignored", "--nocapture"])
-                .env("MAIL_BREAKER_TOWER_FLEET_URL", server.url())
-                .stdout(Stdio::piped())
-                .stderr(Stdio::inherit())
-                .spawn()
-                .expect("starting a fleet member")
-        })
-        .collect();
-    let outputs = tokio::task::spawn_blocking(move || {
-        members
-            .into_iter()
-            .map(|member| member.wait_with_output().expect("a member's output"))
-            .collect::<Vec<_>>()
-    })
-    .await
-    .expect("waiting for the members");
+    let members = support::members::start("tower_fleet_member", MEMBERS, |_| {
+        vec![("MAIL_BREAKER_TOWER_FLEET_URL", server.url())]
+    });
+    let outputs = support::members::outputs(members).await;
 
     let mut probes: Vec<u128> = Vec::new();
     let mut half_open_periods = 0;
-    for (member, output) in outputs.iter().enumerate() {
-        assert!(
-            output.status.success(),
-            "member {member}: {:?}",
-            output.status
-        );
-        for line in String::from_utf8_lossy(&output.stdout).lines() {
+    for stdout in &outputs {
+        for line in stdout.lines() {
             match line.split_whitespace().collect::<Vec<_>>().as_slice() {
                 ["probe", at] => probes.push(at.parse().expect("a time")),
                 ["change", "open", "half_open", _] => half_open_periods += 1,

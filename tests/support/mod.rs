@@ -10,6 +10,7 @@ pub mod equivalence;
 pub mod flaky;
 pub mod http_api;
 pub mod http_checks;
+pub mod members;
 pub mod moto;
 #[cfg(feature = "outbox")]
 pub mod outbox_rules;
