@@ -89,6 +89,15 @@ impl Resend {
             .with_timeout(TIMEOUT)
     }
 
+    /// Sends what `outbox` holds through it, then returns.
+    async fn drain(&self, outbox: &Outbox) {
+        outbox
+            .worker(self.transport())
+            .drain()
+            .await
+            .expect("drained");
+    }
+
     /// The deliveries it made: each key and the recipients it sent to.
     fn deliveries(&self) -> Vec<(String, Vec<String>)> {
         self.state
@@ -167,23 +176,25 @@ fn outbox_folder() -> tempfile::TempDir {
         .expect("a temporary folder")
 }
 
-#[tokio::test]
-async fn a_maybe_delivered_first_send_is_resent_by_the_outbox_under_its_key_and_delivered_once() {
-    let resend = Resend::start(&[Door::DeliverThenDrop]).await;
+/// An outbox in a folder of its own, removed when the folder is dropped.
+async fn sqlite_outbox() -> (tempfile::TempDir, Outbox) {
     let folder = outbox_folder();
     let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
         .await
         .expect("an outbox");
+    (folder, outbox)
+}
+
+#[tokio::test]
+async fn a_maybe_delivered_first_send_is_resent_by_the_outbox_under_its_key_and_delivered_once() {
+    let resend = Resend::start(&[Door::DeliverThenDrop]).await;
+    let (_folder, outbox) = sqlite_outbox().await;
     let send_or_queue = OutboxTransport::send_or_queue(outbox.clone(), resend.transport());
     let receipt = send_or_queue.send(&alert()).await.expect("queued");
     assert!(receipt.is_queued(), "{receipt:?}");
     assert_eq!(receipt.maybe_delivered_recipients().len(), 1);
 
-    outbox
-        .worker(resend.transport())
-        .drain()
-        .await
-        .expect("drained");
+    resend.drain(&outbox).await;
     assert_eq!(outbox.stats().await.expect("stats").queued, 0, "answered");
     let keys = resend.keys();
     assert_eq!(keys.len(), 2, "{keys:?}");
@@ -194,21 +205,14 @@ async fn a_maybe_delivered_first_send_is_resent_by_the_outbox_under_its_key_and_
 #[tokio::test]
 async fn every_message_the_outbox_keeps_is_sent_under_a_key_of_its_own() {
     let resend = Resend::start(&[]).await;
-    let folder = outbox_folder();
-    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
-        .await
-        .expect("an outbox");
+    let (_folder, outbox) = sqlite_outbox().await;
     outbox.enqueue(&alert()).await.expect("one");
     outbox.enqueue(&alert()).await.expect("two");
     outbox
         .enqueue_many(&[alert(), alert()])
         .await
         .expect("two more");
-    outbox
-        .worker(resend.transport())
-        .drain()
-        .await
-        .expect("drained");
+    resend.drain(&outbox).await;
     let keys: HashSet<String> = resend.keys().into_iter().collect();
     assert_eq!(keys.len(), 4, "{keys:?}");
     assert_eq!(resend.deliveries().len(), 4);
@@ -239,18 +243,11 @@ async fn the_retry_layers_second_try_of_one_call_carries_the_first_trys_key() {
 #[tokio::test]
 async fn a_key_given_by_the_application_is_kept_by_the_outbox_it_enqueues_into() {
     let resend = Resend::start(&[]).await;
-    let folder = outbox_folder();
-    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
-        .await
-        .expect("an outbox");
+    let (_folder, outbox) = sqlite_outbox().await;
     idempotency::with_key("order-7", outbox.enqueue(&alert()))
         .await
         .expect("enqueued");
-    outbox
-        .worker(resend.transport())
-        .drain()
-        .await
-        .expect("drained");
+    resend.drain(&outbox).await;
     let keys = resend.keys();
     assert_eq!(keys.len(), 1);
     assert!(keys[0].starts_with("order-7."), "{keys:?}");
@@ -440,11 +437,7 @@ async fn a_message_an_earlier_version_kept_without_a_key_is_tried_under_that_ver
             .expect("as an earlier version kept them");
     }
     let resend = Resend::start(&[]).await;
-    outbox
-        .worker(resend.transport())
-        .drain()
-        .await
-        .expect("drained");
+    resend.drain(&outbox).await;
     let keys = resend.keys();
     let raw = alert().formatted();
     let bytes_key = format!("raw-{:016x}-{}", fnv1a(&raw), raw.len());
@@ -492,10 +485,7 @@ fn welcome_and_verify() -> [Message; 2] {
 #[tokio::test]
 async fn two_messages_enqueued_under_one_given_key_are_both_delivered() {
     let resend = Resend::start(&[]).await;
-    let folder = outbox_folder();
-    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
-        .await
-        .expect("an outbox");
+    let (_folder, outbox) = sqlite_outbox().await;
     let [welcome, verify] = welcome_and_verify();
     idempotency::with_key("job-1", async {
         outbox.enqueue(&welcome).await.expect("the welcome");
@@ -505,11 +495,7 @@ async fn two_messages_enqueued_under_one_given_key_are_both_delivered() {
     idempotency::with_key("job-2", outbox.enqueue_many(&welcome_and_verify()))
         .await
         .expect("both");
-    outbox
-        .worker(resend.transport())
-        .drain()
-        .await
-        .expect("drained");
+    resend.drain(&outbox).await;
     assert_eq!(outbox.dead_letters(10).await.expect("read").len(), 0);
     assert_eq!(resend.deliveries().len(), 4, "{:?}", resend.deliveries());
     let keys = resend.keys();
@@ -568,10 +554,7 @@ async fn a_jobs_second_run_that_built_its_message_anew_is_refused_and_not_delive
 
 #[tokio::test]
 async fn a_worker_sends_every_attempt_of_a_row_under_the_key_it_keeps() {
-    let folder = outbox_folder();
-    let outbox = Outbox::sqlite(folder.path().join("outbox.db"))
-        .await
-        .expect("an outbox");
+    let (_folder, outbox) = sqlite_outbox().await;
     outbox.enqueue(&alert()).await.expect("kept");
     let taker = KeyTaker {
         fail_first: true,
